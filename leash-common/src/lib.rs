@@ -1,0 +1,155 @@
+//! The ABI shared by the leash eBPF programs and user space: map names, keys, values, event
+//! records and flags. Every type is `#[repr(C)]` plain data; user space gets `aya::Pod` impls
+//! with the `user` feature. Nothing else lives here.
+#![no_std]
+
+/// Identifies a registered tree. Allocated by user space; 0 is never a tree.
+pub type TreeId = u32;
+
+/// A process id as the kernel's init pid namespace sees it (a thread group id).
+pub type Pid = u32;
+
+/// Names of the maps, as user space looks them up in the loaded object.
+pub mod map {
+    /// `HashMap<Pid, Member>`: every tracked process. The truth about membership.
+    pub const MEMBERS: &str = "MEMBERS";
+    /// `HashMap<TreeId, TreeCounters>`: written by the programs only (atomic adds, one writer
+    /// per flag), created by user space before the tree's first member.
+    pub const TREE_COUNTERS: &str = "TREE_COUNTERS";
+    /// `HashMap<TreeId, TreeControl>`: written by user space only, read by the programs.
+    pub const TREE_CONTROL: &str = "TREE_CONTROL";
+    /// `PerCpuArray<u64>` indexed by [`super::stat`]: global counters.
+    pub const STATS: &str = "STATS";
+    /// Ring buffer of [`super::Event`] records. Best effort: drops are counted in `STATS`.
+    pub const EVENTS: &str = "EVENTS";
+}
+
+/// Names of the programs in the object.
+pub mod program {
+    /// tp_btf on `sched_process_fork`: a member's child joins the member's tree.
+    pub const FORK: &str = "leash_fork";
+    /// tracepoint `sched/sched_process_exit`: a member leaves when its thread group is dead.
+    pub const EXIT: &str = "leash_exit";
+}
+
+/// Names of the read-only globals user space sets at load time (`EbpfLoader::override_global`).
+pub mod global {
+    /// Byte offset of `task_struct.tgid` (from the kernel's BTF).
+    pub const TASK_TGID_OFFSET: &str = "TASK_TGID_OFFSET";
+    /// Byte offset of `task_struct.start_boottime` (from the kernel's BTF).
+    pub const TASK_START_OFFSET: &str = "TASK_START_OFFSET";
+    /// Byte offset of `group_dead` in the `sched_process_exit` record (tracefs format file), or
+    /// [`super::NO_FIELD`] on kernels whose record has no such field.
+    pub const EXIT_GROUP_DEAD_OFFSET: &str = "EXIT_GROUP_DEAD_OFFSET";
+}
+
+/// Marks an offset global whose field the running kernel does not have.
+pub const NO_FIELD: u32 = u32::MAX;
+
+/// Indexes of the global counters in the `STATS` per-CPU array.
+pub mod stat {
+    /// Event records that did not fit in the ring buffer.
+    pub const EVENTS_DROPPED: u32 = 0;
+    /// Children of members that could not be inserted into `MEMBERS` (map full).
+    pub const INSERTS_FAILED: u32 = 1;
+    /// Members whose thread group died.
+    pub const EXITS: u32 = 2;
+    /// Children that joined a tree at fork.
+    pub const JOINS: u32 = 3;
+    /// Number of slots.
+    pub const COUNT: u32 = 4;
+}
+
+/// One tracked process: the value in `MEMBERS`, keyed by its pid (thread group id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub tree: TreeId,
+    /// The pid of the process that forked it (or its parent when it was registered).
+    pub parent: Pid,
+    /// `task_struct.start_boottime` in nanoseconds: with the pid, names the process uniquely.
+    /// Members registered from /proc carry the clock-tick resolution /proc gives.
+    pub start_ns: u64,
+}
+
+/// What the programs keep about a tree. Only the programs write it, with atomic adds, so user
+/// space never overwrites a concurrent update.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeCounters {
+    /// Children that joined at fork.
+    pub joined: u64,
+    /// Members that left (their thread group died).
+    pub left: u64,
+    /// Children that should have joined but could not be inserted (map full).
+    pub failed: u64,
+    /// Boot-time nanoseconds at which the root's thread group died; 0 while it lives.
+    pub root_exit_ns: u64,
+}
+
+/// What user space says about a tree. Only user space writes it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeControl {
+    /// The root's pid.
+    pub root: Pid,
+    /// [`flags`] bits.
+    pub flags: u32,
+    /// Members that user space inserted (the root and descendants found in /proc).
+    pub seeded: u64,
+}
+
+/// Bits of [`TreeControl::flags`].
+pub mod flags {
+    /// The tree is being killed: the fork program SIGKILLs any member that forks.
+    pub const DOOMED: u32 = 1;
+}
+
+/// Kinds of [`Event`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// `pid` joined `tree`, forked by `parent`.
+    Fork = 1,
+    /// `pid`'s thread group died and it left `tree`.
+    Exit = 2,
+    /// The root `pid` of `tree` died (also recorded in `TreeCounters::root_exit_ns`).
+    RootExit = 3,
+    /// `pid`, a member of a doomed tree, tried to fork and was sent SIGKILL.
+    ForkKilled = 4,
+}
+
+impl EventKind {
+    pub fn from_u32(value: u32) -> Option<Self> {
+        Some(match value {
+            1 => Self::Fork,
+            2 => Self::Exit,
+            3 => Self::RootExit,
+            4 => Self::ForkKilled,
+            _ => return None,
+        })
+    }
+}
+
+/// A record in the `EVENTS` ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// An [`EventKind`] as u32.
+    pub kind: u32,
+    pub tree: TreeId,
+    pub pid: Pid,
+    pub parent: Pid,
+    /// Boot-time nanoseconds.
+    pub time_ns: u64,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all of these are repr(C) structs of integers with no padding holes that matter
+    // (every bit pattern is a valid value).
+    unsafe impl aya::Pod for super::Member {}
+    unsafe impl aya::Pod for super::TreeCounters {}
+    unsafe impl aya::Pod for super::TreeControl {}
+    unsafe impl aya::Pod for super::Event {}
+}

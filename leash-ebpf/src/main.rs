@@ -1,0 +1,21 @@
+//! The leash programs. They keep `MEMBERS` true at every fork and exit:
+//!
+//! - fork (tp_btf `sched_process_fork`, before the child first runs): if the forking process
+//!   is a member and the child is a new process (not a thread), the child joins its tree. If the
+//!   tree is doomed, the forker is sent SIGKILL (the child, already made, is tracked and killed
+//!   by user space).
+//! - exit (tracepoint `sched/sched_process_exit`): when a member's whole thread group is dead,
+//!   it leaves; if it was the root, the tree's counters record when.
+//!
+//! Events go to a ring buffer, best effort; the maps are the truth.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
+
+#[cfg(target_arch = "bpf")]
+mod programs;
+
+// The crate is built only for the BPF target; this keeps a host `cargo check --workspace` happy.
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}

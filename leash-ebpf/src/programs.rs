@@ -1,0 +1,175 @@
+use core::{
+    intrinsics::{AtomicOrdering, atomic_xadd},
+    ptr::read_volatile,
+};
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns, bpf_probe_read_kernel, bpf_send_signal,
+    },
+    macros::{btf_tracepoint, map, tracepoint},
+    maps::{HashMap, PerCpuArray, RingBuf},
+    programs::{BtfTracePointContext, TracePointContext},
+};
+use leash_common::{
+    Event, EventKind, Member, NO_FIELD, Pid, TreeControl, TreeCounters, TreeId, flags, stat,
+};
+
+// Capacities here are placeholders: user space sets the real ones at load time.
+#[map]
+static MEMBERS: HashMap<Pid, Member> = HashMap::with_max_entries(1, 0);
+#[map]
+static TREE_COUNTERS: HashMap<TreeId, TreeCounters> = HashMap::with_max_entries(1, 0);
+#[map]
+static TREE_CONTROL: HashMap<TreeId, TreeControl> = HashMap::with_max_entries(1, 0);
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
+
+// Offsets differ between kernels; user space finds them (BTF, tracefs) and sets these at load.
+// They are read through volatile loads so the compiler cannot fold the placeholder values.
+#[unsafe(no_mangle)]
+static TASK_TGID_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static TASK_START_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static EXIT_GROUP_DEAD_OFFSET: u32 = NO_FIELD;
+
+const SIGKILL: u32 = 9;
+const BPF_NOEXIST: u64 = 1;
+
+/// sched_process_fork fires in the forking task, after the child is made and before it is woken:
+/// a child that joins here is a member before it runs one instruction.
+#[btf_tracepoint(function = "sched_process_fork")]
+pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
+    let parent = current_tgid();
+    // The hot path for every fork on the machine: one lookup, and out for non-members.
+    let Some(tree) = (unsafe { MEMBERS.get(&parent) }).map(|m| m.tree) else {
+        return 0;
+    };
+    let child: *const u8 = ctx.arg(1);
+    let Some(child_tgid) = read_task::<u32>(child, &TASK_TGID_OFFSET) else {
+        return 0;
+    };
+    // A new thread shares its creator's thread group: threads are not members.
+    if child_tgid == parent {
+        return 0;
+    }
+    let start_ns = read_task::<u64>(child, &TASK_START_OFFSET).unwrap_or(0);
+    let member = Member { tree, parent, start_ns };
+    let joined = MEMBERS.insert(&child_tgid, &member, BPF_NOEXIST).is_ok();
+    if let Some(counters) = TREE_COUNTERS.get_ptr_mut(&tree) {
+        // SAFETY: the pointer is into the map value and stays valid for this program run.
+        unsafe {
+            if joined {
+                add(&raw mut (*counters).joined);
+            } else {
+                add(&raw mut (*counters).failed);
+            }
+        }
+    }
+    if joined {
+        count(stat::JOINS);
+        emit(EventKind::Fork, tree, child_tgid, parent);
+    } else {
+        count(stat::INSERTS_FAILED);
+    }
+    if is_doomed(tree) {
+        // The forker dies before it returns to user space; the child is tracked and killed by
+        // user space's rounds. A fork storm cannot outrun that.
+        let _ = unsafe { bpf_send_signal(SIGKILL) };
+        emit(EventKind::ForkKilled, tree, parent, 0);
+    }
+    0
+}
+
+/// sched_process_exit fires in the exiting thread. A member leaves when its thread group is
+/// dead, not when one of its threads ends.
+#[tracepoint(category = "sched", name = "sched_process_exit")]
+pub fn leash_exit(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !group_dead(&ctx, pid_tgid as u32 == tgid) {
+        return 0;
+    }
+    let Some(tree) = (unsafe { MEMBERS.get(&tgid) }).map(|m| m.tree) else {
+        return 0;
+    };
+    if MEMBERS.remove(&tgid).is_err() {
+        return 0;
+    }
+    count(stat::EXITS);
+    let is_root = unsafe { TREE_CONTROL.get(&tree) }.is_some_and(|c| c.root == tgid);
+    let now = unsafe { bpf_ktime_get_boot_ns() };
+    if let Some(counters) = TREE_COUNTERS.get_ptr_mut(&tree) {
+        // SAFETY: as in leash_fork. root_exit_ns has one writer: the root's single group death.
+        unsafe {
+            add(&raw mut (*counters).left);
+            if is_root {
+                (*counters).root_exit_ns = now;
+            }
+        }
+    }
+    let kind = if is_root {
+        EventKind::RootExit
+    } else {
+        EventKind::Exit
+    };
+    emit(kind, tree, tgid, 0);
+    0
+}
+
+fn current_tgid() -> u32 {
+    (bpf_get_current_pid_tgid() >> 32) as u32
+}
+
+fn group_dead(ctx: &TracePointContext, thread_is_leader: bool) -> bool {
+    let offset = unsafe { read_volatile(&EXIT_GROUP_DEAD_OFFSET) };
+    if offset == NO_FIELD {
+        // Kernels before `group_dead` joined the record: the leader's exit stands for the group.
+        return thread_is_leader;
+    }
+    unsafe { ctx.read_at::<u8>(offset as usize) }.is_ok_and(|dead| dead != 0)
+}
+
+fn is_doomed(tree: TreeId) -> bool {
+    unsafe { TREE_CONTROL.get(&tree) }.is_some_and(|c| c.flags & flags::DOOMED != 0)
+}
+
+fn read_task<T>(task: *const u8, offset: &u32) -> Option<T> {
+    let offset = unsafe { read_volatile(offset) } as usize;
+    // SAFETY: bpf_probe_read_kernel checks the address; a bad one returns an error, not a fault.
+    unsafe { bpf_probe_read_kernel(task.wrapping_add(offset) as *const T) }.ok()
+}
+
+/// An atomic add whose result is unused, which compiles to BPF_XADD: counters shared by all
+/// CPUs. (`AtomicU64::fetch_add` does not exist on the BPF target.)
+unsafe fn add(counter: *mut u64) {
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, 1) };
+}
+
+fn count(index: u32) {
+    if let Some(slot) = STATS.get_ptr_mut(index) {
+        // SAFETY: a per-CPU slot; this program run is the only writer on this CPU.
+        unsafe { *slot += 1 };
+    }
+}
+
+fn emit(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid) {
+    let event = Event {
+        kind: kind as u32,
+        tree,
+        pid,
+        parent,
+        time_ns: unsafe { bpf_ktime_get_boot_ns() },
+    };
+    if EVENTS.output::<Event>(&event, 0).is_err() {
+        count(stat::EVENTS_DROPPED);
+    }
+}
+
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
