@@ -1,0 +1,141 @@
+//! Command-line interface: clap commands over the library.
+
+use std::{
+    process::{Command, ExitCode},
+    thread,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use leash::{Capacity, Tracker, TreeEvent, TreeStatus};
+use leash_common::{EventKind, Pid, TreeId};
+use tracing_subscriber::EnvFilter;
+
+/// Keeps AI coding agents and everything they start on a leash: an eBPF program follows every
+/// descendant of a registered process in the kernel as it forks, so setsid, double forks and
+/// reparenting do not let a process escape its tree.
+///
+/// Needs root (loading eBPF programs) and a kernel with BTF. Logs go to stderr; set
+/// LEASH_LOG=debug for more.
+#[derive(Parser, Debug)]
+#[command(name = "leash", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Subcommand, Debug)]
+enum Commands {
+    /// Follow one tree live: start CMD under it (or adopt a running PID with its descendants)
+    /// and print every process that joins or leaves, until the tree is empty.
+    ///
+    /// The tree is followed, not enforced: when CMD exits its descendants are listed, not
+    /// killed.
+    Track(TrackArgs),
+}
+
+#[derive(Args, Debug)]
+struct TrackArgs {
+    /// Adopt this running process and its existing descendants instead of starting CMD.
+    #[arg(long, conflicts_with = "command", required_unless_present = "command")]
+    pid: Option<Pid>,
+    /// How many processes can be tracked at once.
+    #[arg(long, default_value_t = Capacity::default().members)]
+    max_members: u32,
+    /// The command to start as the root of the tree.
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+pub fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("LEASH_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Commands::Track(args) => track(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("leash: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn track(args: TrackArgs) -> Result<ExitCode> {
+    let capacity = Capacity {
+        members: args.max_members,
+        ..Capacity::default()
+    };
+    let mut tracker = Tracker::load(capacity)?;
+    let (tree, mut child) = match (args.pid, args.command.split_first()) {
+        (Some(pid), _) => (tracker.adopt(pid)?, None),
+        (None, Some((program, rest))) => {
+            let (tree, child) = tracker.spawn(Command::new(program).args(rest))?;
+            (tree, Some(child))
+        }
+        (None, None) => bail!("give a command after `--`, or --pid"),
+    };
+    for member in tracker.members(tree)? {
+        println!("+ {:>7} {}", member.pid, member.comm.unwrap_or_default());
+    }
+    let mut root_status = None;
+    loop {
+        for event in tracker.drain_events() {
+            if event.tree == tree {
+                print_event(&event);
+            }
+        }
+        // Reap our own child so it does not linger as a zombie member.
+        if let Some(c) = child.as_mut()
+            && let Some(status) = c.try_wait().context("waiting for CMD")?
+        {
+            root_status = Some(status);
+            child = None;
+        }
+        let status = tracker.tree_status(tree)?;
+        if status.members == 0 {
+            summarize(&status);
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(match root_status.and_then(|s| s.code()) {
+        Some(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        None => ExitCode::SUCCESS,
+    })
+}
+
+fn print_event(event: &TreeEvent) {
+    let comm = leash::proc::process(event.pid)
+        .map(|p| p.comm)
+        .unwrap_or_default();
+    match event.kind {
+        EventKind::Fork => println!("+ {:>7} {comm} (forked by {})", event.pid, event.parent),
+        EventKind::Exit => println!("- {:>7} exited", event.pid),
+        EventKind::RootExit => println!("- {:>7} exited (the root)", event.pid),
+        EventKind::ForkKilled => println!("! {:>7} killed as it forked", event.pid),
+    }
+}
+
+fn summarize(status: &TreeStatus) {
+    let TreeStatus {
+        tree,
+        seeded,
+        joined,
+        left,
+        failed_inserts,
+        ..
+    }: TreeStatus = *status;
+    let tree: TreeId = tree;
+    println!(
+        "tree {tree} is empty: {seeded} registered, {joined} joined at fork, {left} left, \
+         {failed_inserts} could not be tracked"
+    );
+}

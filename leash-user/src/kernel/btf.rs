@@ -1,0 +1,105 @@
+//! Offsets of the `task_struct` fields the fork program reads, from the running kernel's BTF.
+//! They change with every kernel build (and with structure layout randomization), so they are
+//! looked up at load time and passed to the program as globals.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use btf_rs::{Btf, Type};
+
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Byte offsets into `struct task_struct`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskOffsets {
+    /// `pid_t tgid`
+    pub tgid: u32,
+    /// `u64 start_boottime`
+    pub start_boottime: u32,
+}
+
+impl TaskOffsets {
+    pub fn from_kernel() -> Result<Self> {
+        Self::from_file(Path::new(VMLINUX_BTF))
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let btf = Btf::from_file(path).with_context(|| {
+            format!(
+                "reading kernel BTF from {} (the kernel needs CONFIG_DEBUG_INFO_BTF=y)",
+                path.display()
+            )
+        })?;
+        Ok(Self {
+            tgid: field_offset(&btf, "task_struct", "tgid")?,
+            start_boottime: field_offset(&btf, "task_struct", "start_boottime")?,
+        })
+    }
+}
+
+/// The byte offset of `field` in `structure`, looking through anonymous structs and unions
+/// (task_struct wraps its randomizable part in one).
+pub fn field_offset(btf: &Btf, structure: &str, field: &str) -> Result<u32> {
+    let types = btf
+        .resolve_types_by_name(structure)
+        .with_context(|| format!("no type {structure} in BTF"))?;
+    for ty in types {
+        if let Type::Struct(s) = ty
+            && let Some(bits) = find_member(btf, &s, field, 0)?
+        {
+            if bits % 8 != 0 {
+                bail!("{structure}.{field} is a bit field");
+            }
+            return Ok(bits / 8);
+        }
+    }
+    bail!("{structure} has no field {field} in this kernel's BTF")
+}
+
+fn find_member(btf: &Btf, s: &btf_rs::Struct, field: &str, base_bits: u32) -> Result<Option<u32>> {
+    for member in &s.members {
+        let bits = base_bits + member.bit_offset();
+        let name = btf.resolve_name(member).unwrap_or_default();
+        if name == field {
+            return Ok(Some(bits));
+        }
+        if name.is_empty() {
+            let inner = resolve_through_modifiers(btf, btf.resolve_chained_type(member)?)?;
+            if let Type::Struct(inner) | Type::Union(inner) = inner
+                && let Some(found) = find_member(btf, &inner, field, bits)?
+            {
+                return Ok(Some(found));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn resolve_through_modifiers(btf: &Btf, mut ty: Type) -> Result<Type> {
+    loop {
+        ty = match &ty {
+            Type::Typedef(t) => btf.resolve_chained_type(t)?,
+            Type::Const(t) => btf.resolve_chained_type(t)?,
+            Type::Volatile(t) => btf.resolve_chained_type(t)?,
+            _ => return Ok(ty),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads this machine's BTF: the offsets must be plausible and distinct. (Exact values are
+    /// per kernel build, so they are not asserted.)
+    #[test]
+    fn task_offsets_of_this_kernel() {
+        if !Path::new(VMLINUX_BTF).exists() {
+            panic!("{VMLINUX_BTF} is missing: leash needs a kernel with BTF");
+        }
+        let offsets = TaskOffsets::from_kernel().unwrap();
+        assert!(offsets.tgid > 0 && offsets.tgid % 4 == 0, "{offsets:?}");
+        assert!(offsets.start_boottime % 8 == 0, "{offsets:?}");
+        assert_ne!(offsets.tgid, offsets.start_boottime);
+    }
+}

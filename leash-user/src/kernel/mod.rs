@@ -1,0 +1,352 @@
+//! The kernel side, seen from user space: load and attach the programs, and typed views of their
+//! maps. [`Tracker`] is the whole API: register trees, list members, read counters.
+
+pub mod btf;
+mod register;
+pub mod tracefs;
+
+use std::{collections::HashMap as StdHashMap, fmt};
+
+use anyhow::{Context, Result, anyhow, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, MapError, PerCpuArray, RingBuf},
+    programs::{BtfTracePoint, TracePoint},
+};
+use leash_common::{
+    Event, EventKind, Member, NO_FIELD, Pid, TreeControl, TreeCounters, TreeId, global, map,
+    program, stat,
+};
+
+use crate::proc;
+
+/// The compiled programs, embedded at build time by build.rs.
+static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
+
+/// Map capacities, fixed when the programs are loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// Processes tracked at once, over all trees. A child that finds the map full is counted
+    /// as a failed insert of its tree.
+    pub members: u32,
+    /// Trees registered at once.
+    pub trees: u32,
+    /// Bytes of the event ring buffer (a power of two, at least a page).
+    pub event_bytes: u32,
+}
+
+impl Default for Capacity {
+    fn default() -> Self {
+        Self {
+            members: 131_072,
+            trees: 4096,
+            event_bytes: 1 << 20,
+        }
+    }
+}
+
+/// One tracked process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberInfo {
+    pub pid: Pid,
+    /// The process that forked it (for a registered process: its parent at registration).
+    pub parent: Pid,
+    /// Start time, nanoseconds since boot (clock-tick resolution for registered processes).
+    pub start_ns: u64,
+    /// What the process is now (/proc/PID/comm); None if it is a zombie already reaped.
+    pub comm: Option<String>,
+}
+
+/// What the kernel knows about one tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeStatus {
+    pub tree: TreeId,
+    pub root: Pid,
+    /// Members now: seeded + joined - left.
+    pub members: u64,
+    /// Registered by user space (the root, and descendants found in /proc at registration).
+    pub seeded: u64,
+    /// Joined at fork, in the kernel.
+    pub joined: u64,
+    /// Left at exit, in the kernel.
+    pub left: u64,
+    /// Children that could not be tracked because the member map was full.
+    pub failed_inserts: u64,
+    /// When the root's thread group died (ns since boot), if it has.
+    pub root_exit_ns: Option<u64>,
+    pub doomed: bool,
+}
+
+/// Global counters, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub joins: u64,
+    pub exits: u64,
+    pub inserts_failed: u64,
+    pub events_dropped: u64,
+}
+
+/// A decoded ring-buffer record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeEvent {
+    pub kind: EventKind,
+    pub tree: TreeId,
+    pub pid: Pid,
+    pub parent: Pid,
+    pub time_ns: u64,
+}
+
+/// The loaded, attached programs and their maps. Dropping it detaches and unloads everything.
+pub struct Tracker {
+    members: HashMap<MapData, Pid, Member>,
+    counters: HashMap<MapData, TreeId, TreeCounters>,
+    control: HashMap<MapData, TreeId, TreeControl>,
+    stats: PerCpuArray<MapData, u64>,
+    events: RingBuf<MapData>,
+    capacity: Capacity,
+    next_tree: TreeId,
+    // Holds the programs and their links: tracking lasts as long as this does.
+    _ebpf: Ebpf,
+}
+
+impl fmt::Debug for Tracker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tracker")
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tracker {
+    /// Loads the programs with the kernel's offsets and attaches them. Needs root (or
+    /// CAP_BPF + CAP_PERFMON) and a kernel with BTF.
+    pub fn load(capacity: Capacity) -> Result<Self> {
+        let task = btf::TaskOffsets::from_kernel()?;
+        // Also mounts tracefs if needed: aya attaches tracepoints through it.
+        let exit = tracefs::Format::read("sched", "sched_process_exit")?;
+        let group_dead = match exit.required_offset("group_dead", 1) {
+            Ok(offset) => offset,
+            Err(_) => {
+                tracing::warn!(
+                    "sched_process_exit has no group_dead field on this kernel: a process \
+                     leaves when its main thread exits"
+                );
+                NO_FIELD
+            }
+        };
+        tracing::debug!(?task, group_dead, ?capacity, "loading the leash programs");
+
+        let mut ebpf = EbpfLoader::new()
+            .override_global(global::TASK_TGID_OFFSET, &task.tgid, true)
+            .override_global(global::TASK_START_OFFSET, &task.start_boottime, true)
+            .override_global(global::EXIT_GROUP_DEAD_OFFSET, &group_dead, true)
+            .map_max_entries(map::MEMBERS, capacity.members)
+            .map_max_entries(map::TREE_COUNTERS, capacity.trees)
+            .map_max_entries(map::TREE_CONTROL, capacity.trees)
+            .map_max_entries(map::EVENTS, capacity.event_bytes)
+            .load(PROGRAMS)
+            .context("loading the leash eBPF object (are you root?)")?;
+
+        let kernel_btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+        let fork: &mut BtfTracePoint = program_mut(&mut ebpf, program::FORK)?.try_into()?;
+        fork.load("sched_process_fork", &kernel_btf)
+            .context("loading the fork program")?;
+        fork.attach().context("attaching to sched_process_fork")?;
+        let exit: &mut TracePoint = program_mut(&mut ebpf, program::EXIT)?.try_into()?;
+        exit.load().context("loading the exit program")?;
+        exit.attach("sched", "sched_process_exit")
+            .context("attaching to sched/sched_process_exit")?;
+
+        Ok(Self {
+            members: HashMap::try_from(take_map(&mut ebpf, map::MEMBERS)?)?,
+            counters: HashMap::try_from(take_map(&mut ebpf, map::TREE_COUNTERS)?)?,
+            control: HashMap::try_from(take_map(&mut ebpf, map::TREE_CONTROL)?)?,
+            stats: PerCpuArray::try_from(take_map(&mut ebpf, map::STATS)?)?,
+            events: RingBuf::try_from(take_map(&mut ebpf, map::EVENTS)?)?,
+            capacity,
+            next_tree: 1,
+            _ebpf: ebpf,
+        })
+    }
+
+    pub fn capacity(&self) -> Capacity {
+        self.capacity
+    }
+
+    /// The member entry for `pid`, if it is tracked.
+    pub fn member(&self, pid: Pid) -> Option<Member> {
+        self.members.get(&pid, 0).ok()
+    }
+
+    /// Every member of `tree` now. Walks the whole member map: O(all members).
+    pub fn members(&self, tree: TreeId) -> Result<Vec<MemberInfo>> {
+        let mut found = Vec::new();
+        for entry in self.members.iter() {
+            let (pid, member) = match entry {
+                Ok(entry) => entry,
+                // A member that exits during the walk is simply not listed.
+                Err(MapError::KeyNotFound) => continue,
+                Err(e) => return Err(e).context("reading the member map"),
+            };
+            if member.tree == tree {
+                found.push(MemberInfo {
+                    pid,
+                    parent: member.parent,
+                    start_ns: member.start_ns,
+                    comm: proc::process(pid).map(|p| p.comm),
+                });
+            }
+        }
+        found.sort_by_key(|m| m.start_ns);
+        Ok(found)
+    }
+
+    /// How many members each tree has, and how full the member map is, in one walk.
+    pub fn member_counts(&self) -> Result<StdHashMap<TreeId, u64>> {
+        let mut counts = StdHashMap::new();
+        for entry in self.members.iter() {
+            match entry {
+                Ok((_, member)) => *counts.entry(member.tree).or_default() += 1,
+                Err(MapError::KeyNotFound) => continue,
+                Err(e) => return Err(e).context("reading the member map"),
+            }
+        }
+        Ok(counts)
+    }
+
+    /// The kernel's account of `tree`.
+    pub fn tree_status(&self, tree: TreeId) -> Result<TreeStatus> {
+        let control = self
+            .control
+            .get(&tree, 0)
+            .map_err(|_| anyhow!("no tree {tree}"))?;
+        let counters = self
+            .counters
+            .get(&tree, 0)
+            .map_err(|_| anyhow!("no counters for tree {tree}"))?;
+        // seeded and left race (a seeded member may leave before seeded is written): clamp.
+        let members = (control.seeded + counters.joined).saturating_sub(counters.left);
+        Ok(TreeStatus {
+            tree,
+            root: control.root,
+            members,
+            seeded: control.seeded,
+            joined: counters.joined,
+            left: counters.left,
+            failed_inserts: counters.failed,
+            root_exit_ns: (counters.root_exit_ns != 0).then_some(counters.root_exit_ns),
+            doomed: control.flags & leash_common::flags::DOOMED != 0,
+        })
+    }
+
+    /// Every registered tree.
+    pub fn trees(&self) -> Vec<TreeId> {
+        let mut trees: Vec<TreeId> = self.control.keys().filter_map(Result::ok).collect();
+        trees.sort_unstable();
+        trees
+    }
+
+    pub fn stats(&self) -> Result<Stats> {
+        let sum = |index: u32| -> Result<u64> {
+            let values = self.stats.get(&index, 0).context("reading stats")?;
+            Ok(values.iter().sum())
+        };
+        Ok(Stats {
+            joins: sum(stat::JOINS)?,
+            exits: sum(stat::EXITS)?,
+            inserts_failed: sum(stat::INSERTS_FAILED)?,
+            events_dropped: sum(stat::EVENTS_DROPPED)?,
+        })
+    }
+
+    /// Takes every event waiting in the ring buffer. Best effort: see `Stats::events_dropped`.
+    pub fn drain_events(&mut self) -> Vec<TreeEvent> {
+        let mut events = Vec::new();
+        while let Some(item) = self.events.next() {
+            if item.len() < size_of::<Event>() {
+                continue;
+            }
+            // SAFETY: the program writes whole `Event`s; read_unaligned copes with alignment.
+            let event: Event = unsafe { item.as_ptr().cast::<Event>().read_unaligned() };
+            if let Some(kind) = EventKind::from_u32(event.kind) {
+                events.push(TreeEvent {
+                    kind,
+                    tree: event.tree,
+                    pid: event.pid,
+                    parent: event.parent,
+                    time_ns: event.time_ns,
+                });
+            }
+        }
+        events
+    }
+
+    /// Marks `tree` doomed: from now on any member that forks is killed in the kernel.
+    pub fn doom(&mut self, tree: TreeId) -> Result<()> {
+        let mut control = self
+            .control
+            .get(&tree, 0)
+            .map_err(|_| anyhow!("no tree {tree}"))?;
+        control.flags |= leash_common::flags::DOOMED;
+        self.control.insert(tree, control, 0)?;
+        Ok(())
+    }
+
+    /// Stops tracking `tree`: its members are no longer followed and its entries go.
+    pub fn release(&mut self, tree: TreeId) -> Result<()> {
+        let pids: Vec<Pid> = self
+            .members
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, m)| m.tree == tree)
+            .map(|(pid, _)| pid)
+            .collect();
+        for pid in pids {
+            // Already gone: it exited meanwhile.
+            let _ = self.members.remove(&pid);
+        }
+        let _ = self.counters.remove(&tree);
+        let _ = self.control.remove(&tree);
+        tracing::debug!(tree, "released");
+        Ok(())
+    }
+
+    fn new_tree(&mut self, root: Pid) -> Result<TreeId> {
+        if self.trees().len() as u32 >= self.capacity.trees {
+            bail!(
+                "the tree limit ({}) is reached; release a tree first",
+                self.capacity.trees
+            );
+        }
+        let tree = self.next_tree;
+        self.next_tree = self.next_tree.checked_add(1).context("tree ids ran out")?;
+        // Counters first: the programs only ever add to an existing entry.
+        self.counters
+            .insert(tree, TreeCounters::default(), BPF_NOEXIST)?;
+        let control = TreeControl {
+            root,
+            ..Default::default()
+        };
+        self.control.insert(tree, control, BPF_NOEXIST)?;
+        Ok(tree)
+    }
+
+    fn add_seeded(&mut self, tree: TreeId, count: u64) -> Result<()> {
+        let mut control = self.control.get(&tree, 0)?;
+        control.seeded += count;
+        self.control.insert(tree, control, 0)?;
+        Ok(())
+    }
+}
+
+const BPF_NOEXIST: u64 = 1;
+
+fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name)
+        .with_context(|| format!("program {name} missing from the object"))
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
+    ebpf.take_map(name)
+        .with_context(|| format!("map {name} missing from the object"))
+}
