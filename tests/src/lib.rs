@@ -1,0 +1,270 @@
+//! Shared pieces of the integration tests: each test loads the real programs into the real
+//! kernel, runs a process tree inside its own cgroup v2 group, and compares what leash tracks
+//! with the cgroup, which the kernel keeps exact: the ground truth for "every process of this
+//! tree".
+//!
+//! A test that cannot load BPF fails with the reason. Whoever runs the suite on a machine
+//! without BPF may set `LEASH_TEST_SKIP_BPF=1` to skip those tests instead.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    io::ErrorKind,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use leash::{Capacity, Tracker};
+use leash_common::{Pid, TreeId};
+
+pub use leash;
+
+/// The opt-out: set to 1 to skip (not fail) BPF tests where BPF cannot be loaded.
+pub const SKIP_BPF_VAR: &str = "LEASH_TEST_SKIP_BPF";
+/// Where the cgroup v2 hierarchy is mounted on these machines.
+pub const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
+
+/// Loads the programs, or fails the test saying why. Returns None only when the person running
+/// the tests opted out with `LEASH_TEST_SKIP_BPF=1`.
+pub fn load_tracker(capacity: Capacity) -> Option<Tracker> {
+    match Tracker::load(capacity) {
+        Ok(tracker) => Some(tracker),
+        Err(e) if std::env::var(SKIP_BPF_VAR).is_ok_and(|v| v == "1") => {
+            eprintln!("SKIPPED: BPF is unavailable ({e:#}) and {SKIP_BPF_VAR}=1");
+            None
+        }
+        Err(e) => panic!(
+            "BPF is unavailable, so this test cannot run: {e:#}\n\
+             Run the tests as root on a kernel with BTF (cargo xtask test), or set \
+             {SKIP_BPF_VAR}=1 to skip the BPF tests on purpose."
+        ),
+    }
+}
+
+/// `let Some(mut tracker) = tracker!() else { return };`
+#[macro_export]
+macro_rules! tracker {
+    () => {
+        $crate::load_tracker($crate::leash::Capacity::default())
+    };
+    ($capacity:expr) => {
+        $crate::load_tracker($capacity)
+    };
+}
+
+/// A cgroup v2 group of the test's own. Dropping it kills what is left in it and removes it.
+pub struct Cgroup {
+    path: PathBuf,
+}
+
+impl Cgroup {
+    pub fn new(label: &str) -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let root = Path::new(CGROUP2_ROOT);
+        assert!(
+            root.join("cgroup.procs").exists(),
+            "no cgroup v2 hierarchy at {CGROUP2_ROOT}: the tests use it as ground truth"
+        );
+        let name = format!(
+            "leash-test-{}-{label}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = root.join(name);
+        fs::create_dir(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        Self { path }
+    }
+
+    pub fn procs_file(&self) -> PathBuf {
+        self.path.join("cgroup.procs")
+    }
+
+    /// The processes in the group now (cgroup.procs: thread group ids).
+    pub fn procs(&self) -> BTreeSet<Pid> {
+        read_pids(&self.procs_file())
+    }
+
+    /// A command that moves itself into this group, then execs `program args...`. Nothing of
+    /// `program` runs outside the group.
+    pub fn command(&self, program: &str, args: &[&str]) -> Command {
+        let mut command = Command::new("sh");
+        command
+            .args(["-c", r#"echo $$ > "$0" && exec "$@""#])
+            .arg(self.procs_file())
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// Waits for the group to settle: exactly `count` processes, each running a program whose
+    /// name starts with one of `final_comms`. Returns the processes.
+    pub fn settle(&self, count: usize, final_comms: &[&str]) -> BTreeSet<Pid> {
+        let mut last = BTreeSet::new();
+        let settled = wait_for(Duration::from_secs(60), || {
+            last = self.procs();
+            last.len() == count
+                && last.iter().all(|&pid| {
+                    comm(pid).is_some_and(|c| final_comms.iter().any(|f| c.starts_with(f)))
+                })
+        });
+        assert!(
+            settled,
+            "cgroup {} did not settle at {count} processes of {final_comms:?}: it has {} ({:?})",
+            self.path.display(),
+            last.len(),
+            last.iter().take(20).map(|&p| (p, comm(p))).collect::<Vec<_>>()
+        );
+        last
+    }
+
+    fn kill_all(&self) {
+        let _ = fs::write(self.path.join("cgroup.kill"), "1");
+        wait_for(Duration::from_secs(10), || {
+            fs::read_to_string(self.path.join("cgroup.events"))
+                .map(|events| events.contains("populated 0"))
+                .unwrap_or(true)
+        });
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        self.kill_all();
+        if let Err(e) = fs::remove_dir(&self.path)
+            && e.kind() != ErrorKind::NotFound
+        {
+            eprintln!("could not remove {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// A tree started under a tracker inside its own cgroup. Dropping it kills the whole group and
+/// reaps the root.
+pub struct Scenario {
+    pub tree: TreeId,
+    pub root: Child,
+    // Declared last: dropped after the root is reaped below.
+    pub cgroup: Cgroup,
+}
+
+impl Scenario {
+    /// Starts `program args...` as the root of a new tree (held until registered), inside a
+    /// new cgroup.
+    pub fn spawn(tracker: &mut Tracker, label: &str, program: &str, args: &[&str]) -> Self {
+        let cgroup = Cgroup::new(label);
+        let command = cgroup.command(program, args);
+        Self::spawn_command(tracker, cgroup, command)
+    }
+
+    /// Starts `command` (made with [`Cgroup::command`] of `cgroup`) as the root of a new tree.
+    pub fn spawn_command(tracker: &mut Tracker, cgroup: Cgroup, mut command: Command) -> Self {
+        let (tree, root) = tracker.spawn(&mut command).expect("spawning the scenario");
+        Self { tree, root, cgroup }
+    }
+
+    pub fn root_pid(&self) -> Pid {
+        self.root.id()
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        self.cgroup.kill_all();
+        let _ = self.root.kill();
+        let _ = self.root.wait();
+    }
+}
+
+/// The pids leash tracks in `tree` now.
+pub fn tracked(tracker: &Tracker, tree: TreeId) -> BTreeSet<Pid> {
+    tracker
+        .members(tree)
+        .expect("listing members")
+        .into_iter()
+        .map(|m| m.pid)
+        .collect()
+}
+
+/// Asserts that leash tracks exactly the cgroup's processes, and that the kernel's member
+/// count agrees. Prints the figures for the record. Returns the number of processes.
+pub fn assert_tracks_cgroup(tracker: &Tracker, tree: TreeId, cgroup: &Cgroup, scenario: &str) -> usize {
+    let truth = cgroup.procs();
+    let (mut members, mut count) = (BTreeSet::new(), 0);
+    // Members are added at fork and removed at exit synchronously; a short wait only covers
+    // exits still in flight when the cgroup was read.
+    let equal = wait_for(Duration::from_secs(5), || {
+        members = tracked(tracker, tree);
+        count = tracker.tree_status(tree).expect("tree status").members;
+        members == cgroup.procs() && count == members.len() as u64
+    });
+    let status = tracker.tree_status(tree).expect("tree status");
+    eprintln!(
+        "scenario {scenario}: tracked {} / ground truth {} (kernel count {count}, failed inserts {})",
+        members.len(),
+        truth.len(),
+        status.failed_inserts
+    );
+    assert!(
+        equal,
+        "{scenario}: tracked set != cgroup set\n  only tracked: {:?}\n  only in cgroup: {:?}\n  kernel count: {count}",
+        members.difference(&truth).collect::<Vec<_>>(),
+        truth.difference(&members).map(|&p| (p, comm(p))).collect::<Vec<_>>(),
+    );
+    members.len()
+}
+
+/// Polls `condition` every few milliseconds until it holds or `timeout` passes.
+pub fn wait_for(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn comm(pid: Pid) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|c| c.trim_end().to_owned())
+}
+
+pub fn ppid(pid: Pid) -> Option<Pid> {
+    leash::proc::process(pid).map(|p| p.ppid)
+}
+
+/// Threads of a process now.
+pub fn thread_count(pid: Pid) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+fn read_pids(path: &Path) -> BTreeSet<Pid> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A shell script for `sh -c SCRIPT SCRIPT N`: a chain N forks deep; each hop starts the next
+/// in the background (through `$LEASH_HOP`, e.g. "setsid", when set) and then becomes `sleep`.
+/// N+1 processes.
+pub const CHAIN: &str = r#"n=$1; if [ "$n" -gt 0 ]; then $LEASH_HOP sh -c "$0" "$0" $((n-1)) & fi; exec sleep 600"#;
+
+/// A new cgroup and a command that runs a [`CHAIN`] `depth` hops deep inside it, each hop
+/// started through `hop` (e.g. `setsid`) when given.
+pub fn chain_command(label: &str, depth: usize, hop: Option<&str>) -> (Cgroup, Command) {
+    let cgroup = Cgroup::new(label);
+    let depth = depth.to_string();
+    let mut command = cgroup.command("sh", &["-c", CHAIN, CHAIN, &depth]);
+    command.env("LEASH_HOP", hop.unwrap_or(""));
+    (cgroup, command)
+}

@@ -1,0 +1,26 @@
+//! Exec chains: sh -c -> bash -c -> python3. A process stays a member through exec; what it
+//! runs now is what the listing shows.
+
+use leash_tests::{Scenario, assert_tracks_cgroup, tracker};
+
+#[test]
+fn members_stay_members_through_exec() {
+    let Some(mut tracker) = tracker!() else { return };
+    // `; true` keeps each shell alive as the parent of the next program.
+    let script = r#"bash -c 'python3 -c "import time; time.sleep(600)"; true'; true"#;
+    let scenario = Scenario::spawn(&mut tracker, "exec-chain", "sh", &["-c", script]);
+    scenario.cgroup.settle(3, &["sh", "bash", "python"]);
+    let tracked = assert_tracks_cgroup(&tracker, scenario.tree, &scenario.cgroup, "exec chain sh -> bash -> python3");
+    assert_eq!(tracked, 3);
+    let mut comms: Vec<String> = tracker
+        .members(scenario.tree)
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| m.comm)
+        .collect();
+    comms.sort();
+    assert_eq!(comms.len(), 3);
+    assert_eq!(comms[0], "bash");
+    assert!(comms[1].starts_with("python"), "{comms:?}");
+    assert_eq!(comms[2], "sh");
+}
