@@ -57,7 +57,11 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let start_ns = read_task::<u64>(child, &TASK_START_OFFSET).unwrap_or(0);
-    let member = Member { tree, parent, start_ns };
+    let member = Member {
+        tree,
+        parent,
+        start_ns,
+    };
     let joined = MEMBERS.insert(&child_tgid, &member, BPF_NOEXIST).is_ok();
     if let Some(counters) = TREE_COUNTERS.get_ptr_mut(&tree) {
         // SAFETY: the pointer is into the map value and stays valid for this program run.

@@ -26,7 +26,10 @@ impl ProcessInfo {
 
 /// Reads /proc/PID/stat; None when there is no such process (or it vanished while reading).
 pub fn process(pid: Pid) -> Option<ProcessInfo> {
-    let stat = procfs::process::Process::new(pid as i32).ok()?.stat().ok()?;
+    let stat = procfs::process::Process::new(pid as i32)
+        .ok()?
+        .stat()
+        .ok()?;
     Some(ProcessInfo {
         pid: stat.pid as Pid,
         ppid: stat.ppid as Pid,

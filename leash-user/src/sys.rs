@@ -79,7 +79,9 @@ pub fn spawn_held<E: Send>(
         });
         let spawned = command.spawn();
         drop((pid_to_parent, go_from_parent));
-        let registered = registrar.join().expect("the registrar thread does not panic");
+        let registered = registrar
+            .join()
+            .expect("the registrar thread does not panic");
         match (spawned, registered) {
             (_, Some(Err(e))) => Err(SpawnHeldError::Register(e)),
             (Ok(child), Some(Ok(()))) => Ok(child),

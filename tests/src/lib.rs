@@ -116,7 +116,10 @@ impl Cgroup {
             "cgroup {} did not settle at {count} processes of {final_comms:?}: it has {} ({:?})",
             self.path.display(),
             last.len(),
-            last.iter().take(20).map(|&p| (p, comm(p))).collect::<Vec<_>>()
+            last.iter()
+                .take(20)
+                .map(|&p| (p, comm(p)))
+                .collect::<Vec<_>>()
         );
         last
     }
@@ -191,7 +194,12 @@ pub fn tracked(tracker: &Tracker, tree: TreeId) -> BTreeSet<Pid> {
 
 /// Asserts that leash tracks exactly the cgroup's processes, and that the kernel's member
 /// count agrees. Prints the figures for the record. Returns the number of processes.
-pub fn assert_tracks_cgroup(tracker: &Tracker, tree: TreeId, cgroup: &Cgroup, scenario: &str) -> usize {
+pub fn assert_tracks_cgroup(
+    tracker: &Tracker,
+    tree: TreeId,
+    cgroup: &Cgroup,
+    scenario: &str,
+) -> usize {
     let truth = cgroup.procs();
     let (mut members, mut count) = (BTreeSet::new(), 0);
     // Members are added at fork and removed at exit synchronously; a short wait only covers
@@ -212,7 +220,15 @@ pub fn assert_tracks_cgroup(tracker: &Tracker, tree: TreeId, cgroup: &Cgroup, sc
         equal,
         "{scenario}: tracked set != cgroup set\n  only tracked: {:?}\n  only in cgroup: {:?}\n  kernel count: {count}",
         members.difference(&truth).collect::<Vec<_>>(),
-        truth.difference(&members).map(|&p| (p, comm(p))).collect::<Vec<_>>(),
+        truth
+            .difference(&members)
+            .map(|&p| (p, comm(p)))
+            .collect::<Vec<_>>(),
+    );
+    // A thread that was taken for a process would show here (its insert fails on the key).
+    assert_eq!(
+        status.failed_inserts, 0,
+        "{scenario}: no insert may fail below capacity"
     );
     members.len()
 }
@@ -257,7 +273,8 @@ fn read_pids(path: &Path) -> BTreeSet<Pid> {
 /// A shell script for `sh -c SCRIPT SCRIPT N`: a chain N forks deep; each hop starts the next
 /// in the background (through `$LEASH_HOP`, e.g. "setsid", when set) and then becomes `sleep`.
 /// N+1 processes.
-pub const CHAIN: &str = r#"n=$1; if [ "$n" -gt 0 ]; then $LEASH_HOP sh -c "$0" "$0" $((n-1)) & fi; exec sleep 600"#;
+pub const CHAIN: &str =
+    r#"n=$1; if [ "$n" -gt 0 ]; then $LEASH_HOP sh -c "$0" "$0" $((n-1)) & fi; exec sleep 600"#;
 
 /// A new cgroup and a command that runs a [`CHAIN`] `depth` hops deep inside it, each hop
 /// started through `hop` (e.g. `setsid`) when given.

@@ -5,12 +5,19 @@ use leash_tests::{Scenario, assert_tracks_cgroup, tracker};
 
 #[test]
 fn members_stay_members_through_exec() {
-    let Some(mut tracker) = tracker!() else { return };
+    let Some(mut tracker) = tracker!() else {
+        return;
+    };
     // `; true` keeps each shell alive as the parent of the next program.
     let script = r#"bash -c 'python3 -c "import time; time.sleep(600)"; true'; true"#;
     let scenario = Scenario::spawn(&mut tracker, "exec-chain", "sh", &["-c", script]);
     scenario.cgroup.settle(3, &["sh", "bash", "python"]);
-    let tracked = assert_tracks_cgroup(&tracker, scenario.tree, &scenario.cgroup, "exec chain sh -> bash -> python3");
+    let tracked = assert_tracks_cgroup(
+        &tracker,
+        scenario.tree,
+        &scenario.cgroup,
+        "exec chain sh -> bash -> python3",
+    );
     assert_eq!(tracked, 3);
     let mut comms: Vec<String> = tracker
         .members(scenario.tree)

@@ -5,7 +5,9 @@ use leash_tests::{Scenario, assert_tracks_cgroup, chain_command, tracker};
 
 #[test]
 fn setsid_at_every_hop_does_not_escape() {
-    let Some(mut tracker) = tracker!() else { return };
+    let Some(mut tracker) = tracker!() else {
+        return;
+    };
     let (cgroup, command) = chain_command("setsid-chain", 40, Some("setsid"));
     let scenario = Scenario::spawn_command(&mut tracker, cgroup, command);
     let procs = scenario.cgroup.settle(41, &["sleep"]);
@@ -16,6 +18,11 @@ fn setsid_at_every_hop_does_not_escape() {
         .map(|stat| stat.session)
         .collect();
     assert_eq!(sessions.len(), 41, "every hop should have its own session");
-    let tracked = assert_tracks_cgroup(&tracker, scenario.tree, &scenario.cgroup, "setsid chain, 40 hops");
+    let tracked = assert_tracks_cgroup(
+        &tracker,
+        scenario.tree,
+        &scenario.cgroup,
+        "setsid chain, 40 hops",
+    );
     assert_eq!(tracked, 41);
 }

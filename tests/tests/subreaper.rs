@@ -13,12 +13,23 @@ time.sleep(600)
 
 #[test]
 fn a_child_reparented_to_a_subreaper_stays_a_member() {
-    let Some(mut tracker) = tracker!() else { return };
+    let Some(mut tracker) = tracker!() else {
+        return;
+    };
     let scenario = Scenario::spawn(&mut tracker, "subreaper", "python3", &["-c", SUBREAPER]);
     let procs = scenario.cgroup.settle(2, &["python", "sleep"]);
     let python = scenario.root_pid();
     let orphan = *procs.iter().find(|&&p| p != python).unwrap();
-    assert_eq!(ppid(orphan), Some(python), "the orphan should now belong to the subreaper");
-    let tracked = assert_tracks_cgroup(&tracker, scenario.tree, &scenario.cgroup, "reparented to a subreaper");
+    assert_eq!(
+        ppid(orphan),
+        Some(python),
+        "the orphan should now belong to the subreaper"
+    );
+    let tracked = assert_tracks_cgroup(
+        &tracker,
+        scenario.tree,
+        &scenario.cgroup,
+        "reparented to a subreaper",
+    );
     assert_eq!(tracked, 2);
 }

@@ -1,1 +1,213 @@
-fn main(){}
+//! Project tasks: `cargo xtask setup | test | run`. Each installs what it needs first, so a fresh
+//! clone on a fresh Debian/Ubuntu machine needs nothing else.
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+/// bpf-linker must be built against the LLVM major version of the nightly rustc.
+const LLVM_MAJOR: &str = "22";
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+#[derive(Parser)]
+#[command(about = "leash project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building the eBPF programs needs: nightly rust-src, LLVM dev packages and
+    /// bpf-linker. Quick when everything is present.
+    Setup,
+    /// Set up, mount tracefs if needed, build, and run every test (as root: the integration
+    /// tests load the programs into the running kernel).
+    Test {
+        /// Passed to `cargo test` (e.g. `--test fork_chain`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Set up, build, and run the `leash` binary with these arguments (as root).
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().task {
+        Task::Setup => setup(),
+        Task::Test { args } => test(&args),
+        Task::Run { args } => run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn setup() -> Result<()> {
+    ensure_nightly_rust_src()?;
+    ensure_bpf_linker()?;
+    Ok(())
+}
+
+fn test(args: &[String]) -> Result<()> {
+    setup()?;
+    if !is_root() {
+        eprintln!(
+            "xtask: warning: not root; the integration tests will fail to load BPF. \
+             Run as root (or set LEASH_TEST_SKIP_BPF=1 to skip them on purpose)."
+        );
+    }
+    ensure_tracefs()?;
+    cargo(&["build"])?;
+    let mut test_args = vec!["test"];
+    test_args.extend(args.iter().map(String::as_str));
+    cargo(&test_args)
+}
+
+fn run(args: &[String]) -> Result<()> {
+    setup()?;
+    ensure_tracefs()?;
+    cargo(&["build", "--package", "leash-user"])?;
+    let leash = workspace_root().join("target/debug/leash");
+    status(Command::new(&leash).args(args))
+}
+
+fn ensure_nightly_rust_src() -> Result<()> {
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]));
+    match installed {
+        Ok(list) if list.lines().any(|l| l.starts_with("rust-src")) => Ok(()),
+        Ok(_) => {
+            eprintln!("xtask: adding rust-src to the nightly toolchain");
+            status(Command::new("rustup").args([
+                "component",
+                "add",
+                "rust-src",
+                "--toolchain",
+                "nightly",
+            ]))
+        }
+        Err(e) => bail!(
+            "the eBPF programs build with a nightly toolchain and none is usable ({e:#}); \
+             install one with: rustup toolchain install nightly --component rust-src"
+        ),
+    }
+}
+
+fn ensure_bpf_linker() -> Result<()> {
+    let version = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
+    if version.contains(BPF_LINKER_VERSION) {
+        return Ok(());
+    }
+    let llvm_prefix = PathBuf::from(format!("/usr/lib/llvm-{LLVM_MAJOR}"));
+    if !llvm_prefix.join("bin/llvm-config").exists() {
+        install_llvm()?;
+    }
+    eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against LLVM {LLVM_MAJOR}");
+    status(
+        Command::new("cargo")
+            .args([
+                "install",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+                "--locked",
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{LLVM_MAJOR}"),
+            ])
+            // Without it bpf-linker's build looks for LLVM in /usr and fails on -lLLVM.
+            .env("LLVM_PREFIX", &llvm_prefix),
+    )
+}
+
+fn install_llvm() -> Result<()> {
+    let packages = [
+        format!("llvm-{LLVM_MAJOR}-dev"),
+        format!("libpolly-{LLVM_MAJOR}-dev"),
+        "libzstd-dev".to_owned(),
+    ];
+    if !Path::new("/usr/bin/apt-get").exists() || !is_root() {
+        bail!(
+            "bpf-linker needs LLVM {LLVM_MAJOR} development files. On Debian/Ubuntu, as root: \
+             apt-get install {}; elsewhere install LLVM {LLVM_MAJOR} and run \
+             LLVM_PREFIX=<its prefix> cargo install bpf-linker --version {BPF_LINKER_VERSION} \
+             --no-default-features --features llvm-{LLVM_MAJOR}",
+            packages.join(" ")
+        );
+    }
+    eprintln!("xtask: installing {}", packages.join(" "));
+    status(Command::new("apt-get").args(["update", "-qq"]))?;
+    status(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq"])
+            .args(&packages)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+/// aya attaches tracepoints through tracefs, which some machines do not mount at boot.
+fn ensure_tracefs() -> Result<()> {
+    if Path::new(TRACEFS).join("events").is_dir() || !is_root() {
+        return Ok(());
+    }
+    eprintln!("xtask: mounting tracefs at {TRACEFS}");
+    status(Command::new("mount").args(["-t", "tracefs", "tracefs", TRACEFS]))
+}
+
+fn cargo(args: &[&str]) -> Result<()> {
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    status(Command::new(cargo).args(args).current_dir(workspace_root()))
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn is_root() -> bool {
+    output(Command::new("id").arg("-u")).is_ok_and(|uid| uid.trim() == "0")
+}
+
+fn status(command: &mut Command) -> Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("running {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn output(command: &mut Command) -> Result<String> {
+    let out = command
+        .output()
+        .with_context(|| format!("running {command:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{command:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}

@@ -65,10 +65,8 @@ impl Tracker {
                     let _ = self.release(tree);
                 }
                 Err(match e {
-                    SpawnHeldError::Spawn(e) => anyhow::Error::new(e).context(format!(
-                        "starting {:?}",
-                        command.get_program()
-                    )),
+                    SpawnHeldError::Spawn(e) => anyhow::Error::new(e)
+                        .context(format!("starting {:?}", command.get_program())),
                     SpawnHeldError::Register(e) => e.context("registering the new process"),
                 })
             }
@@ -97,7 +95,10 @@ impl Tracker {
             }
             seeded += new;
         }
-        bail!("the tree of {} kept growing faster than /proc could be read", root.pid)
+        bail!(
+            "the tree of {} kept growing faster than /proc could be read",
+            root.pid
+        )
     }
 
     /// Inserts one process found in /proc. Returns whether it is now a member counted in

@@ -73,7 +73,7 @@ impl Format {
     }
 }
 
-/// `field:pid_t child_pid;	offset:20;	size:4;	signed:1;`
+/// `field:pid_t child_pid; offset:20; size:4; signed:1;` (tab-separated)
 fn parse_field(line: &str) -> Result<Field> {
     let mut declaration = None;
     let mut offset = None;
@@ -89,7 +89,10 @@ fn parse_field(line: &str) -> Result<Field> {
     }
     let declaration = declaration.context("no declaration")?;
     // The name is the declaration's last word, less any array suffix: `char comm[16]`.
-    let last = declaration.split_whitespace().last().context("empty declaration")?;
+    let last = declaration
+        .split_whitespace()
+        .last()
+        .context("empty declaration")?;
     let name = last.split('[').next().unwrap_or(last).to_owned();
     Ok(Field {
         name,
