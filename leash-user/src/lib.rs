@@ -9,4 +9,4 @@ pub mod kernel;
 pub mod proc;
 pub mod sys;
 
-pub use kernel::{Capacity, MemberInfo, Stats, Tracker, TreeEvent, TreeStatus};
+pub use kernel::{Capacity, KillReport, MemberInfo, Stats, Tracker, TreeEvent, TreeStatus};

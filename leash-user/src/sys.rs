@@ -4,7 +4,10 @@
 use std::{
     ffi::CString,
     io::{self, Read, Write},
-    os::{fd::AsRawFd, unix::ffi::OsStrExt, unix::process::CommandExt},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+        unix::{ffi::OsStrExt, process::CommandExt},
+    },
     path::Path,
     process::{Child, Command},
     thread,
@@ -98,4 +101,39 @@ pub enum SpawnHeldError<E> {
     Spawn(#[from] io::Error),
     #[error("could not register the command's process")]
     Register(#[source] E),
+}
+
+/// A process file descriptor: names one process for good, so a signal sent through it can never
+/// reach a process that later got the same pid.
+pub struct Pidfd(OwnedFd);
+
+impl Pidfd {
+    pub fn open(pid: u32) -> io::Result<Self> {
+        let pid = libc::pid_t::try_from(pid).map_err(io::Error::other)?;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this fd, and nothing else owns it.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+    }
+
+    pub fn send_signal(&self, signal: i32) -> io::Result<()> {
+        // SAFETY: a valid pidfd, a signal number, no siginfo, no flags.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.0.as_raw_fd(),
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
 }

@@ -98,7 +98,10 @@ mod tests {
             panic!("{VMLINUX_BTF} is missing: leash needs a kernel with BTF");
         }
         let offsets = TaskOffsets::from_kernel().unwrap();
-        assert!(offsets.tgid > 0 && offsets.tgid.is_multiple_of(4), "{offsets:?}");
+        assert!(
+            offsets.tgid > 0 && offsets.tgid.is_multiple_of(4),
+            "{offsets:?}"
+        );
         assert!(offsets.start_boottime.is_multiple_of(8), "{offsets:?}");
         assert_ne!(offsets.tgid, offsets.start_boottime);
     }

@@ -2,6 +2,7 @@
 //! maps. [`Tracker`] is the whole API: register trees, list members, read counters.
 
 pub mod btf;
+mod kill;
 mod register;
 pub mod tracefs;
 
@@ -19,6 +20,8 @@ use leash_common::{
 };
 
 use crate::proc;
+
+pub use kill::{KILL_ROUNDS_TIMEOUT, KillReport};
 
 /// The compiled programs, embedded at build time by build.rs.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
@@ -180,38 +183,41 @@ impl Tracker {
 
     /// Every member of `tree` now. Walks the whole member map: O(all members).
     pub fn members(&self, tree: TreeId) -> Result<Vec<MemberInfo>> {
-        let mut found = Vec::new();
-        for entry in self.members.iter() {
-            let (pid, member) = match entry {
-                Ok(entry) => entry,
-                // A member that exits during the walk is simply not listed.
-                Err(MapError::KeyNotFound) => continue,
-                Err(e) => return Err(e).context("reading the member map"),
-            };
-            if member.tree == tree {
-                found.push(MemberInfo {
-                    pid,
-                    parent: member.parent,
-                    start_ns: member.start_ns,
-                    comm: proc::process(pid).map(|p| p.comm),
-                });
-            }
-        }
+        let mut found: Vec<MemberInfo> = self
+            .member_entries()?
+            .into_iter()
+            .filter(|(_, member)| member.tree == tree)
+            .map(|(pid, member)| MemberInfo {
+                pid,
+                parent: member.parent,
+                start_ns: member.start_ns,
+                comm: proc::process(pid).map(|p| p.comm),
+            })
+            .collect();
         found.sort_by_key(|m| m.start_ns);
         Ok(found)
     }
 
-    /// How many members each tree has, and how full the member map is, in one walk.
+    /// How many members each tree has, in one walk of the member map.
     pub fn member_counts(&self) -> Result<StdHashMap<TreeId, u64>> {
         let mut counts = StdHashMap::new();
+        for (_, member) in self.member_entries()? {
+            *counts.entry(member.tree).or_default() += 1;
+        }
+        Ok(counts)
+    }
+
+    /// Every entry of the member map now. A member that exits during the walk is left out.
+    fn member_entries(&self) -> Result<Vec<(Pid, Member)>> {
+        let mut entries = Vec::new();
         for entry in self.members.iter() {
             match entry {
-                Ok((_, member)) => *counts.entry(member.tree).or_default() += 1,
+                Ok(entry) => entries.push(entry),
                 Err(MapError::KeyNotFound) => continue,
                 Err(e) => return Err(e).context("reading the member map"),
             }
         }
-        Ok(counts)
+        Ok(entries)
     }
 
     /// The kernel's account of `tree`.
@@ -294,14 +300,7 @@ impl Tracker {
 
     /// Stops tracking `tree`: its members are no longer followed and its entries go.
     pub fn release(&mut self, tree: TreeId) -> Result<()> {
-        let pids: Vec<Pid> = self
-            .members
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, m)| m.tree == tree)
-            .map(|(pid, _)| pid)
-            .collect();
-        for pid in pids {
+        for pid in self.member_pids(tree)? {
             // Already gone: it exited meanwhile.
             let _ = self.members.remove(&pid);
         }
