@@ -1,6 +1,7 @@
 //! Command-line interface: clap commands over the library.
 
 use std::{
+    os::unix::process::ExitStatusExt,
     process::{Command, ExitCode},
     thread,
     time::Duration,
@@ -9,7 +10,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use leash::{Capacity, Tracker, TreeEvent, TreeStatus};
-use leash_common::{EventKind, Pid, TreeId};
+use leash_common::{EventKind, Pid};
 use tracing_subscriber::EnvFilter;
 
 /// Keeps AI coding agents and everything they start on a leash: an eBPF program follows every
@@ -106,10 +107,15 @@ fn track(args: TrackArgs) -> Result<ExitCode> {
         }
         thread::sleep(Duration::from_millis(50));
     }
-    Ok(match root_status.and_then(|s| s.code()) {
-        Some(code) => ExitCode::from(code.clamp(0, 255) as u8),
-        None => ExitCode::SUCCESS,
-    })
+    // CMD's status, as a shell reports it: 128+N for a signal.
+    let code = match root_status {
+        Some(status) => status
+            .code()
+            .or_else(|| status.signal().map(|n| 128 + n))
+            .unwrap_or(1),
+        None => 0,
+    };
+    Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
 
 fn print_event(event: &TreeEvent) {
@@ -125,17 +131,8 @@ fn print_event(event: &TreeEvent) {
 }
 
 fn summarize(status: &TreeStatus) {
-    let TreeStatus {
-        tree,
-        seeded,
-        joined,
-        left,
-        failed_inserts,
-        ..
-    }: TreeStatus = *status;
-    let tree: TreeId = tree;
     println!(
-        "tree {tree} is empty: {seeded} registered, {joined} joined at fork, {left} left, \
-         {failed_inserts} could not be tracked"
+        "tree {} is empty: {} registered, {} joined at fork, {} left, {} could not be tracked",
+        status.tree, status.seeded, status.joined, status.left, status.failed_inserts
     );
 }

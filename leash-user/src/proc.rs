@@ -22,6 +22,16 @@ impl ProcessInfo {
     pub fn is_live(&self) -> bool {
         !matches!(self.state, 'Z' | 'X')
     }
+
+    fn from_stat(stat: procfs::process::Stat) -> Self {
+        Self {
+            pid: stat.pid as Pid,
+            ppid: stat.ppid as Pid,
+            start_ticks: stat.starttime,
+            state: stat.state,
+            comm: stat.comm,
+        }
+    }
 }
 
 /// Reads /proc/PID/stat; None when there is no such process (or it vanished while reading).
@@ -45,13 +55,7 @@ pub fn all_processes() -> std::io::Result<Vec<ProcessInfo>> {
     Ok(all
         .filter_map(Result::ok)
         .filter_map(|p| p.stat().ok())
-        .map(|stat| ProcessInfo {
-            pid: stat.pid as Pid,
-            ppid: stat.ppid as Pid,
-            start_ticks: stat.starttime,
-            state: stat.state,
-            comm: stat.comm,
-        })
+        .map(ProcessInfo::from_stat)
         .collect())
 }
 

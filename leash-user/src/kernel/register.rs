@@ -54,11 +54,13 @@ impl Tracker {
             if !self.seed(tree, &root)? {
                 bail!("the held child could not be registered");
             }
-            tracing::info!(tree, root = pid, "spawned under a new tree");
             Ok(())
         });
         match (spawned, registered) {
-            (Ok(child), Some(tree)) => Ok((tree, child)),
+            (Ok(child), Some(tree)) => {
+                tracing::info!(tree, root = child.id(), "spawned under a new tree");
+                Ok((tree, child))
+            }
             (Ok(_), None) => unreachable!("spawn_held runs the registration before exec"),
             (Err(e), tree) => {
                 if let Some(tree) = tree {
