@@ -3,8 +3,9 @@
 
 use std::{
     env,
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Command, ExitCode},
+    process::{Command, ExitCode, Stdio},
 };
 
 use anyhow::{Context, Result, bail};
@@ -74,7 +75,51 @@ fn test(args: &[String]) -> Result<()> {
     cargo(&["build"])?;
     let mut test_args = vec!["test"];
     test_args.extend(args.iter().map(String::as_str));
-    cargo(&test_args)
+    cargo_test_with_summary(&test_args)
+}
+
+/// Runs `cargo test`, passing its output through, and ends with one line that totals every
+/// test binary's result (`tests: N passed, M failed`), so the outcome is not buried among the
+/// per-binary summaries.
+fn cargo_test_with_summary(args: &[&str]) -> Result<()> {
+    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut child = Command::new(cargo)
+        .args(args)
+        .current_dir(workspace_root())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running cargo test")?;
+    let (mut passed, mut failed, mut ignored) = (0, 0, 0);
+    let stdout = child.stdout.take().context("cargo test's stdout")?;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("reading cargo test's output")?;
+        println!("{line}");
+        if let Some(result) = line.strip_prefix("test result: ") {
+            passed += count_before(result, " passed");
+            failed += count_before(result, " failed");
+            ignored += count_before(result, " ignored");
+        }
+    }
+    let status = child.wait().context("waiting for cargo test")?;
+    println!("tests: {passed} passed, {failed} failed, {ignored} skipped");
+    if !status.success() {
+        bail!("cargo test failed: {status}");
+    }
+    Ok(())
+}
+
+/// In "ok. 3 passed; 0 failed; ...", the number before `word`.
+fn count_before(result: &str, word: &str) -> u64 {
+    result
+        .split(';')
+        .find_map(|part| {
+            part.trim()
+                .trim_start_matches("ok. ")
+                .trim_start_matches("FAILED. ")
+                .strip_suffix(word)
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 fn run(args: &[String]) -> Result<()> {

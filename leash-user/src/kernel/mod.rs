@@ -6,7 +6,7 @@ mod kill;
 mod register;
 pub mod tracefs;
 
-use std::{collections::HashMap as StdHashMap, fmt};
+use std::{collections::HashMap as StdHashMap, fmt, mem::offset_of};
 
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
@@ -97,6 +97,25 @@ pub struct TreeEvent {
     pub pid: Pid,
     pub parent: Pid,
     pub time_ns: u64,
+}
+
+impl TreeEvent {
+    /// Reads an [`Event`] record field by field: no alignment or validity assumptions.
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let u32_at = |offset: usize| {
+            Some(u32::from_ne_bytes(
+                bytes.get(offset..offset + 4)?.try_into().ok()?,
+            ))
+        };
+        let time = bytes.get(offset_of!(Event, time_ns)..offset_of!(Event, time_ns) + 8)?;
+        Some(Self {
+            kind: EventKind::from_u32(u32_at(offset_of!(Event, kind))?)?,
+            tree: u32_at(offset_of!(Event, tree))?,
+            pid: u32_at(offset_of!(Event, pid))?,
+            parent: u32_at(offset_of!(Event, parent))?,
+            time_ns: u64::from_ne_bytes(time.try_into().ok()?),
+        })
+    }
 }
 
 /// The loaded, attached programs and their maps. Dropping it detaches and unloads everything.
@@ -269,20 +288,7 @@ impl Tracker {
     pub fn drain_events(&mut self) -> Vec<TreeEvent> {
         let mut events = Vec::new();
         while let Some(item) = self.events.next() {
-            if item.len() < size_of::<Event>() {
-                continue;
-            }
-            // SAFETY: the program writes whole `Event`s; read_unaligned copes with alignment.
-            let event: Event = unsafe { item.as_ptr().cast::<Event>().read_unaligned() };
-            if let Some(kind) = EventKind::from_u32(event.kind) {
-                events.push(TreeEvent {
-                    kind,
-                    tree: event.tree,
-                    pid: event.pid,
-                    parent: event.parent,
-                    time_ns: event.time_ns,
-                });
-            }
+            events.extend(TreeEvent::decode(&item));
         }
         events
     }
@@ -348,4 +354,36 @@ fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::progra
 fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
     ebpf.take_map(name)
         .with_context(|| format!("map {name} missing from the object"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_record_decodes_and_a_short_one_does_not() {
+        let event = Event {
+            kind: EventKind::RootExit as u32,
+            tree: 7,
+            pid: 4242,
+            parent: 1,
+            time_ns: 123_456_789,
+        };
+        let mut bytes = Vec::new();
+        for word in [event.kind, event.tree, event.pid, event.parent] {
+            bytes.extend(word.to_ne_bytes());
+        }
+        bytes.extend(event.time_ns.to_ne_bytes());
+        assert_eq!(bytes.len(), size_of::<Event>());
+        let decoded = TreeEvent::decode(&bytes).unwrap();
+        assert_eq!(decoded.kind, EventKind::RootExit);
+        assert_eq!((decoded.tree, decoded.pid, decoded.parent), (7, 4242, 1));
+        assert_eq!(decoded.time_ns, 123_456_789);
+        assert!(TreeEvent::decode(&bytes[..20]).is_none());
+        bytes[0] = 99;
+        assert!(
+            TreeEvent::decode(&bytes).is_none(),
+            "an unknown kind is dropped"
+        );
+    }
 }
