@@ -110,7 +110,8 @@ pub fn tracefs_root() -> Result<PathBuf> {
     let target = Path::new(MOUNT_POINTS[0]);
     sys::mount_tracefs(target).with_context(|| {
         format!(
-            "tracefs is not mounted and mounting it failed; as root run: mount -t tracefs tracefs {}",
+            "tracefs is not readable at {0} (leash needs root) or not mounted there, and mounting \
+             it failed; as root: mount -t tracefs tracefs {0}",
             target.display()
         )
     })?;
