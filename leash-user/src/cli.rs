@@ -1,6 +1,7 @@
 //! Command-line interface: clap commands over the library.
 
 use std::{
+    collections::HashSet,
     os::unix::process::ExitStatusExt,
     process::{Command, ExitCode},
     thread,
@@ -83,13 +84,29 @@ fn track(args: TrackArgs) -> Result<ExitCode> {
         }
         (None, None) => bail!("give a command after `--`, or --pid"),
     };
+    // Members listed now may also have fork events waiting (they forked since registration):
+    // each process is shown joining once.
+    let mut shown = HashSet::new();
     for member in tracker.members(tree)? {
         println!("+ {:>7} {}", member.pid, member.comm.unwrap_or_default());
+        shown.insert(member.pid);
     }
     let mut root_status = None;
     loop {
         for event in tracker.drain_events() {
-            if event.tree == tree {
+            if event.tree != tree {
+                continue;
+            }
+            let show = match event.kind {
+                EventKind::Fork => shown.insert(event.pid),
+                EventKind::Exit | EventKind::RootExit => {
+                    // Its pid may come back as a new member.
+                    shown.remove(&event.pid);
+                    true
+                }
+                EventKind::ForkKilled => true,
+            };
+            if show {
                 print_event(&event);
             }
         }
