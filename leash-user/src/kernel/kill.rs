@@ -37,43 +37,137 @@ pub struct KillReport {
     pub elapsed: Duration,
 }
 
+/// A kill in progress, advanced one step at a time by whoever owns the tracker, so a daemon
+/// can drive many kills while holding the tracker only for each short step.
+#[derive(Debug)]
+pub struct Kill {
+    tree: TreeId,
+    grace: Duration,
+    started: Instant,
+    phase: Phase,
+    terminated: usize,
+    killed: usize,
+    rounds: u32,
+}
+
+#[derive(Debug)]
+enum Phase {
+    Start,
+    Grace { until: Instant },
+    Rounds { next_round: Instant, give_up: Instant },
+}
+
+/// What the driver of a [`Kill`] does next.
+#[derive(Debug)]
+pub enum KillStep {
+    /// Sleep this long, then step again.
+    Wait(Duration),
+    Done(KillReport),
+}
+
+impl Kill {
+    pub fn new(tree: TreeId, grace: Duration) -> Self {
+        Self {
+            tree,
+            grace,
+            started: Instant::now(),
+            phase: Phase::Start,
+            terminated: 0,
+            killed: 0,
+            rounds: 0,
+        }
+    }
+
+    pub fn step(&mut self, tracker: &mut Tracker) -> Result<KillStep> {
+        let tree = self.tree;
+        let now = Instant::now();
+        match self.phase {
+            Phase::Start => {
+                tracker.doom(tree)?;
+                if self.grace.is_zero() {
+                    self.phase = rounds_from(now);
+                } else {
+                    self.terminated = tracker.signal_members(tree, libc::SIGTERM)?;
+                    self.phase = Phase::Grace {
+                        until: now + self.grace,
+                    };
+                }
+            }
+            Phase::Grace { until } => {
+                if tracker.is_empty(tree)? {
+                    return Ok(KillStep::Done(self.report()));
+                }
+                if now >= until {
+                    self.phase = rounds_from(now);
+                }
+            }
+            Phase::Rounds {
+                next_round,
+                give_up,
+            } => {
+                if tracker.is_empty(tree)? {
+                    return Ok(KillStep::Done(self.report()));
+                }
+                if now >= give_up {
+                    bail!(
+                        "tree {tree} still has members after {} SIGKILL rounds in {:?}",
+                        self.rounds,
+                        KILL_ROUNDS_TIMEOUT
+                    );
+                }
+                if now >= next_round {
+                    self.killed += tracker.signal_members(tree, libc::SIGKILL)?;
+                    self.rounds += 1;
+                    self.phase = Phase::Rounds {
+                        next_round: now + ROUND_WAIT,
+                        give_up,
+                    };
+                }
+            }
+        }
+        Ok(KillStep::Wait(POLL))
+    }
+
+    fn report(&self) -> KillReport {
+        KillReport {
+            tree: self.tree,
+            terminated: self.terminated,
+            killed: self.killed,
+            rounds: self.rounds,
+            elapsed: self.started.elapsed(),
+        }
+    }
+}
+
+fn rounds_from(now: Instant) -> Phase {
+    Phase::Rounds {
+        next_round: now,
+        give_up: now + KILL_ROUNDS_TIMEOUT,
+    }
+}
+
 impl Tracker {
     /// Kills every member of `tree`: SIGTERM, `grace` to exit, then SIGKILL rounds until it is
     /// empty. A zero grace goes straight to SIGKILL. The tree stays registered (doomed and
     /// empty) until it is released.
     pub fn kill(&mut self, tree: TreeId, grace: Duration) -> Result<KillReport> {
         let _span = tracing::info_span!("kill", tree, grace_ms = grace.as_millis()).entered();
-        let started = Instant::now();
-        self.doom(tree)?;
-        let terminated = if grace.is_zero() {
-            0
-        } else {
-            let sent = self.signal_members(tree, libc::SIGTERM)?;
-            self.wait_empty(tree, grace)?;
-            sent
-        };
-        let (mut killed, mut rounds) = (0, 0);
-        let deadline = Instant::now() + KILL_ROUNDS_TIMEOUT;
-        while !self.member_pids(tree)?.is_empty() {
-            if Instant::now() >= deadline {
-                bail!(
-                    "tree {tree} still has members after {rounds} SIGKILL rounds in {:?}",
-                    KILL_ROUNDS_TIMEOUT
-                );
+        let mut kill = Kill::new(tree, grace);
+        loop {
+            match kill.step(self)? {
+                KillStep::Wait(pause) => thread::sleep(pause),
+                KillStep::Done(report) => {
+                    tracing::info!(?report, "tree is empty");
+                    return Ok(report);
+                }
             }
-            killed += self.signal_members(tree, libc::SIGKILL)?;
-            rounds += 1;
-            self.wait_empty(tree, ROUND_WAIT)?;
         }
-        let report = KillReport {
-            tree,
-            terminated,
-            killed,
-            rounds,
-            elapsed: started.elapsed(),
-        };
-        tracing::info!(?report, "tree is empty");
-        Ok(report)
+    }
+
+    /// Whether `tree` has no members. The kernel's count says so cheaply; the map walk
+    /// confirms it (the map is the truth).
+    pub fn is_empty(&self, tree: TreeId) -> Result<bool> {
+        Ok(self.tree_status(tree)?.members == 0 && self.member_pids(tree)?.is_empty())
     }
 
     /// The pids of `tree`'s members, without reading /proc.
@@ -112,14 +206,5 @@ impl Tracker {
         }
         tracing::debug!(signal, sent, "signalled");
         Ok(sent)
-    }
-
-    /// Waits up to `timeout` for the kernel's member count of `tree` to reach zero.
-    fn wait_empty(&self, tree: TreeId, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        while self.tree_status(tree)?.members > 0 && Instant::now() < deadline {
-            thread::sleep(POLL);
-        }
-        Ok(())
     }
 }

@@ -21,7 +21,7 @@ use leash_common::{
 
 use crate::proc;
 
-pub use kill::{KILL_ROUNDS_TIMEOUT, KillReport};
+pub use kill::{KILL_ROUNDS_TIMEOUT, Kill, KillReport, KillStep};
 
 /// The compiled programs, embedded at build time by build.rs.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));

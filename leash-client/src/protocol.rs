@@ -1,0 +1,314 @@
+//! The leash protocol: JSON lines over a Unix stream socket. docs/PROTOCOL.md describes it with
+//! an example of every message; this module is its definition.
+//!
+//! A client sends [`Request`] lines; the daemon answers each with a [`ServerLine`] carrying the
+//! same `id` and either `ok` or `error`, and, after `subscribe`, also sends `event` lines.
+
+use serde::{Deserialize, Serialize};
+
+/// The version spoken here. A `hello` with another version is refused.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The longest line either side accepts, newline included. A longer request gets a `too_long`
+/// error and changes nothing.
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+/// Where the daemon listens unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/leash/leash.sock";
+/// Overrides [`DEFAULT_SOCKET`] for the daemon and every client.
+pub const SOCKET_ENV: &str = "LEASH_SOCKET";
+/// The longest grace period a request may ask for.
+pub const MAX_GRACE_MS: u64 = 10 * 60 * 1000;
+
+pub type TreeId = u32;
+pub type LeaseId = u64;
+
+/// One request line: `{"id": 7, "op": "kill", "tree": 3, "grace_ms": 500}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Chosen by the client; echoed in the reply.
+    pub id: u64,
+    #[serde(flatten)]
+    pub op: Op,
+}
+
+/// What a request asks for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// Checks the protocol version and returns this connection's lease.
+    Hello { protocol: u32 },
+    /// Makes `pid` (with its existing descendants) the root of a new tree. The tree belongs to
+    /// this connection's lease, or to the lease whose token is given (the `leash exec` shim).
+    Register {
+        pid: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lease: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        on_root_exit: Option<RootExitPolicy>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grace_ms: Option<u64>,
+    },
+    /// Stops enforcing a tree: its processes are left alone from now on.
+    Release { tree: TreeId },
+    /// Kills a tree; the reply comes when it is empty.
+    Kill {
+        tree: TreeId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grace_ms: Option<u64>,
+    },
+    /// The trees this client may see, with their members.
+    List,
+    /// From now on, send tree events on this connection.
+    Subscribe,
+}
+
+/// What happens to the rest of a tree when its root exits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RootExitPolicy {
+    /// Kill the remaining members (the default).
+    #[default]
+    Kill,
+    /// Leave them running; the tree is still killed when its lease ends.
+    Keep,
+}
+
+/// Every line the daemon sends: a reply (`id` with `ok` or `error`) or an `event`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerLine {
+    /// The request's id; null when the request was too broken to have one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ok: Option<Reply>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<Event>,
+}
+
+impl ServerLine {
+    pub fn ok(id: u64, reply: Reply) -> Self {
+        Self {
+            id: Some(id),
+            ok: Some(reply),
+            ..Self::default()
+        }
+    }
+
+    pub fn error(id: Option<u64>, code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            id,
+            error: Some(ErrorBody {
+                code,
+                message: message.into(),
+            }),
+            ..Self::default()
+        }
+    }
+
+    pub fn event(event: Event) -> Self {
+        Self {
+            event: Some(event),
+            ..Self::default()
+        }
+    }
+}
+
+/// A successful reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reply {
+    Hello {
+        protocol: u32,
+        daemon_version: String,
+        lease: LeaseInfo,
+    },
+    Registered {
+        tree: TreeId,
+        root: u32,
+        /// Members at registration: the root and the descendants it already had.
+        members: u64,
+    },
+    Released {
+        tree: TreeId,
+    },
+    Killed(KillSummary),
+    Trees {
+        trees: Vec<TreeInfo>,
+    },
+    Subscribed,
+}
+
+/// The lease of a connection. The token lets another process (the `leash exec` shim) register
+/// itself under this lease; keep it as secret as the processes it can bind.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseInfo {
+    pub id: LeaseId,
+    pub token: String,
+}
+
+/// How a kill went.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KillSummary {
+    pub tree: TreeId,
+    /// Members sent SIGTERM.
+    pub terminated: u64,
+    /// SIGKILLs sent, over all rounds.
+    pub killed: u64,
+    pub rounds: u32,
+    /// From the start of the kill to an empty tree.
+    pub elapsed_ms: u64,
+    /// Why the tree was killed: `request`, `root_exited`, `lease_ended`, `untrackable`,
+    /// `shutdown`.
+    pub reason: String,
+}
+
+/// A tree as `list` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeInfo {
+    pub tree: TreeId,
+    pub lease: LeaseId,
+    /// The uid of the lease's host.
+    pub owner_uid: u32,
+    pub root: u32,
+    pub on_root_exit: RootExitPolicy,
+    pub grace_ms: u64,
+    pub root_exited: bool,
+    /// `live` or `killing`.
+    pub state: String,
+    pub members: Vec<MemberInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberInfo {
+    pub pid: u32,
+    /// The process that forked it (for a registered process: its parent then).
+    pub parent: u32,
+    /// Start time, nanoseconds since boot.
+    pub start_ns: u64,
+    /// What it runs now; null if it is already gone.
+    pub comm: Option<String>,
+}
+
+/// Something that happened to a tree.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub kind: EventKind,
+    pub tree: TreeId,
+    pub lease: LeaseId,
+    /// The process concerned (the root for `root_exited`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// For `kill_started`: why. For `tree_empty`: the kill's figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill: Option<KillSummary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Registered,
+    RootExited,
+    KillStarted,
+    TreeEmpty,
+    Released,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// Not JSON, not an object, an unknown op, a missing or ill-typed field, a value out of range.
+    BadRequest,
+    /// The line is longer than [`MAX_LINE_BYTES`].
+    TooLong,
+    /// `hello` with a protocol version this daemon does not speak.
+    UnsupportedVersion,
+    /// No such tree, process or lease (or not one this client may see).
+    NotFound,
+    /// The kill(2) rules do not let this client signal that process.
+    PermissionDenied,
+    /// A limit is reached: trees per uid, or the daemon's capacity.
+    LimitReached,
+    /// The daemon failed; the message says how.
+    Internal,
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = serde_json::to_value(self).ok();
+        write!(f, "{}", text.as_ref().and_then(|v| v.as_str()).unwrap_or("error"))
+    }
+}
+
+/// The socket path: `LEASH_SOCKET` if set, else [`DEFAULT_SOCKET`].
+pub fn socket_path() -> std::path::PathBuf {
+    std::env::var_os(SOCKET_ENV)
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| DEFAULT_SOCKET.into(), Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip_request(line: &str) -> Request {
+        let request: Request = serde_json::from_str(line).unwrap();
+        let again: Request = serde_json::from_str(&serde_json::to_string(&request).unwrap()).unwrap();
+        assert_eq!(request, again);
+        request
+    }
+
+    #[test]
+    fn requests_parse_as_documented() {
+        assert_eq!(
+            round_trip_request(r#"{"id":1,"op":"hello","protocol":1}"#).op,
+            Op::Hello { protocol: 1 }
+        );
+        assert_eq!(
+            round_trip_request(r#"{"id":2,"op":"register","pid":42,"on_root_exit":"keep","grace_ms":0}"#).op,
+            Op::Register {
+                pid: 42,
+                lease: None,
+                on_root_exit: Some(RootExitPolicy::Keep),
+                grace_ms: Some(0)
+            }
+        );
+        assert_eq!(
+            round_trip_request(r#"{"id":3,"op":"kill","tree":5}"#).op,
+            Op::Kill { tree: 5, grace_ms: None }
+        );
+        assert_eq!(round_trip_request(r#"{"id":4,"op":"list"}"#).op, Op::List);
+    }
+
+    #[test]
+    fn bad_requests_are_errors() {
+        for line in [
+            r#"{"id":1,"op":"reboot"}"#,
+            r#"{"id":1}"#,
+            r#"{"id":1,"op":"kill"}"#,
+            r#"{"id":1,"op":"kill","tree":-1}"#,
+            r#"{"id":1,"op":"register","pid":"x"}"#,
+            r#"[1,2,3]"#,
+            "not json",
+        ] {
+            assert!(serde_json::from_str::<Request>(line).is_err(), "{line}");
+        }
+    }
+
+    #[test]
+    fn server_lines_say_only_what_they_carry() {
+        let line = serde_json::to_string(&ServerLine::ok(3, Reply::Released { tree: 9 })).unwrap();
+        assert_eq!(line, r#"{"id":3,"ok":{"released":{"tree":9}}}"#);
+        let line = serde_json::to_string(&ServerLine::error(None, ErrorCode::TooLong, "x")).unwrap();
+        assert_eq!(line, r#"{"error":{"code":"too_long","message":"x"}}"#);
+        assert_eq!(ErrorCode::PermissionDenied.to_string(), "permission_denied");
+    }
+}
