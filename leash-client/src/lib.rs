@@ -220,7 +220,10 @@ impl Client {
         let line = match line {
             Ok(line) => line,
             Err(Error::Io(e))
-                if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
             {
                 return Ok(None);
             }

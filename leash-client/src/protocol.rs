@@ -244,7 +244,11 @@ pub enum ErrorCode {
 impl std::fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let text = serde_json::to_value(self).ok();
-        write!(f, "{}", text.as_ref().and_then(|v| v.as_str()).unwrap_or("error"))
+        write!(
+            f,
+            "{}",
+            text.as_ref().and_then(|v| v.as_str()).unwrap_or("error")
+        )
     }
 }
 
@@ -261,7 +265,8 @@ mod tests {
 
     fn round_trip_request(line: &str) -> Request {
         let request: Request = serde_json::from_str(line).unwrap();
-        let again: Request = serde_json::from_str(&serde_json::to_string(&request).unwrap()).unwrap();
+        let again: Request =
+            serde_json::from_str(&serde_json::to_string(&request).unwrap()).unwrap();
         assert_eq!(request, again);
         request
     }
@@ -273,7 +278,10 @@ mod tests {
             Op::Hello { protocol: 1 }
         );
         assert_eq!(
-            round_trip_request(r#"{"id":2,"op":"register","pid":42,"on_root_exit":"keep","grace_ms":0}"#).op,
+            round_trip_request(
+                r#"{"id":2,"op":"register","pid":42,"on_root_exit":"keep","grace_ms":0}"#
+            )
+            .op,
             Op::Register {
                 pid: 42,
                 lease: None,
@@ -283,7 +291,10 @@ mod tests {
         );
         assert_eq!(
             round_trip_request(r#"{"id":3,"op":"kill","tree":5}"#).op,
-            Op::Kill { tree: 5, grace_ms: None }
+            Op::Kill {
+                tree: 5,
+                grace_ms: None
+            }
         );
         assert_eq!(round_trip_request(r#"{"id":4,"op":"list"}"#).op, Op::List);
     }
@@ -307,7 +318,8 @@ mod tests {
     fn server_lines_say_only_what_they_carry() {
         let line = serde_json::to_string(&ServerLine::ok(3, Reply::Released { tree: 9 })).unwrap();
         assert_eq!(line, r#"{"id":3,"ok":{"released":{"tree":9}}}"#);
-        let line = serde_json::to_string(&ServerLine::error(None, ErrorCode::TooLong, "x")).unwrap();
+        let line =
+            serde_json::to_string(&ServerLine::error(None, ErrorCode::TooLong, "x")).unwrap();
         assert_eq!(line, r#"{"error":{"code":"too_long","message":"x"}}"#);
         assert_eq!(ErrorCode::PermissionDenied.to_string(), "permission_denied");
     }

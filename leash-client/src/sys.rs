@@ -76,4 +76,3 @@ pub enum SpawnHeldError<E> {
     #[error("could not register the command's process")]
     Register(#[source] E),
 }
-

@@ -6,11 +6,13 @@ use std::{
     ffi::CString,
     io,
     os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+        fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
         unix::ffi::OsStrExt,
     },
     path::Path,
 };
+
+use tokio::io::{Interest, unix::AsyncFd};
 
 pub use leash_client::sys::{SpawnHeldError, spawn_held};
 
@@ -67,5 +69,58 @@ impl Pidfd {
         } else {
             Err(io::Error::last_os_error())
         }
+    }
+}
+
+impl AsFd for Pidfd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl AsRawFd for Pidfd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// SO_PEERPIDFD (Linux 6.5): a pidfd for the process that connected a Unix socket.
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// A pidfd naming the peer of a connected Unix socket. The kernel takes it from the socket
+/// itself, so a pid recycled since the connect cannot be confused with the peer; on kernels
+/// without SO_PEERPIDFD, falls back to opening `pid`.
+pub fn peer_pidfd(socket: BorrowedFd<'_>, pid: u32) -> io::Result<Pidfd> {
+    let mut fd: libc::c_int = -1;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: fd and len are valid for writes of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&raw mut fd).cast(),
+            &raw mut len,
+        )
+    };
+    if rc == 0 && fd >= 0 {
+        // SAFETY: the kernel just returned this fd, and nothing else owns it.
+        return Ok(Pidfd(unsafe { OwnedFd::from_raw_fd(fd) }));
+    }
+    Pidfd::open(pid)
+}
+
+/// Registers an owned descriptor with tokio's reactor, to await its readability (a pidfd
+/// polls readable when its process exits; a ring buffer when records wait).
+pub fn async_readable<T: Into<OwnedFd>>(fd: T) -> io::Result<AsyncFd<OwnedFd>> {
+    let fd: OwnedFd = fd.into();
+    // SAFETY: the AsyncFd owns the OwnedFd, which stays open and is never replaced until the
+    // AsyncFd is dropped, so as_raw_fd always returns the same open descriptor.
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(io::Error::from)
+}
+
+impl From<Pidfd> for OwnedFd {
+    fn from(pidfd: Pidfd) -> Self {
+        pidfd.0
     }
 }

@@ -53,8 +53,13 @@ pub struct Kill {
 #[derive(Debug)]
 enum Phase {
     Start,
-    Grace { until: Instant },
-    Rounds { next_round: Instant, give_up: Instant },
+    Grace {
+        until: Instant,
+    },
+    Rounds {
+        next_round: Instant,
+        give_up: Instant,
+    },
 }
 
 /// What the driver of a [`Kill`] does next.

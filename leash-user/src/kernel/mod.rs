@@ -293,6 +293,13 @@ impl Tracker {
         events
     }
 
+    /// A descriptor that polls readable when events are waiting (a duplicate of the ring
+    /// buffer's, so it can be watched without holding the tracker).
+    pub fn events_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd;
+        self.events.as_fd().try_clone_to_owned()
+    }
+
     /// Marks `tree` doomed: from now on any member that forks is killed in the kernel.
     pub fn doom(&mut self, tree: TreeId) -> Result<()> {
         let mut control = self

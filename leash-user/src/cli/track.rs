@@ -1,44 +1,19 @@
-//! Command-line interface: clap commands over the library.
+//! `leash track`: follow one tree live with the programs loaded in this process (no daemon).
 
 use std::{
     collections::HashSet,
-    os::unix::process::ExitStatusExt,
     process::{Command, ExitCode},
     thread,
     time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 use leash::{Capacity, Tracker, TreeEvent, TreeStatus};
 use leash_common::{EventKind, Pid};
-use tracing_subscriber::EnvFilter;
-
-/// Keeps AI coding agents and everything they start on a leash: an eBPF program follows every
-/// descendant of a registered process in the kernel as it forks, so setsid, double forks and
-/// reparenting do not let a process escape its tree.
-///
-/// Needs root (loading eBPF programs) and a kernel with BTF. Logs go to stderr; set
-/// LEASH_LOG=debug for more.
-#[derive(Parser, Debug)]
-#[command(name = "leash", version, about, long_about)]
-struct Cli {
-    #[command(subcommand)]
-    command: Commands,
-}
-
-#[derive(Subcommand, Debug)]
-enum Commands {
-    /// Follow one tree live: start CMD under it (or adopt a running PID with its descendants)
-    /// and print every process that joins or leaves, until the tree is empty.
-    ///
-    /// The tree is followed, not enforced: when CMD exits its descendants are listed, not
-    /// killed.
-    Track(TrackArgs),
-}
 
 #[derive(Args, Debug)]
-struct TrackArgs {
+pub struct TrackArgs {
     /// Adopt this running process and its existing descendants instead of starting CMD.
     #[arg(long, conflicts_with = "command", required_unless_present = "command")]
     pid: Option<Pid>,
@@ -50,27 +25,7 @@ struct TrackArgs {
     command: Vec<String>,
 }
 
-pub fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("LEASH_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Commands::Track(args) => track(args),
-    };
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("leash: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn track(args: TrackArgs) -> Result<ExitCode> {
+pub fn track(args: TrackArgs) -> Result<ExitCode> {
     let capacity = Capacity {
         members: args.max_members,
         ..Capacity::default()
@@ -124,15 +79,7 @@ fn track(args: TrackArgs) -> Result<ExitCode> {
         }
         thread::sleep(Duration::from_millis(50));
     }
-    // CMD's status, as a shell reports it: 128+N for a signal.
-    let code = match root_status {
-        Some(status) => status
-            .code()
-            .or_else(|| status.signal().map(|n| 128 + n))
-            .unwrap_or(1),
-        None => 0,
-    };
-    Ok(ExitCode::from(code.clamp(0, 255) as u8))
+    Ok(root_status.map_or(ExitCode::SUCCESS, super::exit_code))
 }
 
 fn print_event(event: &TreeEvent) {

@@ -1,0 +1,43 @@
+//! `leash daemon`.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use leash::{Capacity, daemon};
+
+#[derive(Args, Debug)]
+pub struct DaemonArgs {
+    /// Processes tracked at once, over all trees (kernel memory is reserved for them).
+    #[arg(long, default_value_t = Capacity::default().members)]
+    max_members: u32,
+    /// Trees registered at once.
+    #[arg(long, default_value_t = Capacity::default().trees)]
+    max_trees: u32,
+    /// Trees one non-root uid may hold at once.
+    #[arg(long, default_value_t = 64)]
+    max_trees_per_uid: usize,
+    /// Time between SIGTERM and SIGKILL for trees that do not set their own.
+    #[arg(long, default_value = "2s", value_parser = super::duration::parse)]
+    grace: Duration,
+}
+
+pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
+    let config = daemon::Config {
+        socket,
+        capacity: Capacity {
+            members: args.max_members,
+            trees: args.max_trees,
+            ..Capacity::default()
+        },
+        default_grace: args.grace,
+        max_trees_per_uid: args.max_trees_per_uid,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(daemon::run(config))?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,87 @@
+//! Command-line interface: clap commands over the library.
+
+mod daemon;
+mod duration;
+mod host;
+mod track;
+
+use std::{
+    os::unix::process::ExitStatusExt,
+    path::PathBuf,
+    process::{ExitCode, ExitStatus},
+};
+
+use clap::{Parser, Subcommand};
+use leash_client::protocol::{DEFAULT_SOCKET, SOCKET_ENV};
+use tracing_subscriber::EnvFilter;
+
+/// Keeps AI coding agents and everything they start on a leash. An eBPF program follows every
+/// descendant of a registered process in the kernel as it forks, so setsid, double forks and
+/// reparenting do not let a process escape its tree; the daemon kills the whole tree when its
+/// root or the host that registered it dies.
+///
+/// `leash daemon` is the service (root). `leash run -- CMD` runs CMD on a leash (any user).
+/// Logs go to stderr; LEASH_LOG=debug shows more.
+#[derive(Parser, Debug)]
+#[command(name = "leash", version, about, long_about)]
+struct Cli {
+    /// The daemon's socket.
+    #[arg(long, global = true, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Subcommand, Debug)]
+enum Commands {
+    /// Run the leash service: load the programs, serve the socket, enforce leases (root).
+    ///
+    /// On SIGTERM or SIGINT every live tree is killed before the daemon exits: a tree that
+    /// outlives its enforcer is the failure leash exists to prevent.
+    Daemon(daemon::DaemonArgs),
+    /// Run CMD on a leash: when CMD exits, whatever it left running is killed, and if this
+    /// command is killed (even with SIGKILL), the whole tree dies with it. Exits with CMD's
+    /// status (128+N for signal N).
+    Run(host::RunArgs),
+    /// Register this process under another host's lease, then exec CMD: the way to spawn under
+    /// a lease from any language (prefix the argv).
+    Exec(host::ExecArgs),
+    /// Kill a tree (SIGTERM, the grace period, then SIGKILL until it is empty).
+    Kill(host::KillArgs),
+    /// Follow one tree live, without the daemon: start CMD (or adopt --pid) and print every
+    /// process that joins or leaves, until the tree is empty. Nothing is killed (root).
+    Track(track::TrackArgs),
+}
+
+pub fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("LEASH_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Commands::Daemon(args) => daemon::daemon(cli.socket, args),
+        Commands::Run(args) => host::run(&cli.socket, args),
+        Commands::Exec(args) => host::exec(&cli.socket, args),
+        Commands::Kill(args) => host::kill(&cli.socket, args),
+        Commands::Track(args) => track::track(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("leash: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A child's status as a shell reports it: its exit code, or 128+N for signal N.
+fn exit_code(status: ExitStatus) -> ExitCode {
+    let code = status
+        .code()
+        .or_else(|| status.signal().map(|n| 128 + n))
+        .unwrap_or(1);
+    ExitCode::from(code.clamp(0, 255) as u8)
+}

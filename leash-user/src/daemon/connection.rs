@@ -1,0 +1,223 @@
+//! One client connection: its lease, its host watch, bounded request lines in, replies and
+//! events out. The lease ends when the connection closes or the host process dies, whichever
+//! comes first, and then every tree it holds is killed.
+
+use std::{
+    io,
+    os::fd::{AsFd, OwnedFd},
+    sync::Arc,
+    time::Duration,
+};
+
+use leash_client::protocol::{ErrorCode, MAX_LINE_BYTES, ServerLine};
+use tokio::{
+    io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader, unix::AsyncFd},
+    net::UnixStream,
+    sync::{mpsc, watch},
+};
+use tracing::Instrument;
+
+use super::{Daemon, Lease, enforcement, requests::Session};
+use crate::sys;
+
+/// Who is on the other end, as the kernel says.
+#[derive(Clone, Copy, Debug)]
+pub struct Peer {
+    pub uid: u32,
+    pub pid: u32,
+    pub lease: u64,
+}
+
+/// Where replies and events for one connection go; a writer task drains it.
+pub type Outbox = mpsc::UnboundedSender<ServerLine>;
+
+pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
+    let credentials = match stream.peer_cred() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("connection without peer credentials: {e}");
+            return;
+        }
+    };
+    let (uid, Some(pid)) = (credentials.uid(), credentials.pid()) else {
+        tracing::warn!("connection without a peer pid");
+        return;
+    };
+    let host = match sys::peer_pidfd(stream.as_fd(), pid as u32).and_then(sys::async_readable) {
+        Ok(host) => host,
+        Err(e) => {
+            tracing::warn!(pid, "cannot watch the connecting process: {e}");
+            return;
+        }
+    };
+    let lease = match new_lease(&daemon, uid) {
+        Ok(lease) => lease,
+        Err(e) => {
+            tracing::error!("cannot make a lease token: {e}");
+            return;
+        }
+    };
+    let peer = Peer {
+        uid,
+        pid: pid as u32,
+        lease,
+    };
+    let span = tracing::info_span!("lease", lease, uid, host = pid);
+    async move {
+        tracing::info!("lease opened");
+        let ended_by = serve_lease(&daemon, stream, peer, &host).await;
+        tracing::info!(ended_by, "lease ended");
+        enforcement::end_lease(&daemon, lease);
+    }
+    .instrument(span)
+    .await;
+}
+
+fn new_lease(daemon: &Daemon, uid: u32) -> io::Result<u64> {
+    let token = new_token()?;
+    let mut state = daemon.state();
+    let id = state.next_lease;
+    state.next_lease += 1;
+    state.leases.insert(id, Lease { token, uid });
+    Ok(id)
+}
+
+/// Serves requests until the lease ends; says why it ended.
+async fn serve_lease(
+    daemon: &Arc<Daemon>,
+    stream: UnixStream,
+    peer: Peer,
+    host: &AsyncFd<OwnedFd>,
+) -> &'static str {
+    let (reader, mut writer) = stream.into_split();
+    let mut reader = BufReader::new(reader);
+    let (outbox, mut outgoing) = mpsc::unbounded_channel::<ServerLine>();
+    // A slow reader slows only its own writer task, never the daemon.
+    let writer_task = tokio::spawn(async move {
+        while let Some(line) = outgoing.recv().await {
+            let mut bytes = match serde_json::to_vec(&line) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    tracing::error!("cannot encode a reply: {e}");
+                    continue;
+                }
+            };
+            bytes.push(b'\n');
+            if writer.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+    });
+    let (closing, closing_seen) = watch::channel(false);
+    let mut session = Session {
+        peer,
+        outbox: outbox.clone(),
+        closing: closing_seen,
+        subscribed: false,
+    };
+    let ended_by = loop {
+        tokio::select! {
+            line = read_line(&mut reader, MAX_LINE_BYTES) => match line {
+                Ok(Line::Complete(bytes)) => session.handle(daemon, &bytes),
+                Ok(Line::TooLong) => {
+                    let _ = outbox.send(ServerLine::error(
+                        None,
+                        ErrorCode::TooLong,
+                        format!("request lines are limited to {MAX_LINE_BYTES} bytes"),
+                    ));
+                }
+                Ok(Line::End) => break "connection closed",
+                Err(_) => break "connection error",
+            },
+            _ = host.readable() => break "host exited",
+        }
+    };
+    let _ = closing.send(true);
+    drop((outbox, session));
+    // Let queued replies go out, but never wait on a client that stopped reading.
+    let _ = tokio::time::timeout(Duration::from_secs(1), writer_task).await;
+    ended_by
+}
+
+enum Line {
+    Complete(Vec<u8>),
+    /// Longer than the limit: it was read and thrown away up to its newline.
+    TooLong,
+    End,
+}
+
+/// Reads one newline-terminated line of at most `max` bytes, holding no more than that in
+/// memory however long the line is.
+async fn read_line(reader: &mut (impl AsyncBufRead + Unpin), max: usize) -> io::Result<Line> {
+    let mut line = Vec::new();
+    let mut too_long = false;
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(Line::End);
+        }
+        let (take, done) = match available.iter().position(|&b| b == b'\n') {
+            Some(newline) => (newline, true),
+            None => (available.len(), false),
+        };
+        if !too_long {
+            if line.len() + take > max {
+                too_long = true;
+                line = Vec::new();
+            } else {
+                line.extend_from_slice(&available[..take]);
+            }
+        }
+        reader.consume(take + usize::from(done));
+        if done {
+            return Ok(if too_long {
+                Line::TooLong
+            } else {
+                Line::Complete(line)
+            });
+        }
+    }
+}
+
+/// 128 random bits, hex: the secret that lets the `leash exec` shim join a lease.
+fn new_token() -> io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lines_are_bounded_and_the_rest_still_read() {
+        let mut input = "short\n".to_owned();
+        input.push_str(&"x".repeat(1000));
+        input.push_str("\nafter\n");
+        let mut reader = BufReader::with_capacity(16, input.as_bytes());
+        assert!(
+            matches!(read_line(&mut reader, 100).await.unwrap(), Line::Complete(l) if l == b"short")
+        );
+        assert!(matches!(
+            read_line(&mut reader, 100).await.unwrap(),
+            Line::TooLong
+        ));
+        assert!(
+            matches!(read_line(&mut reader, 100).await.unwrap(), Line::Complete(l) if l == b"after")
+        );
+        assert!(matches!(
+            read_line(&mut reader, 100).await.unwrap(),
+            Line::End
+        ));
+    }
+
+    #[test]
+    fn tokens_are_random_hex() {
+        let (a, b) = (new_token().unwrap(), new_token().unwrap());
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,253 @@
+//! Enforcement: when a root exits, a lease ends, a tree cannot be tracked or a client asks, the
+//! tree is killed, once, by a kill task that every interested party waits on.
+//!
+//! Root exits are seen two ways: the ring buffer's events wake the daemon at once, and a sweep
+//! of the kernel's per-tree state catches anything the events missed (they are best effort;
+//! the maps are the truth).
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use leash_client::protocol::{Event, EventKind, KillSummary, RootExitPolicy, TreeId};
+use leash_common::EventKind as KernelEventKind;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::{Daemon, KillOutcome};
+use crate::{
+    kernel::{Kill, KillStep},
+    sys,
+};
+
+/// How often the per-tree state in the kernel is checked, whatever the events said.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
+
+/// Reacts to the ring buffer's root-exit events as soon as they are written.
+pub async fn watch_events(daemon: Arc<Daemon>) {
+    let readable = daemon.tracker().events_fd().and_then(sys::async_readable);
+    let readable = match readable {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::error!("cannot watch the event ring buffer ({e}); relying on the sweep");
+            return;
+        }
+    };
+    loop {
+        let Ok(mut guard) = readable.readable().await else {
+            return;
+        };
+        guard.clear_ready();
+        let events = daemon.tracker().drain_events();
+        for event in events {
+            if event.kind == KernelEventKind::RootExit {
+                root_exited(&daemon, event.tree);
+            }
+        }
+    }
+}
+
+/// The backstop: reads every live tree's state in the kernel.
+pub async fn sweep(daemon: Arc<Daemon>) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    loop {
+        every.tick().await;
+        let live: Vec<TreeId> = daemon
+            .state()
+            .trees
+            .iter()
+            .filter(|(_, entry)| entry.kill.is_none())
+            .map(|(&tree, _)| tree)
+            .collect();
+        for tree in live {
+            let Ok(status) = daemon.tracker().tree_status(tree) else {
+                continue;
+            };
+            if status.failed_inserts > 0 {
+                // Fail closed: part of the tree escaped tracking (the member map was full).
+                tracing::error!(
+                    tree,
+                    failed = status.failed_inserts,
+                    "tree cannot be tracked"
+                );
+                start_kill(&daemon, tree, None, "untrackable");
+                continue;
+            }
+            if status.root_exit_ns.is_some() {
+                root_exited(&daemon, tree);
+                if daemon.tracker().is_empty(tree).unwrap_or(false) {
+                    finish_kept(&daemon, tree);
+                }
+            }
+        }
+    }
+}
+
+/// Records a root's exit once and applies the tree's policy.
+fn root_exited(daemon: &Arc<Daemon>, tree: TreeId) {
+    let (owner, lease, root, policy) = {
+        let mut state = daemon.state();
+        let Some(entry) = state.trees.get_mut(&tree) else {
+            return;
+        };
+        if entry.root_exited {
+            return;
+        }
+        entry.root_exited = true;
+        (entry.owner_uid, entry.lease, entry.root, entry.on_root_exit)
+    };
+    tracing::info!(tree, root, ?policy, "root exited");
+    daemon.emit(owner, event(EventKind::RootExited, tree, lease, Some(root)));
+    if policy == RootExitPolicy::Kill {
+        start_kill(daemon, tree, None, "root_exited");
+    }
+}
+
+/// A tree whose members were kept after its root exited has emptied on its own.
+fn finish_kept(daemon: &Arc<Daemon>, tree: TreeId) {
+    let Some(entry) = daemon.state().trees.remove(&tree) else {
+        return;
+    };
+    if let Err(e) = daemon.tracker().release(tree) {
+        tracing::warn!(tree, "releasing an empty tree: {e:#}");
+    }
+    tracing::info!(tree, "tree is empty");
+    daemon.emit(
+        entry.owner_uid,
+        event(EventKind::TreeEmpty, tree, entry.lease, None),
+    );
+}
+
+/// Starts killing `tree` unless a kill is already under way; either way returns what to wait
+/// on for the outcome. None if there is no such tree.
+pub fn start_kill(
+    daemon: &Arc<Daemon>,
+    tree: TreeId,
+    grace: Option<Duration>,
+    reason: &'static str,
+) -> Option<watch::Receiver<Option<KillOutcome>>> {
+    let (owner, lease, grace, done) = {
+        let mut state = daemon.state();
+        let entry = state.trees.get_mut(&tree)?;
+        if let Some(pending) = &entry.kill {
+            return Some(pending.clone());
+        }
+        let (done, pending) = watch::channel(None);
+        entry.kill = Some(pending.clone());
+        (
+            entry.owner_uid,
+            entry.lease,
+            grace.unwrap_or(entry.grace),
+            (done, pending),
+        )
+    };
+    let (done, pending) = done;
+    let mut started = event(EventKind::KillStarted, tree, lease, None);
+    started.reason = Some(reason.to_owned());
+    daemon.emit(owner, started);
+    let span = tracing::info_span!("kill", tree, reason, grace_ms = grace.as_millis());
+    let daemon = daemon.clone();
+    tokio::spawn(
+        async move {
+            let outcome = drive_kill(&daemon, tree, grace, reason).await;
+            match &outcome {
+                Ok(summary) => tracing::info!(?summary, "tree is empty"),
+                Err(e) => tracing::error!("kill failed: {e}"),
+            }
+            if outcome.is_ok() {
+                daemon.state().trees.remove(&tree);
+                if let Err(e) = daemon.tracker().release(tree) {
+                    tracing::warn!("releasing the killed tree: {e:#}");
+                }
+                let mut empty = event(EventKind::TreeEmpty, tree, lease, None);
+                empty.kill = outcome.clone().ok();
+                daemon.emit(owner, empty);
+            }
+            let _ = done.send(Some(outcome));
+        }
+        .instrument(span),
+    );
+    Some(pending)
+}
+
+/// Steps the kill engine, holding the tracker only for each step.
+async fn drive_kill(daemon: &Daemon, tree: TreeId, grace: Duration, reason: &str) -> KillOutcome {
+    let mut kill = Kill::new(tree, grace);
+    loop {
+        let step = kill
+            .step(&mut daemon.tracker())
+            .map_err(|e| format!("{e:#}"))?;
+        match step {
+            KillStep::Wait(pause) => tokio::time::sleep(pause).await,
+            KillStep::Done(report) => {
+                return Ok(KillSummary {
+                    tree,
+                    terminated: report.terminated as u64,
+                    killed: report.killed as u64,
+                    rounds: report.rounds,
+                    elapsed_ms: u64::try_from(report.elapsed.as_millis()).unwrap_or(u64::MAX),
+                    reason: reason.to_owned(),
+                });
+            }
+        }
+    }
+}
+
+/// Waits for a kill started by [`start_kill`].
+pub async fn outcome(mut pending: watch::Receiver<Option<KillOutcome>>) -> KillOutcome {
+    match pending.wait_for(Option::is_some).await {
+        Ok(outcome) => outcome.clone().expect("waited for Some"),
+        Err(_) => Err("the kill task ended without an outcome".to_owned()),
+    }
+}
+
+/// A lease ended (its host died or its connection closed): every tree it holds is killed.
+pub fn end_lease(daemon: &Arc<Daemon>, lease: u64) {
+    let trees: Vec<TreeId> = {
+        let mut state = daemon.state();
+        state.leases.remove(&lease);
+        state
+            .trees
+            .iter()
+            .filter(|(_, entry)| entry.lease == lease)
+            .map(|(&tree, _)| tree)
+            .collect()
+    };
+    for tree in trees {
+        start_kill(daemon, tree, None, "lease_ended");
+    }
+}
+
+/// Kills every tree and waits until all are empty (shutdown).
+pub async fn kill_all(daemon: &Arc<Daemon>, reason: &'static str) {
+    let trees: Vec<TreeId> = daemon.state().trees.keys().copied().collect();
+    let started = Instant::now();
+    let pending: Vec<_> = trees
+        .iter()
+        .filter_map(|&tree| start_kill(daemon, tree, None, reason))
+        .collect();
+    for kill in pending {
+        let _ = outcome(kill).await;
+    }
+    tracing::info!(trees = trees.len(), elapsed = ?started.elapsed(), "every tree killed");
+}
+
+fn event(kind: EventKind, tree: TreeId, lease: u64, pid: Option<u32>) -> Event {
+    Event {
+        kind,
+        tree,
+        lease,
+        pid,
+        kill: None,
+        reason: None,
+    }
+}
+
+pub(super) fn registered_event(tree: TreeId, lease: u64, root: u32) -> Event {
+    event(EventKind::Registered, tree, lease, Some(root))
+}
+
+pub(super) fn released_event(tree: TreeId, lease: u64) -> Event {
+    event(EventKind::Released, tree, lease, None)
+}

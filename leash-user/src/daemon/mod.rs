@@ -1,0 +1,158 @@
+//! `leash daemon`: the privileged service. It loads the programs, serves the protocol on a Unix
+//! socket, holds one lease per connection, and kills trees when their root exits, their host
+//! dies, or someone with the right asks.
+//!
+//! - [`connection`]: one task per client: bounded lines in, replies and events out, the lease.
+//! - [`requests`]: what each request does.
+//! - [`enforcement`]: the kill driver, root-exit detection, lease ends, shutdown.
+//! - [`auth`]: the kill(2) rule and tree ownership.
+
+mod auth;
+mod connection;
+mod enforcement;
+mod requests;
+
+use std::{
+    collections::HashMap,
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use leash_client::protocol::{Event, KillSummary, LeaseId, RootExitPolicy, TreeId};
+use tokio::{
+    net::UnixListener,
+    signal::unix::{SignalKind, signal},
+    sync::{broadcast, watch},
+};
+
+use crate::kernel::{Capacity, Tracker};
+
+/// How the daemon runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub socket: PathBuf,
+    pub capacity: Capacity,
+    /// Grace period of trees that do not set one.
+    pub default_grace: Duration,
+    /// Trees a non-root uid may hold at once.
+    pub max_trees_per_uid: usize,
+}
+
+/// The outcome of a kill, as every waiter sees it.
+pub type KillOutcome = Result<KillSummary, String>;
+
+/// What the daemon knows about a registered tree, beyond the kernel maps.
+#[derive(Debug)]
+struct TreeEntry {
+    lease: LeaseId,
+    owner_uid: u32,
+    root: u32,
+    on_root_exit: RootExitPolicy,
+    grace: Duration,
+    root_exited: bool,
+    /// Set once a kill has started: every later kill request waits on the same one.
+    kill: Option<watch::Receiver<Option<KillOutcome>>>,
+}
+
+#[derive(Debug)]
+struct Lease {
+    token: String,
+    uid: u32,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    trees: HashMap<TreeId, TreeEntry>,
+    leases: HashMap<LeaseId, Lease>,
+    next_lease: LeaseId,
+}
+
+/// Shared by every task of the daemon.
+pub struct Daemon {
+    tracker: Mutex<Tracker>,
+    state: Mutex<State>,
+    /// Tree events with the uid that owns the tree (subscribers see only what they may).
+    events: broadcast::Sender<(u32, Event)>,
+    config: Config,
+}
+
+impl Daemon {
+    fn tracker(&self) -> MutexGuard<'_, Tracker> {
+        // A panic while holding the lock is a bug; the maps it guards stay consistent anyway
+        // (every update is one map operation), so go on with them.
+        self.tracker.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn emit(&self, owner_uid: u32, event: Event) {
+        // No subscriber is fine.
+        let _ = self.events.send((owner_uid, event));
+    }
+}
+
+/// Runs the daemon until SIGTERM or SIGINT; then kills every live tree and removes the socket.
+pub async fn run(config: Config) -> Result<()> {
+    let tracker = Tracker::load(config.capacity)?;
+    let listener = bind(&config.socket)?;
+    tracing::info!(socket = %config.socket.display(), ?config.capacity, "leash daemon serving");
+    let daemon = Arc::new(Daemon {
+        tracker: Mutex::new(tracker),
+        state: Mutex::new(State {
+            next_lease: 1,
+            ..State::default()
+        }),
+        events: broadcast::channel(4096).0,
+        config,
+    });
+    tokio::spawn(enforcement::watch_events(daemon.clone()));
+    tokio::spawn(enforcement::sweep(daemon.clone()));
+
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    tokio::spawn(connection::serve(daemon.clone(), stream));
+                }
+                Err(e) => tracing::warn!("accept failed: {e}"),
+            },
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+    tracing::info!("shutting down: killing every live tree");
+    drop(listener);
+    let _ = fs::remove_file(&daemon.config.socket);
+    enforcement::kill_all(&daemon, "shutdown").await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Binds the socket: its directory is made if needed, a stale socket file is replaced, a live
+/// daemon's is not. Anyone may connect; what they may do is checked per request.
+fn bind(path: &Path) -> Result<UnixListener> {
+    if let Some(dir) = path.parent()
+        && !dir.exists()
+    {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!("another leash daemon is serving {}", path.display());
+        }
+        fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+    }
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o666))?;
+    Ok(listener)
+}

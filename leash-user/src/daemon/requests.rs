@@ -1,0 +1,384 @@
+//! What each request does. A request that is malformed, not allowed or impossible gets an
+//! error reply and changes nothing.
+
+use std::{sync::Arc, time::Duration};
+
+use leash_client::protocol::{
+    ErrorCode, LeaseId, MAX_GRACE_MS, MemberInfo, Op, PROTOCOL_VERSION, Reply, Request,
+    RootExitPolicy, ServerLine, TreeId, TreeInfo,
+};
+use tokio::sync::{broadcast::error::RecvError, watch};
+
+use super::{
+    Daemon, TreeEntry,
+    auth::{ProcessUids, may_manage, may_signal},
+    connection::{Outbox, Peer},
+    enforcement,
+};
+
+/// One connection's side of request handling.
+pub struct Session {
+    pub peer: Peer,
+    pub outbox: Outbox,
+    /// Flips to true when the connection ends, so its helper tasks stop.
+    pub closing: watch::Receiver<bool>,
+    pub subscribed: bool,
+}
+
+/// Why a request was refused: becomes the error reply.
+struct Refusal {
+    code: ErrorCode,
+    message: String,
+}
+
+fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        message: message.into(),
+    }
+}
+
+impl Session {
+    /// Handles one request line. Replies go to the outbox; a kill's reply goes when the tree is
+    /// empty, while the connection goes on serving.
+    pub fn handle(&mut self, daemon: &Arc<Daemon>, line: &[u8]) {
+        let value: serde_json::Value = match serde_json::from_slice(line) {
+            Ok(value) => value,
+            Err(e) => {
+                return self.send_error(None, ErrorCode::BadRequest, format!("not JSON: {e}"));
+            }
+        };
+        let id = value.get("id").and_then(serde_json::Value::as_u64);
+        let Request { id, op } = match serde_json::from_value(value) {
+            Ok(request) => request,
+            Err(e) => return self.send_error(id, ErrorCode::BadRequest, e.to_string()),
+        };
+        tracing::debug!(id, ?op, "request");
+        let reply = match op {
+            Op::Hello { protocol } => self.hello(daemon, protocol),
+            Op::Register {
+                pid,
+                lease,
+                on_root_exit,
+                grace_ms,
+            } => self.register(daemon, pid, lease.as_deref(), on_root_exit, grace_ms),
+            Op::Release { tree } => self.release(daemon, tree),
+            Op::Kill { tree, grace_ms } => match self.kill(daemon, id, tree, grace_ms) {
+                Ok(()) => return,
+                Err(refusal) => Err(refusal),
+            },
+            Op::List => Ok(self.list(daemon)),
+            Op::Subscribe => Ok(self.subscribe(daemon)),
+        };
+        let line = match reply {
+            Ok(reply) => ServerLine::ok(id, reply),
+            Err(Refusal { code, message }) => {
+                tracing::info!(id, %code, message, "request refused");
+                ServerLine::error(Some(id), code, message)
+            }
+        };
+        let _ = self.outbox.send(line);
+    }
+
+    fn send_error(&self, id: Option<u64>, code: ErrorCode, message: String) {
+        tracing::info!(?id, %code, message, "bad request");
+        let _ = self.outbox.send(ServerLine::error(id, code, message));
+    }
+
+    fn hello(&self, daemon: &Daemon, protocol: u32) -> Result<Reply, Refusal> {
+        if protocol != PROTOCOL_VERSION {
+            return Err(refuse(
+                ErrorCode::UnsupportedVersion,
+                format!("this daemon speaks protocol {PROTOCOL_VERSION}, not {protocol}"),
+            ));
+        }
+        let state = daemon.state();
+        let lease = state
+            .leases
+            .get(&self.peer.lease)
+            .ok_or_else(|| refuse(ErrorCode::Internal, "this connection has no lease"))?;
+        Ok(Reply::Hello {
+            protocol: PROTOCOL_VERSION,
+            daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
+            lease: leash_client::LeaseInfo {
+                id: self.peer.lease,
+                token: lease.token.clone(),
+            },
+        })
+    }
+
+    fn register(
+        &self,
+        daemon: &Arc<Daemon>,
+        pid: u32,
+        token: Option<&str>,
+        on_root_exit: Option<RootExitPolicy>,
+        grace_ms: Option<u64>,
+    ) -> Result<Reply, Refusal> {
+        let grace = grace(daemon, grace_ms)?;
+        if pid <= 1 || pid == std::process::id() {
+            return Err(refuse(
+                ErrorCode::BadRequest,
+                format!("pid {pid} cannot be registered (init, 0, or the daemon itself)"),
+            ));
+        }
+        let (lease, owner_uid) = self.lease_for(daemon, token)?;
+        let target = ProcessUids::of(pid)
+            .ok_or_else(|| refuse(ErrorCode::NotFound, format!("no process {pid}")))?;
+        // Whoever asks, and whoever will hold the tree, must both be allowed to signal it.
+        let requester = ProcessUids::of(self.peer.pid).unwrap_or(ProcessUids {
+            real: self.peer.uid,
+            effective: self.peer.uid,
+            saved: self.peer.uid,
+        });
+        let owner = ProcessUids {
+            real: owner_uid,
+            effective: owner_uid,
+            saved: owner_uid,
+        };
+        if !may_signal(requester, target) || !may_signal(owner, target) {
+            return Err(refuse(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "process {pid} belongs to uid {}; uid {} may not signal it",
+                    target.real, self.peer.uid
+                ),
+            ));
+        }
+        self.check_limits(daemon, owner_uid)?;
+        let (tree, members) = {
+            let mut tracker = daemon.tracker();
+            if let Some(member) = tracker.member(pid) {
+                return Err(refuse(
+                    ErrorCode::BadRequest,
+                    format!("process {pid} is already in tree {}", member.tree),
+                ));
+            }
+            if tracker.trees().len() >= tracker.capacity().trees as usize {
+                return Err(refuse(
+                    ErrorCode::LimitReached,
+                    "the daemon's tree capacity is full",
+                ));
+            }
+            let tree = tracker
+                .adopt(pid)
+                .map_err(|e| refuse(ErrorCode::NotFound, format!("{e:#}")))?;
+            let members = tracker.tree_status(tree).map_or(0, |s| s.members);
+            (tree, members)
+        };
+        let lease_alive = {
+            let mut state = daemon.state();
+            state.trees.insert(
+                tree,
+                TreeEntry {
+                    lease,
+                    owner_uid,
+                    root: pid,
+                    on_root_exit: on_root_exit.unwrap_or_default(),
+                    grace,
+                    root_exited: false,
+                    kill: None,
+                },
+            );
+            state.leases.contains_key(&lease)
+        };
+        if !lease_alive {
+            // The lease ended while the tree was being registered: it dies with its lease.
+            enforcement::start_kill(daemon, tree, None, "lease_ended");
+            return Err(refuse(ErrorCode::NotFound, "the lease ended"));
+        }
+        tracing::info!(tree, root = pid, lease, members, "tree registered");
+        daemon.emit(owner_uid, enforcement::registered_event(tree, lease, pid));
+        Ok(Reply::Registered {
+            tree,
+            root: pid,
+            members,
+        })
+    }
+
+    /// The lease a new tree goes under, and its owner: this connection's, or the one a token
+    /// names.
+    fn lease_for(&self, daemon: &Daemon, token: Option<&str>) -> Result<(LeaseId, u32), Refusal> {
+        let Some(token) = token else {
+            return Ok((self.peer.lease, self.peer.uid));
+        };
+        daemon
+            .state()
+            .leases
+            .iter()
+            .find(|(_, lease)| lease.token == token)
+            .map(|(&id, lease)| (id, lease.uid))
+            .ok_or_else(|| refuse(ErrorCode::NotFound, "no live lease has that token"))
+    }
+
+    fn check_limits(&self, daemon: &Daemon, owner_uid: u32) -> Result<(), Refusal> {
+        if owner_uid == 0 {
+            return Ok(());
+        }
+        let held = daemon
+            .state()
+            .trees
+            .values()
+            .filter(|t| t.owner_uid == owner_uid)
+            .count();
+        let limit = daemon.config.max_trees_per_uid;
+        if held >= limit {
+            return Err(refuse(
+                ErrorCode::LimitReached,
+                format!("uid {owner_uid} holds {held} trees, the most allowed"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn release(&self, daemon: &Daemon, tree: TreeId) -> Result<Reply, Refusal> {
+        let entry = {
+            let mut state = daemon.state();
+            match state.trees.get(&tree) {
+                Some(entry) if may_manage(self.peer.uid, entry.owner_uid) => {
+                    if entry.kill.is_some() {
+                        return Err(refuse(
+                            ErrorCode::BadRequest,
+                            format!("tree {tree} is being killed"),
+                        ));
+                    }
+                }
+                _ => return Err(not_found(tree)),
+            }
+            state.trees.remove(&tree).expect("checked above")
+        };
+        daemon
+            .tracker()
+            .release(tree)
+            .map_err(|e| refuse(ErrorCode::Internal, format!("{e:#}")))?;
+        tracing::info!(tree, "tree released");
+        daemon.emit(
+            entry.owner_uid,
+            enforcement::released_event(tree, entry.lease),
+        );
+        Ok(Reply::Released { tree })
+    }
+
+    fn kill(
+        &self,
+        daemon: &Arc<Daemon>,
+        id: u64,
+        tree: TreeId,
+        grace_ms: Option<u64>,
+    ) -> Result<(), Refusal> {
+        let grace = grace_ms.map(|ms| grace(daemon, Some(ms))).transpose()?;
+        let visible = daemon
+            .state()
+            .trees
+            .get(&tree)
+            .is_some_and(|entry| may_manage(self.peer.uid, entry.owner_uid));
+        if !visible {
+            return Err(not_found(tree));
+        }
+        let pending = enforcement::start_kill(daemon, tree, grace, "request")
+            .ok_or_else(|| not_found(tree))?;
+        let outbox = self.outbox.clone();
+        tokio::spawn(async move {
+            let line = match enforcement::outcome(pending).await {
+                Ok(summary) => ServerLine::ok(id, Reply::Killed(summary)),
+                Err(e) => ServerLine::error(Some(id), ErrorCode::Internal, e),
+            };
+            let _ = outbox.send(line);
+        });
+        Ok(())
+    }
+
+    fn list(&self, daemon: &Daemon) -> Reply {
+        let visible: Vec<TreeInfo> = {
+            let state = daemon.state();
+            state
+                .trees
+                .iter()
+                .filter(|(_, entry)| may_manage(self.peer.uid, entry.owner_uid))
+                .map(|(&tree, entry)| TreeInfo {
+                    tree,
+                    lease: entry.lease,
+                    owner_uid: entry.owner_uid,
+                    root: entry.root,
+                    on_root_exit: entry.on_root_exit,
+                    grace_ms: u64::try_from(entry.grace.as_millis()).unwrap_or(u64::MAX),
+                    root_exited: entry.root_exited,
+                    state: if entry.kill.is_some() {
+                        "killing"
+                    } else {
+                        "live"
+                    }
+                    .to_owned(),
+                    members: Vec::new(),
+                })
+                .collect()
+        };
+        let tracker = daemon.tracker();
+        let mut trees: Vec<TreeInfo> = visible
+            .into_iter()
+            .map(|mut info| {
+                info.members = tracker
+                    .members(info.tree)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|m| MemberInfo {
+                        pid: m.pid,
+                        parent: m.parent,
+                        start_ns: m.start_ns,
+                        comm: m.comm,
+                    })
+                    .collect();
+                info
+            })
+            .collect();
+        trees.sort_by_key(|t| t.tree);
+        Reply::Trees { trees }
+    }
+
+    fn subscribe(&mut self, daemon: &Daemon) -> Reply {
+        if self.subscribed {
+            return Reply::Subscribed;
+        }
+        self.subscribed = true;
+        let mut events = daemon.events.subscribe();
+        let outbox = self.outbox.clone();
+        let mut closing = self.closing.clone();
+        let uid = self.peer.uid;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    received = events.recv() => match received {
+                        Ok((owner, event)) if may_manage(uid, owner) => {
+                            if outbox.send(ServerLine::event(event)).is_err() {
+                                break;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(RecvError::Lagged(missed)) => {
+                            tracing::warn!(missed, "a subscriber fell behind; events dropped");
+                        }
+                        Err(RecvError::Closed) => break,
+                    },
+                    _ = closing.changed() => break,
+                }
+            }
+        });
+        Reply::Subscribed
+    }
+}
+
+fn grace(daemon: &Daemon, grace_ms: Option<u64>) -> Result<Duration, Refusal> {
+    match grace_ms {
+        None => Ok(daemon.config.default_grace),
+        Some(ms) if ms <= MAX_GRACE_MS => Ok(Duration::from_millis(ms)),
+        Some(ms) => Err(refuse(
+            ErrorCode::BadRequest,
+            format!("grace_ms {ms} is over the limit of {MAX_GRACE_MS}"),
+        )),
+    }
+}
+
+/// Trees a client may not see are reported as missing, not as forbidden.
+fn not_found(tree: TreeId) -> Refusal {
+    refuse(ErrorCode::NotFound, format!("no tree {tree}"))
+}
