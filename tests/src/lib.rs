@@ -285,3 +285,39 @@ pub fn chain_command(label: &str, depth: usize, hop: Option<&str>) -> (Cgroup, C
     command.env("LEASH_HOP", hop.unwrap_or(""));
     (cgroup, command)
 }
+
+/// The `leash` binary (target/debug/leash, next to the test's own directory). `cargo xtask
+/// test` builds it before the tests run.
+pub fn leash_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let binary = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/debug/deps")
+        .join("leash");
+    assert!(
+        binary.exists(),
+        "{} is missing: run `cargo build` first (cargo xtask test does)",
+        binary.display()
+    );
+    binary
+}
+
+impl Cgroup {
+    /// The argv of [`Cgroup::command`]: for commands that other programs start.
+    pub fn argv(&self, program: &str, args: &[&str]) -> Vec<String> {
+        let command = self.command(program, args);
+        std::iter::once(command.get_program())
+            .chain(command.get_args())
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// Waits until no process is left in the group; returns how long that took.
+    pub fn wait_empty(&self, timeout: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        wait_for(timeout, || self.procs().is_empty()).then(|| started.elapsed())
+    }
+}
+
+pub mod daemon;

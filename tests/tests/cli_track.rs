@@ -1,19 +1,9 @@
 //! The README's main job: `leash track -- CMD` follows the whole tree, escapes included, ends
 //! when the tree is empty, and exits with CMD's status.
 
-use std::{path::PathBuf, process::Command};
+use std::process::Command;
 
-/// The `leash` binary next to this test's directory (`cargo xtask test` builds it first).
-fn leash_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let binary = exe.parent().unwrap().parent().unwrap().join("leash");
-    assert!(
-        binary.exists(),
-        "{} is missing: run `cargo build` (cargo xtask test does)",
-        binary.display()
-    );
-    binary
-}
+use leash_tests::leash_binary;
 
 #[test]
 fn track_follows_escapes_and_returns_the_command_status() {

@@ -1,0 +1,139 @@
+//! The real daemon binary on a socket of the test's own. Dropping it stops the daemon with
+//! SIGTERM (which kills every tree it still holds) and removes its directory.
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
+};
+
+use leash_client::Client;
+
+use crate::{SKIP_BPF_VAR, leash_binary, load_tracker, wait_for};
+
+pub struct Daemon {
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    process: Child,
+}
+
+impl Daemon {
+    /// Starts `leash daemon` with `args`, or fails the test saying why. None only when BPF is
+    /// unavailable and the runner opted out with LEASH_TEST_SKIP_BPF=1.
+    pub fn start(args: &[&str]) -> Option<Self> {
+        if std::env::var(SKIP_BPF_VAR).is_ok_and(|v| v == "1") {
+            load_tracker(leash::Capacity::default())?;
+        }
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let dir = PathBuf::from(format!(
+            "/tmp/leash-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&dir).unwrap();
+        // Other users' clients must reach the socket and the binary copy.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        let socket = dir.join("leash.sock");
+        let log = fs::File::create(dir.join("daemon.log")).unwrap();
+        let process = Command::new(leash_binary())
+            .arg("daemon")
+            .arg("--socket")
+            .arg(&socket)
+            .args(args)
+            .env("LEASH_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting leash daemon");
+        let mut daemon = Self {
+            dir,
+            socket,
+            process,
+        };
+        let ready = wait_for(Duration::from_secs(30), || {
+            std::os::unix::net::UnixStream::connect(&daemon.socket).is_ok()
+                || daemon.process.try_wait().ok().flatten().is_some()
+        });
+        let exited = daemon.process.try_wait().ok().flatten();
+        assert!(
+            ready && exited.is_none(),
+            "leash daemon did not start ({exited:?}); its log:\n{}",
+            daemon.log()
+        );
+        Some(daemon)
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect_to(&self.socket).expect("connecting to the daemon")
+    }
+
+    /// `leash --socket SOCKET` for a client command.
+    pub fn leash(&self) -> Command {
+        let mut command = Command::new(leash_binary());
+        command.arg("--socket").arg(&self.socket);
+        command
+    }
+
+    /// A copy of the leash binary that any user may run (the build tree may not be reachable).
+    pub fn leash_for_anyone(&self) -> PathBuf {
+        let copy = self.dir.join("leash");
+        if !copy.exists() {
+            fs::copy(leash_binary(), &copy).unwrap();
+            fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        copy
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
+    /// Sends SIGTERM and waits for the daemon to exit; returns whether it exited cleanly.
+    pub fn stop(&mut self) -> bool {
+        signal(self.process.id(), "TERM");
+        let exited = wait_for(Duration::from_secs(60), || {
+            self.process.try_wait().ok().flatten().is_some()
+        });
+        if !exited {
+            let _ = self.process.kill();
+        }
+        self.process.wait().is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.process.try_wait().ok().flatten().is_none() {
+            self.stop();
+        }
+        if std::thread::panicking() {
+            eprintln!("daemon log:\n{}", self.log());
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `kill -SIGNAL pid`, for processes this test started.
+pub fn signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+/// Whether `pid` names a running process (not a zombie).
+pub fn alive(pid: u32) -> bool {
+    leash::proc::process(pid).is_some_and(|p| p.is_live())
+}
+
+pub fn path_str(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
