@@ -196,7 +196,7 @@ impl Client {
     /// The trees this client may see (its uid's; all for root), with their members.
     pub fn list(&mut self) -> Result<Vec<TreeInfo>> {
         match self.request(Op::List)? {
-            Reply::Trees { trees } => Ok(trees),
+            Reply::Trees(trees) => Ok(trees),
             other => Err(unexpected(&other)),
         }
     }

@@ -133,9 +133,7 @@ pub enum Reply {
         tree: TreeId,
     },
     Killed(KillSummary),
-    Trees {
-        trees: Vec<TreeInfo>,
-    },
+    Trees(Vec<TreeInfo>),
     Subscribed,
 }
 

@@ -332,7 +332,7 @@ impl Session {
             })
             .collect();
         trees.sort_by_key(|t| t.tree);
-        Reply::Trees { trees }
+        Reply::Trees(trees)
     }
 
     fn subscribe(&mut self, daemon: &Daemon) -> Reply {

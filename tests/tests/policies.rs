@@ -1,0 +1,127 @@
+//! Per-tree policies and requests: keep on root exit, release, kill with a grace period, and
+//! the events a subscriber sees.
+
+use std::time::Duration;
+
+use leash_client::{EventKind, RootExitPolicy, TreeOptions};
+use leash_tests::{Cgroup, daemon::Daemon};
+
+#[test]
+fn keep_on_root_exit_leaves_the_tree_until_its_lease_ends() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let mut host = daemon.client();
+    let cgroup = Cgroup::new("keep");
+    let keep = TreeOptions {
+        on_root_exit: RootExitPolicy::Keep,
+        grace: None,
+    };
+    let (tree, mut root) = host
+        .spawn(
+            &mut cgroup.command("sh", &["-c", "setsid sleep 600 & exit 0"]),
+            &keep,
+        )
+        .unwrap();
+    root.wait().unwrap();
+    cgroup.settle(1, &["sleep"]);
+    let listed = host.list().unwrap();
+    let info = listed
+        .iter()
+        .find(|t| t.tree == tree)
+        .expect("the tree is still there");
+    assert!(leash_tests::wait_for(Duration::from_secs(5), || {
+        host.list()
+            .unwrap()
+            .iter()
+            .any(|t| t.tree == tree && t.root_exited)
+    }));
+    assert_eq!(
+        info.members.len(),
+        1,
+        "the orphan is kept, and still a member"
+    );
+    assert_eq!(cgroup.procs().len(), 1);
+    drop(host);
+    assert!(
+        cgroup.wait_empty(Duration::from_secs(10)).is_some(),
+        "kept members die with the lease"
+    );
+}
+
+#[test]
+fn a_released_tree_is_left_alone() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let mut host = daemon.client();
+    let cgroup = Cgroup::new("release");
+    let (tree, mut root) = host
+        .spawn(
+            &mut cgroup.command("sleep", &["600"]),
+            &TreeOptions::default(),
+        )
+        .unwrap();
+    host.release(tree).unwrap();
+    assert!(host.list().unwrap().is_empty());
+    drop(host);
+    // The lease is gone and nothing is killed: the process runs on.
+    let client = daemon.client();
+    drop(client);
+    assert!(
+        root.try_wait().unwrap().is_none(),
+        "a released tree must not be killed"
+    );
+    let _ = root.kill();
+    let _ = root.wait();
+}
+
+#[test]
+fn kill_waits_for_an_empty_tree_and_subscribers_see_it_happen() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let mut host = daemon.client();
+    let mut watcher = daemon.client();
+    watcher.subscribe().unwrap();
+    let cgroup = Cgroup::new("kill-events");
+    let script = r#"sleep 600 & (trap "" TERM; exec sleep 600) & wait"#;
+    let (tree, mut root) = host
+        .spawn(
+            &mut cgroup.command("sh", &["-c", script]),
+            &TreeOptions::default(),
+        )
+        .unwrap();
+    cgroup.settle(3, &["sh", "sleep"]);
+    let summary = host.kill(tree, Some(Duration::from_millis(200))).unwrap();
+    let _ = root.wait();
+    eprintln!("kill with grace 200 ms: {summary:?}");
+    assert_eq!(summary.terminated, 3);
+    assert!(
+        summary.killed >= 1,
+        "the TERM-ignoring member needs SIGKILL"
+    );
+    assert!(summary.elapsed_ms >= 200);
+    assert!(
+        cgroup.procs().is_empty(),
+        "the reply comes when the tree is empty"
+    );
+
+    let mut kinds = Vec::new();
+    while let Some(event) = watcher.next_event(Some(Duration::from_secs(5))).unwrap() {
+        assert_eq!(event.tree, tree);
+        kinds.push(event.kind);
+        if event.kind == EventKind::TreeEmpty {
+            assert_eq!(event.kill.as_ref().map(|k| k.killed), Some(summary.killed));
+            break;
+        }
+    }
+    assert_eq!(
+        kinds,
+        [
+            EventKind::Registered,
+            EventKind::KillStarted,
+            EventKind::TreeEmpty
+        ]
+    );
+}
