@@ -321,4 +321,34 @@ mod tests {
         assert_eq!(line, r#"{"error":{"code":"too_long","message":"x"}}"#);
         assert_eq!(ErrorCode::PermissionDenied.to_string(), "permission_denied");
     }
+
+    /// Every example in docs/PROTOCOL.md is a message of this module, written exactly as the
+    /// daemon writes it: the document cannot drift from the code.
+    #[test]
+    fn the_documented_examples_are_exact() {
+        let doc = include_str!("../../docs/PROTOCOL.md");
+        let mut in_json = false;
+        let mut checked = 0;
+        for line in doc.lines() {
+            match line.trim() {
+                "```json" => in_json = true,
+                "```" => in_json = false,
+                example if in_json => {
+                    let again = if example.contains(r#""op":"#) {
+                        let request: Request = serde_json::from_str(example)
+                            .unwrap_or_else(|e| panic!("{example}: {e}"));
+                        serde_json::to_string(&request).unwrap()
+                    } else {
+                        let reply: ServerLine = serde_json::from_str(example)
+                            .unwrap_or_else(|e| panic!("{example}: {e}"));
+                        serde_json::to_string(&reply).unwrap()
+                    };
+                    assert_eq!(again, example);
+                    checked += 1;
+                }
+                _ => {}
+            }
+        }
+        assert!(checked >= 25, "only {checked} examples found");
+    }
 }

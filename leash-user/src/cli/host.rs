@@ -81,14 +81,18 @@ pub fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
     // What the command left behind is killed (or, kept, runs out) before we exit: leaving
     // would end the lease and kill it anyway.
     loop {
-        match client.next_event(None)? {
-            Some(event)
+        match client.next_event(None) {
+            Ok(Some(event))
                 if event.tree == tree
                     && matches!(event.kind, EventKind::TreeEmpty | EventKind::Released) =>
             {
                 break;
             }
-            _ => {}
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!("lost the daemon while waiting for the tree to end: {e}");
+                break;
+            }
         }
     }
     Ok(super::exit_code(status))
