@@ -124,6 +124,30 @@ impl Cgroup {
         last
     }
 
+    /// Waits until the group holds exactly one process per entry of `comms`, each running a
+    /// program whose name starts with its entry. Returns the processes.
+    pub fn settle_exactly(&self, comms: &[&str]) -> BTreeSet<Pid> {
+        let mut last = Vec::new();
+        let settled = wait_for(Duration::from_secs(60), || {
+            last = self
+                .procs()
+                .into_iter()
+                .map(|pid| comm(pid).unwrap_or_default())
+                .collect();
+            let mut unmatched = last.clone();
+            comms.iter().all(|want| {
+                let found = unmatched.iter().position(|c| c.starts_with(want));
+                found.map(|i| unmatched.swap_remove(i)).is_some()
+            }) && unmatched.is_empty()
+        });
+        assert!(
+            settled,
+            "cgroup {} did not settle as {comms:?}: it has {last:?}",
+            self.path.display()
+        );
+        self.procs()
+    }
+
     fn kill_all(&self) {
         let _ = fs::write(self.path.join("cgroup.kill"), "1");
         wait_for(Duration::from_secs(10), || {
@@ -328,3 +352,21 @@ impl Cgroup {
 }
 
 pub mod daemon;
+
+/// The real Python interpreter. `python3` on PATH may be a pyenv shim that forks dozens of
+/// short-lived helpers before it execs the interpreter, which would make a tree's size race.
+pub fn python() -> String {
+    static PYTHON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let output = Command::new("python3")
+                .args(["-c", "import sys; print(sys.executable)"])
+                .output()
+                .expect("python3 is needed by the tests");
+            String::from_utf8(output.stdout)
+                .expect("utf-8")
+                .trim()
+                .to_owned()
+        })
+        .clone()
+}

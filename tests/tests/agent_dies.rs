@@ -5,13 +5,13 @@
 use std::time::Duration;
 
 use leash_client::TreeOptions;
-use leash_tests::{Cgroup, daemon::Daemon};
+use leash_tests::{Cgroup, daemon::Daemon, python};
 
 const TRIALS: usize = 5;
 const AGENT: &str = r#"
 setsid sh -c '
   sleep 600 &
-  python3 -c "import time
+  "$PYTHON" -c "import time
 while True: time.sleep(0.05)" &
   tail -f /dev/null &
   (sleep 600 &)
@@ -30,12 +30,12 @@ fn killing_the_agent_kills_its_tools() {
         let cgroup = Cgroup::new("agent-dies");
         let (tree, mut agent) = host
             .spawn(
-                &mut cgroup.command("sh", &["-c", AGENT]),
+                cgroup.command("sh", &["-c", AGENT]).env("PYTHON", python()),
                 &TreeOptions::default(),
             )
             .expect("spawning the agent");
         // agent sh, setsid'd sh, sleep, python, tail, the double-forked sleep
-        cgroup.settle(6, &["sh", "sleep", "python", "tail"]);
+        cgroup.settle_exactly(&["sh", "sh", "sleep", "sleep", "python", "tail"]);
         let tracked: usize = host
             .list()
             .unwrap()

@@ -1,7 +1,7 @@
 //! Exec chains: sh -c -> bash -c -> python3. A process stays a member through exec; what it
 //! runs now is what the listing shows.
 
-use leash_tests::{Scenario, assert_tracks_cgroup, tracker};
+use leash_tests::{Cgroup, Scenario, assert_tracks_cgroup, python, tracker};
 
 #[test]
 fn members_stay_members_through_exec() {
@@ -9,9 +9,12 @@ fn members_stay_members_through_exec() {
         return;
     };
     // `; true` keeps each shell alive as the parent of the next program.
-    let script = r#"bash -c 'python3 -c "import time; time.sleep(600)"; true'; true"#;
-    let scenario = Scenario::spawn(&mut tracker, "exec-chain", "sh", &["-c", script]);
-    scenario.cgroup.settle(3, &["sh", "bash", "python"]);
+    let script = r#"bash -c '"$PYTHON" -c "import time; time.sleep(600)"; true'; true"#;
+    let cgroup = Cgroup::new("exec-chain");
+    let mut command = cgroup.command("sh", &["-c", script]);
+    command.env("PYTHON", python());
+    let scenario = Scenario::spawn_command(&mut tracker, cgroup, command);
+    scenario.cgroup.settle_exactly(&["sh", "bash", "python"]);
     let tracked = assert_tracks_cgroup(
         &tracker,
         scenario.tree,

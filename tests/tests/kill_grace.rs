@@ -16,7 +16,7 @@ fn members_that_exit_on_sigterm_need_no_sigkill() {
         "sh",
         &["-c", "sleep 600 & sleep 600 & wait"],
     );
-    scenario.cgroup.settle(3, &["sh", "sleep"]);
+    scenario.cgroup.settle_exactly(&["sh", "sleep", "sleep"]);
     let grace = Duration::from_secs(5);
     let report = tracker.kill(scenario.tree, grace).unwrap();
     let _ = scenario.root.wait();
@@ -37,7 +37,7 @@ fn a_member_that_ignores_sigterm_is_killed_after_the_grace() {
     // The ignored disposition survives exec: the second sleep ignores SIGTERM.
     let script = r#"sleep 600 & (trap "" TERM; exec sleep 600) & wait"#;
     let mut scenario = Scenario::spawn(&mut tracker, "grace-stubborn", "sh", &["-c", script]);
-    scenario.cgroup.settle(3, &["sh", "sleep"]);
+    scenario.cgroup.settle_exactly(&["sh", "sleep", "sleep"]);
     let grace = Duration::from_millis(300);
     let report = tracker.kill(scenario.tree, grace).unwrap();
     let _ = scenario.root.wait();

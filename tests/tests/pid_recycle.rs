@@ -25,7 +25,7 @@ fn a_recycled_pid_is_never_signalled() {
             &TreeOptions::default(),
         )
         .unwrap();
-    let procs = cgroup.settle(3, &["sh", "sleep"]);
+    let procs = cgroup.settle_exactly(&["sh", "sleep", "sleep"]);
     let victim = *procs.iter().find(|&&p| p != root.id()).unwrap();
 
     // The member dies (its parent reaps it) and leaves the tree.

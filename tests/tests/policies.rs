@@ -92,7 +92,7 @@ fn kill_waits_for_an_empty_tree_and_subscribers_see_it_happen() {
             &TreeOptions::default(),
         )
         .unwrap();
-    cgroup.settle(3, &["sh", "sleep"]);
+    cgroup.settle_exactly(&["sh", "sleep", "sleep"]);
     let summary = host.kill(tree, Some(Duration::from_millis(200))).unwrap();
     let _ = root.wait();
     eprintln!("kill with grace 200 ms: {summary:?}");

@@ -1,7 +1,7 @@
 //! A child reparented to a subreaper inside the tree: the middle process exits, the grandchild
 //! moves to the subreaper. Membership does not depend on the parent links.
 
-use leash_tests::{Scenario, assert_tracks_cgroup, ppid, tracker};
+use leash_tests::{Scenario, assert_tracks_cgroup, ppid, python, tracker};
 
 const SUBREAPER: &str = r#"
 import ctypes, subprocess, time
@@ -16,8 +16,8 @@ fn a_child_reparented_to_a_subreaper_stays_a_member() {
     let Some(mut tracker) = tracker!() else {
         return;
     };
-    let scenario = Scenario::spawn(&mut tracker, "subreaper", "python3", &["-c", SUBREAPER]);
-    let procs = scenario.cgroup.settle(2, &["python", "sleep"]);
+    let scenario = Scenario::spawn(&mut tracker, "subreaper", &python(), &["-c", SUBREAPER]);
+    let procs = scenario.cgroup.settle_exactly(&["python", "sleep"]);
     let python = scenario.root_pid();
     let orphan = *procs.iter().find(|&&p| p != python).unwrap();
     assert_eq!(

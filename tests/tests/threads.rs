@@ -3,7 +3,9 @@
 
 use std::{io::Write, process::Stdio, time::Duration};
 
-use leash_tests::{Cgroup, Scenario, assert_tracks_cgroup, thread_count, tracker, wait_for};
+use leash_tests::{
+    Cgroup, Scenario, assert_tracks_cgroup, python, thread_count, tracker, wait_for,
+};
 
 const THREADS: &str = r#"
 import subprocess, sys, threading
@@ -26,11 +28,11 @@ fn fifty_threads_are_one_member() {
         return;
     };
     let cgroup = Cgroup::new("threads");
-    let mut command = cgroup.command("python3", &["-c", THREADS]);
+    let mut command = cgroup.command(&python(), &["-c", THREADS]);
     command.stdin(Stdio::piped());
     let mut scenario = Scenario::spawn_command(&mut tracker, cgroup, command);
     let python = scenario.root_pid();
-    scenario.cgroup.settle(2, &["python", "sleep"]);
+    scenario.cgroup.settle_exactly(&["python", "sleep"]);
     assert!(
         wait_for(Duration::from_secs(30), || thread_count(python) >= 51),
         "threads did not start"

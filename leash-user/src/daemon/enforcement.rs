@@ -76,9 +76,7 @@ pub async fn sweep(daemon: Arc<Daemon>) {
             }
             if status.root_exit_ns.is_some() {
                 root_exited(&daemon, tree);
-                if daemon.tracker().is_empty(tree).unwrap_or(false) {
-                    finish_kept(&daemon, tree);
-                }
+                finish_if_kept_and_empty(&daemon, tree);
             }
         }
     }
@@ -104,10 +102,18 @@ fn root_exited(daemon: &Arc<Daemon>, tree: TreeId) {
     }
 }
 
-/// A tree whose members were kept after its root exited has emptied on its own.
-fn finish_kept(daemon: &Arc<Daemon>, tree: TreeId) {
-    let Some(entry) = daemon.state().trees.remove(&tree) else {
-        return;
+/// A tree whose members were kept after its root exited ends when it has emptied on its own.
+fn finish_if_kept_and_empty(daemon: &Arc<Daemon>, tree: TreeId) {
+    let empty = daemon.tracker().is_empty(tree).unwrap_or(false);
+    let entry = {
+        let mut state = daemon.state();
+        let kept = state.trees.get(&tree).is_some_and(|entry| {
+            entry.on_root_exit == RootExitPolicy::Keep && entry.kill.is_none()
+        });
+        if !(kept && empty) {
+            return;
+        }
+        state.trees.remove(&tree).expect("checked above")
     };
     if let Err(e) = daemon.tracker().release(tree) {
         tracing::warn!(tree, "releasing an empty tree: {e:#}");
