@@ -36,7 +36,7 @@ fn a_user_leashes_its_own_command() {
         "setsid sleep 600 & echo $! > {}; exit 7",
         path_str(&pid_file)
     );
-    let status = as_nobody(path_str(&leash))
+    let output = as_nobody(path_str(&leash))
         .args([
             "--socket",
             path_str(&daemon.socket),
@@ -46,12 +46,13 @@ fn a_user_leashes_its_own_command() {
             "-c",
             &script,
         ])
-        .status()
+        .output()
         .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(
-        status.code(),
+        output.status.code(),
         Some(7),
-        "leash run returns the command's status"
+        "leash run returns the command's status: {stderr}"
     );
     let orphan: u32 = fs::read_to_string(&pid_file)
         .unwrap()
