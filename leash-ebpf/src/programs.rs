@@ -63,6 +63,13 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
         start_ns,
     };
     let joined = MEMBERS.insert(&child_tgid, &member, BPF_NOEXIST).is_ok();
+    // As at exit: the event before the count.
+    if joined {
+        count(stat::JOINS);
+        emit(EventKind::Fork, tree, child_tgid, parent);
+    } else {
+        count(stat::INSERTS_FAILED);
+    }
     if let Some(counters) = TREE_COUNTERS.get_ptr_mut(&tree) {
         // SAFETY: the pointer is into the map value and stays valid for this program run.
         unsafe {
@@ -72,12 +79,6 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
                 add(&raw mut (*counters).failed);
             }
         }
-    }
-    if joined {
-        count(stat::JOINS);
-        emit(EventKind::Fork, tree, child_tgid, parent);
-    } else {
-        count(stat::INSERTS_FAILED);
     }
     if is_doomed(tree) {
         // The forker dies before it returns to user space; the child is tracked and killed by
@@ -105,6 +106,14 @@ pub fn leash_exit(ctx: TracePointContext) -> u32 {
     }
     count(stat::EXITS);
     let is_root = unsafe { TREE_CONTROL.get(&tree) }.is_some_and(|c| c.root == tgid);
+    // The event goes out before the counters count the exit: whoever sees the counters say
+    // "empty" finds every exit event already in the ring buffer.
+    let kind = if is_root {
+        EventKind::RootExit
+    } else {
+        EventKind::Exit
+    };
+    emit(kind, tree, tgid, 0);
     let now = unsafe { bpf_ktime_get_boot_ns() };
     if let Some(counters) = TREE_COUNTERS.get_ptr_mut(&tree) {
         // SAFETY: as in leash_fork. root_exit_ns has one writer: the root's single group death.
@@ -115,12 +124,6 @@ pub fn leash_exit(ctx: TracePointContext) -> u32 {
             }
         }
     }
-    let kind = if is_root {
-        EventKind::RootExit
-    } else {
-        EventKind::Exit
-    };
-    emit(kind, tree, tgid, 0);
     0
 }
 

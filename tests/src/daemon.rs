@@ -78,14 +78,22 @@ impl Daemon {
         command
     }
 
-    /// A copy of the leash binary that any user may run (the build tree may not be reachable).
+    /// The leash binary where any user may run it (the build tree may not be reachable).
+    /// A hard link, not a copy, where it can be: a file being written cannot be executed, and
+    /// a copy's write descriptor leaks for a moment into children other threads fork.
     pub fn leash_for_anyone(&self) -> PathBuf {
-        let copy = self.dir.join("leash");
-        if !copy.exists() {
-            fs::copy(leash_binary(), &copy).unwrap();
-            fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).unwrap();
+        let link = self.dir.join("leash");
+        if !link.exists() && fs::hard_link(leash_binary(), &link).is_err() {
+            let partial = self.dir.join("leash.partial");
+            fs::copy(leash_binary(), &partial).unwrap();
+            fs::set_permissions(&partial, fs::Permissions::from_mode(0o755)).unwrap();
+            fs::rename(&partial, &link).unwrap();
+            // The copy may still be open for writing in a child forked meanwhile.
+            wait_for(Duration::from_secs(10), || {
+                Command::new(&link).arg("--version").output().is_ok()
+            });
         }
-        copy
+        link
     }
 
     pub fn log(&self) -> String {

@@ -48,6 +48,8 @@ pub fn track(args: TrackArgs) -> Result<ExitCode> {
     }
     let mut root_status = None;
     loop {
+        // Read before the events: every exit the counters count has its event queued already.
+        let status = tracker.tree_status(tree)?;
         for event in tracker.drain_events() {
             if event.tree != tree {
                 continue;
@@ -72,7 +74,6 @@ pub fn track(args: TrackArgs) -> Result<ExitCode> {
             root_status = Some(status);
             child = None;
         }
-        let status = tracker.tree_status(tree)?;
         if status.members == 0 {
             summarize(&status);
             break;
