@@ -30,6 +30,8 @@ pub mod program {
     pub const FORK: &str = "leash_fork";
     /// tracepoint `sched/sched_process_exit`: a member leaves when its thread group is dead.
     pub const EXIT: &str = "leash_exit";
+    /// tracepoint `sched/sched_process_exec`: tells what a member runs now (an event only).
+    pub const EXEC: &str = "leash_exec";
 }
 
 /// Names of the read-only globals user space sets at load time (`EbpfLoader::override_global`).
@@ -117,6 +119,8 @@ pub enum EventKind {
     RootExit = 3,
     /// `pid`, a member of a doomed tree, tried to fork and was sent SIGKILL.
     ForkKilled = 4,
+    /// `pid` executed a new program, named in `comm`.
+    Exec = 5,
 }
 
 impl EventKind {
@@ -126,6 +130,7 @@ impl EventKind {
             2 => Self::Exit,
             3 => Self::RootExit,
             4 => Self::ForkKilled,
+            5 => Self::Exec,
             _ => return None,
         })
     }
@@ -142,6 +147,9 @@ pub struct Event {
     pub parent: Pid,
     /// Boot-time nanoseconds.
     pub time_ns: u64,
+    /// The task's command name (NUL-padded): the forker's for a fork (the child has not run
+    /// yet), the new program's for an exec, the exiting one's for an exit.
+    pub comm: [u8; 16],
 }
 
 #[cfg(feature = "user")]

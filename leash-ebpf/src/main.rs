@@ -6,6 +6,7 @@
 //!   by user space).
 //! - exit (tracepoint `sched/sched_process_exit`): when a member's whole thread group is dead,
 //!   it leaves; if it was the root, the tree's counters record when.
+//! - exec (tracepoint `sched/sched_process_exec`): an event saying what a member runs now.
 //!
 //! Events go to a ring buffer, best effort; the maps are the truth.
 #![cfg_attr(target_arch = "bpf", no_std)]

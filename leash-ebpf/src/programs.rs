@@ -5,7 +5,8 @@ use core::{
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns, bpf_probe_read_kernel, bpf_send_signal,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
+        bpf_probe_read_kernel, bpf_send_signal,
     },
     macros::{btf_tracepoint, map, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf},
@@ -127,6 +128,17 @@ pub fn leash_exit(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// sched_process_exec fires in the task that has just executed a new program, its comm already
+/// set to the program's name. Membership does not change; the event says what the member is now.
+#[tracepoint(category = "sched", name = "sched_process_exec")]
+pub fn leash_exec(_ctx: TracePointContext) -> u32 {
+    let tgid = current_tgid();
+    if let Some(tree) = (unsafe { MEMBERS.get(&tgid) }).map(|m| m.tree) {
+        emit(EventKind::Exec, tree, tgid, 0);
+    }
+    0
+}
+
 fn current_tgid() -> u32 {
     (bpf_get_current_pid_tgid() >> 32) as u32
 }
@@ -170,6 +182,7 @@ fn emit(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid) {
         pid,
         parent,
         time_ns: unsafe { bpf_ktime_get_boot_ns() },
+        comm: bpf_get_current_comm().unwrap_or_default(),
     };
     if EVENTS.output::<Event>(&event, 0).is_err() {
         count(stat::EVENTS_DROPPED);

@@ -61,7 +61,7 @@ pub fn track(args: TrackArgs) -> Result<ExitCode> {
                     shown.remove(&event.pid);
                     true
                 }
-                EventKind::ForkKilled => true,
+                EventKind::ForkKilled | EventKind::Exec => true,
             };
             if show {
                 print_event(&event);
@@ -89,8 +89,9 @@ fn print_event(event: &TreeEvent) {
         .unwrap_or_default();
     match event.kind {
         EventKind::Fork => println!("+ {:>7} {comm} (forked by {})", event.pid, event.parent),
-        EventKind::Exit => println!("- {:>7} exited", event.pid),
-        EventKind::RootExit => println!("- {:>7} exited (the root)", event.pid),
+        EventKind::Exec => println!(">  {:>6} runs {}", event.pid, event.comm),
+        EventKind::Exit => println!("- {:>7} {} exited", event.pid, event.comm),
+        EventKind::RootExit => println!("- {:>7} {} exited (the root)", event.pid, event.comm),
         EventKind::ForkKilled => println!("! {:>7} killed as it forked", event.pid),
     }
 }

@@ -90,13 +90,15 @@ pub struct Stats {
 }
 
 /// A decoded ring-buffer record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TreeEvent {
     pub kind: EventKind,
     pub tree: TreeId,
     pub pid: Pid,
     pub parent: Pid,
     pub time_ns: u64,
+    /// The command name the event carries (see [`Event::comm`]).
+    pub comm: String,
 }
 
 impl TreeEvent {
@@ -108,12 +110,15 @@ impl TreeEvent {
             ))
         };
         let time = bytes.get(offset_of!(Event, time_ns)..offset_of!(Event, time_ns) + 8)?;
+        let comm = bytes.get(offset_of!(Event, comm)..offset_of!(Event, comm) + 16)?;
+        let comm = comm.split(|&b| b == 0).next().unwrap_or_default();
         Some(Self {
             kind: EventKind::from_u32(u32_at(offset_of!(Event, kind))?)?,
             tree: u32_at(offset_of!(Event, tree))?,
             pid: u32_at(offset_of!(Event, pid))?,
             parent: u32_at(offset_of!(Event, parent))?,
             time_ns: u64::from_ne_bytes(time.try_into().ok()?),
+            comm: String::from_utf8_lossy(comm).into_owned(),
         })
     }
 }
@@ -178,6 +183,10 @@ impl Tracker {
         exit.load().context("loading the exit program")?;
         exit.attach("sched", "sched_process_exit")
             .context("attaching to sched/sched_process_exit")?;
+        let exec: &mut TracePoint = program_mut(&mut ebpf, program::EXEC)?.try_into()?;
+        exec.load().context("loading the exec program")?;
+        exec.attach("sched", "sched_process_exec")
+            .context("attaching to sched/sched_process_exec")?;
 
         Ok(Self {
             members: HashMap::try_from(take_map(&mut ebpf, map::MEMBERS)?)?,
@@ -375,18 +384,21 @@ mod tests {
             pid: 4242,
             parent: 1,
             time_ns: 123_456_789,
+            comm: *b"python3\0\0\0\0\0\0\0\0\0",
         };
         let mut bytes = Vec::new();
         for word in [event.kind, event.tree, event.pid, event.parent] {
             bytes.extend(word.to_ne_bytes());
         }
         bytes.extend(event.time_ns.to_ne_bytes());
+        bytes.extend(event.comm);
         assert_eq!(bytes.len(), size_of::<Event>());
         let decoded = TreeEvent::decode(&bytes).unwrap();
         assert_eq!(decoded.kind, EventKind::RootExit);
         assert_eq!((decoded.tree, decoded.pid, decoded.parent), (7, 4242, 1));
         assert_eq!(decoded.time_ns, 123_456_789);
-        assert!(TreeEvent::decode(&bytes[..20]).is_none());
+        assert_eq!(decoded.comm, "python3");
+        assert!(TreeEvent::decode(&bytes[..30]).is_none());
         bytes[0] = 99;
         assert!(
             TreeEvent::decode(&bytes).is_none(),
