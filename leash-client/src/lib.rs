@@ -30,8 +30,8 @@ use std::{
 };
 
 pub use protocol::{
-    ErrorCode, Event, EventKind, KillSummary, LeaseInfo, MemberInfo, RootExitPolicy, TreeId,
-    TreeInfo,
+    ErrorCode, Event, EventKind, KillSummary, LeaseInfo, MemberInfo, RootExitPolicy, StatusInfo,
+    TreeId, TreeInfo,
 };
 use protocol::{MAX_LINE_BYTES, Op, PROTOCOL_VERSION, Reply, Request, ServerLine};
 
@@ -197,6 +197,14 @@ impl Client {
     pub fn list(&mut self) -> Result<Vec<TreeInfo>> {
         match self.request(Op::List)? {
             Reply::Trees(trees) => Ok(trees),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The daemon's state: version, programs, capacity and fill, events dropped.
+    pub fn status(&mut self) -> Result<StatusInfo> {
+        match self.request(Op::Status)? {
+            Reply::Status(status) => Ok(status),
             other => Err(unexpected(&other)),
         }
     }

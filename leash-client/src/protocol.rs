@@ -59,6 +59,8 @@ pub enum Op {
     List,
     /// From now on, send tree events on this connection.
     Subscribe,
+    /// The daemon's state: version, programs, capacity and fill, events dropped.
+    Status,
 }
 
 /// What happens to the rest of a tree when its root exits.
@@ -135,6 +137,28 @@ pub enum Reply {
     Killed(KillSummary),
     Trees(Vec<TreeInfo>),
     Subscribed,
+    Status(StatusInfo),
+}
+
+/// What `status` says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusInfo {
+    pub daemon_version: String,
+    pub protocol: u32,
+    /// The attached programs: `name (attach point)`.
+    pub programs: Vec<String>,
+    /// Processes the member map can hold, and holds now (all trees).
+    pub member_capacity: u32,
+    pub members: u64,
+    /// Trees the daemon can hold, and holds now (all trees).
+    pub tree_capacity: u32,
+    pub trees: u64,
+    /// Leases (connections) now; for a non-root client, its uid's only.
+    pub leases: u64,
+    /// Kernel events that did not fit in the ring buffer since the daemon started.
+    pub events_dropped: u64,
+    /// Children that could not be tracked because the member map was full.
+    pub inserts_failed: u64,
 }
 
 /// The lease of a connection. The token lets another process (the `leash exec` shim) register
@@ -171,6 +195,9 @@ pub struct TreeInfo {
     pub root: u32,
     pub on_root_exit: RootExitPolicy,
     pub grace_ms: u64,
+    /// The host holding the lease, and what it runs (null once it is gone).
+    pub host_pid: u32,
+    pub host_comm: Option<String>,
     pub root_exited: bool,
     /// `live` or `killing`.
     pub state: String,
@@ -197,6 +224,15 @@ pub struct Event {
     /// The process concerned (the root for `root_exited`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
+    /// For `fork`: the process that forked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<u32>,
+    /// For `fork`, `exec`, `exit`: the command name (the forker's for a fork).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm: Option<String>,
+    /// For `dropped`: how many events this subscriber missed because it read too slowly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
     /// For `kill_started`: why. For `tree_empty`: the kill's figures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kill: Option<KillSummary>,
@@ -212,6 +248,14 @@ pub enum EventKind {
     KillStarted,
     TreeEmpty,
     Released,
+    /// A member forked a new member.
+    Fork,
+    /// A member executed a new program.
+    Exec,
+    /// A member's last thread exited.
+    Exit,
+    /// This subscriber fell behind and missed `count` events (tree and lease are 0).
+    Dropped,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

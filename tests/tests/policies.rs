@@ -116,8 +116,20 @@ fn kill_waits_for_an_empty_tree_and_subscribers_see_it_happen() {
             break;
         }
     }
-    // The root's death during the kill is reported too, as it happens.
-    kinds.retain(|&k| k != EventKind::RootExited);
+    // The members' lives: two forks, and three exits during the kill.
+    let count = |kind| kinds.iter().filter(|&&k| k == kind).count();
+    assert_eq!(
+        (count(EventKind::Fork), count(EventKind::Exit)),
+        (2, 3),
+        "{kinds:?}"
+    );
+    // The tree's life; the root's death during the kill is reported too, as it happens.
+    kinds.retain(|k| {
+        !matches!(
+            k,
+            EventKind::RootExited | EventKind::Fork | EventKind::Exec | EventKind::Exit
+        )
+    });
     assert_eq!(
         kinds,
         [

@@ -50,7 +50,7 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
             return;
         }
     };
-    let lease = match new_lease(&daemon, uid) {
+    let lease = match new_lease(&daemon, uid, pid as u32) {
         Ok(lease) => lease,
         Err(e) => {
             tracing::error!("cannot make a lease token: {e}");
@@ -73,12 +73,19 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     .await;
 }
 
-fn new_lease(daemon: &Daemon, uid: u32) -> io::Result<u64> {
+fn new_lease(daemon: &Daemon, uid: u32, host_pid: u32) -> io::Result<u64> {
     let token = new_token()?;
     let mut state = daemon.state();
     let id = state.next_lease;
     state.next_lease += 1;
-    state.leases.insert(id, Lease { token, uid });
+    state.leases.insert(
+        id,
+        Lease {
+            token,
+            uid,
+            host_pid,
+        },
+    );
     Ok(id)
 }
 

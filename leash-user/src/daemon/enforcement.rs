@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use super::{Daemon, KillOutcome};
 use crate::{
-    kernel::{Kill, KillStep},
+    kernel::{Kill, KillStep, TreeEvent},
     sys,
 };
 
@@ -44,8 +44,32 @@ pub async fn watch_events(daemon: Arc<Daemon>) {
             if event.kind == KernelEventKind::RootExit {
                 root_exited(&daemon, event.tree);
             }
+            forward(&daemon, event);
         }
     }
+}
+
+/// Passes a member's fork, exec or exit on to subscribers (who may drop them if they read
+/// slowly: the daemon never waits for a viewer).
+fn forward(daemon: &Daemon, kernel: TreeEvent) {
+    let kind = match kernel.kind {
+        KernelEventKind::Fork => EventKind::Fork,
+        KernelEventKind::Exec => EventKind::Exec,
+        KernelEventKind::Exit | KernelEventKind::RootExit => EventKind::Exit,
+        KernelEventKind::ForkKilled => return,
+    };
+    let Some((owner, lease)) = daemon
+        .state()
+        .trees
+        .get(&kernel.tree)
+        .map(|entry| (entry.owner_uid, entry.lease))
+    else {
+        return;
+    };
+    let mut forwarded = event(kind, kernel.tree, lease, Some(kernel.pid));
+    forwarded.parent = (kind == EventKind::Fork).then_some(kernel.parent);
+    forwarded.comm = Some(kernel.comm);
+    daemon.emit(owner, forwarded);
 }
 
 /// The backstop: reads every live tree's state in the kernel.
@@ -239,12 +263,15 @@ pub async fn kill_all(daemon: &Arc<Daemon>, reason: &'static str) {
     tracing::info!(trees = trees.len(), elapsed = ?started.elapsed(), "every tree killed");
 }
 
-fn event(kind: EventKind, tree: TreeId, lease: u64, pid: Option<u32>) -> Event {
+pub(super) fn event(kind: EventKind, tree: TreeId, lease: u64, pid: Option<u32>) -> Event {
     Event {
         kind,
         tree,
         lease,
         pid,
+        parent: None,
+        comm: None,
+        count: None,
         kill: None,
         reason: None,
     }

@@ -62,6 +62,7 @@ struct TreeEntry {
 struct Lease {
     token: String,
     uid: u32,
+    host_pid: u32,
 }
 
 #[derive(Debug, Default)]

@@ -4,8 +4,8 @@
 use std::{sync::Arc, time::Duration};
 
 use leash_client::protocol::{
-    ErrorCode, LeaseId, MAX_GRACE_MS, MemberInfo, Op, PROTOCOL_VERSION, Reply, Request,
-    RootExitPolicy, ServerLine, TreeId, TreeInfo,
+    ErrorCode, EventKind, LeaseId, MAX_GRACE_MS, MemberInfo, Op, PROTOCOL_VERSION, Reply, Request,
+    RootExitPolicy, ServerLine, StatusInfo, TreeId, TreeInfo,
 };
 use tokio::sync::{broadcast::error::RecvError, watch};
 
@@ -69,6 +69,7 @@ impl Session {
             },
             Op::List => Ok(self.list(daemon)),
             Op::Subscribe => Ok(self.subscribe(daemon)),
+            Op::Status => self.status(daemon),
         };
         let line = match reply {
             Ok(reply) => ServerLine::ok(id, reply),
@@ -302,6 +303,8 @@ impl Session {
                     root: entry.root,
                     on_root_exit: entry.on_root_exit,
                     grace_ms: u64::try_from(entry.grace.as_millis()).unwrap_or(u64::MAX),
+                    host_pid: state.leases.get(&entry.lease).map_or(0, |l| l.host_pid),
+                    host_comm: None,
                     root_exited: entry.root_exited,
                     state: if entry.kill.is_some() {
                         "killing"
@@ -317,6 +320,7 @@ impl Session {
         let mut trees: Vec<TreeInfo> = visible
             .into_iter()
             .map(|mut info| {
+                info.host_comm = crate::proc::process(info.host_pid).map(|p| p.comm);
                 info.members = tracker
                     .members(info.tree)
                     .unwrap_or_default()
@@ -355,7 +359,12 @@ impl Session {
                         }
                         Ok(_) => {}
                         Err(RecvError::Lagged(missed)) => {
-                            tracing::warn!(missed, "a subscriber fell behind; events dropped");
+                            tracing::debug!(missed, "a subscriber fell behind; events dropped");
+                            let mut dropped = enforcement::event(EventKind::Dropped, 0, 0, None);
+                            dropped.count = Some(missed);
+                            if outbox.send(ServerLine::event(dropped)).is_err() {
+                                break;
+                            }
                         }
                         Err(RecvError::Closed) => break,
                     },
@@ -364,6 +373,40 @@ impl Session {
             }
         });
         Reply::Subscribed
+    }
+}
+
+impl Session {
+    fn status(&self, daemon: &Daemon) -> Result<Reply, Refusal> {
+        let (trees, leases) = {
+            let state = daemon.state();
+            let leases = state
+                .leases
+                .values()
+                .filter(|lease| may_manage(self.peer.uid, lease.uid))
+                .count();
+            (state.trees.len(), leases)
+        };
+        let tracker = daemon.tracker();
+        let internal = |e: anyhow::Error| refuse(ErrorCode::Internal, format!("{e:#}"));
+        let stats = tracker.stats().map_err(internal)?;
+        let members = tracker.member_counts().map_err(internal)?.values().sum();
+        let capacity = tracker.capacity();
+        Ok(Reply::Status(StatusInfo {
+            daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
+            protocol: PROTOCOL_VERSION,
+            programs: crate::kernel::PROGRAMS_ATTACHED
+                .iter()
+                .map(|(name, at)| format!("{name} ({at})"))
+                .collect(),
+            member_capacity: capacity.members,
+            members,
+            tree_capacity: capacity.trees,
+            trees: trees as u64,
+            leases: leases as u64,
+            events_dropped: stats.events_dropped,
+            inserts_failed: stats.inserts_failed,
+        }))
     }
 }
 

@@ -26,6 +26,13 @@ pub use kill::{KILL_ROUNDS_TIMEOUT, Kill, KillReport, KillStep};
 /// The compiled programs, embedded at build time by build.rs.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
 
+/// The programs `Tracker::load` attaches, and where.
+pub const PROGRAMS_ATTACHED: [(&str, &str); 3] = [
+    (program::FORK, "tp_btf/sched_process_fork"),
+    (program::EXIT, "tracepoint/sched/sched_process_exit"),
+    (program::EXEC, "tracepoint/sched/sched_process_exec"),
+];
+
 /// Map capacities, fixed when the programs are loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacity {
