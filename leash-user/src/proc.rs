@@ -85,6 +85,13 @@ pub fn descendants(
     found
 }
 
+/// Nanoseconds since boot (CLOCK_BOOTTIME, the clock of start times), from /proc/uptime.
+pub fn boot_time_ns() -> Option<u64> {
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
+    let seconds: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+    Some((seconds * 1e9) as u64)
+}
+
 /// Clock ticks per second for /proc's times (USER_HZ).
 pub fn ticks_per_second() -> u64 {
     procfs::ticks_per_second()

@@ -3,7 +3,10 @@
 mod daemon;
 mod duration;
 mod host;
+mod show;
 mod track;
+mod view;
+mod watch;
 
 use std::{
     os::unix::process::ExitStatusExt,
@@ -48,6 +51,16 @@ enum Commands {
     Exec(host::ExecArgs),
     /// Kill a tree (SIGTERM, the grace period, then SIGKILL until it is empty).
     Kill(host::KillArgs),
+    /// The live view: leases, their trees as process trees, events as they happen.
+    ///
+    /// Keys: arrows or j/k move, enter folds a tree, K kills the selected tree (after a y/n),
+    /// / filters by command or pid (esc clears), q quits. Non-root users see their own trees.
+    Watch(watch::WatchArgs),
+    /// List the trees on a leash, each as a process tree (yours; all of them for root).
+    Ls(show::ShowArgs),
+    /// The daemon's state: version, programs attached, map capacity and fill, events dropped,
+    /// leases.
+    Status(show::ShowArgs),
     /// Follow one tree live, without the daemon: start CMD (or adopt --pid) and print every
     /// process that joins or leaves, until the tree is empty. Nothing is killed (root).
     Track(track::TrackArgs),
@@ -66,6 +79,9 @@ pub fn main() -> ExitCode {
         Commands::Run(args) => host::run(&cli.socket, args),
         Commands::Exec(args) => host::exec(&cli.socket, args),
         Commands::Kill(args) => host::kill(&cli.socket, args),
+        Commands::Watch(args) => watch::watch(&cli.socket, args),
+        Commands::Ls(args) => show::ls(&cli.socket, args),
+        Commands::Status(args) => show::status(&cli.socket, args),
         Commands::Track(args) => track::track(args),
     };
     match result {

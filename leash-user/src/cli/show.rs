@@ -1,0 +1,145 @@
+//! `leash ls` and `leash status`: what is on a leash now, for people and (with --json) scripts.
+//! The JSON shapes are the protocol's (docs/JSON.md).
+
+use std::{io::Write, path::Path, process::ExitCode};
+
+use anyhow::Result;
+use clap::Args;
+use leash_client::{Client, StatusInfo, TreeInfo};
+
+use super::view::{self, member_rows};
+
+#[derive(Args, Debug)]
+pub struct ShowArgs {
+    /// Print JSON (one document) instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn ls(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
+    let trees = Client::connect_to(socket)?.list()?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &trees)?;
+        writeln!(out)?;
+    } else {
+        write!(
+            out,
+            "{}",
+            ls_text(&trees, leash::proc::boot_time_ns().unwrap_or(0))
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn status(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
+    let status = Client::connect_to(socket)?.status()?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &status)?;
+        writeln!(out)?;
+    } else {
+        write!(out, "{}", status_text(&status))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn ls_text(trees: &[TreeInfo], now_ns: u64) -> String {
+    if trees.is_empty() {
+        return "no trees on a leash\n".to_owned();
+    }
+    let mut text = String::new();
+    for tree in trees {
+        text += &format!(
+            "tree {}  root {}  host {} ({})  uid {}  lease {}  {}{}  {} members\n",
+            tree.tree,
+            tree.root,
+            tree.host_pid,
+            tree.host_comm.as_deref().unwrap_or("gone"),
+            tree.owner_uid,
+            tree.lease,
+            tree.state,
+            if tree.root_exited {
+                ", root exited"
+            } else {
+                ""
+            },
+            tree.members.len(),
+        );
+        for row in member_rows(&tree.members, now_ns) {
+            let indent = "  ".repeat(row.depth + 1);
+            text += &format!(
+                "{indent}{:<7} {:<16} {}\n",
+                row.pid,
+                row.comm,
+                view::age(row.age)
+            );
+        }
+    }
+    text
+}
+
+fn status_text(status: &StatusInfo) -> String {
+    let mut text = format!(
+        "leash daemon {} (protocol {})\n",
+        status.daemon_version, status.protocol
+    );
+    text += "programs attached:\n";
+    for program in &status.programs {
+        text += &format!("  {program}\n");
+    }
+    text += &format!(
+        "members: {} of {}\ntrees: {} of {}\nleases: {}\nevents dropped: {}\ninserts failed: {}\n",
+        status.members,
+        status.member_capacity,
+        status.trees,
+        status.tree_capacity,
+        status.leases,
+        status.events_dropped,
+        status.inserts_failed,
+    );
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use leash_client::{MemberInfo, RootExitPolicy};
+
+    use super::*;
+
+    #[test]
+    fn ls_shows_each_tree_as_a_process_tree() {
+        let tree = TreeInfo {
+            tree: 3,
+            lease: 7,
+            owner_uid: 1000,
+            root: 10,
+            on_root_exit: RootExitPolicy::Kill,
+            grace_ms: 2000,
+            host_pid: 9,
+            host_comm: Some("agent-host".into()),
+            root_exited: false,
+            state: "live".into(),
+            members: vec![
+                MemberInfo {
+                    pid: 10,
+                    parent: 9,
+                    start_ns: 0,
+                    comm: Some("sh".into()),
+                },
+                MemberInfo {
+                    pid: 11,
+                    parent: 10,
+                    start_ns: 60_000_000_000,
+                    comm: Some("python3".into()),
+                },
+            ],
+        };
+        assert_eq!(
+            ls_text(&[tree], 125_000_000_000),
+            "tree 3  root 10  host 9 (agent-host)  uid 1000  lease 7  live  2 members\n  \
+             10      sh               2m05s\n    11      python3          1m05s\n"
+        );
+        assert_eq!(ls_text(&[], 0), "no trees on a leash\n");
+    }
+}

@@ -1,0 +1,250 @@
+//! The state of `leash watch` and what keys and events do to it. No terminal here: the view is
+//! drawn from this state by `ui`, so it can be tested against known states.
+
+use std::collections::{HashSet, VecDeque};
+
+use leash_client::{Event, EventKind, StatusInfo, TreeId, TreeInfo};
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+
+use crate::cli::view::{Row, member_rows};
+
+/// Log lines kept for the view.
+const LOG_LINES: usize = 500;
+
+/// One line of the tree view.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Line {
+    Lease {
+        lease: u64,
+        host_pid: u32,
+        host_comm: String,
+        uid: u32,
+    },
+    Tree {
+        tree: TreeId,
+        folded: bool,
+    },
+    Member {
+        tree: TreeId,
+        row: Row,
+    },
+}
+
+impl Line {
+    fn tree(&self) -> Option<TreeId> {
+        match self {
+            Line::Lease { .. } => None,
+            Line::Tree { tree, .. } | Line::Member { tree, .. } => Some(*tree),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogLine {
+    /// Wall-clock time, as shown.
+    pub time: String,
+    pub text: String,
+}
+
+/// What the run loop must do after a key.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Action {
+    None,
+    Quit,
+    Kill(TreeId),
+}
+
+#[derive(Debug, Default)]
+pub struct App {
+    pub trees: Vec<TreeInfo>,
+    /// Process states read from /proc at the last refresh, by pid.
+    pub states: std::collections::HashMap<u32, char>,
+    pub status: Option<StatusInfo>,
+    pub log: VecDeque<LogLine>,
+    /// Boot-time ns at the last refresh: ages are computed against it.
+    pub now_ns: u64,
+    pub events_per_second: f64,
+    /// Events this viewer missed because it read too slowly (the daemon never waits for it).
+    pub dropped_here: u64,
+    pub selected: usize,
+    pub folded: HashSet<TreeId>,
+    pub filter: String,
+    pub typing_filter: bool,
+    pub confirm_kill: Option<TreeId>,
+    pub message: Option<String>,
+}
+
+impl App {
+    /// The lines of the tree view, as folded and filtered now.
+    pub fn lines(&self) -> Vec<Line> {
+        let filter = self.filter.to_lowercase();
+        let mut lines = Vec::new();
+        let mut trees: Vec<&TreeInfo> = self.trees.iter().collect();
+        trees.sort_by_key(|t| (t.lease, t.tree));
+        let mut last_lease = None;
+        for tree in trees {
+            let mut rows = member_rows(&tree.members, self.now_ns);
+            for row in &mut rows {
+                row.state = self.states.get(&row.pid).copied();
+            }
+            if !filter.is_empty()
+                && !rows.iter().any(|r| {
+                    r.comm.to_lowercase().contains(&filter) || r.pid.to_string().contains(&filter)
+                })
+            {
+                continue;
+            }
+            if last_lease != Some(tree.lease) {
+                last_lease = Some(tree.lease);
+                lines.push(Line::Lease {
+                    lease: tree.lease,
+                    host_pid: tree.host_pid,
+                    host_comm: tree.host_comm.clone().unwrap_or_else(|| "gone".to_owned()),
+                    uid: tree.owner_uid,
+                });
+            }
+            let folded = self.folded.contains(&tree.tree);
+            lines.push(Line::Tree {
+                tree: tree.tree,
+                folded,
+            });
+            if !folded {
+                lines.extend(rows.into_iter().map(|row| Line::Member {
+                    tree: tree.tree,
+                    row,
+                }));
+            }
+        }
+        lines
+    }
+
+    pub fn tree(&self, tree: TreeId) -> Option<&TreeInfo> {
+        self.trees.iter().find(|t| t.tree == tree)
+    }
+
+    /// The tree of the selected line, if any.
+    pub fn selected_tree(&self) -> Option<TreeId> {
+        let lines = self.lines();
+        lines
+            .get(self.selected.min(lines.len().saturating_sub(1)))?
+            .tree()
+    }
+
+    pub fn set_trees(&mut self, trees: Vec<TreeInfo>, now_ns: u64) {
+        self.trees = trees;
+        self.now_ns = now_ns;
+        self.folded
+            .retain(|t| self.trees.iter().any(|tree| tree.tree == *t));
+        self.clamp_selection();
+    }
+
+    pub fn on_key(&mut self, key: KeyEvent) -> Action {
+        // A message lasts until the next key.
+        self.message = None;
+        if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
+            return Action::Quit;
+        }
+        if let Some(tree) = self.confirm_kill {
+            self.confirm_kill = None;
+            return match key.code {
+                KeyCode::Char('y') | KeyCode::Char('Y') => Action::Kill(tree),
+                _ => {
+                    self.message = Some(format!("tree {tree} not killed"));
+                    Action::None
+                }
+            };
+        }
+        if self.typing_filter {
+            match key.code {
+                KeyCode::Enter => self.typing_filter = false,
+                KeyCode::Esc => {
+                    self.typing_filter = false;
+                    self.filter.clear();
+                }
+                KeyCode::Backspace => {
+                    self.filter.pop();
+                }
+                KeyCode::Char(c) => self.filter.push(c),
+                _ => {}
+            }
+            self.clamp_selection();
+            return Action::None;
+        }
+        match key.code {
+            KeyCode::Char('q') => return Action::Quit,
+            KeyCode::Up | KeyCode::Char('k') => self.selected = self.selected.saturating_sub(1),
+            KeyCode::Down | KeyCode::Char('j') => self.selected += 1,
+            KeyCode::Enter => {
+                if let Some(tree) = self.selected_tree()
+                    && !self.folded.remove(&tree)
+                {
+                    self.folded.insert(tree);
+                }
+            }
+            KeyCode::Char('K') => match self.selected_tree() {
+                Some(tree) => self.confirm_kill = Some(tree),
+                None => self.message = Some("select a tree to kill".to_owned()),
+            },
+            KeyCode::Char('/') => {
+                self.typing_filter = true;
+                self.filter.clear();
+            }
+            KeyCode::Esc => self.filter.clear(),
+            _ => {}
+        }
+        self.clamp_selection();
+        Action::None
+    }
+
+    /// Adds an event to the log.
+    pub fn on_event(&mut self, event: &Event, time: String) {
+        if event.kind == EventKind::Dropped {
+            self.dropped_here += event.count.unwrap_or(0);
+        }
+        self.push_log(time, describe(event));
+    }
+
+    pub fn push_log(&mut self, time: String, text: String) {
+        if self.log.len() == LOG_LINES {
+            self.log.pop_front();
+        }
+        self.log.push_back(LogLine { time, text });
+    }
+
+    fn clamp_selection(&mut self) {
+        self.selected = self.selected.min(self.lines().len().saturating_sub(1));
+    }
+}
+
+/// An event in words, for the log.
+pub fn describe(event: &Event) -> String {
+    let pid = event.pid.map(|p| p.to_string()).unwrap_or_default();
+    let comm = event.comm.as_deref().unwrap_or("");
+    let tree = event.tree;
+    match event.kind {
+        EventKind::Registered => format!("tree {tree}: registered, root {pid}"),
+        EventKind::Fork => format!(
+            "tree {tree}: {} ({comm}) forked {pid}",
+            event.parent.unwrap_or_default()
+        ),
+        EventKind::Exec => format!("tree {tree}: {pid} runs {comm}"),
+        EventKind::Exit => format!("tree {tree}: {pid} ({comm}) exited"),
+        EventKind::RootExited => format!("tree {tree}: root {pid} exited"),
+        EventKind::KillStarted => format!(
+            "tree {tree}: kill started ({})",
+            event.reason.as_deref().unwrap_or("?")
+        ),
+        EventKind::TreeEmpty => match &event.kill {
+            Some(kill) => format!(
+                "tree {tree}: empty after {} ms ({} SIGTERM, {} SIGKILL)",
+                kill.elapsed_ms, kill.terminated, kill.killed
+            ),
+            None => format!("tree {tree}: empty"),
+        },
+        EventKind::Released => format!("tree {tree}: released"),
+        EventKind::Dropped => format!(
+            "{} events dropped: this view fell behind",
+            event.count.unwrap_or(0)
+        ),
+    }
+}

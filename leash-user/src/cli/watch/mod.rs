@@ -1,0 +1,215 @@
+//! `leash watch`: the live view. Two connections to the daemon: one subscribed to events (read
+//! on its own thread), one for `list` and `status` twice a second. A kill runs on a thread of
+//! its own, so the view stays live while the tree dies. The screen is redrawn 20 times a second
+//! (ratatui diffs frames, so nothing flickers); resizing just redraws.
+
+mod app;
+mod ui;
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use leash_client::{Client, Event};
+use ratatui::crossterm::event::{self as term, Event as TermEvent, KeyEventKind};
+
+use app::{Action, App};
+
+const FRAME: Duration = Duration::from_millis(50);
+const REFRESH: Duration = Duration::from_millis(500);
+
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    /// Print the events as JSON lines instead of the live view (for scripts and log
+    /// shippers; see docs/JSON.md).
+    #[arg(long)]
+    json: bool,
+}
+
+/// What the background threads tell the view.
+enum News {
+    Event(Event),
+    Lost(String),
+    Killed(String),
+}
+
+pub fn watch(socket: &Path, args: WatchArgs) -> Result<ExitCode> {
+    if args.json {
+        return watch_json(socket);
+    }
+    let mut requests = Client::connect_to(socket)?;
+    let (news, inbox) = mpsc::channel();
+    subscribe(socket.to_owned(), news.clone())?;
+
+    let mut app = App::default();
+    refresh(&mut app, &mut requests)?;
+    let mut terminal = ratatui::try_init().context("starting the terminal view")?;
+    let result = run(
+        &mut terminal,
+        &mut app,
+        &mut requests,
+        socket,
+        &news,
+        &inbox,
+    );
+    ratatui::restore();
+    result
+}
+
+fn run(
+    terminal: &mut ratatui::DefaultTerminal,
+    app: &mut App,
+    requests: &mut Client,
+    socket: &Path,
+    news: &mpsc::Sender<News>,
+    inbox: &mpsc::Receiver<News>,
+) -> Result<ExitCode> {
+    let mut last_refresh = Instant::now();
+    let mut rate = Rate::default();
+    loop {
+        for item in inbox.try_iter() {
+            match item {
+                News::Event(event) => {
+                    rate.count();
+                    app.on_event(&event, clock());
+                }
+                News::Lost(why) => app.message = Some(format!("event stream lost: {why}")),
+                News::Killed(text) => app.push_log(clock(), text),
+            }
+        }
+        app.events_per_second = rate.per_second();
+        if last_refresh.elapsed() >= REFRESH {
+            refresh(app, requests)?;
+            last_refresh = Instant::now();
+        }
+        terminal.draw(|frame| ui::draw(frame, app))?;
+        if !term::poll(FRAME)? {
+            continue;
+        }
+        match term::read()? {
+            TermEvent::Key(key) if key.kind == KeyEventKind::Press => match app.on_key(key) {
+                Action::Quit => return Ok(ExitCode::SUCCESS),
+                Action::Kill(tree) => {
+                    app.message = Some(format!("killing tree {tree}..."));
+                    kill_in_background(socket.to_owned(), tree, news.clone());
+                }
+                Action::None => {}
+            },
+            // A resize needs nothing but the next draw, which comes at once.
+            _ => {}
+        }
+    }
+}
+
+fn refresh(app: &mut App, requests: &mut Client) -> Result<()> {
+    let trees = requests.list().context("listing trees")?;
+    app.status = requests.status().ok();
+    app.states = trees
+        .iter()
+        .flat_map(|t| &t.members)
+        .filter_map(|m| leash::proc::process(m.pid).map(|p| (m.pid, p.state)))
+        .collect();
+    app.set_trees(trees, leash::proc::boot_time_ns().unwrap_or(0));
+    Ok(())
+}
+
+/// Reads events on a connection of their own, so a burst never holds up the view.
+fn subscribe(socket: PathBuf, news: mpsc::Sender<News>) -> Result<()> {
+    let mut events = Client::connect_to(&socket)?;
+    events.subscribe()?;
+    thread::spawn(move || {
+        loop {
+            match events.next_event(None) {
+                Ok(Some(event)) => {
+                    if news.send(News::Event(event)).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let _ = news.send(News::Lost(e.to_string()));
+                    return;
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+fn kill_in_background(socket: PathBuf, tree: u32, news: mpsc::Sender<News>) {
+    thread::spawn(move || {
+        let outcome = Client::connect_to(&socket).and_then(|mut c| c.kill(tree, None));
+        let text = match outcome {
+            Ok(summary) => format!(
+                "tree {tree}: killed on request, empty after {} ms",
+                summary.elapsed_ms
+            ),
+            Err(e) => format!("tree {tree}: kill failed: {e}"),
+        };
+        let _ = news.send(News::Killed(text));
+    });
+}
+
+fn watch_json(socket: &Path) -> Result<ExitCode> {
+    let mut events = Client::connect_to(socket)?;
+    events.subscribe()?;
+    let mut out = std::io::stdout().lock();
+    loop {
+        if let Some(event) = events.next_event(None)? {
+            serde_json::to_writer(&mut out, &event)?;
+            // Line by line, so a pipe sees each event as it happens.
+            writeln!(out)?;
+            out.flush()?;
+        }
+    }
+}
+
+/// Events per second over the last few seconds.
+#[derive(Default)]
+struct Rate {
+    times: std::collections::VecDeque<Instant>,
+}
+
+impl Rate {
+    const WINDOW: Duration = Duration::from_secs(2);
+
+    fn count(&mut self) {
+        self.times.push_back(Instant::now());
+        if self.times.len() > 100_000 {
+            self.times.pop_front();
+        }
+    }
+
+    fn per_second(&mut self) -> f64 {
+        while self
+            .times
+            .front()
+            .is_some_and(|t| t.elapsed() > Self::WINDOW)
+        {
+            self.times.pop_front();
+        }
+        self.times.len() as f64 / Self::WINDOW.as_secs_f64()
+    }
+}
+
+/// Wall-clock time of day (UTC), to the millisecond.
+fn clock() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs() % 86400;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60,
+        now.subsec_millis()
+    )
+}

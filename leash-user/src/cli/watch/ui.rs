@@ -1,0 +1,332 @@
+//! Drawing `leash watch` from its state: a header of counters, the leases with their trees as
+//! indented process trees, the event log, and a line of keys (or the prompt of the moment).
+
+use ratatui::{
+    Frame,
+    layout::{Constraint, Layout},
+    style::{Modifier, Style},
+    text::Line as TextLine,
+    widgets::{Block, Borders, List, ListItem, ListState, Paragraph},
+};
+
+use super::app::{App, Line};
+use crate::cli::view;
+
+const KEYS: &str = "↑↓/jk move  enter fold  K kill tree  / filter  q quit";
+
+pub fn draw(frame: &mut Frame<'_>, app: &App) {
+    // The trees get most of the screen; the log a third, within bounds.
+    let log_height = (frame.area().height / 3).clamp(3, 12);
+    let [header, trees, log, footer] = Layout::vertical([
+        Constraint::Length(2),
+        Constraint::Min(2),
+        Constraint::Length(log_height),
+        Constraint::Length(1),
+    ])
+    .areas(frame.area());
+
+    frame.render_widget(Paragraph::new(header_lines(app)), header);
+
+    let lines = app.lines();
+    let items: Vec<ListItem<'_>> = lines
+        .iter()
+        .map(|l| ListItem::new(line_text(app, l)))
+        .collect();
+    let list = List::new(items)
+        .block(Block::default().borders(Borders::TOP).title(" trees "))
+        .highlight_style(Style::default().add_modifier(Modifier::REVERSED));
+    let mut state = ListState::default().with_selected((!lines.is_empty()).then_some(app.selected));
+    frame.render_stateful_widget(list, trees, &mut state);
+
+    let visible = log.height.saturating_sub(1) as usize;
+    let events: Vec<TextLine<'_>> = app
+        .log
+        .iter()
+        .skip(app.log.len().saturating_sub(visible))
+        .map(|l| TextLine::from(format!("{} {}", l.time, l.text)))
+        .collect();
+    frame.render_widget(
+        Paragraph::new(events).block(Block::default().borders(Borders::TOP).title(" events ")),
+        log,
+    );
+
+    frame.render_widget(Paragraph::new(footer_text(app)), footer);
+}
+
+fn header_lines(app: &App) -> Vec<TextLine<'static>> {
+    let members: usize = app.trees.iter().map(|t| t.members.len()).sum();
+    let (kernel_dropped, fill) = match &app.status {
+        Some(s) => (
+            s.events_dropped.to_string(),
+            format!("{}/{}", s.members, s.member_capacity),
+        ),
+        None => ("?".to_owned(), "?".to_owned()),
+    };
+    vec![
+        TextLine::from(format!(
+            "leash watch   trees {}   members {members}   events/s {:.0}",
+            app.trees.len(),
+            app.events_per_second
+        )),
+        TextLine::from(format!(
+            "dropped: {kernel_dropped} in the kernel, {} in this view   map {fill}",
+            app.dropped_here
+        )),
+    ]
+}
+
+fn line_text(app: &App, line: &Line) -> String {
+    match line {
+        Line::Lease {
+            lease,
+            host_pid,
+            host_comm,
+            uid,
+        } => format!("lease {lease}  host {host_pid} {host_comm}  uid {uid}"),
+        Line::Tree { tree, folded } => {
+            let info = app.tree(*tree);
+            let members = info.map_or(0, |t| t.members.len());
+            let root = info.map_or(0, |t| t.root);
+            let state = info.map_or("?", |t| t.state.as_str());
+            let exited = if info.is_some_and(|t| t.root_exited) {
+                ", root exited"
+            } else {
+                ""
+            };
+            let marker = if *folded { '▸' } else { '▾' };
+            format!(" {marker} tree {tree}  root {root}  {members} members  {state}{exited}")
+        }
+        Line::Member { row, .. } => {
+            let indent = "  ".repeat(row.depth + 2);
+            let state = row.state.map_or("", view::state_word);
+            format!(
+                "{indent}{:<7} {:<16} {:>6}  {state}",
+                row.pid,
+                row.comm,
+                view::age(row.age)
+            )
+        }
+    }
+}
+
+fn footer_text(app: &App) -> String {
+    if let Some(tree) = app.confirm_kill {
+        let members = app.tree(tree).map_or(0, |t| t.members.len());
+        return format!("Kill tree {tree} ({members} members)? y/n");
+    }
+    if app.typing_filter {
+        return format!("/{}", app.filter);
+    }
+    if let Some(message) = &app.message {
+        return message.clone();
+    }
+    if !app.filter.is_empty() {
+        return format!("filter: {}  (esc clears)   {KEYS}", app.filter);
+    }
+    KEYS.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use leash_client::{MemberInfo, RootExitPolicy, StatusInfo, TreeInfo};
+    use ratatui::{
+        Terminal,
+        backend::TestBackend,
+        crossterm::event::{KeyCode, KeyEvent},
+    };
+
+    use super::*;
+    use crate::cli::watch::app::Action;
+
+    const S: u64 = 1_000_000_000;
+
+    fn tree(tree: u32, lease: u64, members: Vec<MemberInfo>) -> TreeInfo {
+        TreeInfo {
+            tree,
+            lease,
+            owner_uid: 1000,
+            root: members[0].pid,
+            on_root_exit: RootExitPolicy::Kill,
+            grace_ms: 2000,
+            host_pid: 900 + lease as u32,
+            host_comm: Some("agent-host".into()),
+            root_exited: false,
+            state: "live".into(),
+            members,
+        }
+    }
+
+    fn member(pid: u32, parent: u32, start_s: u64, comm: &str) -> MemberInfo {
+        MemberInfo {
+            pid,
+            parent,
+            start_ns: start_s * S,
+            comm: Some(comm.into()),
+        }
+    }
+
+    fn status(members: u64) -> StatusInfo {
+        StatusInfo {
+            daemon_version: "0.1.0".into(),
+            protocol: 1,
+            programs: vec![],
+            member_capacity: 131072,
+            members,
+            tree_capacity: 4096,
+            trees: 1,
+            leases: 1,
+            events_dropped: 0,
+            inserts_failed: 0,
+        }
+    }
+
+    fn render(app: &App, width: u16, height: u16) -> Vec<String> {
+        let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
+        terminal.draw(|frame| draw(frame, app)).unwrap();
+        let buffer = terminal.backend().buffer();
+        (0..height)
+            .map(|y| {
+                (0..width)
+                    .map(|x| buffer[(x, y)].symbol().to_owned())
+                    .collect::<String>()
+                    .trim_end()
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    fn small() -> App {
+        let mut app = App::default();
+        app.set_trees(
+            vec![tree(
+                3,
+                7,
+                vec![
+                    member(4242, 4100, 100, "bash"),
+                    member(4250, 4242, 160, "python3"),
+                    member(4251, 4250, 190, "sleep"),
+                ],
+            )],
+            220 * S,
+        );
+        app.states.insert(4251, 'S');
+        app.status = Some(status(3));
+        app.events_per_second = 2.0;
+        app.push_log(
+            "12:00:01.000".into(),
+            "tree 3: registered, root 4242".into(),
+        );
+        app.push_log(
+            "12:00:02.500".into(),
+            "tree 3: 4242 (bash) forked 4250".into(),
+        );
+        app
+    }
+
+    #[test]
+    fn a_small_tree() {
+        let screen = render(&small(), 70, 16);
+        let expected = [
+            "leash watch   trees 1   members 3   events/s 2",
+            "dropped: 0 in the kernel, 0 in this view   map 3/131072",
+            " trees ───────────────────────────────────────────────────────────────",
+            "lease 7  host 907 agent-host  uid 1000",
+            " ▾ tree 3  root 4242  3 members  live",
+            "    4242    bash              2m00s",
+            "      4250    python3           1m00s",
+            "        4251    sleep               30s  sleeping",
+            "",
+            "",
+            " events ──────────────────────────────────────────────────────────────",
+            "12:00:01.000 tree 3: registered, root 4242",
+            "12:00:02.500 tree 3: 4242 (bash) forked 4250",
+            "",
+            "",
+            "↑↓/jk move  enter fold  K kill tree  / filter  q quit",
+        ];
+        assert_eq!(screen, expected);
+    }
+
+    #[test]
+    fn a_fork_storm() {
+        let mut app = App::default();
+        let mut members = vec![member(5000, 1, 0, "sh")];
+        members.extend((1..=400).map(|i| member(5000 + i, 5000, 1, "stress")));
+        app.set_trees(vec![tree(9, 2, members)], 10 * S);
+        app.status = Some(StatusInfo {
+            events_dropped: 1234,
+            ..status(401)
+        });
+        app.events_per_second = 9876.0;
+        app.dropped_here = 5120;
+        for i in 0..100 {
+            app.push_log(
+                format!("12:00:{:02}.000", i % 60),
+                format!("tree 9: 5000 (sh) forked {}", 6000 + i),
+            );
+        }
+        let screen = render(&app, 64, 16);
+        assert_eq!(
+            screen[0],
+            "leash watch   trees 1   members 401   events/s 9876"
+        );
+        assert_eq!(
+            screen[1],
+            "dropped: 1234 in the kernel, 5120 in this view   map 401/131072"
+        );
+        assert_eq!(screen[4], " ▾ tree 9  root 5000  401 members  live");
+        assert_eq!(screen[5], "    5000    sh                  10s");
+        assert_eq!(screen[6], "      5001    stress               9s");
+        // The log shows the newest lines that fit, and the keys stay on the last line.
+        assert_eq!(screen[14], "12:00:39.000 tree 9: 5000 (sh) forked 6099");
+        assert_eq!(
+            screen[15],
+            "↑↓/jk move  enter fold  K kill tree  / filter  q quit"
+        );
+    }
+
+    #[test]
+    fn keys_fold_filter_and_ask_before_killing() {
+        let key = |app: &mut App, code| app.on_key(KeyEvent::from(code));
+        let mut app = small();
+        key(&mut app, KeyCode::Down);
+        key(&mut app, KeyCode::Enter);
+        assert_eq!(
+            render(&app, 70, 16)[4],
+            " ▸ tree 3  root 4242  3 members  live"
+        );
+        assert_eq!(render(&app, 70, 16)[5], "");
+        key(&mut app, KeyCode::Enter);
+
+        key(&mut app, KeyCode::Char('/'));
+        for c in "pyth".chars() {
+            key(&mut app, KeyCode::Char(c));
+        }
+        assert_eq!(render(&app, 70, 16)[15], "/pyth");
+        key(&mut app, KeyCode::Enter);
+        assert_eq!(app.lines().len(), 5, "the tree with a match stays");
+        key(&mut app, KeyCode::Char('/'));
+        for c in "nomatch".chars() {
+            key(&mut app, KeyCode::Char(c));
+        }
+        assert!(app.lines().is_empty());
+        key(&mut app, KeyCode::Esc);
+
+        assert_eq!(key(&mut app, KeyCode::Char('K')), Action::None);
+        assert_eq!(render(&app, 70, 16)[15], "select a tree to kill", "a lease is not a tree");
+        key(&mut app, KeyCode::Char('j'));
+        assert_eq!(key(&mut app, KeyCode::Char('K')), Action::None);
+        assert_eq!(render(&app, 70, 16)[15], "Kill tree 3 (3 members)? y/n");
+        assert_eq!(key(&mut app, KeyCode::Char('n')), Action::None);
+        assert_eq!(key(&mut app, KeyCode::Char('K')), Action::None);
+        assert_eq!(key(&mut app, KeyCode::Char('y')), Action::Kill(3));
+        assert_eq!(key(&mut app, KeyCode::Char('q')), Action::Quit);
+    }
+
+    #[test]
+    fn a_tiny_terminal_does_not_panic() {
+        for (w, h) in [(1, 1), (10, 3), (20, 8), (0, 0)] {
+            render(&small(), w, h);
+        }
+    }
+}
