@@ -63,8 +63,26 @@ fn setup() -> Result<()> {
     Ok(())
 }
 
+/// The live view's test drives a real terminal in tmux.
+fn ensure_tmux() -> Result<()> {
+    if output(Command::new("tmux").arg("-V")).is_ok() {
+        return Ok(());
+    }
+    if !Path::new("/usr/bin/apt-get").exists() || !is_root() {
+        bail!("the tests need tmux; install it (Debian/Ubuntu: apt-get install tmux)");
+    }
+    eprintln!("xtask: installing tmux");
+    status(Command::new("apt-get").args(["update", "-qq"]))?;
+    status(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "tmux"])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
 fn test(args: &[String]) -> Result<()> {
     setup()?;
+    ensure_tmux()?;
     if !is_root() {
         eprintln!(
             "xtask: warning: not root; the integration tests will fail to load BPF. \

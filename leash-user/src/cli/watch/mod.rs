@@ -81,7 +81,10 @@ fn run(
                     app.on_event(&event, clock());
                 }
                 News::Lost(why) => app.message = Some(format!("event stream lost: {why}")),
-                News::Killed(text) => app.push_log(clock(), text),
+                News::Killed(text) => {
+                    app.message = None;
+                    app.push_log(clock(), text);
+                }
             }
         }
         app.events_per_second = rate.per_second();

@@ -313,7 +313,11 @@ mod tests {
         key(&mut app, KeyCode::Esc);
 
         assert_eq!(key(&mut app, KeyCode::Char('K')), Action::None);
-        assert_eq!(render(&app, 70, 16)[15], "select a tree to kill", "a lease is not a tree");
+        assert_eq!(
+            render(&app, 70, 16)[15],
+            "select a tree to kill",
+            "a lease is not a tree"
+        );
         key(&mut app, KeyCode::Char('j'));
         assert_eq!(key(&mut app, KeyCode::Char('K')), Action::None);
         assert_eq!(render(&app, 70, 16)[15], "Kill tree 3 (3 members)? y/n");

@@ -1,0 +1,139 @@
+//! The JSON outputs (docs/JSON.md) parse as documented, carry what happened, and show a
+//! non-root user its own trees only.
+
+use std::{
+    io::{BufRead, BufReader},
+    os::unix::process::CommandExt,
+    process::{Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::Duration,
+};
+
+use leash_client::{Event, EventKind, StatusInfo, TreeInfo, TreeOptions};
+use leash_tests::{
+    Cgroup,
+    daemon::{Daemon, path_str},
+};
+
+#[test]
+fn ls_status_and_watch_speak_the_documented_json() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let mut watch = daemon
+        .leash()
+        .args(["watch", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+
+    // Until the watcher has subscribed, its lines are missing: a probe tree, registered and
+    // released until the watcher reports it, tells when it has.
+    let mut host = daemon.client();
+    let probe_group = Cgroup::new("json-probe");
+    let mut probe = probe_group.command("sleep", &["600"]).spawn().unwrap();
+    loop {
+        let tree = host.adopt(probe.id(), &TreeOptions::default()).unwrap();
+        host.release(tree).unwrap();
+        if lines.recv_timeout(Duration::from_millis(200)).is_ok() {
+            break;
+        }
+    }
+    while lines.try_recv().is_ok() {}
+    let _ = probe.kill();
+    let _ = probe.wait();
+
+    let cgroup = Cgroup::new("json");
+    let (tree, mut root) = host
+        .spawn(
+            &mut cgroup.command("sh", &["-c", "sleep 600 & wait"]),
+            &TreeOptions::default(),
+        )
+        .unwrap();
+    let pids = cgroup.settle_exactly(&["sh", "sleep"]);
+
+    let ls = daemon.leash().args(["ls", "--json"]).output().unwrap();
+    let trees: Vec<TreeInfo> =
+        serde_json::from_slice(&ls.stdout).expect("ls --json is a tree array");
+    assert_eq!(trees.len(), 1);
+    assert_eq!(trees[0].tree, tree);
+    let listed: std::collections::BTreeSet<u32> = trees[0].members.iter().map(|m| m.pid).collect();
+    assert_eq!(listed, pids);
+
+    let status = daemon.leash().args(["status", "--json"]).output().unwrap();
+    let status: StatusInfo = serde_json::from_slice(&status.stdout).expect("status --json");
+    assert_eq!((status.trees, status.members), (1, 2));
+    assert_eq!(status.programs.len(), 3);
+
+    host.kill(tree, Some(Duration::ZERO)).unwrap();
+    let _ = root.wait();
+    let mut kinds = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(10)) {
+        let event: Event = serde_json::from_str(&line).expect("a documented event line");
+        if event.tree != tree {
+            continue;
+        }
+        kinds.push(event.kind);
+        if event.kind == EventKind::TreeEmpty {
+            break;
+        }
+    }
+    eprintln!("watch --json saw {kinds:?}");
+    for kind in [
+        EventKind::Registered,
+        EventKind::Exec,
+        EventKind::Fork,
+        EventKind::KillStarted,
+        EventKind::Exit,
+        EventKind::TreeEmpty,
+    ] {
+        assert!(kinds.contains(&kind), "no {kind:?} in {kinds:?}");
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
+
+#[test]
+fn a_user_sees_only_its_own_trees() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let mut host = daemon.client();
+    let cgroup = Cgroup::new("json-visibility");
+    let (_tree, mut root) = host
+        .spawn(
+            &mut cgroup.command("sleep", &["600"]),
+            &TreeOptions::default(),
+        )
+        .unwrap();
+    let leash = daemon.leash_for_anyone();
+    let as_nobody = |args: &[&str]| {
+        Command::new(&leash)
+            .arg("--socket")
+            .arg(path_str(&daemon.socket))
+            .args(args)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    let trees: Vec<TreeInfo> =
+        serde_json::from_slice(&as_nobody(&["ls", "--json"]).stdout).unwrap();
+    assert!(trees.is_empty(), "nobody sees root's trees: {trees:?}");
+    let status: StatusInfo =
+        serde_json::from_slice(&as_nobody(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(status.leases, 1, "only its own connection");
+    assert_eq!(daemon.client().list().unwrap().len(), 1, "root sees it");
+    let _ = root.kill();
+    let _ = root.wait();
+}
