@@ -5,7 +5,10 @@
 use std::{
     io,
     os::fd::{AsFd, OwnedFd},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -28,8 +31,44 @@ pub struct Peer {
     pub lease: u64,
 }
 
-/// Where replies and events for one connection go; a writer task drains it.
-pub type Outbox = mpsc::UnboundedSender<ServerLine>;
+/// Replies a client may leave unread before it is disconnected.
+const QUEUED_REPLIES: usize = 1024;
+/// Events queued for a subscriber before further ones are dropped (and counted).
+const QUEUED_EVENTS: usize = 1024;
+
+/// Where one connection's replies and events go; a writer task drains both. Both queues are
+/// bounded, so a client that does not read costs the daemon a fixed amount of memory and never
+/// any waiting.
+#[derive(Clone)]
+pub struct Outbox {
+    replies: mpsc::Sender<ServerLine>,
+    events: mpsc::Sender<ServerLine>,
+    /// Set when a reply did not fit: the client is not reading, and is disconnected.
+    overflowed: Arc<AtomicBool>,
+}
+
+/// Why an event was not queued.
+pub enum Undelivered {
+    /// The subscriber is behind: the event is dropped (and should be counted).
+    Full,
+    /// The connection is gone.
+    Closed,
+}
+
+impl Outbox {
+    pub fn reply(&self, line: ServerLine) {
+        if let Err(mpsc::error::TrySendError::Full(_)) = self.replies.try_send(line) {
+            self.overflowed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    pub fn event(&self, line: ServerLine) -> Result<(), Undelivered> {
+        self.events.try_send(line).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => Undelivered::Full,
+            mpsc::error::TrySendError::Closed(_) => Undelivered::Closed,
+        })
+    }
+}
 
 pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     let credentials = match stream.peer_cred() {
@@ -98,10 +137,23 @@ async fn serve_lease(
 ) -> &'static str {
     let (reader, mut writer) = stream.into_split();
     let mut reader = BufReader::new(reader);
-    let (outbox, mut outgoing) = mpsc::unbounded_channel::<ServerLine>();
+    let (replies, mut queued_replies) = mpsc::channel::<ServerLine>(QUEUED_REPLIES);
+    let (events, mut queued_events) = mpsc::channel::<ServerLine>(QUEUED_EVENTS);
+    let overflowed = Arc::new(AtomicBool::new(false));
+    let outbox = Outbox {
+        replies,
+        events,
+        overflowed: overflowed.clone(),
+    };
     // A slow reader slows only its own writer task, never the daemon.
     let writer_task = tokio::spawn(async move {
-        while let Some(line) = outgoing.recv().await {
+        loop {
+            let line = tokio::select! {
+                biased;
+                Some(line) = queued_replies.recv() => line,
+                Some(line) = queued_events.recv() => line,
+                else => break,
+            };
             let mut bytes = match serde_json::to_vec(&line) {
                 Ok(bytes) => bytes,
                 Err(e) => {
@@ -126,17 +178,18 @@ async fn serve_lease(
         tokio::select! {
             line = read_line(&mut reader, MAX_LINE_BYTES) => match line {
                 Ok(Line::Complete(bytes)) => session.handle(daemon, &bytes),
-                Ok(Line::TooLong) => {
-                    let _ = outbox.send(ServerLine::error(
-                        None,
-                        ErrorCode::TooLong,
-                        format!("request lines are limited to {MAX_LINE_BYTES} bytes"),
-                    ));
-                }
+                Ok(Line::TooLong) => outbox.reply(ServerLine::error(
+                    None,
+                    ErrorCode::TooLong,
+                    format!("request lines are limited to {MAX_LINE_BYTES} bytes"),
+                )),
                 Ok(Line::End) => break "connection closed",
                 Err(_) => break "connection error",
             },
             _ = host.readable() => break "host exited",
+        }
+        if overflowed.load(Ordering::Relaxed) {
+            break "client does not read its replies";
         }
     };
     let _ = closing.send(true);

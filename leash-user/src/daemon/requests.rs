@@ -12,7 +12,7 @@ use tokio::sync::{broadcast::error::RecvError, watch};
 use super::{
     Daemon, TreeEntry,
     auth::{ProcessUids, may_manage, may_signal},
-    connection::{Outbox, Peer},
+    connection::{Outbox, Peer, Undelivered},
     enforcement,
 };
 
@@ -78,12 +78,12 @@ impl Session {
                 ServerLine::error(Some(id), code, message)
             }
         };
-        let _ = self.outbox.send(line);
+        self.outbox.reply(line);
     }
 
     fn send_error(&self, id: Option<u64>, code: ErrorCode, message: String) {
         tracing::info!(?id, %code, message, "bad request");
-        let _ = self.outbox.send(ServerLine::error(id, code, message));
+        self.outbox.reply(ServerLine::error(id, code, message));
     }
 
     fn hello(&self, daemon: &Daemon, protocol: u32) -> Result<Reply, Refusal> {
@@ -284,7 +284,7 @@ impl Session {
                 Ok(summary) => ServerLine::ok(id, Reply::Killed(summary)),
                 Err(e) => ServerLine::error(Some(id), ErrorCode::Internal, e),
             };
-            let _ = outbox.send(line);
+            outbox.reply(line);
         });
         Ok(())
     }
@@ -349,26 +349,37 @@ impl Session {
         let mut closing = self.closing.clone();
         let uid = self.peer.uid;
         tokio::spawn(async move {
+            // Events this subscriber missed and has not been told about yet.
+            let mut missed = 0;
             loop {
-                tokio::select! {
+                let event = tokio::select! {
                     received = events.recv() => match received {
-                        Ok((owner, event)) if may_manage(uid, owner) => {
-                            if outbox.send(ServerLine::event(event)).is_err() {
-                                break;
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(RecvError::Lagged(missed)) => {
-                            tracing::debug!(missed, "a subscriber fell behind; events dropped");
-                            let mut dropped = enforcement::event(EventKind::Dropped, 0, 0, None);
-                            dropped.count = Some(missed);
-                            if outbox.send(ServerLine::event(dropped)).is_err() {
-                                break;
-                            }
+                        Ok((owner, event)) if may_manage(uid, owner) => event,
+                        Ok(_) => continue,
+                        Err(RecvError::Lagged(n)) => {
+                            missed += n;
+                            continue;
                         }
                         Err(RecvError::Closed) => break,
                     },
                     _ = closing.changed() => break,
+                };
+                if missed > 0 {
+                    let mut dropped = enforcement::event(EventKind::Dropped, 0, 0, None);
+                    dropped.count = Some(missed);
+                    match outbox.event(ServerLine::event(dropped)) {
+                        Ok(()) => missed = 0,
+                        Err(Undelivered::Full) => {
+                            missed += 1;
+                            continue;
+                        }
+                        Err(Undelivered::Closed) => break,
+                    }
+                }
+                match outbox.event(ServerLine::event(event)) {
+                    Ok(()) => {}
+                    Err(Undelivered::Full) => missed += 1,
+                    Err(Undelivered::Closed) => break,
                 }
             }
         });
