@@ -67,13 +67,14 @@ fn a_stalled_subscriber_costs_nothing_but_its_own_events() {
         }
     }
     eprintln!("stalled subscriber: {kept} events kept, {dropped} dropped and counted");
+    // The daemon's queue holds 1024; the socket's own buffer holds some more.
     assert!(
-        kept <= 1100,
+        kept <= 3000,
         "the queue of a stalled subscriber must be bounded: {kept}"
     );
     assert!(dropped > 0, "what did not fit is counted");
     assert!(
-        kept as u64 + dropped >= (FORKS * 2) as u64,
-        "every event is kept or counted"
+        kept as u64 + dropped >= (FORKS * 3) as u64,
+        "every fork, exec and exit is kept or counted"
     );
 }
