@@ -33,7 +33,7 @@ pub use protocol::{
     ErrorCode, Event, EventKind, KillSummary, LeaseInfo, MemberInfo, RootExitPolicy, StatusInfo,
     TreeId, TreeInfo,
 };
-use protocol::{MAX_LINE_BYTES, Op, PROTOCOL_VERSION, Reply, Request, ServerLine};
+use protocol::{MAX_REPLY_BYTES, Op, PROTOCOL_VERSION, Reply, Request, ServerLine};
 
 /// What can go wrong talking to the daemon.
 #[derive(Debug, thiserror::Error)]
@@ -274,7 +274,7 @@ impl Client {
     }
 
     fn read_line(&mut self) -> Result<ServerLine> {
-        let line = read_bounded_line(&mut self.reader, MAX_LINE_BYTES)?.ok_or_else(|| {
+        let line = read_bounded_line(&mut self.reader, MAX_REPLY_BYTES)?.ok_or_else(|| {
             Error::Io(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the daemon closed the connection",

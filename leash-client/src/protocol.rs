@@ -11,6 +11,9 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// The longest line either side accepts, newline included. A longer request gets a `too_long`
 /// error and changes nothing.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
+/// The longest line a client accepts from the daemon: a `list` of a tree of 100k members is
+/// about 8 MiB.
+pub const MAX_REPLY_BYTES: usize = 256 << 20;
 /// Where the daemon listens unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/leash/leash.sock";
 /// Overrides [`DEFAULT_SOCKET`] for the daemon and every client.

@@ -39,6 +39,8 @@ static EXIT_GROUP_DEAD_OFFSET: u32 = NO_FIELD;
 
 const SIGKILL: u32 = 9;
 const BPF_NOEXIST: u64 = 1;
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
 /// sched_process_fork fires in the forking task, after the child is made and before it is woken:
 /// a child that joins here is a member before it runs one instruction.
@@ -184,7 +186,14 @@ fn emit(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid) {
         time_ns: unsafe { bpf_ktime_get_boot_ns() },
         comm: bpf_get_current_comm().unwrap_or_default(),
     };
-    if EVENTS.output::<Event>(&event, 0).is_err() {
+    // Waking the reader costs more than writing the record: only a root's exit, which the
+    // daemon must act on at once, wakes it; it collects the rest on its own schedule.
+    let wakeup = if matches!(kind, EventKind::RootExit) {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    if EVENTS.output::<Event>(&event, wakeup).is_err() {
         count(stat::EVENTS_DROPPED);
     }
 }

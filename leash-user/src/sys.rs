@@ -124,3 +124,15 @@ impl From<Pidfd> for OwnedFd {
         pidfd.0
     }
 }
+
+/// CLOCK_MONOTONIC in nanoseconds: to compare a moment here with one another process took
+/// (std's `Instant` is that clock, but opaque).
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec to write into; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}

@@ -310,21 +310,22 @@ pub fn chain_command(label: &str, depth: usize, hop: Option<&str>) -> (Cgroup, C
     (cgroup, command)
 }
 
-/// The `leash` binary (target/debug/leash, next to the test's own directory). `cargo xtask
-/// test` builds it before the tests run.
+/// The `leash` binary of the same build as the running program: next to it (a binary in
+/// target/PROFILE) or one level up (a test in target/PROFILE/deps). `cargo xtask test` builds
+/// it before the tests run.
 pub fn leash_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    let binary = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/debug/deps")
-        .join("leash");
-    assert!(
-        binary.exists(),
-        "{} is missing: run `cargo build` first (cargo xtask test does)",
-        binary.display()
-    );
-    binary
+    let exe = std::env::current_exe().expect("the program's own path");
+    let dir = exe.parent().expect("a directory");
+    [dir, dir.parent().unwrap_or(dir)]
+        .iter()
+        .map(|d| d.join("leash"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "no leash binary next to {}: run `cargo build` first (cargo xtask test does)",
+                exe.display()
+            )
+        })
 }
 
 impl Cgroup {

@@ -35,6 +35,13 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Set up, build with optimizations, and run every benchmark side by side with its
+    /// references, writing BENCHMARKS.md (as root).
+    Bench {
+        /// Under 2 minutes: fewer repetitions, smaller sizes.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Set up, build, and run the `leash` binary with these arguments (as root).
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -47,6 +54,7 @@ fn main() -> ExitCode {
         Task::Setup => setup(),
         Task::Test { args } => test(&args),
         Task::Run { args } => run(&args),
+        Task::Bench { quick } => bench(quick),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -138,6 +146,26 @@ fn count_before(result: &str, word: &str) -> u64 {
         })
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0)
+}
+
+fn bench(quick: bool) -> Result<()> {
+    setup()?;
+    ensure_tracefs()?;
+    cargo(&[
+        "build",
+        "--release",
+        "--package",
+        "leash-user",
+        "--package",
+        "leash-bench",
+    ])?;
+    let root = workspace_root();
+    let mut bench = Command::new(root.join("target/release/leash-bench"));
+    bench.arg("--out").arg(root.join("BENCHMARKS.md"));
+    if quick {
+        bench.arg("--quick");
+    }
+    status(&mut bench)
 }
 
 fn run(args: &[String]) -> Result<()> {

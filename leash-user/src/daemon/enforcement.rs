@@ -23,8 +23,12 @@ use crate::{
 
 /// How often the per-tree state in the kernel is checked, whatever the events said.
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
+/// How often the ring buffer is read when nothing wakes the daemon: the programs wake it only
+/// for a root's exit, and leave fork, exec and exit records to be collected.
+const COLLECT_EVERY: Duration = Duration::from_millis(50);
 
-/// Reacts to the ring buffer's root-exit events as soon as they are written.
+/// Reacts to the ring buffer's root-exit events as soon as they are written, and collects the
+/// other records every 50 ms.
 pub async fn watch_events(daemon: Arc<Daemon>) {
     let readable = daemon.tracker().events_fd().and_then(sys::async_readable);
     let readable = match readable {
@@ -34,24 +38,36 @@ pub async fn watch_events(daemon: Arc<Daemon>) {
             return;
         }
     };
+    let mut collect = tokio::time::interval(COLLECT_EVERY);
     loop {
-        let Ok(mut guard) = readable.readable().await else {
-            return;
-        };
-        guard.clear_ready();
-        let events = daemon.tracker().drain_events();
-        for event in events {
-            if event.kind == KernelEventKind::RootExit {
-                root_exited(&daemon, event.tree);
-            }
-            forward(&daemon, event);
+        tokio::select! {
+            ready = readable.readable() => match ready {
+                Ok(mut guard) => guard.clear_ready(),
+                Err(_) => return,
+            },
+            _ = collect.tick() => {}
         }
+        collect_events(&daemon);
+    }
+}
+
+/// Reads every record waiting in the ring buffer: acts on root exits, forwards the rest.
+fn collect_events(daemon: &Arc<Daemon>) {
+    let events = daemon.tracker().drain_events();
+    for event in events {
+        if event.kind == KernelEventKind::RootExit {
+            root_exited(daemon, event.tree);
+        }
+        forward(daemon, event);
     }
 }
 
 /// Passes a member's fork, exec or exit on to subscribers (who may drop them if they read
 /// slowly: the daemon never waits for a viewer).
 fn forward(daemon: &Daemon, kernel: TreeEvent) {
+    if daemon.events.receiver_count() == 0 {
+        return;
+    }
     let kind = match kernel.kind {
         KernelEventKind::Fork => EventKind::Fork,
         KernelEventKind::Exec => EventKind::Exec,
@@ -139,6 +155,8 @@ fn finish_if_kept_and_empty(daemon: &Arc<Daemon>, tree: TreeId) {
         }
         state.trees.remove(&tree).expect("checked above")
     };
+    // Its members' exit records are queued already: they go out before `tree_empty`.
+    collect_events(daemon);
     if let Err(e) = daemon.tracker().release(tree) {
         tracing::warn!(tree, "releasing an empty tree: {e:#}");
     }
@@ -186,6 +204,9 @@ pub fn start_kill(
                 Err(e) => tracing::error!("kill failed: {e}"),
             }
             if outcome.is_ok() {
+                // The members' exit records are queued already: they go out before
+                // `tree_empty`.
+                collect_events(&daemon);
                 daemon.state().trees.remove(&tree);
                 if let Err(e) = daemon.tracker().release(tree) {
                     tracing::warn!("releasing the killed tree: {e:#}");

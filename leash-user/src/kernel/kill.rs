@@ -3,7 +3,7 @@
 //!
 //! Once doomed, any member that forks is killed by the fork program as it forks, so a fork
 //! storm cannot outrun the rounds: each round can only shrink the tree. Signals go through
-//! pidfds after checking the start time, so a recycled pid is never hit.
+//! pidfds, checked against the member map, so a recycled pid is never hit.
 
 use std::{
     thread,
@@ -14,7 +14,7 @@ use anyhow::{Result, bail};
 use leash_common::{Pid, TreeId};
 
 use super::Tracker;
-use crate::{proc, sys::Pidfd};
+use crate::sys::Pidfd;
 
 /// How long SIGKILL rounds may go on before the kill is reported as failed (a process stuck in
 /// uninterruptible sleep can hold out that long).
@@ -90,7 +90,13 @@ impl Kill {
             Phase::Start => {
                 tracker.doom(tree)?;
                 if self.grace.is_zero() {
-                    self.phase = rounds_from(now);
+                    // Straight to the first round, without a pause.
+                    self.killed += tracker.signal_members(tree, libc::SIGKILL)?;
+                    self.rounds = 1;
+                    self.phase = Phase::Rounds {
+                        next_round: now + ROUND_WAIT,
+                        give_up: now + KILL_ROUNDS_TIMEOUT,
+                    };
                 } else {
                     self.terminated = tracker.signal_members(tree, libc::SIGTERM)?;
                     self.phase = Phase::Grace {
@@ -197,10 +203,11 @@ impl Tracker {
             let Ok(pidfd) = Pidfd::open(pid) else {
                 continue;
             };
-            // The pidfd was opened first, so if /proc still shows the member's start time the
-            // pidfd names the member and not a process that reused its pid.
-            let same = proc::process(pid)
-                .is_some_and(|p| p.start_ticks == proc::ns_to_ticks(member.start_ns));
+            // The pidfd was opened first. If the map still holds this very member (same start
+            // time), the member had not exited when the pidfd was opened (its exit removes it,
+            // and its pid cannot be reused before that), so the pidfd names the member and not
+            // a process that reused its pid.
+            let same = self.member(pid).is_some_and(|now| now == member);
             if !same {
                 tracing::debug!(pid, "not signalled: the pid names another process now");
                 continue;

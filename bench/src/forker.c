@@ -1,0 +1,51 @@
+/* The benchmarks' process maker, small so that 100k of its children fit in memory.
+ *   forker fan N      fork N children that pause(); print "ready"; wait for stdin to close
+ *   forker storm SECS fork+exit+wait as fast as possible for SECS seconds; print the count */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: forker fan N | forker storm SECONDS\n");
+        return 2;
+    }
+    long n = atol(argv[2]);
+    if (strcmp(argv[1], "fan") == 0) {
+        for (long i = 0; i < n; i++) {
+            pid_t pid = fork();
+            if (pid < 0) { perror("fork"); return 1; }
+            if (pid == 0) { for (;;) pause(); }
+        }
+        printf("ready\n");
+        fflush(stdout);
+        char buf[1];
+        while (read(0, buf, 1) > 0) {}
+        return 0;
+    }
+    if (strcmp(argv[1], "storm") == 0) {
+        double end = now() + n;
+        long forks = 0;
+        while (now() < end) {
+            pid_t pid = fork();
+            if (pid < 0) { perror("fork"); return 1; }
+            if (pid == 0) _exit(0);
+            waitpid(pid, NULL, 0);
+            forks++;
+        }
+        printf("%ld\n", forks);
+        return 0;
+    }
+    fprintf(stderr, "unknown mode %s\n", argv[1]);
+    return 2;
+}

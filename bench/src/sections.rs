@@ -1,0 +1,584 @@
+//! The five benchmarks: overhead, kill latency, escapes, detection, scale.
+
+use std::{
+    fs,
+    io::{BufRead, BufReader, Write},
+    path::Path,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use leash_client::{Client, RootExitPolicy, TreeOptions};
+use leash_tests::{Cgroup, daemon::Daemon, python};
+
+use crate::{
+    Plan,
+    measure::{Report, f1, f2, f3, median, median_ratio, ms},
+    trees::{
+        Shape, await_that, cgroup_kill, killpg, live_in, ppid_walk_kill, reap, settle,
+        wait_unpopulated,
+    },
+};
+
+const GRACE_0: TreeOptions = TreeOptions {
+    on_root_exit: RootExitPolicy::Kill,
+    grace: Some(Duration::ZERO),
+};
+
+fn start_daemon() -> Result<Daemon> {
+    Daemon::start(&[]).context("the daemon cannot start without BPF")
+}
+
+/// 1. What leash costs fork-heavy work that it watches, or only runs beside.
+pub fn overhead(plan: &Plan, report: &mut Report) -> Result<()> {
+    let n = plan.overhead_loops;
+    let loops = [
+        (
+            "fork+exit+wait",
+            format!("i=0; while [ $i -lt {n} ]; do (:); i=$((i+1)); done"),
+        ),
+        (
+            "fork+exec(/bin/true)+wait",
+            format!("i=0; while [ $i -lt {n} ]; do /bin/true; i=$((i+1)); done"),
+        ),
+    ];
+    // [loop][variant]: (a) no leash, (b) daemon running, loop untracked, (c) loop tracked.
+    let mut times = vec![[Vec::new(), Vec::new(), Vec::new()]; loops.len()];
+    for _ in 0..plan.overhead_reps {
+        for (l, (_, script)) in loops.iter().enumerate() {
+            times[l][0].push(time_shell(script, None)?);
+        }
+        let daemon = start_daemon()?;
+        let mut client = daemon.client();
+        for (l, (_, script)) in loops.iter().enumerate() {
+            times[l][1].push(time_shell(script, None)?);
+            times[l][2].push(time_shell(script, Some(&mut client))?);
+        }
+    }
+    report.section(
+        "1. Overhead on fork-heavy work",
+        &format!(
+            "A shell loop of {n} iterations, timed whole: (a) with no leash loaded, (b) with the \
+             daemon running and the loop untracked, (c) with the loop inside a tracked tree. \
+             {} repetitions, a, b and c in turn within each. Goals: b/a ≤ 1.01, c/a ≤ 1.03.",
+            plan.overhead_reps
+        ),
+    );
+    let rows: Vec<Vec<String>> = loops
+        .iter()
+        .zip(&times)
+        .map(|((name, _), [a, b, c])| {
+            let (ba, ca) = (median_ratio(b, a), median_ratio(c, a));
+            vec![
+                (*name).to_owned(),
+                f1(median(a)),
+                f1(median(b)),
+                f1(median(c)),
+                format!("{} {}", f3(ba), verdict(ba <= 1.01)),
+                format!("{} {}", f3(ca), verdict(ca <= 1.03)),
+            ]
+        })
+        .collect();
+    report.table(
+        &[
+            "loop",
+            "a: no leash (ms)",
+            "b: untracked (ms)",
+            "c: tracked (ms)",
+            "b/a",
+            "c/a",
+        ],
+        &rows,
+    );
+    program_costs(&loops[1].1, report)
+}
+
+/// Runs `sh -c script` to the end (in a tree of `client`'s lease if given); its time in ms.
+fn time_shell(script: &str, client: Option<&mut Client>) -> Result<f64> {
+    let mut command = Command::new("sh");
+    command.args(["-c", script]);
+    let started = Instant::now();
+    let status = match client {
+        Some(client) => client
+            .spawn(&mut command, &TreeOptions::default())?
+            .1
+            .wait()?,
+        None => command.status()?,
+    };
+    if !status.success() {
+        bail!("the loop failed: {status}");
+    }
+    Ok(ms(started.elapsed()))
+}
+
+/// The kernel's own accounting of each program's runs (bpf_stats_enabled), over one tracked
+/// and one untracked loop.
+fn program_costs(script: &str, report: &mut Report) -> Result<()> {
+    let daemon = start_daemon()?;
+    let mut client = daemon.client();
+    let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).context("enabling BPF stats")?;
+    time_shell(script, Some(&mut client))?;
+    time_shell(script, None)?;
+    let mut rows = Vec::new();
+    for info in aya::programs::loaded_programs().filter_map(Result::ok) {
+        let name = info.name_as_str().unwrap_or_default().to_owned();
+        if !name.starts_with("leash_") || info.run_count() == 0 {
+            continue;
+        }
+        let per_run = info.run_time().as_nanos() as f64 / info.run_count() as f64;
+        rows.push(vec![name, info.run_count().to_string(), f1(per_run)]);
+    }
+    drop(stats);
+    rows.sort();
+    report.line(
+        "Each program's cost per run, from the kernel's BPF run-time statistics, over one \
+         tracked and one untracked exec loop (every fork, exit and exec on the machine meanwhile \
+         counts: the fork program runs for all of them, and does one map lookup for a \
+         non-member):",
+    );
+    report.table(&["program", "runs", "ns per run"], &rows);
+    Ok(())
+}
+
+/// 2. From the root's death to an empty tree, against cgroup.kill and a PPID walk.
+pub fn kill_latency(plan: &Plan, report: &mut Report) -> Result<()> {
+    let shapes: &[Shape] = if plan.quick {
+        &[Shape::Fan, Shape::SetsidChain]
+    } else {
+        &[
+            Shape::Fan,
+            Shape::Chain,
+            Shape::SetsidChain,
+            Shape::DoubleForked,
+        ]
+    };
+    let daemon = start_daemon()?;
+    let mut client = daemon.client();
+    let mut rows = Vec::new();
+    let mut at_1000 = Vec::new();
+    for &shape in shapes {
+        for &n in plan.kill_sizes {
+            let (mut leash, mut cgroup, mut walk, mut escaped) = (vec![], vec![], vec![], vec![]);
+            for _ in 0..plan.kill_reps {
+                // leash: SIGKILL the root; the daemon kills the rest (grace 0).
+                let group = Cgroup::new("bench-kill-leash");
+                let (_tree, mut root) = client.spawn(&mut shape.command(&group, n), &GRACE_0)?;
+                settle(&group, n);
+                let started = Instant::now();
+                root.kill()?;
+                wait_unpopulated(&group, Duration::from_secs(60))?;
+                leash.push(ms(started.elapsed()));
+                reap(root);
+
+                let group = Cgroup::new("bench-kill-cgroup");
+                let root = shape.command(&group, n).spawn()?;
+                settle(&group, n);
+                cgroup.push(ms(cgroup_kill(&group)?));
+                reap(root);
+
+                let group = Cgroup::new("bench-kill-walk");
+                let root = shape.command(&group, n).spawn()?;
+                settle(&group, n);
+                let (took, left) = ppid_walk_kill(root.id(), &group)?;
+                walk.push(ms(took));
+                escaped.push(left as f64);
+                reap(root);
+            }
+            let ratio = median_ratio(&leash, &cgroup);
+            if n == 1000 {
+                at_1000.push(ratio);
+            }
+            eprintln!(
+                "kill {} {n}: leash {:.1} ms, cgroup.kill {:.1} ms",
+                shape.name(),
+                median(&leash),
+                median(&cgroup)
+            );
+            rows.push(vec![
+                shape.name().to_owned(),
+                n.to_string(),
+                f1(median(&leash)),
+                f1(median(&cgroup)),
+                f2(ratio),
+                f1(median(&walk)),
+                format!("{:.0}", median(&escaped)),
+            ]);
+        }
+    }
+    report.section(
+        "2. Kill latency",
+        &format!(
+            "Trees of sleeping processes in their own cgroup. leash: SIGKILL the root, the \
+             daemon kills the rest (grace 0). References on the same tree in the same \
+             repetition: cgroup.kill, and a PPID walk + SIGKILL repeated until it finds nothing. \
+             The referee for all: the cgroup's `populated 0`, polled every 100 µs. {} \
+             repetitions. Goal: leash ≤ 1.5 × cgroup.kill at 1000.",
+            plan.kill_reps
+        ),
+    );
+    report.table(
+        &[
+            "shape",
+            "processes",
+            "leash (ms)",
+            "cgroup.kill (ms)",
+            "leash / cgroup.kill",
+            "PPID walk (ms)",
+            "left alive by the walk",
+        ],
+        &rows,
+    );
+    let worst = at_1000.iter().copied().fold(f64::NAN, f64::max);
+    report.line(&format!(
+        "At 1000 processes, leash / cgroup.kill is at most {} over the shapes: {}.",
+        f2(worst),
+        verdict(worst <= 1.5)
+    ));
+    Ok(())
+}
+
+/// 3. A setsid fork chain killed while it grows: who survives.
+pub fn escapes(plan: &Plan, report: &mut Report) -> Result<()> {
+    const KILL_AT: usize = 300;
+    let daemon = start_daemon()?;
+    let mut client = daemon.client();
+    let methods = ["leash", "cgroup.kill", "PPID walk", "killpg"];
+    let mut survivors = vec![Vec::new(); methods.len()];
+    for _ in 0..plan.escape_trials {
+        for (m, method) in methods.iter().enumerate() {
+            let group = Cgroup::new("bench-escape");
+            let mut command = Shape::SetsidChain.command(&group, 5000);
+            let (tree, root) = if *method == "leash" {
+                let (tree, root) = client.spawn(&mut command, &GRACE_0)?;
+                (Some(tree), root)
+            } else {
+                use std::os::unix::process::CommandExt;
+                (None, command.process_group(0).spawn()?)
+            };
+            await_that("the chain to grow", Duration::from_secs(60), || {
+                group.procs().len() >= KILL_AT
+            })?;
+            match (*method, tree) {
+                ("leash", Some(tree)) => {
+                    client.kill(tree, Some(Duration::ZERO))?;
+                }
+                ("cgroup.kill", _) => {
+                    cgroup_kill(&group)?;
+                }
+                ("PPID walk", _) => {
+                    ppid_walk_kill(root.id(), &group)?;
+                }
+                _ => {
+                    killpg(root.id())?;
+                }
+            }
+            // What is still running a moment after the method is done: the escapees go on.
+            thread::sleep(Duration::from_millis(100));
+            survivors[m].push(live_in(&group).len() as f64);
+            reap(root);
+        }
+    }
+    report.section(
+        "3. Escapes",
+        &format!(
+            "A fork chain that calls setsid at every hop, killed once it has {KILL_AT} processes \
+             and is still forking; survivors are the processes still running in its cgroup \
+             100 ms after the method returned. {} trials per method, methods in turn. Goal: \
+             leash 0, like cgroup.kill.",
+            plan.escape_trials
+        ),
+    );
+    let rows: Vec<Vec<String>> = methods
+        .iter()
+        .zip(&survivors)
+        .map(|(method, counts)| {
+            let clean = counts.iter().filter(|&&c| c == 0.0).count();
+            let max = counts.iter().copied().fold(0.0, f64::max);
+            vec![
+                (*method).to_owned(),
+                format!("{clean}/{}", counts.len()),
+                format!("{:.0}", median(counts)),
+                format!("{max:.0}"),
+            ]
+        })
+        .collect();
+    report.table(
+        &[
+            "method",
+            "trials with 0 survivors",
+            "median survivors",
+            "max",
+        ],
+        &rows,
+    );
+    Ok(())
+}
+
+/// 4. From a host's SIGKILL to the first signal its tree receives.
+pub fn detection(plan: &Plan, report: &mut Report) -> Result<()> {
+    const WAITER: &str = r#"
+import signal, sys, time
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+open(sys.argv[1] + ".ready", "w").close()
+signal.sigwait({signal.SIGTERM})
+t = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+open(sys.argv[1] + ".tmp", "w").write(str(t))
+import os; os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+"#;
+    let daemon = start_daemon()?;
+    let mut latencies = Vec::new();
+    for trial in 0..plan.detection_trials {
+        let stamp = daemon.dir.join(format!("signalled-{trial}"));
+        let ready = stamp.with_extension("ready");
+        let mut host = daemon
+            .leash()
+            .args(["run", "--"])
+            .arg(python())
+            .args(["-c", WAITER])
+            .arg(&stamp)
+            .spawn()?;
+        await_that("the tree to start", Duration::from_secs(30), || {
+            ready.exists()
+        })?;
+        let killed_at = leash::sys::monotonic_ns();
+        host.kill()?;
+        await_that("the tree's first signal", Duration::from_secs(10), || {
+            stamp.exists()
+        })?;
+        let signalled_at: u64 = fs::read_to_string(&stamp)?.trim().parse()?;
+        latencies.push(signalled_at.saturating_sub(killed_at) as f64 / 1e6);
+        let _ = host.wait();
+    }
+    let worst = latencies.iter().copied().fold(0.0, f64::max);
+    report.section(
+        "4. Detection",
+        &format!(
+            "The host (`leash run`) is SIGKILLed; the tree's root, a Python process blocked in \
+             sigwait, notes CLOCK_MONOTONIC when SIGTERM arrives. {} trials. Goal: < 5 ms median.",
+            plan.detection_trials
+        ),
+    );
+    let median_ms = median(&latencies);
+    report.table(
+        &["median (ms)", "max (ms)", "goal"],
+        &[vec![
+            f2(median_ms),
+            f2(worst),
+            verdict(median_ms < 5.0).to_owned(),
+        ]],
+    );
+    Ok(())
+}
+
+/// 5. Many tracked processes; the daemon's footprint idle and under a fork storm.
+pub fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
+    let n = plan.scale;
+    let _pid_max = PidMax::at_least(n * 13 / 10 + 10_000)?;
+    let daemon = start_daemon()?;
+    let mut client = daemon.client();
+
+    // Built inside a tracked tree: every child joins at fork.
+    let group = Cgroup::new("bench-scale-leash");
+    let mut command = group.command(path(forker), &["fan", &n.to_string()]);
+    command.stdin(Stdio::piped()).stdout(Stdio::piped());
+    let started = Instant::now();
+    let (tree, mut root) = client.spawn(&mut command, &GRACE_0)?;
+    wait_ready(&mut root)?;
+    let tracked_build = started.elapsed();
+    let truth = group.procs();
+    let listed = client.list()?;
+    let members: std::collections::BTreeSet<u32> = listed
+        .iter()
+        .filter(|t| t.tree == tree)
+        .flat_map(|t| t.members.iter().map(|m| m.pid))
+        .collect();
+    let fidelity = format!(
+        "{} tracked / {} in the cgroup, sets equal: {}",
+        members.len(),
+        truth.len(),
+        members == truth
+    );
+    let started = Instant::now();
+    client.kill(tree, Some(Duration::ZERO))?;
+    let leash_kill = started.elapsed();
+    reap(root);
+
+    // The same tree untracked, killed by the kernel.
+    let group = Cgroup::new("bench-scale-cgroup");
+    let mut command = group.command(path(forker), &["fan", &n.to_string()]);
+    command.stdin(Stdio::piped()).stdout(Stdio::piped());
+    let started = Instant::now();
+    let mut root = command.spawn()?;
+    wait_ready(&mut root)?;
+    let untracked_build = started.elapsed();
+    // Registering it as it is: the root and its n children found in /proc.
+    let started = Instant::now();
+    let adopted = client.adopt(root.id(), &GRACE_0)?;
+    let adoption = started.elapsed();
+    client.release(adopted)?;
+    let kernel_kill = cgroup_kill(&group)?;
+    reap(root);
+
+    // The daemon at rest, then under a tracked fork storm.
+    let idle = footprint(daemon.pid(), Duration::from_secs(2), || Ok(None))?;
+    let dropped_before = client.status()?.events_dropped;
+    let storm = footprint(daemon.pid(), Duration::from_secs(3), || {
+        let mut storm = Command::new(forker);
+        storm.args(["storm", "3"]).stdout(Stdio::piped());
+        let (_tree, child) = client.spawn(&mut storm, &TreeOptions::default())?;
+        let output = child.wait_with_output()?;
+        let forks: f64 = String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0.0);
+        Ok(Some(forks / 3.0))
+    })?;
+    let dropped = client.status()?.events_dropped - dropped_before;
+
+    report.section(
+        "5. Scale",
+        &format!(
+            "{n} sleeping processes (children of one small C process, so that they fit in \
+             memory), tracked from their fork; the same tree untracked as the reference. \
+             pid_max is raised for the run and put back."
+        ),
+    );
+    report.table(
+        &["measure", "leash", "reference"],
+        &[
+            vec![
+                format!("build {n} processes (ms)"),
+                f1(ms(tracked_build)),
+                format!("{} untracked", f1(ms(untracked_build))),
+            ],
+            vec!["fidelity".into(), fidelity, String::new()],
+            vec![
+                format!("register an existing tree of {n} (adopt, ms)"),
+                f1(ms(adoption)),
+                String::new(),
+            ],
+            vec![
+                format!("kill {n} (ms)"),
+                f1(ms(leash_kill)),
+                format!("{} cgroup.kill", f1(ms(kernel_kill))),
+            ],
+        ],
+    );
+    report.table(
+        &[
+            "daemon",
+            "RSS (MiB)",
+            "CPU (% of one core)",
+            "forks/s",
+            "kernel events dropped",
+        ],
+        &[
+            vec![
+                "idle".into(),
+                f1(idle.rss_mib),
+                f1(idle.cpu_percent),
+                "-".into(),
+                "-".into(),
+            ],
+            vec![
+                "tracked fork storm".into(),
+                f1(storm.rss_mib),
+                f1(storm.cpu_percent),
+                format!("{:.0}", storm.rate.unwrap_or(0.0)),
+                dropped.to_string(),
+            ],
+        ],
+    );
+    Ok(())
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap_or_default()
+}
+
+/// Waits for the forker's "ready" line: all its children exist.
+fn wait_ready(root: &mut std::process::Child) -> Result<()> {
+    let stdout = root.stdout.take().context("the forker's stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    if line.trim() != "ready" {
+        bail!("the forker did not get ready: {line:?}");
+    }
+    // Its stdin stays open (piped) until reap(), so it waits there.
+    let _ = root.stdin.as_mut().map(|s| s.flush());
+    Ok(())
+}
+
+struct Footprint {
+    rss_mib: f64,
+    cpu_percent: f64,
+    rate: Option<f64>,
+}
+
+/// The daemon's RSS at the end and CPU share over `work` (or over `window` when it does
+/// nothing).
+fn footprint(
+    pid: u32,
+    window: Duration,
+    work: impl FnOnce() -> Result<Option<f64>>,
+) -> Result<Footprint> {
+    let cpu = || -> Result<f64> {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .context("stat")?
+            .1
+            .split_whitespace()
+            .collect();
+        let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+        Ok(ticks / leash::proc::ticks_per_second() as f64)
+    };
+    let (cpu_before, started) = (cpu()?, Instant::now());
+    let rate = work()?;
+    if rate.is_none() {
+        thread::sleep(window);
+    }
+    let (cpu_used, elapsed) = (cpu()? - cpu_before, started.elapsed().as_secs_f64());
+    let rss_kib: f64 = fs::read_to_string(format!("/proc/{pid}/status"))?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    Ok(Footprint {
+        rss_mib: rss_kib / 1024.0,
+        cpu_percent: 100.0 * cpu_used / elapsed,
+        rate,
+    })
+}
+
+/// Raises kernel.pid_max for the run when needed, and puts it back.
+struct PidMax {
+    was: Option<String>,
+}
+
+impl PidMax {
+    const PATH: &str = "/proc/sys/kernel/pid_max";
+
+    fn at_least(wanted: usize) -> Result<Self> {
+        let was = fs::read_to_string(Self::PATH)?;
+        if was.trim().parse::<usize>()? >= wanted {
+            return Ok(Self { was: None });
+        }
+        fs::write(Self::PATH, wanted.to_string()).context("raising kernel.pid_max")?;
+        Ok(Self { was: Some(was) })
+    }
+}
+
+impl Drop for PidMax {
+    fn drop(&mut self) {
+        if let Some(was) = &self.was {
+            let _ = fs::write(Self::PATH, was.trim());
+        }
+    }
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "(goal met)" } else { "(goal missed)" }
+}

@@ -1,0 +1,182 @@
+//! The process trees the benchmarks kill, and the ways of killing them that leash is compared
+//! with: cgroup.kill, a PPID walk with SIGKILL, killpg.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    path::PathBuf,
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use leash::sys::Pidfd;
+use leash_tests::{CHAIN, Cgroup, wait_for};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// The root starts every other process itself.
+    Fan,
+    /// Each process starts the next.
+    Chain,
+    /// Each process starts the next in a session of its own.
+    SetsidChain,
+    /// The root double-forks every other process: they are reparented out of its subtree.
+    DoubleForked,
+}
+
+impl Shape {
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Fan => "fan",
+            Shape::Chain => "chain",
+            Shape::SetsidChain => "setsid chain",
+            Shape::DoubleForked => "double-forked",
+        }
+    }
+
+    /// A command, inside `cgroup`, that grows into `n` sleeping processes (the root included).
+    pub fn command(self, cgroup: &Cgroup, n: usize) -> Command {
+        let others = (n - 1).to_string();
+        let mut command = match self {
+            Shape::Fan => cgroup.command(
+                "sh",
+                &[
+                    "-c",
+                    "for i in $(seq $1); do sleep 600 & done; exec sleep 600",
+                    "sh",
+                    &others,
+                ],
+            ),
+            Shape::DoubleForked => cgroup.command(
+                "sh",
+                &[
+                    "-c",
+                    "for i in $(seq $1); do (sleep 600 &); done; exec sleep 600",
+                    "sh",
+                    &others,
+                ],
+            ),
+            Shape::Chain | Shape::SetsidChain => {
+                cgroup.command("sh", &["-c", CHAIN, CHAIN, &others])
+            }
+        };
+        let hop = if self == Shape::SetsidChain {
+            "setsid"
+        } else {
+            ""
+        };
+        command.env("LEASH_HOP", hop);
+        command
+    }
+}
+
+/// Waits until the tree has grown into its `n` sleeping processes.
+pub fn settle(cgroup: &Cgroup, n: usize) {
+    cgroup.settle(n, &["sleep"]);
+}
+
+/// The kernel's own: cgroup.kill, until the group is empty.
+pub fn cgroup_kill(cgroup: &Cgroup) -> Result<Duration> {
+    let started = Instant::now();
+    fs::write(cgroup.procs_file().with_file_name("cgroup.kill"), "1")?;
+    wait_unpopulated(cgroup, Duration::from_secs(60))?;
+    Ok(started.elapsed())
+}
+
+/// The referee for every method: the kernel's `populated 0` for the group, polled every
+/// 100 µs (so a method's time is exact to about that).
+pub fn wait_unpopulated(cgroup: &Cgroup, timeout: Duration) -> Result<()> {
+    let events = cgroup.procs_file().with_file_name("cgroup.events");
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if fs::read_to_string(&events)?.contains("populated 0") {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    bail!("{} still populated after {timeout:?}", events.display())
+}
+
+/// What tree-kill libraries do: walk /proc for the root's descendants by parent pid, SIGKILL
+/// them, and walk again until none is found. Returns the time and the processes that escaped
+/// (still in the cgroup after the walk found nothing more).
+pub fn ppid_walk_kill(root: u32, cgroup: &Cgroup) -> Result<(Duration, usize)> {
+    let started = Instant::now();
+    loop {
+        let snapshot = leash::proc::all_processes()?;
+        let mut targets: Vec<u32> = leash::proc::descendants(&snapshot, root, |_| false)
+            .iter()
+            .filter(|p| p.is_live())
+            .map(|p| p.pid)
+            .collect();
+        if snapshot.iter().any(|p| p.pid == root && p.is_live()) {
+            targets.push(root);
+        }
+        if targets.is_empty() {
+            break;
+        }
+        for pid in targets {
+            if let Ok(pidfd) = Pidfd::open(pid) {
+                let _ = pidfd.send_signal(9);
+            }
+        }
+    }
+    let took = started.elapsed();
+    Ok((took, live_in(cgroup).len()))
+}
+
+/// killpg(root's group, SIGKILL): what a supervisor that started the root in its own process
+/// group does.
+pub fn killpg(root: u32) -> Result<Duration> {
+    let started = Instant::now();
+    let status = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{root}")])
+        .status()?;
+    if !status.success() {
+        bail!("kill -KILL -{root} failed");
+    }
+    Ok(started.elapsed())
+}
+
+/// The group's processes that are still running (zombies waiting for their parent do not
+/// count: they run nothing).
+pub fn live_in(cgroup: &Cgroup) -> BTreeSet<u32> {
+    cgroup
+        .procs()
+        .into_iter()
+        .filter(|&pid| leash::proc::process(pid).is_some_and(|p| p.is_live()))
+        .collect()
+}
+
+/// Reaps a root this program started, whatever killed it.
+pub fn reap(mut root: Child) {
+    let _ = root.kill();
+    let _ = root.wait();
+}
+
+/// Compiles the small C process maker into the build directory.
+pub fn build_forker() -> Result<PathBuf> {
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/src/forker.c");
+    let exe = std::env::current_exe()?;
+    let out = exe.with_file_name("leash-forker");
+    let status = Command::new("cc")
+        .args(["-O2", "-static", "-o"])
+        .arg(&out)
+        .arg(source)
+        .status()
+        .context("running cc (the benchmarks need a C compiler)")?;
+    if !status.success() {
+        bail!("compiling {source} failed");
+    }
+    Ok(out)
+}
+
+/// Waits up to `timeout` for `condition`; an error saying `what` if it never holds.
+pub fn await_that(what: &str, timeout: Duration, condition: impl FnMut() -> bool) -> Result<()> {
+    if wait_for(timeout, condition) {
+        Ok(())
+    } else {
+        bail!("timed out waiting for {what}")
+    }
+}
