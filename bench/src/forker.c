@@ -25,7 +25,8 @@ int main(int argc, char **argv) {
         for (long i = 0; i < n; i++) {
             pid_t pid = fork();
             if (pid < 0) { perror("fork"); return 1; }
-            if (pid == 0) { for (;;) pause(); }
+            /* The children let go of stdout: the reader sees its end when the parent exits. */
+            if (pid == 0) { close(1); for (;;) pause(); }
         }
         printf("ready\n");
         fflush(stdout);

@@ -375,7 +375,9 @@ import os; os.rename(sys.argv[1] + ".tmp", sys.argv[1])
 /// 5. Many tracked processes; the daemon's footprint idle and under a fork storm.
 pub fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
     let n = plan.scale;
-    let _pid_max = PidMax::at_least(n * 13 / 10 + 10_000)?;
+    // Two trees of n, and the first one's zombies while init reaps them.
+    let _pid_max = PidMax::at_least(n * 2 + 20_000)?;
+    let baseline = leash::proc::all_processes()?.len();
     let daemon = start_daemon()?;
     let mut client = daemon.client();
 
@@ -404,6 +406,12 @@ pub fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
     client.kill(tree, Some(Duration::ZERO))?;
     let leash_kill = started.elapsed();
     reap(root);
+    // The killed children were reparented to init; their pids are free once it reaps them.
+    await_that(
+        "init to reap the killed tree",
+        Duration::from_secs(120),
+        || leash::proc::all_processes().is_ok_and(|all| all.len() < baseline + 1000),
+    )?;
 
     // The same tree untracked, killed by the kernel.
     let group = Cgroup::new("bench-scale-cgroup");
