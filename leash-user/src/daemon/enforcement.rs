@@ -145,26 +145,28 @@ fn root_exited(daemon: &Arc<Daemon>, tree: TreeId) {
 /// A tree whose members were kept after its root exited ends when it has emptied on its own.
 fn finish_if_kept_and_empty(daemon: &Arc<Daemon>, tree: TreeId) {
     let empty = daemon.tracker().is_empty(tree).unwrap_or(false);
-    let entry = {
-        let mut state = daemon.state();
-        let kept = state.trees.get(&tree).is_some_and(|entry| {
-            entry.on_root_exit == RootExitPolicy::Keep && entry.kill.is_none()
-        });
-        if !(kept && empty) {
-            return;
-        }
-        state.trees.remove(&tree).expect("checked above")
-    };
-    // Its members' exit records are queued already: they go out before `tree_empty`.
+    let kept = daemon.state().trees.get(&tree).is_some_and(|entry| {
+        entry.on_root_exit == RootExitPolicy::Keep && entry.kill.is_none()
+    });
+    if kept && empty {
+        tracing::info!(tree, "tree is empty");
+        end_tree(daemon, tree, None);
+    }
+}
+
+/// An empty tree's end: its members' last records go out (they are queued already, and are
+/// forwarded while the tree is still known), then it leaves the maps and `tree_empty` is sent.
+fn end_tree(daemon: &Arc<Daemon>, tree: TreeId, kill: Option<KillSummary>) {
     collect_events(daemon);
+    let Some(entry) = daemon.state().trees.remove(&tree) else {
+        return;
+    };
     if let Err(e) = daemon.tracker().release(tree) {
         tracing::warn!(tree, "releasing an empty tree: {e:#}");
     }
-    tracing::info!(tree, "tree is empty");
-    daemon.emit(
-        entry.owner_uid,
-        event(EventKind::TreeEmpty, tree, entry.lease, None),
-    );
+    let mut empty = event(EventKind::TreeEmpty, tree, entry.lease, None);
+    empty.kill = kill;
+    daemon.emit(entry.owner_uid, empty);
 }
 
 /// Starts killing `tree` unless a kill is already under way; either way returns what to wait
@@ -203,17 +205,8 @@ pub fn start_kill(
                 Ok(summary) => tracing::info!(?summary, "tree is empty"),
                 Err(e) => tracing::error!("kill failed: {e}"),
             }
-            if outcome.is_ok() {
-                // The members' exit records are queued already: they go out before
-                // `tree_empty`.
-                collect_events(&daemon);
-                daemon.state().trees.remove(&tree);
-                if let Err(e) = daemon.tracker().release(tree) {
-                    tracing::warn!("releasing the killed tree: {e:#}");
-                }
-                let mut empty = event(EventKind::TreeEmpty, tree, lease, None);
-                empty.kill = outcome.clone().ok();
-                daemon.emit(owner, empty);
+            if let Ok(summary) = &outcome {
+                end_tree(&daemon, tree, Some(summary.clone()));
             }
             let _ = done.send(Some(outcome));
         }
