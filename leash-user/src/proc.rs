@@ -97,11 +97,6 @@ pub fn ticks_per_second() -> u64 {
     procfs::ticks_per_second()
 }
 
-/// A kernel `start_boottime` in ns, converted the way /proc converts it to ticks.
-pub fn ns_to_ticks(ns: u64) -> u64 {
-    ns / (1_000_000_000 / ticks_per_second())
-}
-
 pub fn ticks_to_ns(ticks: u64) -> u64 {
     ticks * (1_000_000_000 / ticks_per_second())
 }
@@ -146,7 +141,10 @@ mod tests {
     fn this_process_is_live_and_ticks_round_trip() {
         let me = process(std::process::id()).unwrap();
         assert!(me.is_live());
-        assert_eq!(ns_to_ticks(ticks_to_ns(me.start_ticks)), me.start_ticks);
+        assert_eq!(
+            ticks_to_ns(me.start_ticks) / (1_000_000_000 / ticks_per_second()),
+            me.start_ticks
+        );
         assert!(all_processes().unwrap().iter().any(|p| p.pid == me.pid));
     }
 }

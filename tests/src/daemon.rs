@@ -145,3 +145,45 @@ pub fn alive(pid: u32) -> bool {
 pub fn path_str(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
+
+/// A tree started under a host's lease inside a cgroup of its own. Dropping it reaps the root;
+/// the cgroup, dropped after, kills whatever is left.
+pub struct LeashedTree {
+    pub tree: leash_client::TreeId,
+    pub root: Child,
+    pub cgroup: crate::Cgroup,
+}
+
+impl LeashedTree {
+    pub fn spawn(
+        host: &mut Client,
+        label: &str,
+        program: &str,
+        args: &[&str],
+        options: &leash_client::TreeOptions,
+    ) -> Self {
+        let cgroup = crate::Cgroup::new(label);
+        let (tree, root) = host
+            .spawn(&mut cgroup.command(program, args), options)
+            .expect("spawning a tree under the lease");
+        Self { tree, root, cgroup }
+    }
+}
+
+impl Drop for LeashedTree {
+    fn drop(&mut self) {
+        let _ = self.root.kill();
+        let _ = self.root.wait();
+    }
+}
+
+/// The unprivileged user the tests act as.
+pub const NOBODY: u32 = 65534;
+
+/// A command run as nobody, with no inherited LEASH_SOCKET.
+pub fn as_nobody(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(program);
+    command.uid(NOBODY).gid(NOBODY).env_remove("LEASH_SOCKET");
+    command
+}

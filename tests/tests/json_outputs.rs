@@ -3,8 +3,7 @@
 
 use std::{
     io::{BufRead, BufReader},
-    os::unix::process::CommandExt,
-    process::{Command, Stdio},
+    process::Stdio,
     sync::mpsc,
     thread,
     time::Duration,
@@ -13,7 +12,7 @@ use std::{
 use leash_client::{Event, EventKind, StatusInfo, TreeInfo, TreeOptions};
 use leash_tests::{
     Cgroup,
-    daemon::{Daemon, path_str},
+    daemon::{self, Daemon, LeashedTree, path_str},
 };
 
 #[test]
@@ -109,21 +108,19 @@ fn a_user_sees_only_its_own_trees() {
         return;
     };
     let mut host = daemon.client();
-    let cgroup = Cgroup::new("json-visibility");
-    let (_tree, mut root) = host
-        .spawn(
-            &mut cgroup.command("sleep", &["600"]),
-            &TreeOptions::default(),
-        )
-        .unwrap();
+    let _roots = LeashedTree::spawn(
+        &mut host,
+        "json-visibility",
+        "sleep",
+        &["600"],
+        &TreeOptions::default(),
+    );
     let leash = daemon.leash_for_anyone();
     let as_nobody = |args: &[&str]| {
-        Command::new(&leash)
+        daemon::as_nobody(&leash)
             .arg("--socket")
             .arg(path_str(&daemon.socket))
             .args(args)
-            .uid(65534)
-            .gid(65534)
             .output()
             .unwrap()
     };
@@ -134,6 +131,4 @@ fn a_user_sees_only_its_own_trees() {
         serde_json::from_slice(&as_nobody(&["status", "--json"]).stdout).unwrap();
     assert_eq!(status.leases, 1, "only its own connection");
     assert_eq!(daemon.client().list().unwrap().len(), 1, "root sees it");
-    let _ = root.kill();
-    let _ = root.wait();
 }

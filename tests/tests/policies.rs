@@ -4,7 +4,11 @@
 use std::time::Duration;
 
 use leash_client::{EventKind, RootExitPolicy, TreeOptions};
-use leash_tests::{Cgroup, daemon::Daemon};
+use leash_tests::{
+    Cgroup,
+    daemon::{Daemon, LeashedTree},
+    wait_for,
+};
 
 #[test]
 fn keep_on_root_exit_leaves_the_tree_until_its_lease_ends() {
@@ -55,25 +59,26 @@ fn a_released_tree_is_left_alone() {
         return;
     };
     let mut host = daemon.client();
-    let cgroup = Cgroup::new("release");
-    let (tree, mut root) = host
-        .spawn(
-            &mut cgroup.command("sleep", &["600"]),
-            &TreeOptions::default(),
-        )
-        .unwrap();
-    host.release(tree).unwrap();
+    let mut released = LeashedTree::spawn(
+        &mut host,
+        "release",
+        "sleep",
+        &["600"],
+        &TreeOptions::default(),
+    );
+    host.release(released.tree).unwrap();
     assert!(host.list().unwrap().is_empty());
     drop(host);
-    // The lease is gone and nothing is killed: the process runs on.
-    let client = daemon.client();
-    drop(client);
-    assert!(
-        root.try_wait().unwrap().is_none(),
-        "a released tree must not be killed"
-    );
-    let _ = root.kill();
-    let _ = root.wait();
+    // Once the daemon has ended the host's lease (only this client's is left), a kill of the
+    // lease's trees would have started; give it the time it takes to land.
+    let mut observer = daemon.client();
+    assert!(wait_for(Duration::from_secs(10), || {
+        observer.status().is_ok_and(|s| s.leases == 1)
+    }));
+    let killed = wait_for(Duration::from_millis(500), || {
+        released.root.try_wait().unwrap().is_some()
+    });
+    assert!(!killed, "a released tree must not be killed with its lease");
 }
 
 #[test]

@@ -1,26 +1,13 @@
 //! As an unprivileged user: leashing its own command works; registering a root-owned process
 //! and killing another host's tree are refused.
 
-use std::{
-    fs,
-    os::unix::{fs::PermissionsExt, process::CommandExt},
-    process::{Command, Stdio},
-};
+use std::{fs, os::unix::fs::PermissionsExt, process::Stdio};
 
 use leash_client::TreeOptions;
 use leash_tests::{
     Cgroup,
-    daemon::{Daemon, alive, path_str},
+    daemon::{Daemon, LeashedTree, alive, as_nobody, path_str},
 };
-
-const NOBODY: u32 = 65534;
-
-/// A command run as nobody.
-fn as_nobody(program: &str) -> Command {
-    let mut command = Command::new(program);
-    command.uid(NOBODY).gid(NOBODY).env_remove("LEASH_SOCKET");
-    command
-}
 
 #[test]
 fn a_user_leashes_its_own_command() {
@@ -112,13 +99,14 @@ fn a_user_may_not_kill_another_hosts_tree() {
         return;
     };
     let mut host = daemon.client();
-    let cgroup = Cgroup::new("not-yours");
-    let (tree, mut root) = host
-        .spawn(
-            &mut cgroup.command("sleep", &["600"]),
-            &TreeOptions::default(),
-        )
-        .unwrap();
+    let roots = LeashedTree::spawn(
+        &mut host,
+        "not-yours",
+        "sleep",
+        &["600"],
+        &TreeOptions::default(),
+    );
+    let tree = roots.tree;
     let leash = daemon.leash_for_anyone();
     let output = as_nobody(path_str(&leash))
         .args([
@@ -135,8 +123,41 @@ fn a_user_may_not_kill_another_hosts_tree() {
     eprintln!("nobody killing root's tree {tree}: {stderr}");
     assert!(!output.status.success());
     assert!(stderr.contains(&format!("no tree {tree}")), "{stderr}");
-    assert!(alive(root.id()), "root's tree must live on");
+    assert!(alive(roots.root.id()), "root's tree must live on");
     assert!(host.list().unwrap().iter().any(|t| t.tree == tree));
-    let _ = root.kill();
-    let _ = root.wait();
+}
+
+#[test]
+fn a_user_may_hold_only_so_many_trees() {
+    let Some(daemon) = Daemon::start(&["--max-trees-per-uid", "2"]) else {
+        return;
+    };
+    // nobody starts three processes of its own and registers each on one connection.
+    let speak = r#"
+import json, socket, subprocess, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+sleeps = [subprocess.Popen(["sleep", "600"]) for _ in range(3)]
+for i, p in enumerate(sleeps):
+    f.write(json.dumps({"id": i, "op": "register", "pid": p.pid}) + "\n")
+    f.flush()
+    print(f.readline().strip())
+for p in sleeps:
+    p.kill()
+"#;
+    let output = as_nobody("/usr/bin/python3")
+        .args(["-c", speak, path_str(&daemon.socket)])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    let replies: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON reply"))
+        .collect();
+    eprintln!("nobody registering 3 trees with a limit of 2: {replies:?}");
+    assert_eq!(replies.len(), 3);
+    assert!(replies[0]["ok"]["registered"].is_object());
+    assert!(replies[1]["ok"]["registered"].is_object());
+    assert_eq!(replies[2]["error"]["code"], "limit_reached");
 }

@@ -145,9 +145,10 @@ fn root_exited(daemon: &Arc<Daemon>, tree: TreeId) {
 /// A tree whose members were kept after its root exited ends when it has emptied on its own.
 fn finish_if_kept_and_empty(daemon: &Arc<Daemon>, tree: TreeId) {
     let empty = daemon.tracker().is_empty(tree).unwrap_or(false);
-    let kept = daemon.state().trees.get(&tree).is_some_and(|entry| {
-        entry.on_root_exit == RootExitPolicy::Keep && entry.kill.is_none()
-    });
+    let kept =
+        daemon.state().trees.get(&tree).is_some_and(|entry| {
+            entry.on_root_exit == RootExitPolicy::Keep && entry.kill.is_none()
+        });
     if kept && empty {
         tracing::info!(tree, "tree is empty");
         end_tree(daemon, tree, None);
