@@ -2,7 +2,7 @@
 
 use std::{
     fs,
-    io::{BufRead, BufReader, Write},
+    io::{BufRead, BufReader},
     path::Path,
     process::{Command, Stdio},
     thread,
@@ -515,7 +515,6 @@ fn wait_ready(root: &mut std::process::Child) -> Result<()> {
         bail!("the forker did not get ready: {line:?}");
     }
     // Its stdin stays open (piped) until reap(), so it waits there.
-    let _ = root.stdin.as_mut().map(|s| s.flush());
     Ok(())
 }
 
