@@ -40,13 +40,14 @@ pub fn process(pid: Pid) -> Option<ProcessInfo> {
         .ok()?
         .stat()
         .ok()?;
-    Some(ProcessInfo {
-        pid: stat.pid as Pid,
-        ppid: stat.ppid as Pid,
-        start_ticks: stat.starttime,
-        state: stat.state,
-        comm: stat.comm,
-    })
+    Some(ProcessInfo::from_stat(stat))
+}
+
+/// Whether the process that `pid` named when it started at `start_ticks` has finished exiting:
+/// it is a zombie, or reaped (its pid may name another process by now). Its files, sockets,
+/// locks and memory are released by then.
+pub fn has_exited(pid: Pid, start_ticks: u64) -> bool {
+    process(pid).is_none_or(|now| now.start_ticks != start_ticks || !now.is_live())
 }
 
 /// Every process on the machine. Processes that vanish during the walk are left out.
@@ -101,6 +102,12 @@ pub fn ticks_to_ns(ticks: u64) -> u64 {
     ticks * (1_000_000_000 / ticks_per_second())
 }
 
+/// The /proc start time of a process that started `ns` after boot (the kernel divides the same
+/// way, so the result is exact).
+pub fn ns_to_ticks(ns: u64) -> u64 {
+    ns / (1_000_000_000 / ticks_per_second())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,10 +148,28 @@ mod tests {
     fn this_process_is_live_and_ticks_round_trip() {
         let me = process(std::process::id()).unwrap();
         assert!(me.is_live());
-        assert_eq!(
-            ticks_to_ns(me.start_ticks) / (1_000_000_000 / ticks_per_second()),
-            me.start_ticks
+        assert_eq!(ns_to_ticks(ticks_to_ns(me.start_ticks)), me.start_ticks);
+        assert!(!has_exited(me.pid, me.start_ticks));
+        assert!(
+            has_exited(me.pid, me.start_ticks + 1),
+            "another process by that pid"
         );
         assert!(all_processes().unwrap().iter().any(|p| p.pid == me.pid));
+    }
+
+    #[test]
+    fn a_zombie_has_exited() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let start_ticks = process(pid).unwrap().start_ticks;
+        // Unreaped, it stays a zombie: exited, though its pid is still taken.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !has_exited(pid, start_ticks) {
+            assert!(std::time::Instant::now() < deadline, "true did not exit");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(process(pid).is_some_and(|p| p.state == 'Z'));
+        child.wait().unwrap();
+        assert!(has_exited(pid, start_ticks));
     }
 }

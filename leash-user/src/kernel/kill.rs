@@ -1,11 +1,18 @@
 //! The kill engine: doom the tree in the kernel, SIGTERM every member, wait the grace period,
-//! then SIGKILL in rounds until the kernel says the tree has no members.
+//! then SIGKILL in rounds until the kernel says the tree has no members, then wait until every
+//! member it signalled has finished exiting.
+//!
+//! A member leaves the map at `sched_process_exit`, early in the kernel's exit path: it runs no
+//! more code of its own, but it still holds its memory, files, sockets and locks, and is still
+//! in its cgroup, until it becomes a zombie. "Empty" is promised to hosts that may restart the
+//! agent at once (same port, same lock files), so the kill ends only when those are released.
 //!
 //! Once doomed, any member that forks is killed by the fork program as it forks, so a fork
 //! storm cannot outrun the rounds: each round can only shrink the tree. Signals go through
 //! pidfds, checked against the member map, so a recycled pid is never hit.
 
 use std::{
+    collections::HashMap,
     thread,
     time::{Duration, Instant},
 };
@@ -14,7 +21,7 @@ use anyhow::{Result, bail};
 use leash_common::{Pid, TreeId};
 
 use super::Tracker;
-use crate::sys::Pidfd;
+use crate::{proc, sys::Pidfd};
 
 /// How long SIGKILL rounds may go on before the kill is reported as failed (a process stuck in
 /// uninterruptible sleep can hold out that long).
@@ -22,6 +29,8 @@ pub const KILL_ROUNDS_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a round waits for the signalled members to die before the next round.
 const ROUND_WAIT: Duration = Duration::from_millis(20);
 const POLL: Duration = Duration::from_millis(1);
+/// How many exiting members one step checks in /proc, so a step stays short at any tree size.
+const EXIT_CHECKS_PER_STEP: usize = 1024;
 
 /// What a kill did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +42,7 @@ pub struct KillReport {
     pub killed: usize,
     /// SIGKILL rounds.
     pub rounds: u32,
-    /// From the start of the kill to an empty tree.
+    /// From the start of the kill to an empty tree whose members have finished exiting.
     pub elapsed: Duration,
 }
 
@@ -48,6 +57,8 @@ pub struct Kill {
     terminated: usize,
     killed: usize,
     rounds: u32,
+    /// Every member signalled, with its start time in /proc's clock ticks.
+    signalled: HashMap<Pid, u64>,
 }
 
 #[derive(Debug)]
@@ -58,6 +69,11 @@ enum Phase {
     },
     Rounds {
         next_round: Instant,
+        give_up: Instant,
+    },
+    /// The map is empty; these signalled members are still on their way out of the kernel.
+    Exiting {
+        pending: Vec<(Pid, u64)>,
         give_up: Instant,
     },
 }
@@ -80,6 +96,7 @@ impl Kill {
             terminated: 0,
             killed: 0,
             rounds: 0,
+            signalled: HashMap::new(),
         }
     }
 
@@ -91,14 +108,16 @@ impl Kill {
                 tracker.doom(tree)?;
                 if self.grace.is_zero() {
                     // Straight to the first round, without a pause.
-                    self.killed += tracker.signal_members(tree, libc::SIGKILL)?;
+                    self.killed +=
+                        tracker.signal_members(tree, libc::SIGKILL, &mut self.signalled)?;
                     self.rounds = 1;
                     self.phase = Phase::Rounds {
                         next_round: now + ROUND_WAIT,
                         give_up: now + KILL_ROUNDS_TIMEOUT,
                     };
                 } else {
-                    self.terminated = tracker.signal_members(tree, libc::SIGTERM)?;
+                    self.terminated =
+                        tracker.signal_members(tree, libc::SIGTERM, &mut self.signalled)?;
                     self.phase = Phase::Grace {
                         until: now + self.grace,
                     };
@@ -106,7 +125,7 @@ impl Kill {
             }
             Phase::Grace { until } => {
                 if tracker.is_empty(tree)? {
-                    return Ok(KillStep::Done(self.report()));
+                    return Ok(self.exiting(now));
                 }
                 if now >= until {
                     self.phase = rounds_from(now);
@@ -117,7 +136,7 @@ impl Kill {
                 give_up,
             } => {
                 if tracker.is_empty(tree)? {
-                    return Ok(KillStep::Done(self.report()));
+                    return Ok(self.exiting(now));
                 }
                 if now >= give_up {
                     bail!(
@@ -127,7 +146,8 @@ impl Kill {
                     );
                 }
                 if now >= next_round {
-                    self.killed += tracker.signal_members(tree, libc::SIGKILL)?;
+                    self.killed +=
+                        tracker.signal_members(tree, libc::SIGKILL, &mut self.signalled)?;
                     self.rounds += 1;
                     self.phase = Phase::Rounds {
                         next_round: now + ROUND_WAIT,
@@ -135,8 +155,49 @@ impl Kill {
                     };
                 }
             }
+            Phase::Exiting {
+                ref mut pending,
+                give_up,
+            } => {
+                // Check the last few; an exited one is swapped out for one already checked.
+                let checked_from = pending.len().saturating_sub(EXIT_CHECKS_PER_STEP);
+                for i in (checked_from..pending.len()).rev() {
+                    let (pid, start_ticks) = pending[i];
+                    if proc::has_exited(pid, start_ticks) {
+                        pending.swap_remove(i);
+                    }
+                }
+                if pending.is_empty() {
+                    return Ok(KillStep::Done(self.report()));
+                }
+                if now >= give_up {
+                    // They run no code of their own any more (the map is empty); something in
+                    // the kernel holds them. Not worth failing the kill for.
+                    tracing::warn!(
+                        tree,
+                        still_exiting = pending.len(),
+                        "members have not finished exiting after {KILL_ROUNDS_TIMEOUT:?}"
+                    );
+                    return Ok(KillStep::Done(self.report()));
+                }
+                if pending.len() > checked_from {
+                    return Ok(KillStep::Wait(POLL));
+                }
+                // Every one checked this step had exited: go on with the rest at once.
+                return Ok(KillStep::Wait(Duration::ZERO));
+            }
         }
         Ok(KillStep::Wait(POLL))
+    }
+
+    /// The map is empty: wait for the signalled members to finish exiting.
+    fn exiting(&mut self, now: Instant) -> KillStep {
+        let pending: Vec<_> = self.signalled.drain().collect();
+        self.phase = Phase::Exiting {
+            pending,
+            give_up: now + KILL_ROUNDS_TIMEOUT,
+        };
+        KillStep::Wait(Duration::ZERO)
     }
 
     fn report(&self) -> KillReport {
@@ -191,9 +252,14 @@ impl Tracker {
             .collect())
     }
 
-    /// Sends `signal` to every member that is still the process it was when it joined.
-    /// Returns how many were signalled.
-    fn signal_members(&self, tree: TreeId, signal: i32) -> Result<usize> {
+    /// Sends `signal` to every member that is still the process it was when it joined, and
+    /// notes each in `signalled`. Returns how many were signalled.
+    fn signal_members(
+        &self,
+        tree: TreeId,
+        signal: i32,
+        signalled: &mut HashMap<Pid, u64>,
+    ) -> Result<usize> {
         let mut sent = 0;
         for (pid, member) in self.member_entries()? {
             if member.tree != tree {
@@ -214,6 +280,7 @@ impl Tracker {
             }
             if pidfd.send_signal(signal).is_ok() {
                 sent += 1;
+                signalled.insert(pid, proc::ns_to_ticks(member.start_ns));
             }
         }
         tracing::debug!(signal, sent, "signalled");
