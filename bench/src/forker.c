@@ -1,6 +1,8 @@
 /* The benchmarks' process maker, small so that 100k of its children fit in memory.
  *   forker fan N      fork N children that pause(); print "ready"; wait for stdin to close
- *   forker storm SECS fork+exit+wait as fast as possible for SECS seconds; print the count */
+ *   forker storm SECS WORKERS
+ *                     WORKERS processes each fork+exit+wait as fast as they can for SECS
+ *                     seconds; print the total count */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,8 +18,8 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: forker fan N | forker storm SECONDS\n");
+    if (argc < 3) {
+        fprintf(stderr, "usage: forker fan N | forker storm SECONDS WORKERS\n");
         return 2;
     }
     long n = atol(argv[2]);
@@ -34,17 +36,32 @@ int main(int argc, char **argv) {
         while (read(0, buf, 1) > 0) {}
         return 0;
     }
-    if (strcmp(argv[1], "storm") == 0) {
+    if (strcmp(argv[1], "storm") == 0 && argc == 4) {
+        long workers = atol(argv[3]);
         double end = now() + n;
-        long forks = 0;
-        while (now() < end) {
-            pid_t pid = fork();
-            if (pid < 0) { perror("fork"); return 1; }
-            if (pid == 0) _exit(0);
-            waitpid(pid, NULL, 0);
-            forks++;
+        int counts[2];
+        if (pipe(counts) < 0) { perror("pipe"); return 1; }
+        for (long w = 0; w < workers; w++) {
+            pid_t worker = fork();
+            if (worker < 0) { perror("fork"); return 1; }
+            if (worker > 0) continue;
+            long forks = 0;
+            while (now() < end) {
+                pid_t pid = fork();
+                if (pid < 0) { perror("fork"); _exit(1); }
+                if (pid == 0) _exit(0);
+                waitpid(pid, NULL, 0);
+                forks++;
+            }
+            /* One small write: atomic on a pipe, whatever the other workers do. */
+            if (write(counts[1], &forks, sizeof forks) != sizeof forks) _exit(1);
+            _exit(0);
         }
-        printf("%ld\n", forks);
+        close(counts[1]);
+        long total = 0, forks;
+        while (read(counts[0], &forks, sizeof forks) == sizeof forks) total += forks;
+        while (wait(NULL) > 0) {}
+        printf("%ld\n", total);
         return 0;
     }
     fprintf(stderr, "unknown mode %s\n", argv[1]);

@@ -380,11 +380,32 @@ pub fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
     let baseline = leash::proc::all_processes()?.len();
     let daemon = start_daemon()?;
     let mut client = daemon.client();
+    let fan = |group: &Cgroup| {
+        let mut command = group.command(path(forker), &["fan", &n.to_string()]);
+        command.stdin(Stdio::piped()).stdout(Stdio::piped());
+        command
+    };
+    // The init here reaps slowly; the next tree needs the pids back.
+    let await_reaped = || {
+        await_that(
+            "init to reap the killed tree",
+            Duration::from_secs(120),
+            || leash::proc::all_processes().is_ok_and(|all| all.len() < baseline + 1000),
+        )
+    };
+
+    // The first build this large after boot pays for growing the kernel's task and pid caches
+    // (2-3 times as long as the next one, tracked or not), so an untimed build goes first.
+    let group = Cgroup::new("bench-scale-warmup");
+    let mut root = fan(&group).spawn()?;
+    wait_ready(&mut root)?;
+    cgroup_kill(&group)?;
+    reap(root);
+    await_reaped()?;
 
     // Built inside a tracked tree: every child joins at fork.
     let group = Cgroup::new("bench-scale-leash");
-    let mut command = group.command(path(forker), &["fan", &n.to_string()]);
-    command.stdin(Stdio::piped()).stdout(Stdio::piped());
+    let mut command = fan(&group);
     let started = Instant::now();
     let (tree, mut root) = client.spawn(&mut command, &GRACE_0)?;
     wait_ready(&mut root)?;
@@ -402,23 +423,32 @@ pub fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
         truth.len(),
         members == truth
     );
+    // Registering a new process costs the same on a crowded machine: a process with no
+    // children needs no /proc walk.
+    // (They live until all are timed: a kill walks the whole member map, and would hold the
+    // tracker while the next one registers.)
+    let mut spawn_times = Vec::new();
+    let mut spawned = Vec::new();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let (tree, child) = client.spawn(Command::new("sleep").arg("600"), &GRACE_0)?;
+        spawn_times.push(ms(started.elapsed()));
+        spawned.push((tree, child));
+    }
+    for (tree, child) in spawned {
+        client.kill(tree, Some(Duration::ZERO))?;
+        reap(child);
+    }
     let started = Instant::now();
     client.kill(tree, Some(Duration::ZERO))?;
     let leash_kill = started.elapsed();
     reap(root);
-    // The killed children were reparented to init; their pids are free once it reaps them.
-    await_that(
-        "init to reap the killed tree",
-        Duration::from_secs(120),
-        || leash::proc::all_processes().is_ok_and(|all| all.len() < baseline + 1000),
-    )?;
+    await_reaped()?;
 
     // The same tree untracked, killed by the kernel.
     let group = Cgroup::new("bench-scale-cgroup");
-    let mut command = group.command(path(forker), &["fan", &n.to_string()]);
-    command.stdin(Stdio::piped()).stdout(Stdio::piped());
     let started = Instant::now();
-    let mut root = command.spawn()?;
+    let mut root = fan(&group).spawn()?;
     wait_ready(&mut root)?;
     let untracked_build = started.elapsed();
     // Registering it as it is: the root and its n children found in /proc.
@@ -432,9 +462,13 @@ pub fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
     // The daemon at rest, then under a tracked fork storm.
     let idle = footprint(daemon.pid(), Duration::from_secs(2), || Ok(None))?;
     let dropped_before = client.status()?.events_dropped;
+    // One storming process per core: a single one is bound by its own fork+wait round trip.
+    let workers = thread::available_parallelism().map_or(2, |n| n.get());
     let storm = footprint(daemon.pid(), Duration::from_secs(3), || {
         let mut storm = Command::new(forker);
-        storm.args(["storm", "3"]).stdout(Stdio::piped());
+        storm
+            .args(["storm", "3", &workers.to_string()])
+            .stdout(Stdio::piped());
         let (_tree, child) = client.spawn(&mut storm, &TreeOptions::default())?;
         let output = child.wait_with_output()?;
         let forks: f64 = String::from_utf8_lossy(&output.stdout)
@@ -462,6 +496,11 @@ pub fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
                 format!("{} untracked", f1(ms(untracked_build))),
             ],
             vec!["fidelity".into(), fidelity, String::new()],
+            vec![
+                "register a new process beside them (spawn, median of 5, ms)".into(),
+                f2(median(&spawn_times)),
+                String::new(),
+            ],
             vec![
                 format!("register an existing tree of {n} (adopt, ms)"),
                 f1(ms(adoption)),
@@ -491,7 +530,7 @@ pub fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
                 "-".into(),
             ],
             vec![
-                "tracked fork storm".into(),
+                format!("tracked fork storm, {workers} forking processes"),
                 f1(storm.rss_mib),
                 f1(storm.cpu_percent),
                 format!("{:.0}", storm.rate.unwrap_or(0.0)),

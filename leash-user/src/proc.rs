@@ -50,6 +50,29 @@ pub fn has_exited(pid: Pid, start_ticks: u64) -> bool {
     process(pid).is_none_or(|now| now.start_ticks != start_ticks || !now.is_live())
 }
 
+/// Whether `pid` is known to have no children right now: every thread's
+/// /proc/PID/task/TID/children file is empty, and the threads did not change while they were
+/// read (a thread that exits hands its children to another, perhaps one already read). False
+/// when that cannot be shown, including on kernels without those files.
+pub fn is_childless(pid: Pid) -> bool {
+    let threads = || -> Option<Vec<String>> {
+        let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .ok()?
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        Some(names)
+    };
+    let Some(before) = threads() else {
+        return false;
+    };
+    let childless = before.iter().all(|tid| {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children"))
+            .is_ok_and(|children| children.trim().is_empty())
+    });
+    childless && threads() == Some(before)
+}
+
 /// Every process on the machine. Processes that vanish during the walk are left out.
 pub fn all_processes() -> std::io::Result<Vec<ProcessInfo>> {
     let all = procfs::process::all_processes().map_err(std::io::Error::other)?;
@@ -155,6 +178,27 @@ mod tests {
             "another process by that pid"
         );
         assert!(all_processes().unwrap().iter().any(|p| p.pid == me.pid));
+    }
+
+    #[test]
+    fn a_process_with_a_child_is_not_childless() {
+        use std::io::BufRead;
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", "sleep 600 & echo $!; read line; kill $!"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut sleep = String::new();
+        std::io::BufReader::new(sh.stdout.take().unwrap())
+            .read_line(&mut sleep)
+            .unwrap();
+        let sleep: Pid = sleep.trim().parse().unwrap();
+        assert!(!is_childless(sh.id()));
+        assert!(is_childless(sleep));
+        assert!(!is_childless(u32::MAX), "no such process");
+        drop(sh.stdin.take());
+        sh.wait().unwrap();
     }
 
     #[test]

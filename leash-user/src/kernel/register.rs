@@ -79,6 +79,12 @@ impl Tracker {
         if !self.seed(tree, root)? {
             bail!("process {} exited while it was being registered", root.pid);
         }
+        // A root with no children now has no descendants to find: any it forks from now on
+        // joins in the kernel. (A fresh process, as `spawn` makes, needs no /proc walk, whose
+        // cost grows with every process on the machine.)
+        if proc::is_childless(root.pid) {
+            return Ok(1);
+        }
         let mut seeded = 1;
         for _ in 0..MAX_SEED_PASSES {
             let snapshot = proc::all_processes().context("walking /proc")?;
