@@ -8,5 +8,10 @@ fn main() -> anyhow::Result<()> {
         root_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../leash-ebpf"),
         ..Default::default()
     };
+    // aya-build watches leash-ebpf; the programs also embed the ABI from leash-common.
+    println!(
+        "cargo:rerun-if-changed={}",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../leash-common/src")
+    );
     aya_build::build_ebpf([ebpf], Toolchain::default())
 }

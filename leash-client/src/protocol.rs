@@ -158,10 +158,14 @@ pub struct StatusInfo {
     pub trees: u64,
     /// Leases (connections) now; for a non-root client, its uid's only.
     pub leases: u64,
-    /// Kernel events that did not fit in the ring buffer since the daemon started.
+    /// Kernel events that did not fit in the ring buffer since the programs were loaded.
     pub events_dropped: u64,
     /// Children that could not be tracked because the member map was full.
     pub inserts_failed: u64,
+    /// Where the programs and maps are pinned (tracking goes on if the daemon dies); absent
+    /// when they are not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_at: Option<String>,
 }
 
 /// The lease of a connection. The token lets another process (the `leash exec` shim) register

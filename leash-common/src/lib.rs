@@ -22,7 +22,13 @@ pub mod map {
     pub const STATS: &str = "STATS";
     /// Ring buffer of [`super::Event`] records. Best effort: drops are counted in `STATS`.
     pub const EVENTS: &str = "EVENTS";
+    /// Every map, as pinned.
+    pub const ALL: [&str; 5] = [MEMBERS, TREE_COUNTERS, TREE_CONTROL, STATS, EVENTS];
 }
+
+/// The version of this ABI (the maps' layouts and meanings). Pinned maps are kept under it, so
+/// a daemon never takes over maps it would misread.
+pub const ABI_VERSION: u32 = 2;
 
 /// Names of the programs in the object.
 pub mod program {
@@ -99,12 +105,38 @@ pub struct TreeControl {
     pub flags: u32,
     /// Members that user space inserted (the root and descendants found in /proc).
     pub seeded: u64,
+    /// Who holds the tree. The programs never read it: it is kept here, beside the tree, so a
+    /// daemon that takes over the pinned maps after a restart knows whose tree it is.
+    pub holder: Holder,
+}
+
+/// The lease a tree is held under, as a daemon that has lost its connections can still check
+/// it: the host process (pid and start time) and what the tree's owner asked for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Holder {
+    /// The host's pid; 0 when no daemon recorded a holder.
+    pub host_pid: Pid,
+    /// The uid that owns the tree.
+    pub owner_uid: u32,
+    /// The host's start time in /proc's clock ticks: with the pid, names the host uniquely.
+    pub host_start_ticks: u64,
+    /// Time between SIGTERM and SIGKILL when the tree is killed.
+    pub grace_ms: u32,
+    /// [`holder_flags`] bits.
+    pub flags: u32,
 }
 
 /// Bits of [`TreeControl::flags`].
 pub mod flags {
     /// The tree is being killed: the fork program SIGKILLs any member that forks.
     pub const DOOMED: u32 = 1;
+}
+
+/// Bits of [`Holder::flags`].
+pub mod holder_flags {
+    /// When the root exits, the rest of the tree is left running (until the host dies).
+    pub const KEEP_ON_ROOT_EXIT: u32 = 1;
 }
 
 /// Kinds of [`Event`].
@@ -159,5 +191,6 @@ mod pod {
     unsafe impl aya::Pod for super::Member {}
     unsafe impl aya::Pod for super::TreeCounters {}
     unsafe impl aya::Pod for super::TreeControl {}
+    unsafe impl aya::Pod for super::Holder {}
     unsafe impl aya::Pod for super::Event {}
 }

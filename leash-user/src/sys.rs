@@ -16,16 +16,15 @@ use tokio::io::{Interest, unix::AsyncFd};
 
 pub use leash_client::sys::{SpawnHeldError, spawn_held};
 
-/// mount -t tracefs tracefs TARGET
-pub fn mount_tracefs(target: &Path) -> io::Result<()> {
-    let source = c"tracefs";
+/// mount -t FSTYPE FSTYPE TARGET (tracefs, bpf: filesystems with no device).
+pub fn mount(fstype: &std::ffi::CStr, target: &Path) -> io::Result<()> {
     let target = CString::new(target.as_os_str().as_bytes())?;
     // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
     let rc = unsafe {
         libc::mount(
-            source.as_ptr(),
+            fstype.as_ptr(),
             target.as_ptr(),
-            source.as_ptr(),
+            fstype.as_ptr(),
             0,
             std::ptr::null(),
         )
@@ -35,6 +34,18 @@ pub fn mount_tracefs(target: &Path) -> io::Result<()> {
     } else {
         Err(io::Error::last_os_error())
     }
+}
+
+/// Whether `path` is the root of a mounted BPF filesystem (statfs's magic number).
+pub fn is_bpffs(path: &Path) -> bool {
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    let Ok(path) = CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a zeroed statfs is a valid out-parameter; path is NUL-terminated.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statfs(path.as_ptr(), &mut stat) };
+    rc == 0 && stat.f_type as i64 == BPF_FS_MAGIC
 }
 
 /// A process file descriptor: names one process for good, so a signal sent through it can never

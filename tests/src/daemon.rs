@@ -1,5 +1,6 @@
-//! The real daemon binary on a socket of the test's own. Dropping it stops the daemon with
-//! SIGTERM (which kills every tree it still holds) and removes its directory.
+//! The real daemon binary on a socket and a pin directory of the test's own. Dropping it stops
+//! the daemon with SIGTERM (which kills every tree it still holds) and removes its directory and
+//! its pins (which detaches the programs of a daemon that was SIGKILLed).
 
 use std::{
     fs,
@@ -17,6 +18,9 @@ use crate::{SKIP_BPF_VAR, leash_binary, load_tracker, wait_for};
 pub struct Daemon {
     pub dir: PathBuf,
     pub socket: PathBuf,
+    /// Where the daemon pins its programs and maps (on bpffs, which the daemon mounts).
+    pub pins: PathBuf,
+    args: Vec<String>,
     process: Child,
 }
 
@@ -28,43 +32,57 @@ impl Daemon {
             load_tracker(leash::Capacity::default())?;
         }
         static NEXT: AtomicU32 = AtomicU32::new(0);
-        let dir = PathBuf::from(format!(
-            "/tmp/leash-test-{}-{}",
+        let name = format!(
+            "leash-test-{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
+        );
+        let dir = PathBuf::from("/tmp").join(&name);
         fs::create_dir_all(&dir).unwrap();
         // Other users' clients must reach the socket and the binary copy.
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
         let socket = dir.join("leash.sock");
-        let log = fs::File::create(dir.join("daemon.log")).unwrap();
-        let process = Command::new(leash_binary())
-            .arg("daemon")
-            .arg("--socket")
-            .arg(&socket)
-            .args(args)
-            .env("LEASH_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("starting leash daemon");
+        let pins = PathBuf::from("/sys/fs/bpf").join(name);
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let process = spawn_daemon(&dir, &socket, &pins, &args);
         let mut daemon = Self {
             dir,
             socket,
+            pins,
+            args,
             process,
         };
+        daemon.await_serving();
+        Some(daemon)
+    }
+
+    /// SIGKILLs the daemon (no shutdown: its pins stay, and its programs go on tracking).
+    pub fn kill_hard(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+
+    /// Starts a new daemon on the same socket and pins, after [`Daemon::kill_hard`].
+    pub fn restart(&mut self) {
+        assert!(
+            self.process.try_wait().ok().flatten().is_some(),
+            "the daemon is still running"
+        );
+        self.process = spawn_daemon(&self.dir, &self.socket, &self.pins, &self.args);
+        self.await_serving();
+    }
+
+    fn await_serving(&mut self) {
         let ready = wait_for(Duration::from_secs(30), || {
-            std::os::unix::net::UnixStream::connect(&daemon.socket).is_ok()
-                || daemon.process.try_wait().ok().flatten().is_some()
+            std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+                || self.process.try_wait().ok().flatten().is_some()
         });
-        let exited = daemon.process.try_wait().ok().flatten();
+        let exited = self.process.try_wait().ok().flatten();
         assert!(
             ready && exited.is_none(),
             "leash daemon did not start ({exited:?}); its log:\n{}",
-            daemon.log()
+            self.log()
         );
-        Some(daemon)
     }
 
     pub fn client(&self) -> Client {
@@ -126,7 +144,30 @@ impl Drop for Daemon {
             eprintln!("daemon log:\n{}", self.log());
         }
         let _ = fs::remove_dir_all(&self.dir);
+        let _ = fs::remove_dir_all(&self.pins);
     }
+}
+
+/// `leash daemon --socket SOCKET --pin-dir PINS ARGS...`, logging (appending) to DIR/daemon.log.
+fn spawn_daemon(dir: &Path, socket: &Path, pins: &Path, args: &[String]) -> Child {
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("daemon.log"))
+        .unwrap();
+    let mut command = Command::new(leash_binary());
+    command.arg("daemon").arg("--socket").arg(socket);
+    if !args.iter().any(|a| a == "--no-pin" || a == "--pin-dir") {
+        command.arg("--pin-dir").arg(pins);
+    }
+    command
+        .args(args)
+        .env("LEASH_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("starting leash daemon")
 }
 
 /// `kill -SIGNAL pid`, for processes this test started.

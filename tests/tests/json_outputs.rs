@@ -73,6 +73,11 @@ fn ls_status_and_watch_speak_the_documented_json() {
     let status: StatusInfo = serde_json::from_slice(&status.stdout).expect("status --json");
     assert_eq!((status.trees, status.members), (1, 2));
     assert_eq!(status.programs.len(), 3);
+    let pinned_at = status.pinned_at.expect("the daemon pins by default");
+    assert!(
+        pinned_at.starts_with(leash_tests::daemon::path_str(&daemon.pins)),
+        "{pinned_at}"
+    );
 
     host.kill(tree, Some(Duration::ZERO)).unwrap();
     let _ = root.wait();

@@ -20,6 +20,15 @@ pub struct DaemonArgs {
     /// Time between SIGTERM and SIGKILL for trees that do not set their own.
     #[arg(long, default_value = "2s", value_parser = super::duration::parse)]
     grace: Duration,
+    /// Where the programs and maps are pinned, on a BPF filesystem (bpffs is mounted at
+    /// /sys/fs/bpf if needed). If the daemon dies, its programs go on tracking every tree,
+    /// and the next daemon started with the same directory takes them over. A clean stop
+    /// (SIGTERM) kills every tree and removes the pins.
+    #[arg(long, default_value = "/sys/fs/bpf/leash", conflicts_with = "no_pin")]
+    pin_dir: PathBuf,
+    /// Do not pin: tracking ends with the daemon, however it ends.
+    #[arg(long)]
+    no_pin: bool,
 }
 
 pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
@@ -32,6 +41,7 @@ pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
         },
         default_grace: args.grace,
         max_trees_per_uid: args.max_trees_per_uid,
+        pin_root: (!args.no_pin).then_some(args.pin_dir),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -98,6 +98,10 @@ fn status_text(status: &StatusInfo) -> String {
         status.events_dropped,
         status.inserts_failed,
     );
+    text += &match &status.pinned_at {
+        Some(dir) => format!("pinned at {dir}: tracking goes on if the daemon dies\n"),
+        None => "not pinned: tracking ends with the daemon\n".to_owned(),
+    };
     text
 }
 

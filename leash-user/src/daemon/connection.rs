@@ -20,7 +20,7 @@ use tokio::{
 };
 use tracing::Instrument;
 
-use super::{Daemon, Lease, enforcement, requests::Session};
+use super::{Daemon, enforcement, requests::Session};
 use crate::sys;
 
 /// Who is on the other end, as the kernel says.
@@ -89,7 +89,9 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
             return;
         }
     };
-    let lease = match new_lease(&daemon, uid, pid as u32) {
+    // Read after the pidfd is open: the start time is the connected process's.
+    let host_start_ticks = crate::proc::process(pid as u32).map_or(0, |p| p.start_ticks);
+    let lease = match daemon.open_lease(uid, pid as u32, host_start_ticks) {
         Ok(lease) => lease,
         Err(e) => {
             tracing::error!("cannot make a lease token: {e}");
@@ -110,22 +112,6 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     }
     .instrument(span)
     .await;
-}
-
-fn new_lease(daemon: &Daemon, uid: u32, host_pid: u32) -> io::Result<u64> {
-    let token = new_token()?;
-    let mut state = daemon.state();
-    let id = state.next_lease;
-    state.next_lease += 1;
-    state.leases.insert(
-        id,
-        Lease {
-            token,
-            uid,
-            host_pid,
-        },
-    );
-    Ok(id)
 }
 
 /// Serves requests until the lease ends; says why it ended.
@@ -239,14 +225,6 @@ async fn read_line(reader: &mut (impl AsyncBufRead + Unpin), max: usize) -> io::
     }
 }
 
-/// 128 random bits, hex: the secret that lets the `leash exec` shim join a lease.
-fn new_token() -> io::Result<String> {
-    use std::io::Read;
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,13 +249,5 @@ mod tests {
             read_line(&mut reader, 100).await.unwrap(),
             Line::End
         ));
-    }
-
-    #[test]
-    fn tokens_are_random_hex() {
-        let (a, b) = (new_token().unwrap(), new_token().unwrap());
-        assert_eq!(a.len(), 32);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, b);
     }
 }

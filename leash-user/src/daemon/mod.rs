@@ -10,11 +10,12 @@
 mod auth;
 mod connection;
 mod enforcement;
+mod recover;
 mod requests;
 
 use std::{
     collections::HashMap,
-    fs,
+    fs, io,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard},
@@ -29,7 +30,7 @@ use tokio::{
     sync::{broadcast, watch},
 };
 
-use crate::kernel::{Capacity, Tracker};
+use crate::kernel::{Capacity, Origin, Tracker};
 
 /// How the daemon runs.
 #[derive(Clone, Debug)]
@@ -40,6 +41,9 @@ pub struct Config {
     pub default_grace: Duration,
     /// Trees a non-root uid may hold at once.
     pub max_trees_per_uid: usize,
+    /// Where the programs and maps are pinned (a directory on bpffs), so that tracking goes on
+    /// while the daemon is away and the next one takes over. None: not pinned.
+    pub pin_root: Option<PathBuf>,
 }
 
 /// The outcome of a kill, as every waiter sees it.
@@ -63,6 +67,8 @@ struct Lease {
     token: String,
     uid: u32,
     host_pid: u32,
+    /// The host's start time in /proc's clock ticks (with the pid, it names the host).
+    host_start_ticks: u64,
 }
 
 #[derive(Debug, Default)]
@@ -92,6 +98,25 @@ impl Daemon {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Opens a lease for the host `host_pid` (started at `host_start_ticks`) and uid `uid`,
+    /// with a new secret token.
+    fn open_lease(&self, uid: u32, host_pid: u32, host_start_ticks: u64) -> io::Result<LeaseId> {
+        let token = new_token()?;
+        let mut state = self.state();
+        let id = state.next_lease;
+        state.next_lease += 1;
+        state.leases.insert(
+            id,
+            Lease {
+                token,
+                uid,
+                host_pid,
+                host_start_ticks,
+            },
+        );
+        Ok(id)
+    }
+
     fn emit(&self, owner_uid: u32, event: Event) {
         // No subscriber is fine.
         let _ = self.events.send((owner_uid, event));
@@ -100,9 +125,21 @@ impl Daemon {
 
 /// Runs the daemon until SIGTERM or SIGINT; then kills every live tree and removes the socket.
 pub async fn run(config: Config) -> Result<()> {
-    let tracker = Tracker::load(config.capacity)?;
+    // The socket first: it refuses to start beside a live daemon, which holds the pins.
     let listener = bind(&config.socket)?;
-    tracing::info!(socket = %config.socket.display(), ?config.capacity, "leash daemon serving");
+    let loaded = match &config.pin_root {
+        Some(root) => Tracker::load_pinned(config.capacity, root),
+        None => Tracker::load(config.capacity).map(|tracker| (tracker, Origin::Loaded)),
+    };
+    let (tracker, origin) = loaded.inspect_err(|_| {
+        let _ = fs::remove_file(&config.socket);
+    })?;
+    tracing::info!(
+        socket = %config.socket.display(),
+        capacity = ?tracker.capacity(),
+        pins = ?tracker.pin_dir(),
+        "leash daemon serving"
+    );
     let daemon = Arc::new(Daemon {
         tracker: Mutex::new(tracker),
         state: Mutex::new(State {
@@ -112,6 +149,9 @@ pub async fn run(config: Config) -> Result<()> {
         events: broadcast::channel(4096).0,
         config,
     });
+    if origin == Origin::TakenOver {
+        recover::hold_again(&daemon);
+    }
     tokio::spawn(enforcement::watch_events(daemon.clone()));
     tokio::spawn(enforcement::sweep(daemon.clone()));
 
@@ -133,8 +173,20 @@ pub async fn run(config: Config) -> Result<()> {
     drop(listener);
     let _ = fs::remove_file(&daemon.config.socket);
     enforcement::kill_all(&daemon, "shutdown").await;
+    // Nothing is left to track: the next daemon starts afresh.
+    if let Err(e) = daemon.tracker().unpin() {
+        tracing::warn!("removing the pins: {e:#}");
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// A lease's secret, which lets the `leash exec` shim join it: 128 random bits, in hex.
+fn new_token() -> io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Binds the socket: its directory is made if needed, a stale socket file is replaced, a live
@@ -156,4 +208,17 @@ fn bind(path: &Path) -> Result<UnixListener> {
         UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o666))?;
     Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_hex() {
+        let (a, b) = (new_token().unwrap(), new_token().unwrap());
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
 }

@@ -7,6 +7,7 @@ use leash_client::protocol::{
     ErrorCode, EventKind, LeaseId, MAX_GRACE_MS, MemberInfo, Op, PROTOCOL_VERSION, Reply, Request,
     RootExitPolicy, ServerLine, StatusInfo, TreeId, TreeInfo,
 };
+use leash_common::{Holder, holder_flags};
 use tokio::sync::{broadcast::error::RecvError, watch};
 
 use super::{
@@ -123,7 +124,13 @@ impl Session {
                 format!("pid {pid} cannot be registered (init, 0, or the daemon itself)"),
             ));
         }
-        let (lease, owner_uid) = self.lease_for(daemon, token)?;
+        let (lease, mut holder) = self.lease_for(daemon, token)?;
+        let owner_uid = holder.owner_uid;
+        let on_root_exit = on_root_exit.unwrap_or_default();
+        holder.grace_ms = u32::try_from(grace.as_millis()).unwrap_or(u32::MAX);
+        if on_root_exit == RootExitPolicy::Keep {
+            holder.flags |= holder_flags::KEEP_ON_ROOT_EXIT;
+        }
         let target = ProcessUids::of(pid)
             .ok_or_else(|| refuse(ErrorCode::NotFound, format!("no process {pid}")))?;
         // Whoever asks, and whoever will hold the tree, must both be allowed to signal it.
@@ -164,6 +171,10 @@ impl Session {
             let tree = tracker
                 .adopt(pid)
                 .map_err(|e| refuse(ErrorCode::NotFound, format!("{e:#}")))?;
+            if let Err(e) = tracker.set_holder(tree, holder) {
+                // Only a daemon taking over after a restart needs it (and kills what it lacks).
+                tracing::warn!(tree, "recording the tree's holder: {e:#}");
+            }
             let members = tracker.tree_status(tree).map_or(0, |s| s.members);
             (tree, members)
         };
@@ -175,7 +186,7 @@ impl Session {
                     lease,
                     owner_uid,
                     root: pid,
-                    on_root_exit: on_root_exit.unwrap_or_default(),
+                    on_root_exit,
                     grace,
                     root_exited: false,
                     kill: None,
@@ -197,19 +208,36 @@ impl Session {
         })
     }
 
-    /// The lease a new tree goes under, and its owner: this connection's, or the one a token
-    /// names.
-    fn lease_for(&self, daemon: &Daemon, token: Option<&str>) -> Result<(LeaseId, u32), Refusal> {
-        let Some(token) = token else {
-            return Ok((self.peer.lease, self.peer.uid));
+    /// The lease a new tree goes under, and who holds it: this connection's, or the one a
+    /// token names.
+    fn lease_for(
+        &self,
+        daemon: &Daemon,
+        token: Option<&str>,
+    ) -> Result<(LeaseId, Holder), Refusal> {
+        let state = daemon.state();
+        let found = match token {
+            None => state
+                .leases
+                .get(&self.peer.lease)
+                .map(|lease| (self.peer.lease, lease)),
+            Some(token) => state
+                .leases
+                .iter()
+                .find(|(_, lease)| lease.token == token)
+                .map(|(&id, lease)| (id, lease)),
         };
-        daemon
-            .state()
-            .leases
-            .iter()
-            .find(|(_, lease)| lease.token == token)
-            .map(|(&id, lease)| (id, lease.uid))
-            .ok_or_else(|| refuse(ErrorCode::NotFound, "no live lease has that token"))
+        let (id, lease) = found.ok_or_else(|| match token {
+            None => refuse(ErrorCode::Internal, "this connection has no lease"),
+            Some(_) => refuse(ErrorCode::NotFound, "no live lease has that token"),
+        })?;
+        let holder = Holder {
+            host_pid: lease.host_pid,
+            owner_uid: lease.uid,
+            host_start_ticks: lease.host_start_ticks,
+            ..Holder::default()
+        };
+        Ok((id, holder))
     }
 
     fn check_limits(&self, daemon: &Daemon, owner_uid: u32) -> Result<(), Refusal> {
@@ -417,6 +445,7 @@ impl Session {
             leases: leases as u64,
             events_dropped: stats.events_dropped,
             inserts_failed: stats.inserts_failed,
+            pinned_at: tracker.pin_dir().map(|dir| dir.display().to_string()),
         }))
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod btf;
 mod kill;
+mod pins;
 mod register;
 pub mod tracefs;
 
@@ -11,17 +12,18 @@ use std::{collections::HashMap as StdHashMap, fmt, mem::offset_of};
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, MapData, MapError, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, TracePoint},
+    maps::{HashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
+    programs::{BtfTracePoint, TracePoint, links::FdLink},
 };
 use leash_common::{
-    Event, EventKind, Member, NO_FIELD, Pid, TreeControl, TreeCounters, TreeId, global, map,
-    program, stat,
+    Event, EventKind, Holder, Member, NO_FIELD, Pid, TreeControl, TreeCounters, TreeId, global,
+    map, program, stat,
 };
 
 use crate::proc;
 
 pub use kill::{KILL_ROUNDS_TIMEOUT, Kill, KillReport, KillStep};
+pub use pins::Pins;
 
 /// The compiled programs, embedded at build time by build.rs.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
@@ -130,7 +132,18 @@ impl TreeEvent {
     }
 }
 
-/// The loaded, attached programs and their maps. Dropping it detaches and unloads everything.
+/// Where a pinned tracker's programs and maps came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Loaded and attached now, and pinned.
+    Loaded,
+    /// Taken over from the pins a previous daemon left: its programs never stopped.
+    TakenOver,
+}
+
+/// The loaded, attached programs and their maps. Dropping an unpinned tracker detaches and
+/// unloads everything; a pinned one leaves its programs following forks into the pinned maps
+/// until [`Tracker::unpin`].
 pub struct Tracker {
     members: HashMap<MapData, Pid, Member>,
     counters: HashMap<MapData, TreeId, TreeCounters>,
@@ -139,8 +152,10 @@ pub struct Tracker {
     events: RingBuf<MapData>,
     capacity: Capacity,
     next_tree: TreeId,
-    // Holds the programs and their links: tracking lasts as long as this does.
-    _ebpf: Ebpf,
+    pins: Option<Pins>,
+    // Holds the programs and (unpinned) their links. None when taken over from pins: the
+    // pinned links hold the programs then.
+    _programs: Option<Ebpf>,
 }
 
 impl fmt::Debug for Tracker {
@@ -155,46 +170,55 @@ impl Tracker {
     /// Loads the programs with the kernel's offsets and attaches them. Needs root (or
     /// CAP_BPF + CAP_PERFMON) and a kernel with BTF.
     pub fn load(capacity: Capacity) -> Result<Self> {
-        let task = btf::TaskOffsets::from_kernel()?;
-        // Also mounts tracefs if needed: aya attaches tracepoints through it.
-        let exit = tracefs::Format::read("sched", "sched_process_exit")?;
-        let group_dead = match exit.required_offset("group_dead", 1) {
-            Ok(offset) => offset,
-            Err(_) => {
-                tracing::warn!(
-                    "sched_process_exit has no group_dead field on this kernel: a process \
-                     leaves when its main thread exits"
-                );
-                NO_FIELD
+        let attached = Attached::load(capacity)?;
+        Self::from_programs(attached.ebpf, capacity, None)
+    }
+
+    /// Like [`Tracker::load`], with the links and maps pinned under `root`, so tracking goes on
+    /// if this process dies. If a previous process left its pins there, takes them over
+    /// instead: its programs and maps, with every tree and member they hold (`capacity` is
+    /// then theirs).
+    pub fn load_pinned(capacity: Capacity, root: &std::path::Path) -> Result<(Self, Origin)> {
+        let mut pins = Pins::at(root)?;
+        if pins.complete() {
+            // The previous programs are still attached: loading more beside them would count
+            // every fork twice, so failing here is the only safe answer.
+            let dir = pins.dir().to_path_buf();
+            let taken = pins.open_links().and_then(|()| Self::take_over(pins));
+            return taken
+                .map(|tracker| (tracker, Origin::TakenOver))
+                .with_context(|| {
+                    format!(
+                        "taking over the pins in {0}; to start afresh, remove it (rm -r {0}): the \
+                     trees it holds are then no longer tracked",
+                        dir.display()
+                    )
+                });
+        }
+        if pins.exist() {
+            tracing::warn!(
+                dir = %pins.dir().display(),
+                "removing incomplete pins (a daemon died while pinning)"
+            );
+            pins.remove()?;
+            pins = Pins::at(root)?;
+        }
+        let ebpf = match Attached::load(capacity)?.pin(&mut pins) {
+            Ok(ebpf) => ebpf,
+            Err(e) => {
+                // Half-pinned programs would go on running with nobody to read their maps.
+                let _ = pins.remove();
+                return Err(e);
             }
         };
-        tracing::debug!(?task, group_dead, ?capacity, "loading the leash programs");
+        tracing::info!(dir = %pins.dir().display(), "programs and maps pinned");
+        Ok((
+            Self::from_programs(ebpf, capacity, Some(pins))?,
+            Origin::Loaded,
+        ))
+    }
 
-        let mut ebpf = EbpfLoader::new()
-            .override_global(global::TASK_TGID_OFFSET, &task.tgid, true)
-            .override_global(global::TASK_START_OFFSET, &task.start_boottime, true)
-            .override_global(global::EXIT_GROUP_DEAD_OFFSET, &group_dead, true)
-            .map_max_entries(map::MEMBERS, capacity.members)
-            .map_max_entries(map::TREE_COUNTERS, capacity.trees)
-            .map_max_entries(map::TREE_CONTROL, capacity.trees)
-            .map_max_entries(map::EVENTS, capacity.event_bytes)
-            .load(PROGRAMS)
-            .context("loading the leash eBPF object (are you root?)")?;
-
-        let kernel_btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
-        let fork: &mut BtfTracePoint = program_mut(&mut ebpf, program::FORK)?.try_into()?;
-        fork.load("sched_process_fork", &kernel_btf)
-            .context("loading the fork program")?;
-        fork.attach().context("attaching to sched_process_fork")?;
-        let exit: &mut TracePoint = program_mut(&mut ebpf, program::EXIT)?.try_into()?;
-        exit.load().context("loading the exit program")?;
-        exit.attach("sched", "sched_process_exit")
-            .context("attaching to sched/sched_process_exit")?;
-        let exec: &mut TracePoint = program_mut(&mut ebpf, program::EXEC)?.try_into()?;
-        exec.load().context("loading the exec program")?;
-        exec.attach("sched", "sched_process_exec")
-            .context("attaching to sched/sched_process_exec")?;
-
+    fn from_programs(mut ebpf: Ebpf, capacity: Capacity, pins: Option<Pins>) -> Result<Self> {
         Ok(Self {
             members: HashMap::try_from(take_map(&mut ebpf, map::MEMBERS)?)?,
             counters: HashMap::try_from(take_map(&mut ebpf, map::TREE_COUNTERS)?)?,
@@ -203,8 +227,58 @@ impl Tracker {
             events: RingBuf::try_from(take_map(&mut ebpf, map::EVENTS)?)?,
             capacity,
             next_tree: 1,
-            _ebpf: ebpf,
+            pins,
+            _programs: Some(ebpf),
         })
+    }
+
+    fn take_over(pins: Pins) -> Result<Self> {
+        let max_entries = |map: &Map| -> Result<u32> {
+            let data: &MapData = match map {
+                Map::HashMap(data) | Map::RingBuf(data) => data,
+                _ => bail!("unexpected pinned map type"),
+            };
+            Ok(data.info()?.max_entries())
+        };
+        let members = pins.open_map(map::MEMBERS)?;
+        let control = pins.open_map(map::TREE_CONTROL)?;
+        let events = pins.open_map(map::EVENTS)?;
+        let capacity = Capacity {
+            members: max_entries(&members)?,
+            trees: max_entries(&control)?,
+            event_bytes: max_entries(&events)?,
+        };
+        let mut tracker = Self {
+            members: HashMap::try_from(members)?,
+            counters: HashMap::try_from(pins.open_map(map::TREE_COUNTERS)?)?,
+            control: HashMap::try_from(control)?,
+            stats: PerCpuArray::try_from(pins.open_map(map::STATS)?)?,
+            events: RingBuf::try_from(events)?,
+            capacity,
+            next_tree: 1,
+            pins: Some(pins),
+            _programs: None,
+        };
+        tracker.next_tree = tracker.trees().last().map_or(1, |&last| last + 1);
+        tracing::info!(
+            trees = tracker.trees().len(),
+            ?capacity,
+            "took over the pinned programs and maps"
+        );
+        Ok(tracker)
+    }
+
+    /// Removes the pins (a clean shutdown): the programs detach when this tracker is dropped.
+    pub fn unpin(&mut self) -> Result<()> {
+        match self.pins.take() {
+            Some(pins) => pins.remove(),
+            None => Ok(()),
+        }
+    }
+
+    /// Where the pins are, if this tracker is pinned.
+    pub fn pin_dir(&self) -> Option<&std::path::Path> {
+        self.pins.as_ref().map(Pins::dir)
     }
 
     pub fn capacity(&self) -> Capacity {
@@ -339,6 +413,26 @@ impl Tracker {
         Ok(())
     }
 
+    /// Records who holds `tree`, for a daemon that takes over after a restart.
+    pub fn set_holder(&mut self, tree: TreeId, holder: Holder) -> Result<()> {
+        let mut control = self
+            .control
+            .get(&tree, 0)
+            .map_err(|_| anyhow!("no tree {tree}"))?;
+        control.holder = holder;
+        self.control.insert(tree, control, 0)?;
+        Ok(())
+    }
+
+    /// Who holds `tree`, as recorded (zero when nobody recorded it).
+    pub fn holder(&self, tree: TreeId) -> Result<Holder> {
+        Ok(self
+            .control
+            .get(&tree, 0)
+            .map_err(|_| anyhow!("no tree {tree}"))?
+            .holder)
+    }
+
     fn new_tree(&mut self, root: Pid) -> Result<TreeId> {
         if self.trees().len() as u32 >= self.capacity.trees {
             bail!(
@@ -368,6 +462,90 @@ impl Tracker {
 }
 
 const BPF_NOEXIST: u64 = 1;
+
+/// The programs, loaded with the kernel's offsets and attached.
+struct Attached {
+    ebpf: Ebpf,
+    fork: aya::programs::tp_btf::BtfTracePointLinkId,
+    exit: aya::programs::trace_point::TracePointLinkId,
+    exec: aya::programs::trace_point::TracePointLinkId,
+}
+
+impl Attached {
+    fn load(capacity: Capacity) -> Result<Self> {
+        let task = btf::TaskOffsets::from_kernel()?;
+        // Also mounts tracefs if needed: aya attaches tracepoints through it.
+        let exit = tracefs::Format::read("sched", "sched_process_exit")?;
+        let group_dead = match exit.required_offset("group_dead", 1) {
+            Ok(offset) => offset,
+            Err(_) => {
+                tracing::warn!(
+                    "sched_process_exit has no group_dead field on this kernel: a process \
+                     leaves when its main thread exits"
+                );
+                NO_FIELD
+            }
+        };
+        tracing::debug!(?task, group_dead, ?capacity, "loading the leash programs");
+
+        let mut ebpf = EbpfLoader::new()
+            .override_global(global::TASK_TGID_OFFSET, &task.tgid, true)
+            .override_global(global::TASK_START_OFFSET, &task.start_boottime, true)
+            .override_global(global::EXIT_GROUP_DEAD_OFFSET, &group_dead, true)
+            .map_max_entries(map::MEMBERS, capacity.members)
+            .map_max_entries(map::TREE_COUNTERS, capacity.trees)
+            .map_max_entries(map::TREE_CONTROL, capacity.trees)
+            .map_max_entries(map::EVENTS, capacity.event_bytes)
+            .load(PROGRAMS)
+            .context("loading the leash eBPF object (are you root?)")?;
+
+        let kernel_btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+        let fork: &mut BtfTracePoint = program_mut(&mut ebpf, program::FORK)?.try_into()?;
+        fork.load("sched_process_fork", &kernel_btf)
+            .context("loading the fork program")?;
+        let fork = fork.attach().context("attaching to sched_process_fork")?;
+        let exit: &mut TracePoint = program_mut(&mut ebpf, program::EXIT)?.try_into()?;
+        exit.load().context("loading the exit program")?;
+        let exit = exit
+            .attach("sched", "sched_process_exit")
+            .context("attaching to sched/sched_process_exit")?;
+        let exec: &mut TracePoint = program_mut(&mut ebpf, program::EXEC)?.try_into()?;
+        exec.load().context("loading the exec program")?;
+        let exec = exec
+            .attach("sched", "sched_process_exec")
+            .context("attaching to sched/sched_process_exec")?;
+        Ok(Self {
+            ebpf,
+            fork,
+            exit,
+            exec,
+        })
+    }
+
+    /// Pins the links (taken out of their programs, they then outlive this process) and the
+    /// maps; returns the programs, which hold the maps.
+    fn pin(self, pins: &mut Pins) -> Result<Ebpf> {
+        let Self {
+            mut ebpf,
+            fork,
+            exit,
+            exec,
+        } = self;
+        let program: &mut BtfTracePoint = program_mut(&mut ebpf, program::FORK)?.try_into()?;
+        pins.pin_link(program::FORK, FdLink::from(program.take_link(fork)?))?;
+        for (name, link) in [(program::EXIT, exit), (program::EXEC, exec)] {
+            let program: &mut TracePoint = program_mut(&mut ebpf, name)?.try_into()?;
+            let link = FdLink::try_from(program.take_link(link)?)
+                .with_context(|| format!("the kernel attached {name} without a BPF link"))?;
+            pins.pin_link(name, link)?;
+        }
+        for name in map::ALL {
+            let map = ebpf.map(name).context("a map missing from the object")?;
+            pins.pin_map(name, map)?;
+        }
+        Ok(ebpf)
+    }
+}
 
 fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
     ebpf.program_mut(name)

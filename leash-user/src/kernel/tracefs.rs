@@ -108,7 +108,7 @@ pub fn tracefs_root() -> Result<PathBuf> {
         return Ok(root.to_path_buf());
     }
     let target = Path::new(MOUNT_POINTS[0]);
-    sys::mount_tracefs(target).with_context(|| {
+    sys::mount(c"tracefs", target).with_context(|| {
         format!(
             "tracefs is not readable at {0} (leash needs root) or not mounted there, and mounting \
              it failed; as root: mount -t tracefs tracefs {0}",

@@ -177,6 +177,7 @@ mod tests {
             leases: 1,
             events_dropped: 0,
             inserts_failed: 0,
+            pinned_at: None,
         }
     }
 

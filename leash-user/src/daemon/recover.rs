@@ -1,0 +1,118 @@
+//! Taking over after a restart. The trees a previous daemon left in the pinned maps are held
+//! again, each under a lease that lasts as long as the host process recorded with the tree:
+//! the host's connection died with the old daemon, but the host may not have. Whatever happened
+//! while no daemon was there is then enforced: a root that exited is seen by the sweep, a host
+//! that died ends its lease at once, and a kill that was under way is finished.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use leash_client::protocol::{LeaseId, RootExitPolicy, TreeId};
+use leash_common::{Holder, Pid, holder_flags};
+use tokio::io::unix::AsyncFd;
+use tracing::Instrument;
+
+use super::{Daemon, TreeEntry, enforcement};
+use crate::{proc, sys};
+
+/// Holds every tree found in the maps again: one lease per recorded host, watched until the
+/// host exits. A tree with no recorded holder is killed (fail closed).
+pub fn hold_again(daemon: &Arc<Daemon>) {
+    let found: Vec<(TreeId, Holder, Pid, bool)> = {
+        let tracker = daemon.tracker();
+        tracker
+            .trees()
+            .into_iter()
+            .filter_map(|tree| {
+                let status = tracker.tree_status(tree).ok()?;
+                let holder = tracker.holder(tree).ok()?;
+                Some((tree, holder, status.root, status.doomed))
+            })
+            .collect()
+    };
+    let mut hosts: HashMap<(Pid, u64), LeaseId> = HashMap::new();
+    let (mut unheld, mut doomed) = (Vec::new(), Vec::new());
+    for &(tree, holder, root, is_doomed) in &found {
+        let lease = if holder.host_pid == 0 {
+            unheld.push(tree);
+            0
+        } else {
+            let host = (holder.host_pid, holder.host_start_ticks);
+            match hosts.get(&host) {
+                Some(&lease) => lease,
+                None => match daemon.open_lease(holder.owner_uid, host.0, host.1) {
+                    Ok(lease) => *hosts.entry(host).or_insert(lease),
+                    Err(e) => {
+                        tracing::error!(tree, "cannot open a lease for it: {e}");
+                        unheld.push(tree);
+                        0
+                    }
+                },
+            }
+        };
+        if is_doomed {
+            doomed.push(tree);
+        }
+        let on_root_exit = if holder.flags & holder_flags::KEEP_ON_ROOT_EXIT != 0 {
+            RootExitPolicy::Keep
+        } else {
+            RootExitPolicy::Kill
+        };
+        daemon.state().trees.insert(
+            tree,
+            TreeEntry {
+                lease,
+                owner_uid: holder.owner_uid,
+                root,
+                on_root_exit,
+                grace: Duration::from_millis(holder.grace_ms.into()),
+                root_exited: false,
+                kill: None,
+            },
+        );
+    }
+    tracing::info!(
+        trees = found.len(),
+        hosts = hosts.len(),
+        "holding the trees of the previous daemon"
+    );
+    for tree in unheld {
+        tracing::warn!(tree, "no holder recorded for the tree: killing it");
+        enforcement::start_kill(daemon, tree, None, "lease_ended");
+    }
+    for tree in doomed {
+        enforcement::start_kill(daemon, tree, None, "resumed");
+    }
+    for ((pid, start_ticks), lease) in hosts {
+        tokio::spawn(watch_host(daemon.clone(), lease, pid, start_ticks));
+    }
+}
+
+/// Ends `lease` when its host exits (at once if it already has).
+async fn watch_host(daemon: Arc<Daemon>, lease: LeaseId, pid: Pid, start_ticks: u64) {
+    let span = tracing::info_span!("lease", lease, host = pid, recovered = true);
+    async {
+        match host_pidfd(pid, start_ticks) {
+            Ok(host) => {
+                tracing::info!("watching the host again");
+                let _ = host.readable().await;
+                tracing::info!(ended_by = "host exited", "lease ended");
+            }
+            Err(why) => tracing::info!(ended_by = why, "lease ended"),
+        }
+        enforcement::end_lease(&daemon, lease);
+    }
+    .instrument(span)
+    .await;
+}
+
+/// A pidfd of the host, if the process `pid` is still the one that started at `start_ticks`.
+fn host_pidfd(pid: Pid, start_ticks: u64) -> Result<AsyncFd<std::os::fd::OwnedFd>, &'static str> {
+    let pidfd = sys::Pidfd::open(pid).map_err(|_| "host exited while no daemon ran")?;
+    // Opened first, checked after: if /proc still shows that start time, the pidfd names the
+    // host and not a process that reused its pid.
+    let same = proc::process(pid).is_some_and(|p| p.start_ticks == start_ticks && p.is_live());
+    if !same {
+        return Err("host exited while no daemon ran");
+    }
+    sys::async_readable(pidfd).map_err(|_| "host cannot be watched")
+}

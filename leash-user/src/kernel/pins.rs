@@ -1,0 +1,144 @@
+//! Pins: the programs' links and their maps, kept in a BPF filesystem so that tracking goes on
+//! while the daemon is away (killed, crashed, restarted for an upgrade) and the next daemon
+//! takes them over.
+//!
+//! Layout: `ROOT/v{ABI_VERSION}/links/{program}` and `ROOT/v{ABI_VERSION}/maps/{map}`. A pinned
+//! link keeps its program attached with no process holding it; a pinned map keeps its contents.
+//! A clean shutdown removes them; a daemon that dies leaves them, and its programs go on
+//! following every fork and exit into its maps until another daemon takes over.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result, bail};
+use aya::{
+    maps::{Map, MapData},
+    programs::links::{FdLink, PinnedLink},
+};
+use leash_common::{ABI_VERSION, map, program};
+
+use crate::sys;
+
+/// Where bpffs is mounted by convention; mounted there if nothing is.
+const BPFFS: &str = "/sys/fs/bpf";
+/// The programs whose links are pinned.
+pub const PINNED_PROGRAMS: [&str; 3] = [program::FORK, program::EXIT, program::EXEC];
+
+/// The pins of this ABI's maps and links, and the links pinned or opened by this process (held
+/// so they can be unpinned at a clean shutdown).
+#[derive(Debug)]
+pub struct Pins {
+    dir: PathBuf,
+    links: Vec<PinnedLink>,
+}
+
+impl Pins {
+    /// The pins under `root` (a directory on a BPF filesystem, made if needed; bpffs is
+    /// mounted at /sys/fs/bpf if `root` is below it and nothing is mounted there).
+    pub fn at(root: &Path) -> Result<Self> {
+        ensure_on_bpffs(root)?;
+        Ok(Self {
+            dir: root.join(format!("v{ABI_VERSION}")),
+            links: Vec::new(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether anything is pinned here.
+    pub fn exist(&self) -> bool {
+        self.dir.exists()
+    }
+
+    /// Whether a previous daemon left every link and every map pinned here.
+    pub fn complete(&self) -> bool {
+        PINNED_PROGRAMS.iter().all(|p| self.link_path(p).exists())
+            && map::ALL.iter().all(|m| self.map_path(m).exists())
+    }
+
+    pub fn pin_map(&self, name: &str, map: &Map) -> Result<()> {
+        let path = self.map_path(name);
+        fs::create_dir_all(path.parent().unwrap_or(&self.dir))?;
+        map.pin(&path)
+            .with_context(|| format!("pinning map {name} at {}", path.display()))
+    }
+
+    pub fn pin_link(&mut self, program: &str, link: FdLink) -> Result<()> {
+        let path = self.link_path(program);
+        fs::create_dir_all(path.parent().unwrap_or(&self.dir))?;
+        let pinned = link
+            .pin(&path)
+            .with_context(|| format!("pinning the link of {program} at {}", path.display()))?;
+        self.links.push(pinned);
+        Ok(())
+    }
+
+    /// Opens a map a previous daemon pinned.
+    pub fn open_map(&self, name: &str) -> Result<Map> {
+        let path = self.map_path(name);
+        let data = MapData::from_pin(&path)
+            .with_context(|| format!("opening the pinned map {}", path.display()))?;
+        Ok(Map::from_map_data(data)?)
+    }
+
+    /// Opens the links a previous daemon pinned, to unpin them at a clean shutdown. Their
+    /// programs have been attached all along.
+    pub fn open_links(&mut self) -> Result<()> {
+        for program in PINNED_PROGRAMS {
+            let path = self.link_path(program);
+            let link = PinnedLink::from_pin(&path)
+                .with_context(|| format!("opening the pinned link {}", path.display()))?;
+            self.links.push(link);
+        }
+        Ok(())
+    }
+
+    /// Removes every pin. The programs detach when the last descriptor of their link closes,
+    /// and the maps go when nothing holds them.
+    pub fn remove(self) -> Result<()> {
+        for link in self.links {
+            // Unpinning removes the file; dropping the link closes its descriptor.
+            let _ = link.unpin();
+        }
+        if self.dir.exists() {
+            fs::remove_dir_all(&self.dir)
+                .with_context(|| format!("removing the pins in {}", self.dir.display()))?;
+        }
+        Ok(())
+    }
+
+    fn link_path(&self, program: &str) -> PathBuf {
+        self.dir.join("links").join(program)
+    }
+
+    fn map_path(&self, name: &str) -> PathBuf {
+        self.dir.join("maps").join(name)
+    }
+}
+
+/// Makes `root` a directory on a BPF filesystem, mounting bpffs at /sys/fs/bpf if `root` is
+/// below it and nothing is mounted there (some machines do not mount it at boot).
+fn ensure_on_bpffs(root: &Path) -> Result<()> {
+    let existing = root
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    if !sys::is_bpffs(existing) {
+        let bpffs = Path::new(BPFFS);
+        if !root.starts_with(bpffs) || sys::is_bpffs(bpffs) {
+            bail!(
+                "{} is not on a BPF filesystem: pins need one (mount -t bpf bpf DIR)",
+                root.display()
+            );
+        }
+        sys::mount(c"bpf", bpffs).with_context(|| {
+            format!("mounting bpffs at {BPFFS} (as root: mount -t bpf bpf {BPFFS})")
+        })?;
+        tracing::info!(path = BPFFS, "mounted bpffs");
+    }
+    fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))
+}

@@ -1,0 +1,127 @@
+//! The daemon may die and come back. Its pinned programs go on following forks while no daemon
+//! runs, and the daemon started next holds the trees again: what happened meanwhile (a fork
+//! into a new session, a host's death, a root's exit) is enforced then.
+
+use std::{collections::BTreeSet, fs, path::Path, process::Command, time::Duration};
+
+use leash_client::TreeOptions;
+use leash_tests::{Cgroup, daemon::Daemon};
+
+/// The tree's members as the daemon lists them.
+fn listed_members(daemon: &Daemon) -> BTreeSet<u32> {
+    daemon
+        .client()
+        .list()
+        .unwrap()
+        .iter()
+        .flat_map(|tree| tree.members.iter().map(|m| m.pid))
+        .collect()
+}
+
+fn mkfifo(path: &Path) {
+    assert!(Command::new("mkfifo").arg(path).status().unwrap().success());
+}
+
+#[test]
+fn what_was_forked_while_no_daemon_ran_dies_with_its_host() {
+    let Some(mut daemon) = Daemon::start(&["--grace", "0"]) else {
+        return;
+    };
+    let cgroup = Cgroup::new("restart-fork");
+    let go = daemon.dir.join("go");
+    mkfifo(&go);
+    // The agent: a sleep now; once told, another in a session of its own.
+    let script = format!(
+        "sleep 600 & read line < {}; setsid sleep 601 & wait",
+        go.display()
+    );
+    let mut host = daemon
+        .leash()
+        .args(["run", "--"])
+        .args(cgroup.argv("sh", &["-c", &script]))
+        .spawn()
+        .unwrap();
+    cgroup.settle_exactly(&["sh", "sleep"]);
+
+    daemon.kill_hard();
+    fs::write(&go, "go\n").unwrap();
+    let truth = cgroup.settle_exactly(&["sh", "sleep", "sleep"]);
+
+    daemon.restart();
+    assert_eq!(
+        listed_members(&daemon),
+        truth,
+        "the new daemon holds the tree, with the process forked while none ran"
+    );
+    assert!(
+        daemon
+            .log()
+            .contains("took over the pinned programs and maps")
+    );
+
+    host.kill().unwrap();
+    let _ = host.wait();
+    let emptied = cgroup.wait_empty(Duration::from_secs(10));
+    eprintln!("host SIGKILLed after a daemon restart: tree empty after {emptied:?}");
+    assert!(emptied.is_some(), "the tree outlived its host");
+
+    assert!(daemon.stop(), "the daemon stops cleanly");
+    let left = fs::read_dir(&daemon.pins).map_or(0, |dir| dir.count());
+    assert_eq!(left, 0, "a clean stop removes the pins");
+}
+
+#[test]
+fn a_host_that_died_while_no_daemon_ran_loses_its_tree_at_the_restart() {
+    let Some(mut daemon) = Daemon::start(&["--grace", "0"]) else {
+        return;
+    };
+    let cgroup = Cgroup::new("restart-host");
+    let mut host = daemon
+        .leash()
+        .args(["run", "--"])
+        .args(cgroup.argv("sh", &["-c", "setsid sleep 600 & wait"]))
+        .spawn()
+        .unwrap();
+    cgroup.settle_exactly(&["sh", "sleep"]);
+
+    daemon.kill_hard();
+    host.kill().unwrap();
+    let _ = host.wait();
+    // Nobody enforces anything now.
+    assert_eq!(cgroup.procs().len(), 2);
+
+    daemon.restart();
+    let emptied = cgroup.wait_empty(Duration::from_secs(10));
+    eprintln!("host died while no daemon ran: tree empty {emptied:?} after the restart");
+    assert!(emptied.is_some(), "the orphaned tree survived the restart");
+}
+
+#[test]
+fn a_root_that_exited_while_no_daemon_ran_takes_its_tree_along_at_the_restart() {
+    let Some(mut daemon) = Daemon::start(&["--grace", "0"]) else {
+        return;
+    };
+    let cgroup = Cgroup::new("restart-root");
+    let go = daemon.dir.join("go");
+    mkfifo(&go);
+    let script = format!("setsid sleep 600 & read line < {}", go.display());
+    // This test is the host, and lives on through the restart.
+    let mut host = daemon.client();
+    let (_tree, mut root) = host
+        .spawn(
+            &mut cgroup.command("sh", &["-c", &script]),
+            &TreeOptions::default(),
+        )
+        .unwrap();
+    cgroup.settle_exactly(&["sh", "sleep"]);
+
+    daemon.kill_hard();
+    fs::write(&go, "go\n").unwrap();
+    root.wait().unwrap();
+    cgroup.settle_exactly(&["sleep"]);
+
+    daemon.restart();
+    let emptied = cgroup.wait_empty(Duration::from_secs(10));
+    eprintln!("root exited while no daemon ran: tree empty {emptied:?} after the restart");
+    assert!(emptied.is_some(), "the orphan survived its root's exit");
+}
