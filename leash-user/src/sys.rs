@@ -83,6 +83,21 @@ impl Pidfd {
     }
 }
 
+impl Pidfd {
+    /// Whether the process has finished exiting (a zombie, or reaped): the pidfd polls
+    /// readable then. Does not wait.
+    pub fn has_exited(&self) -> bool {
+        let mut poll = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, a zero timeout.
+        let rc = unsafe { libc::poll(&mut poll, 1, 0) };
+        rc == 1 && poll.revents & libc::POLLIN != 0
+    }
+}
+
 impl AsFd for Pidfd {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.0.as_fd()

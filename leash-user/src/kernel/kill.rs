@@ -28,6 +28,10 @@ use crate::{proc, sys::Pidfd};
 pub const KILL_ROUNDS_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a round waits for the signalled members to die before the next round.
 const ROUND_WAIT: Duration = Duration::from_millis(20);
+/// A SIGKILL round walks the whole member map. After the first, one is needed only when a
+/// member joined since the last began (a SIGKILLed process dies; sending again changes
+/// nothing), but one runs at least this often all the same.
+const FULL_ROUND_EVERY: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(1);
 /// How many exiting members one step checks in /proc, so a step stays short at any tree size.
 const EXIT_CHECKS_PER_STEP: usize = 1024;
@@ -69,6 +73,10 @@ enum Phase {
     },
     Rounds {
         next_round: Instant,
+        /// When a round runs even if no member joined.
+        next_full_round: Instant,
+        /// The tree's `joined` counter when the last round began.
+        joined: u64,
         give_up: Instant,
     },
     /// The map is empty; these signalled members are still on their way out of the kernel.
@@ -108,13 +116,8 @@ impl Kill {
                 tracker.doom(tree)?;
                 if self.grace.is_zero() {
                     // Straight to the first round, without a pause.
-                    self.killed +=
-                        tracker.signal_members(tree, libc::SIGKILL, &mut self.signalled)?;
-                    self.rounds = 1;
-                    self.phase = Phase::Rounds {
-                        next_round: now + ROUND_WAIT,
-                        give_up: now + KILL_ROUNDS_TIMEOUT,
-                    };
+                    self.phase = rounds_from(now);
+                    self.round(tracker, now)?;
                 } else {
                     self.terminated =
                         tracker.signal_members(tree, libc::SIGTERM, &mut self.signalled)?;
@@ -129,10 +132,13 @@ impl Kill {
                 }
                 if now >= until {
                     self.phase = rounds_from(now);
+                    self.round(tracker, now)?;
                 }
             }
             Phase::Rounds {
                 next_round,
+                next_full_round,
+                joined,
                 give_up,
             } => {
                 if tracker.is_empty(tree)? {
@@ -145,14 +151,9 @@ impl Kill {
                         KILL_ROUNDS_TIMEOUT
                     );
                 }
-                if now >= next_round {
-                    self.killed +=
-                        tracker.signal_members(tree, libc::SIGKILL, &mut self.signalled)?;
-                    self.rounds += 1;
-                    self.phase = Phase::Rounds {
-                        next_round: now + ROUND_WAIT,
-                        give_up,
-                    };
+                let someone_joined = tracker.tree_status(tree)?.joined != joined;
+                if now >= next_round && (someone_joined || now >= next_full_round) {
+                    self.round(tracker, now)?;
                 }
             }
             Phase::Exiting {
@@ -163,7 +164,7 @@ impl Kill {
                 let checked_from = pending.len().saturating_sub(EXIT_CHECKS_PER_STEP);
                 for i in (checked_from..pending.len()).rev() {
                     let (pid, start_ticks) = pending[i];
-                    if proc::has_exited(pid, start_ticks) {
+                    if has_exited(pid, start_ticks) {
                         pending.swap_remove(i);
                     }
                 }
@@ -190,9 +191,42 @@ impl Kill {
         Ok(KillStep::Wait(POLL))
     }
 
+    /// One SIGKILL round: every member, as the map has them now.
+    fn round(&mut self, tracker: &mut Tracker, now: Instant) -> Result<()> {
+        let Phase::Rounds {
+            next_round,
+            next_full_round,
+            joined,
+            ..
+        } = &mut self.phase
+        else {
+            return Ok(());
+        };
+        // Read before the walk: whoever joins during it makes the next round run.
+        *joined = tracker.tree_status(self.tree)?.joined;
+        *next_round = now + ROUND_WAIT;
+        *next_full_round = now + FULL_ROUND_EVERY;
+        let sent = tracker.signal_members(self.tree, libc::SIGKILL, &mut self.signalled)?;
+        self.killed += sent;
+        self.rounds += 1;
+        tracing::debug!(
+            round = self.rounds,
+            sent,
+            took = ?now.elapsed(),
+            "SIGKILL round"
+        );
+        Ok(())
+    }
+
     /// The map is empty: wait for the signalled members to finish exiting.
     fn exiting(&mut self, now: Instant) -> KillStep {
         let pending: Vec<_> = self.signalled.drain().collect();
+        tracing::debug!(
+            tree = self.tree,
+            elapsed = ?self.started.elapsed(),
+            signalled = pending.len(),
+            "no members left in the map; waiting for them to finish exiting"
+        );
         self.phase = Phase::Exiting {
             pending,
             give_up: now + KILL_ROUNDS_TIMEOUT,
@@ -214,7 +248,20 @@ impl Kill {
 fn rounds_from(now: Instant) -> Phase {
     Phase::Rounds {
         next_round: now,
+        next_full_round: now,
+        joined: 0,
         give_up: now + KILL_ROUNDS_TIMEOUT,
+    }
+}
+
+/// Whether the member that `pid` named when it started at `start_ticks` has finished exiting.
+/// A pidfd says so cheaply; /proc is read only for a process that has not, which may be the
+/// member still exiting or a newer process that took its pid.
+fn has_exited(pid: Pid, start_ticks: u64) -> bool {
+    match Pidfd::open(pid) {
+        // Reaped, and the pid not taken again.
+        Err(_) => true,
+        Ok(pidfd) => pidfd.has_exited() || proc::has_exited(pid, start_ticks),
     }
 }
 
