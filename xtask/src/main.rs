@@ -1,5 +1,5 @@
-//! Project tasks: `cargo xtask setup | test | run`. Each installs what it needs first, so a fresh
-//! clone on a fresh Debian/Ubuntu machine needs nothing else.
+//! Project tasks: `cargo xtask setup | test | run | bench | install`. Each installs what it needs
+//! first, so a fresh clone on a fresh Debian/Ubuntu machine needs nothing else.
 
 use std::{
     env,
@@ -47,6 +47,17 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Set up, build with optimizations, and install the service: the binary as PREFIX/bin/leash
+    /// and the systemd unit dist/leash.service (restarted whenever it dies) as
+    /// /etc/systemd/system/leash.service. Starts nothing; it prints how.
+    Install {
+        /// Where the binary goes: PREFIX/bin/leash.
+        #[arg(long, default_value = "/usr/local")]
+        prefix: PathBuf,
+        /// Put every file under this directory instead of / (for packaging).
+        #[arg(long)]
+        destdir: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -55,6 +66,7 @@ fn main() -> ExitCode {
         Task::Test { args } => test(&args),
         Task::Run { args } => run(&args),
         Task::Bench { quick } => bench(quick),
+        Task::Install { prefix, destdir } => install(&prefix, destdir.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -174,6 +186,50 @@ fn run(args: &[String]) -> Result<()> {
     cargo(&["build", "--package", "leash-user"])?;
     let leash = workspace_root().join("target/debug/leash");
     status(Command::new(&leash).args(args))
+}
+
+fn install(prefix: &Path, destdir: Option<&Path>) -> Result<()> {
+    if !prefix.is_absolute() {
+        bail!("--prefix must be an absolute path: {}", prefix.display());
+    }
+    setup()?;
+    cargo(&["build", "--release", "--package", "leash-user"])?;
+    let root = workspace_root();
+    let staged = |path: &Path| match destdir {
+        Some(dest) => dest.join(path.strip_prefix("/").unwrap_or(path)),
+        None => path.to_path_buf(),
+    };
+    let binary = prefix.join("bin/leash");
+    let unit = Path::new("/etc/systemd/system/leash.service");
+
+    let target = staged(&binary);
+    std::fs::create_dir_all(target.parent().context("a directory")?)?;
+    // Through a new file and a rename: the running daemon's binary may be the old one.
+    let partial = target.with_extension("partial");
+    std::fs::copy(root.join("target/release/leash"), &partial)
+        .with_context(|| format!("writing {}", partial.display()))?;
+    std::fs::rename(&partial, &target)?;
+    eprintln!("xtask: installed {}", target.display());
+
+    let template = std::fs::read_to_string(root.join("dist/leash.service"))?;
+    let target = staged(unit);
+    std::fs::create_dir_all(target.parent().context("a directory")?)?;
+    std::fs::write(&target, unit_for(&template, &binary)?)
+        .with_context(|| format!("writing {}", target.display()))?;
+    eprintln!("xtask: installed {}", target.display());
+    if destdir.is_none() {
+        eprintln!("xtask: start it with: systemctl daemon-reload && systemctl enable --now leash");
+    }
+    Ok(())
+}
+
+/// The unit file, with ExecStart running `binary`.
+fn unit_for(template: &str, binary: &Path) -> Result<String> {
+    let exec = "ExecStart=/usr/local/bin/leash ";
+    if !template.contains(exec) {
+        bail!("dist/leash.service has no line starting with {exec:?}");
+    }
+    Ok(template.replace(exec, &format!("ExecStart={} ", binary.display())))
 }
 
 fn ensure_nightly_rust_src() -> Result<()> {
@@ -301,4 +357,22 @@ fn output(command: &mut Command) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unit_runs_the_installed_binary() {
+        let template =
+            std::fs::read_to_string(workspace_root().join("dist/leash.service")).unwrap();
+        let unit = unit_for(&template, Path::new("/opt/leash/bin/leash")).unwrap();
+        assert!(
+            unit.contains("\nExecStart=/opt/leash/bin/leash daemon\n"),
+            "{unit}"
+        );
+        assert!(unit.contains("\nRestart=always\n"));
+        assert!(unit_for("[Service]\n", Path::new("/x")).is_err());
+    }
 }
