@@ -62,7 +62,18 @@ impl Daemon {
         let _ = self.process.wait();
     }
 
-    /// Starts a new daemon on the same socket and pins, after [`Daemon::kill_hard`].
+    /// Sends SIGHUP (hand over: exit, leaving every tree tracked in the pins) and waits for the
+    /// daemon to exit; returns whether it exited cleanly.
+    pub fn hand_over(&mut self) -> bool {
+        signal(self.process.id(), "HUP");
+        let exited = wait_for(Duration::from_secs(30), || {
+            self.process.try_wait().ok().flatten().is_some()
+        });
+        exited && self.process.wait().is_ok_and(|s| s.success())
+    }
+
+    /// Starts a new daemon on the same socket and pins, after [`Daemon::kill_hard`] or
+    /// [`Daemon::hand_over`].
     pub fn restart(&mut self) {
         assert!(
             self.process.try_wait().ok().flatten().is_some(),

@@ -1,6 +1,7 @@
 //! The daemon may die and come back. Its pinned programs go on following forks while no daemon
 //! runs, and the daemon started next holds the trees again: what happened meanwhile (a fork
-//! into a new session, a host's death, a root's exit) is enforced then.
+//! into a new session, a host's death, a root's exit) is enforced then. SIGHUP does the same on
+//! purpose: a hand-over that kills nothing.
 
 use std::{collections::BTreeSet, fs, path::Path, process::Command, time::Duration};
 
@@ -124,4 +125,31 @@ fn a_root_that_exited_while_no_daemon_ran_takes_its_tree_along_at_the_restart() 
     let emptied = cgroup.wait_empty(Duration::from_secs(10));
     eprintln!("root exited while no daemon ran: tree empty {emptied:?} after the restart");
     assert!(emptied.is_some(), "the orphan survived its root's exit");
+}
+
+#[test]
+fn a_hand_over_kills_nothing_and_the_next_daemon_enforces() {
+    let Some(mut daemon) = Daemon::start(&["--grace", "0"]) else {
+        return;
+    };
+    let cgroup = Cgroup::new("restart-hup");
+    let mut host = daemon
+        .leash()
+        .args(["run", "--"])
+        .args(cgroup.argv("sh", &["-c", "setsid sleep 600 & wait"]))
+        .spawn()
+        .unwrap();
+    let before = cgroup.settle_exactly(&["sh", "sleep"]);
+
+    assert!(daemon.hand_over(), "the daemon exits cleanly on SIGHUP");
+    assert!(daemon.log().contains("handing over"));
+    assert_eq!(cgroup.procs(), before, "a hand-over kills nothing");
+
+    daemon.restart();
+    assert_eq!(listed_members(&daemon), before);
+    host.kill().unwrap();
+    let _ = host.wait();
+    let emptied = cgroup.wait_empty(Duration::from_secs(10));
+    eprintln!("host SIGKILLed after a hand-over: tree empty after {emptied:?}");
+    assert!(emptied.is_some(), "the tree outlived its host");
 }

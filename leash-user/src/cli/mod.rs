@@ -40,8 +40,9 @@ enum Commands {
     /// Run the leash service: load the programs, serve the socket, enforce leases (root).
     ///
     /// On SIGTERM or SIGINT every live tree is killed before the daemon exits: a tree that
-    /// outlives its enforcer is the failure leash exists to prevent. If the daemon dies any
-    /// other way, its pinned programs go on tracking, and the next daemon takes over.
+    /// outlives its enforcer is the failure leash exists to prevent. On SIGHUP it hands over:
+    /// it exits and leaves every tree tracked in the pins, for the next daemon to take over
+    /// (an upgrade without killing anything). If it dies any other way, the same happens.
     Daemon(daemon::DaemonArgs),
     /// Run CMD on a leash: when CMD exits, whatever it left running is killed, and if this
     /// command is killed (even with SIGKILL), the whole tree dies with it. Exits with CMD's

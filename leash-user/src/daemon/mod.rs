@@ -123,7 +123,9 @@ impl Daemon {
     }
 }
 
-/// Runs the daemon until SIGTERM or SIGINT; then kills every live tree and removes the socket.
+/// Runs the daemon until SIGTERM or SIGINT, then kills every live tree and removes the socket and
+/// the pins; or, pinned, until SIGHUP, then exits leaving every tree tracked in the pins for the
+/// next daemon (a hand-over, to upgrade or restart without killing anything).
 pub async fn run(config: Config) -> Result<()> {
     // The socket first: it refuses to start beside a live daemon, which holds the pins.
     let listener = bind(&config.socket)?;
@@ -157,6 +159,7 @@ pub async fn run(config: Config) -> Result<()> {
 
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -167,6 +170,18 @@ pub async fn run(config: Config) -> Result<()> {
             },
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
+            _ = hangup.recv() => {
+                if daemon.tracker().pin_dir().is_some() {
+                    tracing::info!(
+                        "handing over: exiting with every tree tracked in the pins; the next \
+                         daemon takes them over"
+                    );
+                    drop(listener);
+                    let _ = fs::remove_file(&daemon.config.socket);
+                    return Ok(());
+                }
+                tracing::warn!("SIGHUP ignored: not pinned, so nothing could take over");
+            }
         }
     }
     tracing::info!("shutting down: killing every live tree");
