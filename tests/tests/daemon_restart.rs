@@ -3,7 +3,13 @@
 //! into a new session, a host's death, a root's exit) is enforced then. SIGHUP does the same on
 //! purpose: a hand-over that kills nothing.
 
-use std::{collections::BTreeSet, fs, path::Path, process::Command, time::Duration};
+use std::{
+    collections::BTreeSet,
+    fs,
+    path::Path,
+    process::{Child, Command},
+    time::Duration,
+};
 
 use leash_client::TreeOptions;
 use leash_tests::{Cgroup, daemon::Daemon};
@@ -17,6 +23,16 @@ fn listed_members(daemon: &Daemon) -> BTreeSet<u32> {
         .iter()
         .flat_map(|tree| tree.members.iter().map(|m| m.pid))
         .collect()
+}
+
+/// `leash run -- sh -c SCRIPT` inside `cgroup`: the host, a process of its own.
+fn leash_run(daemon: &Daemon, cgroup: &Cgroup, script: &str) -> Child {
+    daemon
+        .leash()
+        .args(["run", "--"])
+        .args(cgroup.argv("sh", &["-c", script]))
+        .spawn()
+        .unwrap()
 }
 
 fn mkfifo(path: &Path) {
@@ -36,12 +52,7 @@ fn what_was_forked_while_no_daemon_ran_dies_with_its_host() {
         "sleep 600 & read line < {}; setsid sleep 601 & wait",
         go.display()
     );
-    let mut host = daemon
-        .leash()
-        .args(["run", "--"])
-        .args(cgroup.argv("sh", &["-c", &script]))
-        .spawn()
-        .unwrap();
+    let mut host = leash_run(&daemon, &cgroup, &script);
     cgroup.settle_exactly(&["sh", "sleep"]);
 
     daemon.kill_hard();
@@ -77,12 +88,7 @@ fn a_host_that_died_while_no_daemon_ran_loses_its_tree_at_the_restart() {
         return;
     };
     let cgroup = Cgroup::new("restart-host");
-    let mut host = daemon
-        .leash()
-        .args(["run", "--"])
-        .args(cgroup.argv("sh", &["-c", "setsid sleep 600 & wait"]))
-        .spawn()
-        .unwrap();
+    let mut host = leash_run(&daemon, &cgroup, "setsid sleep 600 & wait");
     cgroup.settle_exactly(&["sh", "sleep"]);
 
     daemon.kill_hard();
@@ -133,12 +139,7 @@ fn a_hand_over_kills_nothing_and_the_next_daemon_enforces() {
         return;
     };
     let cgroup = Cgroup::new("restart-hup");
-    let mut host = daemon
-        .leash()
-        .args(["run", "--"])
-        .args(cgroup.argv("sh", &["-c", "setsid sleep 600 & wait"]))
-        .spawn()
-        .unwrap();
+    let mut host = leash_run(&daemon, &cgroup, "setsid sleep 600 & wait");
     let before = cgroup.settle_exactly(&["sh", "sleep"]);
 
     assert!(daemon.hand_over(), "the daemon exits cleanly on SIGHUP");
