@@ -110,6 +110,7 @@ fn test(args: &[String]) -> Result<()> {
         );
     }
     ensure_tracefs()?;
+    remove_stale_test_pins();
     cargo(&["build"])?;
     let mut test_args = vec!["test"];
     test_args.extend(args.iter().map(String::as_str));
@@ -318,6 +319,28 @@ fn ensure_tracefs() -> Result<()> {
     }
     eprintln!("xtask: mounting tracefs at {TRACEFS}");
     status(Command::new("mount").args(["-t", "tracefs", "tracefs", TRACEFS]))
+}
+
+/// Test daemons pin under /sys/fs/bpf/leash-test-PID-N and remove that when dropped. A test
+/// process that was itself killed leaves its pins, and their programs attached: remove those of
+/// test processes that are gone.
+fn remove_stale_test_pins() {
+    let Ok(entries) = std::fs::read_dir("/sys/fs/bpf") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("leash-test-")
+            .and_then(|rest| rest.split('-').next())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid).exists() {
+            eprintln!("xtask: removing stale test pins {}", entry.path().display());
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 fn cargo(args: &[&str]) -> Result<()> {
