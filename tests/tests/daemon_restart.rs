@@ -11,8 +11,8 @@ use std::{
     time::Duration,
 };
 
-use leash_client::TreeOptions;
-use leash_tests::{Cgroup, daemon::Daemon};
+use leash_client::{EventKind, RootExitPolicy, TreeOptions};
+use leash_tests::{Cgroup, daemon::Daemon, wait_for};
 
 /// The tree's members as the daemon lists them.
 fn listed_members(daemon: &Daemon) -> BTreeSet<u32> {
@@ -153,4 +153,101 @@ fn a_hand_over_kills_nothing_and_the_next_daemon_enforces() {
     let emptied = cgroup.wait_empty(Duration::from_secs(10));
     eprintln!("host SIGKILLed after a hand-over: tree empty after {emptied:?}");
     assert!(emptied.is_some(), "the tree outlived its host");
+}
+
+#[test]
+fn a_tree_keeps_its_policy_grace_and_host_through_a_restart() {
+    let Some(mut daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let cgroup = Cgroup::new("restart-keep");
+    let keep = TreeOptions {
+        on_root_exit: RootExitPolicy::Keep,
+        grace: Some(Duration::from_millis(700)),
+    };
+    let mut host = daemon.client();
+    let (tree, mut root) = host
+        .spawn(
+            &mut cgroup.command("sh", &["-c", "setsid sleep 600 & exit 0"]),
+            &keep,
+        )
+        .unwrap();
+    root.wait().unwrap();
+    let orphan = cgroup.settle_exactly(&["sleep"]);
+
+    daemon.kill_hard();
+    daemon.restart();
+    let mut observer = daemon.client();
+    let mut info = None;
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            info = observer
+                .list()
+                .unwrap()
+                .into_iter()
+                .find(|t| t.tree == tree);
+            info.as_ref().is_some_and(|t| t.root_exited)
+        }),
+        "the new daemon saw the root's exit"
+    );
+    let info = info.unwrap();
+    assert_eq!(info.on_root_exit, RootExitPolicy::Keep);
+    assert_eq!(info.grace_ms, 700);
+    assert_eq!(info.host_pid, std::process::id());
+    assert_eq!(cgroup.procs(), orphan, "kept, as its policy says");
+
+    let summary = observer.kill(tree, Some(Duration::ZERO)).unwrap();
+    assert_eq!(summary.killed, 1);
+    assert!(cgroup.procs().is_empty());
+}
+
+#[test]
+fn a_kill_under_way_when_the_daemon_died_is_finished_by_the_next() {
+    let Some(mut daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let cgroup = Cgroup::new("restart-resume");
+    // Both ignore SIGTERM (an ignored signal stays ignored across exec): SIGKILL must come.
+    let stubborn = TreeOptions {
+        on_root_exit: RootExitPolicy::Kill,
+        grace: Some(Duration::from_millis(1500)),
+    };
+    let mut host = daemon.client();
+    let (tree, _root) = host
+        .spawn(
+            &mut cgroup.command("sh", &["-c", "trap '' TERM; setsid sleep 600 & wait"]),
+            &stubborn,
+        )
+        .unwrap();
+    cgroup.settle_exactly(&["sh", "sleep"]);
+    let mut watcher = daemon.client();
+    watcher.subscribe().unwrap();
+    let mut killer = daemon
+        .leash()
+        .args(["kill", &tree.to_string()])
+        .spawn()
+        .unwrap();
+    loop {
+        let event = watcher.next_event(Some(Duration::from_secs(10))).unwrap();
+        let event = event.expect("the kill started");
+        if event.tree == tree && event.kind == EventKind::KillStarted {
+            break;
+        }
+    }
+
+    // Mid-grace: the tree is doomed (kill_started is sent once it is), not yet SIGKILLed.
+    daemon.kill_hard();
+    let _ = killer.wait();
+    assert_eq!(cgroup.procs().len(), 2);
+    daemon.restart();
+    let emptied = cgroup.wait_empty(Duration::from_secs(10));
+    eprintln!("kill resumed after a restart: tree empty {emptied:?} after it");
+    assert!(emptied.is_some(), "the interrupted kill was not finished");
+    // The daemon logs the kill's end once it has seen the exits too.
+    assert!(
+        wait_for(Duration::from_secs(10), || daemon
+            .log()
+            .contains("reason: \"resumed\"")),
+        "the kill was not finished as a resumed one"
+    );
 }

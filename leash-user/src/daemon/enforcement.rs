@@ -194,6 +194,11 @@ pub fn start_kill(
         )
     };
     let (done, pending) = done;
+    // Doomed before anyone hears of the kill: from then on no member forks, and a daemon that
+    // takes over after this one dies finishes the kill (the kill task dooms it again, harmlessly).
+    if let Err(e) = daemon.tracker().doom(tree) {
+        tracing::warn!(tree, "dooming the tree: {e:#}");
+    }
     let mut started = event(EventKind::KillStarted, tree, lease, None);
     started.reason = Some(reason.to_owned());
     daemon.emit(owner, started);
