@@ -131,7 +131,8 @@ fn ensure_on_bpffs(root: &Path) -> Result<()> {
         let bpffs = Path::new(BPFFS);
         if !root.starts_with(bpffs) || sys::is_bpffs(bpffs) {
             bail!(
-                "{} is not on a BPF filesystem: pins need one (mount -t bpf bpf DIR)",
+                "{} is not on a BPF filesystem: pins need one (mount -t bpf bpf DIR), or run \
+                 the daemon with --no-pin",
                 root.display()
             );
         }
