@@ -48,6 +48,78 @@ pub fn is_bpffs(path: &Path) -> bool {
     rc == 0 && stat.f_type as i64 == BPF_FS_MAGIC
 }
 
+/// `union bpf_attr` as BPF_MAP_*_BATCH commands read it.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+/// Entries read per system call. A hash map bucket larger than this would fail with ENOSPC;
+/// buckets hold a few entries.
+const BATCH: usize = 4096;
+
+/// Every entry of a BPF hash map, read with BPF_MAP_LOOKUP_BATCH: one system call per 4096
+/// entries, where walking keys costs two per entry, and each bucket read whole under its lock,
+/// so entries deleted meanwhile never restart the walk. `Unsupported` before Linux 5.6.
+pub fn hash_map_entries<K: aya::Pod, V: aya::Pod>(map: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>> {
+    let mut entries = Vec::new();
+    let mut keys: Vec<K> = Vec::with_capacity(BATCH);
+    let mut values: Vec<V> = Vec::with_capacity(BATCH);
+    // The position: for hash maps, a bucket index the kernel hands back.
+    let (mut position, mut next) = (0u32, 0u32);
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { &raw const position as u64 },
+            out_batch: &raw mut next as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: BATCH as u32,
+            map_fd: map.as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: attr is a valid bpf_attr prefix; keys and values have room for BATCH
+        // entries of the map's key and value types, which the kernel fills (count says how
+        // many); position and next outlive the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &raw mut attr,
+                size_of::<BatchAttr>(),
+            )
+        };
+        let error = (rc < 0).then(io::Error::last_os_error);
+        let filled = (attr.count as usize).min(BATCH);
+        // SAFETY: the kernel wrote `filled` whole entries; K and V are plain data.
+        unsafe {
+            keys.set_len(filled);
+            values.set_len(filled);
+        }
+        entries.extend(keys.drain(..).zip(values.drain(..)));
+        match error {
+            None => {}
+            // The end of the map: the last chunk came with it.
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(entries),
+            Some(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                return Err(io::Error::new(io::ErrorKind::Unsupported, e));
+            }
+            Some(e) => return Err(e),
+        }
+        position = next;
+        first = false;
+    }
+}
+
 /// A process file descriptor: names one process for good, so a signal sent through it can never
 /// reach a process that later got the same pid.
 pub struct Pidfd(OwnedFd);

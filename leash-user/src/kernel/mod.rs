@@ -7,7 +7,12 @@ mod pins;
 mod register;
 pub mod tracefs;
 
-use std::{collections::HashMap as StdHashMap, fmt, mem::offset_of};
+use std::{
+    collections::HashMap as StdHashMap,
+    fmt,
+    mem::offset_of,
+    os::fd::{AsFd, OwnedFd},
+};
 
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
@@ -20,7 +25,7 @@ use leash_common::{
     map, program, stat,
 };
 
-use crate::proc;
+use crate::{proc, sys};
 
 pub use kill::{KILL_ROUNDS_TIMEOUT, Kill, KillReport, KillStep};
 pub use pins::Pins;
@@ -146,6 +151,8 @@ pub enum Origin {
 /// until [`Tracker::unpin`].
 pub struct Tracker {
     members: HashMap<MapData, Pid, Member>,
+    /// The member map's descriptor again, for batch reads (aya has none).
+    members_fd: OwnedFd,
     counters: HashMap<MapData, TreeId, TreeCounters>,
     control: HashMap<MapData, TreeId, TreeControl>,
     stats: PerCpuArray<MapData, u64>,
@@ -219,8 +226,10 @@ impl Tracker {
     }
 
     fn from_programs(mut ebpf: Ebpf, capacity: Capacity, pins: Option<Pins>) -> Result<Self> {
+        let members = take_map(&mut ebpf, map::MEMBERS)?;
         Ok(Self {
-            members: HashMap::try_from(take_map(&mut ebpf, map::MEMBERS)?)?,
+            members_fd: map_fd(&members)?,
+            members: HashMap::try_from(members)?,
             counters: HashMap::try_from(take_map(&mut ebpf, map::TREE_COUNTERS)?)?,
             control: HashMap::try_from(take_map(&mut ebpf, map::TREE_CONTROL)?)?,
             stats: PerCpuArray::try_from(take_map(&mut ebpf, map::STATS)?)?,
@@ -249,6 +258,7 @@ impl Tracker {
             event_bytes: max_entries(&events)?,
         };
         let mut tracker = Self {
+            members_fd: map_fd(&members)?,
             members: HashMap::try_from(members)?,
             counters: HashMap::try_from(pins.open_map(map::TREE_COUNTERS)?)?,
             control: HashMap::try_from(control)?,
@@ -318,6 +328,12 @@ impl Tracker {
 
     /// Every entry of the member map now. A member that exits during the walk is left out.
     fn member_entries(&self) -> Result<Vec<(Pid, Member)>> {
+        match sys::hash_map_entries(self.members_fd.as_fd()) {
+            Ok(entries) => return Ok(entries),
+            // Before Linux 5.6: walk the keys instead.
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
+            Err(e) => return Err(e).context("reading the member map"),
+        }
         let mut entries = Vec::new();
         for entry in self.members.iter() {
             match entry {
@@ -550,6 +566,14 @@ impl Attached {
 fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
     ebpf.program_mut(name)
         .with_context(|| format!("program {name} missing from the object"))
+}
+
+/// A descriptor of its own for `map`.
+fn map_fd(map: &Map) -> Result<OwnedFd> {
+    let Map::HashMap(data) = map else {
+        bail!("the member map is not a hash map");
+    };
+    Ok(data.fd().as_fd().try_clone_to_owned()?)
 }
 
 fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
