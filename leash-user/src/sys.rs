@@ -107,6 +107,8 @@ pub fn hash_map_entries<K: aya::Pod, V: aya::Pod>(map: BorrowedFd<'_>) -> io::Re
         }
         entries.extend(keys.drain(..).zip(values.drain(..)));
         match error {
+            // Never seen (the end comes as ENOENT), but it must not loop.
+            None if filled == 0 => return Ok(entries),
             None => {}
             // The end of the map: the last chunk came with it.
             Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(entries),
