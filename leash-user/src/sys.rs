@@ -67,58 +67,84 @@ const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 /// buckets hold a few entries.
 const BATCH: usize = 4096;
 
-/// Every entry of a BPF hash map, read with BPF_MAP_LOOKUP_BATCH: one system call per 4096
-/// entries, where walking keys costs two per entry, and each bucket read whole under its lock,
-/// so entries deleted meanwhile never restart the walk. `Unsupported` before Linux 5.6.
-pub fn hash_map_entries<K: aya::Pod, V: aya::Pod>(map: BorrowedFd<'_>) -> io::Result<Vec<(K, V)>> {
-    let mut entries = Vec::new();
-    let mut keys: Vec<K> = Vec::with_capacity(BATCH);
-    let mut values: Vec<V> = Vec::with_capacity(BATCH);
-    // The position: for hash maps, a bucket index the kernel hands back.
-    let (mut position, mut next) = (0u32, 0u32);
-    let mut first = true;
-    loop {
-        let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { &raw const position as u64 },
-            out_batch: &raw mut next as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: BATCH as u32,
-            map_fd: map.as_raw_fd() as u32,
-            ..BatchAttr::default()
-        };
-        // SAFETY: attr is a valid bpf_attr prefix; keys and values have room for BATCH
-        // entries of the map's key and value types, which the kernel fills (count says how
-        // many); position and next outlive the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &raw mut attr,
-                size_of::<BatchAttr>(),
-            )
-        };
-        let error = (rc < 0).then(io::Error::last_os_error);
-        let filled = (attr.count as usize).min(BATCH);
-        // SAFETY: the kernel wrote `filled` whole entries; K and V are plain data.
-        unsafe {
-            keys.set_len(filled);
-            values.set_len(filled);
+/// A BPF hash map's descriptor, checked to hold keys `K` and values `V`, for batch reads.
+pub struct HashMapReader<K, V> {
+    fd: OwnedFd,
+    entry: std::marker::PhantomData<(K, V)>,
+}
+
+impl<K: aya::Pod, V: aya::Pod> HashMapReader<K, V> {
+    pub fn new(map: &aya::maps::MapData) -> io::Result<Self> {
+        let info = map.info().map_err(io::Error::other)?;
+        let is_hash = matches!(info.map_type(), Ok(aya::maps::MapType::Hash));
+        if !is_hash
+            || info.key_size() as usize != size_of::<K>()
+            || info.value_size() as usize != size_of::<V>()
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a hash map of these key and value types",
+            ));
         }
-        entries.extend(keys.drain(..).zip(values.drain(..)));
-        match error {
-            // Never seen (the end comes as ENOENT), but it must not loop.
-            None if filled == 0 => return Ok(entries),
-            None => {}
-            // The end of the map: the last chunk came with it.
-            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(entries),
-            Some(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                return Err(io::Error::new(io::ErrorKind::Unsupported, e));
+        Ok(Self {
+            fd: map.fd().as_fd().try_clone_to_owned()?,
+            entry: std::marker::PhantomData,
+        })
+    }
+
+    /// Every entry, read with BPF_MAP_LOOKUP_BATCH: one system call per 4096 entries, where
+    /// walking keys costs two per entry, and each bucket read whole under its lock, so entries
+    /// deleted meanwhile never restart the walk. `Unsupported` before Linux 5.6.
+    pub fn entries(&self) -> io::Result<Vec<(K, V)>> {
+        let mut entries = Vec::new();
+        let mut keys: Vec<K> = Vec::with_capacity(BATCH);
+        let mut values: Vec<V> = Vec::with_capacity(BATCH);
+        // The position: for hash maps, a bucket index the kernel hands back.
+        let (mut position, mut next) = (0u32, 0u32);
+        let mut first = true;
+        loop {
+            let mut attr = BatchAttr {
+                in_batch: if first { 0 } else { &raw const position as u64 },
+                out_batch: &raw mut next as u64,
+                keys: keys.as_mut_ptr() as u64,
+                values: values.as_mut_ptr() as u64,
+                count: BATCH as u32,
+                map_fd: self.fd.as_raw_fd() as u32,
+                ..BatchAttr::default()
+            };
+            // SAFETY: attr is a valid bpf_attr prefix; the map's keys and values are K and V
+            // (checked in new), and keys and values have room for BATCH of them, which the
+            // kernel fills (count says how many); position and next outlive the call.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_bpf,
+                    BPF_MAP_LOOKUP_BATCH,
+                    &raw mut attr,
+                    size_of::<BatchAttr>(),
+                )
+            };
+            let error = (rc < 0).then(io::Error::last_os_error);
+            let filled = (attr.count as usize).min(BATCH);
+            // SAFETY: the kernel wrote `filled` whole entries; K and V are plain data.
+            unsafe {
+                keys.set_len(filled);
+                values.set_len(filled);
             }
-            Some(e) => return Err(e),
+            entries.extend(keys.drain(..).zip(values.drain(..)));
+            match error {
+                // Never seen (the end comes as ENOENT), but it must not loop.
+                None if filled == 0 => return Ok(entries),
+                None => {}
+                // The end of the map: the last chunk came with it.
+                Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(entries),
+                Some(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    return Err(io::Error::new(io::ErrorKind::Unsupported, e));
+                }
+                Some(e) => return Err(e),
+            }
+            position = next;
+            first = false;
         }
-        position = next;
-        first = false;
     }
 }
 

@@ -7,12 +7,7 @@ mod pins;
 mod register;
 pub mod tracefs;
 
-use std::{
-    collections::HashMap as StdHashMap,
-    fmt,
-    mem::offset_of,
-    os::fd::{AsFd, OwnedFd},
-};
+use std::{collections::HashMap as StdHashMap, fmt, mem::offset_of};
 
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
@@ -151,8 +146,8 @@ pub enum Origin {
 /// until [`Tracker::unpin`].
 pub struct Tracker {
     members: HashMap<MapData, Pid, Member>,
-    /// The member map's descriptor again, for batch reads (aya has none).
-    members_fd: OwnedFd,
+    /// The member map again, for batch reads (aya has none).
+    member_reader: sys::HashMapReader<Pid, Member>,
     counters: HashMap<MapData, TreeId, TreeCounters>,
     control: HashMap<MapData, TreeId, TreeControl>,
     stats: PerCpuArray<MapData, u64>,
@@ -228,7 +223,7 @@ impl Tracker {
     fn from_programs(mut ebpf: Ebpf, capacity: Capacity, pins: Option<Pins>) -> Result<Self> {
         let members = take_map(&mut ebpf, map::MEMBERS)?;
         Ok(Self {
-            members_fd: map_fd(&members)?,
+            member_reader: member_reader(&members)?,
             members: HashMap::try_from(members)?,
             counters: HashMap::try_from(take_map(&mut ebpf, map::TREE_COUNTERS)?)?,
             control: HashMap::try_from(take_map(&mut ebpf, map::TREE_CONTROL)?)?,
@@ -258,7 +253,7 @@ impl Tracker {
             event_bytes: max_entries(&events)?,
         };
         let mut tracker = Self {
-            members_fd: map_fd(&members)?,
+            member_reader: member_reader(&members)?,
             members: HashMap::try_from(members)?,
             counters: HashMap::try_from(pins.open_map(map::TREE_COUNTERS)?)?,
             control: HashMap::try_from(control)?,
@@ -328,7 +323,7 @@ impl Tracker {
 
     /// Every entry of the member map now. A member that exits during the walk is left out.
     fn member_entries(&self) -> Result<Vec<(Pid, Member)>> {
-        match sys::hash_map_entries(self.members_fd.as_fd()) {
+        match self.member_reader.entries() {
             Ok(entries) => return Ok(entries),
             // Before Linux 5.6: walk the keys instead.
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
@@ -568,12 +563,11 @@ fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::progra
         .with_context(|| format!("program {name} missing from the object"))
 }
 
-/// A descriptor of its own for `map`.
-fn map_fd(map: &Map) -> Result<OwnedFd> {
+fn member_reader(map: &Map) -> Result<sys::HashMapReader<Pid, Member>> {
     let Map::HashMap(data) = map else {
         bail!("the member map is not a hash map");
     };
-    Ok(data.fd().as_fd().try_clone_to_owned()?)
+    sys::HashMapReader::new(data).context("opening the member map for batch reads")
 }
 
 fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
