@@ -65,28 +65,20 @@ impl Daemon {
     /// Sends SIGHUP (hand over: exit, leaving every tree tracked in the pins) and waits for the
     /// daemon to exit; returns whether it exited cleanly.
     pub fn hand_over(&mut self) -> bool {
-        signal(self.process.id(), "HUP");
-        let exited = wait_for(Duration::from_secs(30), || {
-            self.process.try_wait().ok().flatten().is_some()
-        });
-        exited && self.process.wait().is_ok_and(|s| s.success())
+        self.exit_on("HUP")
     }
 
     /// Starts a new daemon on the same socket and pins, after [`Daemon::kill_hard`] or
     /// [`Daemon::hand_over`].
     pub fn restart(&mut self) {
-        assert!(
-            self.process.try_wait().ok().flatten().is_some(),
-            "the daemon is still running"
-        );
+        assert!(self.has_exited(), "the daemon is still running");
         self.process = spawn_daemon(&self.dir, &self.socket, &self.pins, &self.args);
         self.await_serving();
     }
 
     fn await_serving(&mut self) {
         let ready = wait_for(Duration::from_secs(30), || {
-            std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
-                || self.process.try_wait().ok().flatten().is_some()
+            std::os::unix::net::UnixStream::connect(&self.socket).is_ok() || self.has_exited()
         });
         let exited = self.process.try_wait().ok().flatten();
         assert!(
@@ -135,20 +127,27 @@ impl Daemon {
 
     /// Sends SIGTERM and waits for the daemon to exit; returns whether it exited cleanly.
     pub fn stop(&mut self) -> bool {
-        signal(self.process.id(), "TERM");
-        let exited = wait_for(Duration::from_secs(60), || {
-            self.process.try_wait().ok().flatten().is_some()
-        });
-        if !exited {
+        self.exit_on("TERM")
+    }
+
+    /// Sends `signal` and waits (a minute at most, then SIGKILL) for the daemon to exit;
+    /// returns whether it exited cleanly.
+    fn exit_on(&mut self, name: &str) -> bool {
+        signal(self.process.id(), name);
+        if !wait_for(Duration::from_secs(60), || self.has_exited()) {
             let _ = self.process.kill();
         }
         self.process.wait().is_ok_and(|s| s.success())
+    }
+
+    fn has_exited(&mut self) -> bool {
+        self.process.try_wait().ok().flatten().is_some()
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if self.process.try_wait().ok().flatten().is_none() {
+        if !self.has_exited() {
             self.stop();
         }
         if std::thread::panicking() {

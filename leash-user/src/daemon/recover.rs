@@ -4,7 +4,11 @@
 //! while no daemon was there is then enforced: a root that exited is seen by the sweep, a host
 //! that died ends its lease at once, and a kill that was under way is finished.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, hash_map::Entry},
+    sync::Arc,
+    time::Duration,
+};
 
 use leash_client::protocol::{LeaseId, RootExitPolicy, TreeId};
 use leash_common::{Holder, Pid, holder_flags};
@@ -36,17 +40,18 @@ pub fn hold_again(daemon: &Arc<Daemon>) {
             unheld.push(tree);
             0
         } else {
-            let host = (holder.host_pid, holder.host_start_ticks);
-            match hosts.get(&host) {
-                Some(&lease) => lease,
-                None => match daemon.open_lease(holder.owner_uid, host.0, host.1) {
-                    Ok(lease) => *hosts.entry(host).or_insert(lease),
-                    Err(e) => {
-                        tracing::error!(tree, "cannot open a lease for it: {e}");
-                        unheld.push(tree);
-                        0
+            match hosts.entry((holder.host_pid, holder.host_start_ticks)) {
+                Entry::Occupied(known) => *known.get(),
+                Entry::Vacant(new) => {
+                    match daemon.open_lease(holder.owner_uid, new.key().0, new.key().1) {
+                        Ok(lease) => *new.insert(lease),
+                        Err(e) => {
+                            tracing::error!(tree, "cannot open a lease for it: {e}");
+                            unheld.push(tree);
+                            0
+                        }
                     }
-                },
+                }
             }
         };
         if is_doomed {

@@ -164,7 +164,7 @@ impl Kill {
                 let checked_from = pending.len().saturating_sub(EXIT_CHECKS_PER_STEP);
                 for i in (checked_from..pending.len()).rev() {
                     let (pid, start_ticks) = pending[i];
-                    if has_exited(pid, start_ticks) {
+                    if finished_exiting(pid, start_ticks) {
                         pending.swap_remove(i);
                     }
                 }
@@ -257,7 +257,7 @@ fn rounds_from(now: Instant) -> Phase {
 /// Whether the member that `pid` named when it started at `start_ticks` has finished exiting.
 /// A pidfd says so cheaply; /proc is read only for a process that has not, which may be the
 /// member still exiting or a newer process that took its pid.
-fn has_exited(pid: Pid, start_ticks: u64) -> bool {
+fn finished_exiting(pid: Pid, start_ticks: u64) -> bool {
     match Pidfd::open(pid) {
         // Reaped, and the pid not taken again.
         Err(_) => true,

@@ -17,14 +17,13 @@ use aya::{
     maps::{Map, MapData},
     programs::links::{FdLink, PinnedLink},
 };
-use leash_common::{ABI_VERSION, map, program};
+use leash_common::{ABI_VERSION, map};
 
+use super::PROGRAMS_ATTACHED;
 use crate::sys;
 
 /// Where bpffs is mounted by convention; mounted there if nothing is.
 const BPFFS: &str = "/sys/fs/bpf";
-/// The programs whose links are pinned.
-pub const PINNED_PROGRAMS: [&str; 3] = [program::FORK, program::EXIT, program::EXEC];
 
 /// The pins of this ABI's maps and links, and the links pinned or opened by this process (held
 /// so they can be unpinned at a clean shutdown).
@@ -56,7 +55,9 @@ impl Pins {
 
     /// Whether a previous daemon left every link and every map pinned here.
     pub fn complete(&self) -> bool {
-        PINNED_PROGRAMS.iter().all(|p| self.link_path(p).exists())
+        PROGRAMS_ATTACHED
+            .iter()
+            .all(|(program, _)| self.link_path(program).exists())
             && map::ALL.iter().all(|m| self.map_path(m).exists())
     }
 
@@ -88,7 +89,7 @@ impl Pins {
     /// Opens the links a previous daemon pinned, to unpin them at a clean shutdown. Their
     /// programs have been attached all along.
     pub fn open_links(&mut self) -> Result<()> {
-        for program in PINNED_PROGRAMS {
+        for (program, _) in PROGRAMS_ATTACHED {
             let path = self.link_path(program);
             let link = PinnedLink::from_pin(&path)
                 .with_context(|| format!("opening the pinned link {}", path.display()))?;
