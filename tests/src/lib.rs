@@ -30,8 +30,17 @@ pub const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
 /// Loads the programs, or fails the test saying why. Returns None only when the person running
 /// the tests opted out with `LEASH_TEST_SKIP_BPF=1`.
 pub fn load_tracker(capacity: Capacity) -> Option<Tracker> {
-    match Tracker::load(capacity) {
-        Ok(tracker) => Some(tracker),
+    or_skip(Tracker::load(capacity))
+}
+
+/// [`load_tracker`], pinned under `root` (see `Tracker::load_pinned`).
+pub fn load_pinned_tracker(root: &Path) -> Option<(Tracker, leash::kernel::Origin)> {
+    or_skip(Tracker::load_pinned(Capacity::default(), root))
+}
+
+fn or_skip<T>(loaded: anyhow::Result<T>) -> Option<T> {
+    match loaded {
+        Ok(loaded) => Some(loaded),
         Err(e) if std::env::var(SKIP_BPF_VAR).is_ok_and(|v| v == "1") => {
             eprintln!("SKIPPED: BPF is unavailable ({e:#}) and {SKIP_BPF_VAR}=1");
             None
@@ -255,6 +264,16 @@ pub fn assert_tracks_cgroup(
         "{scenario}: no insert may fail below capacity"
     );
     members.len()
+}
+
+/// A path of the test's own (a directory with all in it, such as a pin root, or a file), removed
+/// however the test ends.
+pub struct Removed(pub PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0).or_else(|_| fs::remove_file(&self.0));
+    }
 }
 
 /// Polls `condition` every few milliseconds until it holds or `timeout` passes.

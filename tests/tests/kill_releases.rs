@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use leash_tests::{Scenario, python, tracker, wait_for};
+use leash_tests::{Removed, Scenario, python, tracker, wait_for};
 
 const TRIALS: usize = 5;
 
@@ -20,7 +20,8 @@ fn the_kill_ends_after_the_members_port_and_memory_are_released() {
     let Some(mut tracker) = tracker!() else {
         return;
     };
-    let ready = std::env::temp_dir().join(format!("leash-test-{}-listening", std::process::id()));
+    let ready =
+        Removed(std::env::temp_dir().join(format!("leash-test-{}-listening", std::process::id())));
     let script = r#"
 import socket, sys, time
 listener = socket.socket()
@@ -33,13 +34,13 @@ while True:
     time.sleep(60)
 "#;
     for trial in 0..TRIALS {
-        let _ = fs::remove_file(&ready);
+        let _ = fs::remove_file(&ready.0);
         let port = {
             let probe = TcpListener::bind("127.0.0.1:0").unwrap();
             probe.local_addr().unwrap().port()
         };
         let port_arg = port.to_string();
-        let ready_arg = ready.to_str().unwrap();
+        let ready_arg = ready.0.to_str().unwrap();
         let mut scenario = Scenario::spawn(
             &mut tracker,
             "kill-releases",
@@ -47,7 +48,7 @@ while True:
             &["-c", script, &port_arg, ready_arg],
         );
         assert!(
-            wait_for(Duration::from_secs(60), || ready.exists()),
+            wait_for(Duration::from_secs(60), || ready.0.exists()),
             "the member did not start listening"
         );
         assert!(
@@ -75,5 +76,4 @@ while True:
         );
         assert_eq!(report.killed, 1);
     }
-    let _ = fs::remove_file(&ready);
 }
