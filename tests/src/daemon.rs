@@ -42,7 +42,14 @@ impl Daemon {
         // Other users' clients must reach the socket and the binary copy.
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
         let socket = dir.join("leash.sock");
-        let pins = PathBuf::from("/sys/fs/bpf").join(name);
+        // Its own, unless the test names one (and the daemon removes it all the same).
+        let pins = args
+            .windows(2)
+            .find(|pair| pair[0] == "--pin-dir")
+            .map_or_else(
+                || PathBuf::from("/sys/fs/bpf").join(name),
+                |pair| pair[1].into(),
+            );
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         let process = spawn_daemon(&dir, &socket, &pins, &args);
         let mut daemon = Self {

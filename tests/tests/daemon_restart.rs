@@ -6,13 +6,17 @@
 use std::{
     collections::BTreeSet,
     fs,
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command},
     time::Duration,
 };
 
 use leash_client::{EventKind, RootExitPolicy, TreeOptions};
-use leash_tests::{Cgroup, daemon::Daemon, wait_for};
+use leash_tests::{
+    Cgroup, Removed, Scenario,
+    daemon::{Daemon, path_str},
+    load_pinned_tracker, wait_for,
+};
 
 /// The tree's members as the daemon lists them.
 fn listed_members(daemon: &Daemon) -> BTreeSet<u32> {
@@ -250,4 +254,45 @@ fn a_kill_under_way_when_the_daemon_died_is_finished_by_the_next() {
             .contains("reason: \"resumed\"")),
         "the kill was not finished as a resumed one"
     );
+}
+
+#[test]
+fn a_tree_that_no_daemon_recorded_a_holder_for_is_killed_at_the_takeover() {
+    let root = Removed(PathBuf::from(format!(
+        "/sys/fs/bpf/leash-test-{}-unheld",
+        std::process::id()
+    )));
+    // Registered through the library, as a daemon that died before recording the holder.
+    let Some((mut tracker, _)) = load_pinned_tracker(&root.0) else {
+        return;
+    };
+    let scenario = Scenario::spawn(
+        &mut tracker,
+        "unheld",
+        "sh",
+        &["-c", "setsid sleep 600 & wait"],
+    );
+    scenario.cgroup.settle_exactly(&["sh", "sleep"]);
+    drop(tracker);
+
+    let daemon = Daemon::start(&["--pin-dir", path_str(&root.0)]).unwrap();
+    let emptied = scenario.cgroup.wait_empty(Duration::from_secs(10));
+    assert!(
+        emptied.is_some(),
+        "a tree nobody holds outlived the takeover"
+    );
+    assert!(daemon.log().contains("no holder recorded"));
+}
+
+#[test]
+fn sighup_is_ignored_when_nothing_is_pinned() {
+    let Some(daemon) = Daemon::start(&["--no-pin"]) else {
+        return;
+    };
+    leash_tests::daemon::signal(daemon.pid(), "HUP");
+    assert!(wait_for(Duration::from_secs(10), || daemon
+        .log()
+        .contains("SIGHUP ignored")));
+    // Still serving: nothing could have taken over its trees.
+    assert!(daemon.client().status().unwrap().pinned_at.is_none());
 }

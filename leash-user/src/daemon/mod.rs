@@ -127,6 +127,11 @@ impl Daemon {
 /// the pins; or, pinned, until SIGHUP, then exits leaving every tree tracked in the pins for the
 /// next daemon (a hand-over, to upgrade or restart without killing anything).
 pub async fn run(config: Config) -> Result<()> {
+    // Before anything else: a signal that came before its handler would end the daemon the
+    // default way, skipping both the shutdown and the hand-over.
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     // The socket first: it refuses to start beside a live daemon, which holds the pins.
     let listener = bind(&config.socket)?;
     let loaded = match &config.pin_root {
@@ -157,9 +162,6 @@ pub async fn run(config: Config) -> Result<()> {
     tokio::spawn(enforcement::watch_events(daemon.clone()));
     tokio::spawn(enforcement::sweep(daemon.clone()));
 
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut hangup = signal(SignalKind::hangup())?;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
