@@ -37,20 +37,28 @@ use protocol::{MAX_REPLY_BYTES, Op, PROTOCOL_VERSION, Reply, Request, ServerLine
 
 /// What can go wrong talking to the daemon.
 #[derive(Debug, thiserror::Error)]
+// The io errors are part of the message and not `source`s: a report that prints the chain
+// (anyhow's `{:#}`) would say them twice.
 pub enum Error {
     #[error(
-        "cannot connect to the leash daemon at {path}: {source} (is `leash daemon` running? \
+        "cannot connect to the leash daemon at {path}: {error} (is `leash daemon` running? \
          LEASH_SOCKET names another socket)"
     )]
-    Connect { path: PathBuf, source: io::Error },
+    Connect { path: PathBuf, error: io::Error },
     #[error("talking to the leash daemon: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     #[error("the leash daemon sent something unexpected: {0}")]
     Protocol(String),
     #[error("the leash daemon refused: {message} ({code})")]
     Daemon { code: ErrorCode, message: String },
     #[error("starting the command: {0}")]
     Spawn(io::Error),
+}
+
+impl From<io::Error> for Error {
+    fn from(error: io::Error) -> Self {
+        Self::Io(error)
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -81,9 +89,9 @@ impl Client {
 
     pub fn connect_to(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let stream = UnixStream::connect(path).map_err(|source| Error::Connect {
+        let stream = UnixStream::connect(path).map_err(|error| Error::Connect {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         let mut client = Self {
             reader: BufReader::new(stream.try_clone()?),
