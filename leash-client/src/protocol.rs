@@ -206,8 +206,12 @@ pub struct TreeInfo {
     pub host_pid: u32,
     pub host_comm: Option<String>,
     pub root_exited: bool,
-    /// `live` or `killing`.
+    /// `live`, `killing`, or `unkillable` (a kill gave up on members stuck in the kernel: the
+    /// tree stays doomed, and another kill tries again).
     pub state: String,
+    /// The tree this one is nested in (registered by or for one of its members), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nested_in: Option<TreeId>,
     pub members: Vec<MemberInfo>,
 }
 
@@ -263,6 +267,8 @@ pub enum EventKind {
     Exit,
     /// This subscriber fell behind and missed `count` events (tree and lease are 0).
     Dropped,
+    /// A kill gave up: `reason` says why (members stuck in the kernel). The tree stays doomed.
+    KillFailed,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -286,6 +292,8 @@ pub enum ErrorCode {
     PermissionDenied,
     /// A limit is reached: trees per uid, or the daemon's capacity.
     LimitReached,
+    /// A kill could not empty the tree (members stuck in the kernel); it stays doomed.
+    KillFailed,
     /// The daemon failed; the message says how.
     Internal,
 }

@@ -28,7 +28,7 @@ pub mod map {
 
 /// The version of this ABI (the maps' layouts and meanings). Pinned maps are kept under it, so
 /// a daemon never takes over maps it would misread.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// Names of the programs in the object.
 pub mod program {
@@ -103,8 +103,18 @@ pub struct TreeControl {
     pub root: Pid,
     /// [`flags`] bits.
     pub flags: u32,
-    /// Members that user space inserted (the root and descendants found in /proc).
-    pub seeded: u64,
+    /// Members that user space put in (the root and descendants found in /proc), less those it
+    /// took out (moved into a nested tree, or found stale): with the counters' `joined` and
+    /// `left`, the tree's size. Negative when more were moved out than put in.
+    pub seeded: i64,
+    /// Boot-time nanoseconds at which the tree was first doomed; 0 while it is not. A member
+    /// that started after it was born into a doomed tree.
+    pub doomed_ns: u64,
+    /// The tree this one is nested in (registered by one of its members, or for one), or 0.
+    /// Killing a tree kills the trees nested in it; releasing a nested tree hands its members
+    /// back to it.
+    pub parent: TreeId,
+    pub _reserved: u32,
     /// Who holds the tree. The programs never read it: it is kept here, beside the tree, so a
     /// daemon that takes over the pinned maps after a restart knows whose tree it is.
     pub holder: Holder,

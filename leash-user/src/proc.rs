@@ -5,6 +5,8 @@ use std::collections::HashMap;
 
 use leash_common::Pid;
 
+use crate::sys::Pidfd;
+
 /// One process as /proc shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessInfo {
@@ -21,6 +23,13 @@ impl ProcessInfo {
     /// Still running code: not a zombie and not dead.
     pub fn is_live(&self) -> bool {
         !matches!(self.state, 'Z' | 'X')
+    }
+
+    pub fn reference(&self) -> ProcessRef {
+        ProcessRef {
+            pid: self.pid,
+            start_ticks: self.start_ticks,
+        }
     }
 
     fn from_stat(stat: procfs::process::Stat) -> Self {
@@ -43,11 +52,75 @@ pub fn process(pid: Pid) -> Option<ProcessInfo> {
     Some(ProcessInfo::from_stat(stat))
 }
 
-/// Whether the process that `pid` named when it started at `start_ticks` has finished exiting:
-/// it is a zombie, or reaped (its pid may name another process by now). Its files, sockets,
-/// locks and memory are released by then.
-pub fn has_exited(pid: Pid, start_ticks: u64) -> bool {
-    process(pid).is_none_or(|now| now.start_ticks != start_ticks || !now.is_live())
+/// One process, for good: its pid and its start time (clock ticks since boot, as /proc gives
+/// it). A pid alone may name a newer process once the first is reaped; the pair never does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProcessRef {
+    pub pid: Pid,
+    pub start_ticks: u64,
+}
+
+impl ProcessRef {
+    /// The process `pid` names now, if any.
+    pub fn of(pid: Pid) -> Option<Self> {
+        process(pid).map(|p| p.reference())
+    }
+
+    /// A pidfd for this very process, or None if it is gone (reaped, its pid perhaps another
+    /// process's by now). The pidfd is opened first and the start time read after: a match
+    /// means the pid still named this process after the pidfd was opened, so the pidfd is its.
+    /// An error (EMFILE, say) says nothing about the process.
+    pub fn open(self) -> std::io::Result<Option<Pidfd>> {
+        let pidfd = match Pidfd::open(self.pid) {
+            Ok(pidfd) => pidfd,
+            // No such process; or the pid names a thread now, of some other process.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::EINVAL)) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let same = process(self.pid).is_some_and(|now| now.start_ticks == self.start_ticks);
+        Ok(same.then_some(pidfd))
+    }
+
+    /// Whether this process has finished exiting: every thread of it has, so its memory,
+    /// files, sockets and locks are released (it is a zombie, or reaped). Its pidfd says so;
+    /// the main thread's state in /proc does not (it reads `Z` while other threads still run
+    /// or tear down). False when that cannot be found out now.
+    pub fn has_exited(self) -> bool {
+        match self.open() {
+            Ok(None) => true,
+            Ok(Some(pidfd)) => pidfd.has_exited(),
+            Err(_) => false,
+        }
+    }
+}
+
+/// The thread group (process) that thread `tid` belongs to, from /proc/TID/status.
+pub fn thread_group_of(tid: Pid) -> Option<Pid> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// PF_EXITING in a task's flags: the thread has begun exiting.
+const PF_EXITING: u32 = 0x4;
+
+/// Whether some thread of process `pid` has not begun exiting, which means the thread group is
+/// not dead yet: its death, when it comes, is still ahead. A process whose main thread has
+/// exited while others run is alive. False for no such process.
+pub fn group_alive(pid: Pid) -> bool {
+    let Ok(tasks) = procfs::process::Process::new(pid as i32).and_then(|p| p.tasks()) else {
+        return false;
+    };
+    tasks.filter_map(Result::ok).any(|task| {
+        task.stat()
+            .is_ok_and(|stat| stat.flags & PF_EXITING == 0 && !matches!(stat.state, 'Z' | 'X'))
+    })
 }
 
 /// Whether `pid` is known to have no children right now: every thread's
@@ -172,11 +245,13 @@ mod tests {
         let me = process(std::process::id()).unwrap();
         assert!(me.is_live());
         assert_eq!(ns_to_ticks(ticks_to_ns(me.start_ticks)), me.start_ticks);
-        assert!(!has_exited(me.pid, me.start_ticks));
-        assert!(
-            has_exited(me.pid, me.start_ticks + 1),
-            "another process by that pid"
-        );
+        assert!(!me.reference().has_exited());
+        assert!(group_alive(me.pid));
+        let older = ProcessRef {
+            start_ticks: me.start_ticks + 1,
+            ..me.reference()
+        };
+        assert!(older.has_exited(), "another process by that pid");
         assert!(all_processes().unwrap().iter().any(|p| p.pid == me.pid));
     }
 
@@ -205,15 +280,16 @@ mod tests {
     fn a_zombie_has_exited() {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
-        let start_ticks = process(pid).unwrap().start_ticks;
+        let true_ = ProcessRef::of(pid).unwrap();
         // Unreaped, it stays a zombie: exited, though its pid is still taken.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !has_exited(pid, start_ticks) {
+        while !true_.has_exited() {
             assert!(std::time::Instant::now() < deadline, "true did not exit");
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         assert!(process(pid).is_some_and(|p| p.state == 'Z'));
+        assert!(!group_alive(pid));
         child.wait().unwrap();
-        assert!(has_exited(pid, start_ticks));
+        assert!(true_.has_exited());
     }
 }

@@ -251,14 +251,24 @@ impl From<Pidfd> for OwnedFd {
     }
 }
 
+/// CLOCK_BOOTTIME in nanoseconds: the clock of the kernel's task start times and of the
+/// programs' `bpf_ktime_get_boot_ns`.
+pub fn boottime_ns() -> u64 {
+    clock_ns(libc::CLOCK_BOOTTIME)
+}
+
 /// CLOCK_MONOTONIC in nanoseconds: to compare a moment here with one another process took
 /// (std's `Instant` is that clock, but opaque).
 pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `now` is a valid timespec to write into; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut now) };
+    // SAFETY: `now` is a valid timespec to write into; both clocks used here always exist.
+    unsafe { libc::clock_gettime(clock, &raw mut now) };
     now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }

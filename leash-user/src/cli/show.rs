@@ -51,8 +51,11 @@ fn ls_text(trees: &[TreeInfo], now_ns: u64) -> String {
     let mut text = String::new();
     for tree in trees {
         text += &format!(
-            "tree {}  root {}  host {} ({})  uid {}  lease {}  {}{}  {} members\n",
+            "tree {}{}  root {}  host {} ({})  uid {}  lease {}  {}{}  {} members\n",
             tree.tree,
+            tree.nested_in
+                .map(|outer| format!(" (nested in tree {outer})"))
+                .unwrap_or_default(),
             tree.root,
             tree.host_pid,
             tree.host_comm.as_deref().unwrap_or("gone"),
@@ -124,6 +127,7 @@ mod tests {
             host_comm: Some("agent-host".into()),
             root_exited: false,
             state: "live".into(),
+            nested_in: None,
             members: vec![
                 MemberInfo {
                     pid: 10,

@@ -1,10 +1,19 @@
-//! Who may do what. The daemon runs as root; its clients usually do not. A client may register
-//! only processes it could signal itself (the kill(2) rule), and may see, kill or release only
-//! trees whose lease belongs to its uid. Root may do anything.
+//! Who may do what. The daemon runs as root; its clients usually do not, and the agent inside a
+//! tree runs under its host's uid, so a uid alone grants little:
+//!
+//! - register: only processes the client could signal itself (the kill(2) rule).
+//! - release: the host holding the tree's lease, or root.
+//! - kill: that host, root, or a process of the tree's uid that runs in no tree (a user at a
+//!   terminal, who could signal the members anyway).
+//! - see (list, events): a process in a tree sees its own tree and the trees nested in it;
+//!   any other sees its uid's trees, root all.
+//!
+//! Above all of these: a process in a tree may never release or kill that tree, nor any tree it
+//! is nested in, whoever it runs as. Whatever it registers is nested inside its own tree.
 
 use std::fs;
 
-use leash_common::Pid;
+use leash_common::{Pid, TreeId};
 
 /// A process's user ids, from /proc/PID/status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,9 +54,172 @@ pub fn may_manage(uid: u32, owner: u32) -> bool {
     uid == 0 || uid == owner
 }
 
+/// Who is asking.
+#[derive(Clone, Copy, Debug)]
+pub struct Requester<'a> {
+    pub uid: u32,
+    pub lease: u64,
+    /// The tree the requesting process runs in, then each tree that one is nested in; empty
+    /// when it runs in none.
+    pub confined: &'a [TreeId],
+}
+
+/// A tree, as the rules see it.
+#[derive(Clone, Copy, Debug)]
+pub struct TreeFacts<'a> {
+    pub lease: u64,
+    pub owner: u32,
+    /// The tree, then each tree it is nested in.
+    pub chain: &'a [TreeId],
+}
+
+/// What the rules say of a request on a tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Allowed,
+    /// The client may not even see the tree: it is reported as missing.
+    Hidden,
+    Denied(&'static str),
+}
+
+/// Whether the client may see the tree (list, events).
+pub fn may_see(who: Requester<'_>, tree: TreeFacts<'_>) -> bool {
+    match who.confined.first() {
+        Some(own) => tree.chain.contains(own),
+        None => may_manage(who.uid, tree.owner),
+    }
+}
+
+fn holds_the_client(who: Requester<'_>, tree: TreeFacts<'_>) -> bool {
+    tree.chain
+        .first()
+        .is_some_and(|tree| who.confined.contains(tree))
+}
+
+/// Whether the client may release the tree.
+pub fn may_release(who: Requester<'_>, tree: TreeFacts<'_>) -> Verdict {
+    if !may_see(who, tree) {
+        Verdict::Hidden
+    } else if holds_the_client(who, tree) {
+        Verdict::Denied("a process may not release the tree it runs in, nor one that holds it")
+    } else if who.lease == tree.lease || who.uid == 0 {
+        Verdict::Allowed
+    } else {
+        Verdict::Denied("only the host holding the tree's lease, or root, may release it")
+    }
+}
+
+/// Whether the client may kill the tree.
+pub fn may_kill(who: Requester<'_>, tree: TreeFacts<'_>) -> Verdict {
+    if !may_see(who, tree) {
+        Verdict::Hidden
+    } else if holds_the_client(who, tree) {
+        Verdict::Denied("a process may not kill the tree it runs in, nor one that holds it")
+    } else if who.lease == tree.lease
+        || who.uid == 0
+        || (who.confined.is_empty() && who.uid == tree.owner)
+    {
+        Verdict::Allowed
+    } else {
+        Verdict::Denied(
+            "only the host holding the tree's lease, root, or a process of its uid outside any \
+             tree may kill it",
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_cannot_loosen_its_tree_or_any_above_it() {
+        // The agent runs in tree 5, nested in tree 2; it holds lease 9 (its own connection).
+        let agent = Requester {
+            uid: 1000,
+            lease: 9,
+            confined: &[5, 2],
+        };
+        let own = TreeFacts {
+            lease: 1,
+            owner: 1000,
+            chain: &[5, 2],
+        };
+        let outer = TreeFacts {
+            lease: 1,
+            owner: 1000,
+            chain: &[2],
+        };
+        for tree in [own, outer] {
+            assert!(matches!(
+                may_release(agent, tree),
+                Verdict::Denied(_) | Verdict::Hidden
+            ));
+            assert!(matches!(
+                may_kill(agent, tree),
+                Verdict::Denied(_) | Verdict::Hidden
+            ));
+        }
+        // Even as root, and even holding the lease.
+        let root_agent = Requester {
+            uid: 0,
+            lease: 1,
+            ..agent
+        };
+        assert!(matches!(may_release(root_agent, own), Verdict::Denied(_)));
+        assert_eq!(
+            may_kill(root_agent, outer),
+            Verdict::Hidden,
+            "a member sees only its own tree and those nested in it"
+        );
+        // What it registered itself, nested below, is its own to release or kill.
+        let its_own = TreeFacts {
+            lease: 9,
+            owner: 1000,
+            chain: &[7, 5, 2],
+        };
+        assert_eq!(may_release(agent, its_own), Verdict::Allowed);
+        assert_eq!(may_kill(agent, its_own), Verdict::Allowed);
+        // Another host's tree of the same uid is not even visible to it.
+        let other = TreeFacts {
+            lease: 3,
+            owner: 1000,
+            chain: &[8],
+        };
+        assert_eq!(may_kill(agent, other), Verdict::Hidden);
+        assert!(!may_see(agent, other));
+    }
+
+    #[test]
+    fn rights_belong_to_the_lease() {
+        let tree = TreeFacts {
+            lease: 1,
+            owner: 1000,
+            chain: &[4],
+        };
+        let holder = Requester {
+            uid: 1000,
+            lease: 1,
+            confined: &[],
+        };
+        let terminal = Requester { lease: 2, ..holder };
+        let root = Requester {
+            uid: 0,
+            lease: 3,
+            confined: &[],
+        };
+        let stranger = Requester {
+            uid: 1001,
+            lease: 4,
+            confined: &[],
+        };
+        assert_eq!(may_release(holder, tree), Verdict::Allowed);
+        assert_eq!(may_release(root, tree), Verdict::Allowed);
+        assert!(matches!(may_release(terminal, tree), Verdict::Denied(_)));
+        assert_eq!(may_kill(terminal, tree), Verdict::Allowed);
+        assert_eq!(may_kill(stranger, tree), Verdict::Hidden);
+        assert_eq!(may_release(stranger, tree), Verdict::Hidden);
+    }
 
     fn uids(real: u32, effective: u32, saved: u32) -> ProcessUids {
         ProcessUids {

@@ -28,6 +28,8 @@ use crate::sys;
 pub struct Peer {
     pub uid: u32,
     pub pid: u32,
+    /// The connected process's start time in clock ticks (0 if it could not be read).
+    pub start_ticks: u64,
     pub lease: u64,
 }
 
@@ -101,6 +103,7 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     let peer = Peer {
         uid,
         pid: pid as u32,
+        start_ticks: host_start_ticks,
         lease,
     };
     let span = tracing::info_span!("lease", lease, uid, host = pid);

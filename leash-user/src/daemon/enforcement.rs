@@ -15,9 +15,9 @@ use leash_common::EventKind as KernelEventKind;
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::{Daemon, KillOutcome};
+use super::{Daemon, KillOutcome, PendingKill};
 use crate::{
-    kernel::{Kill, KillStep, TreeEvent},
+    kernel::{Kill, KillError, KillStep, TreeEvent},
     sys,
 };
 
@@ -170,35 +170,60 @@ fn end_tree(daemon: &Arc<Daemon>, tree: TreeId, kill: Option<KillSummary>) {
     daemon.emit(entry.owner_uid, empty);
 }
 
-/// Starts killing `tree` unless a kill is already under way; either way returns what to wait
-/// on for the outcome. None if there is no such tree.
+/// Starts killing `tree`, and every tree nested in it, unless a kill is already under way;
+/// either way returns what to wait on for the outcome. None if there is no such tree.
+///
+/// The grace period is the tree's own, or `grace` if that is shorter: it is at most what the
+/// tree was registered with. A kill already under way keeps going, with its grace shortened to
+/// `grace` (or the tree's own) if that is shorter.
 pub fn start_kill(
     daemon: &Arc<Daemon>,
     tree: TreeId,
     grace: Option<Duration>,
     reason: &'static str,
 ) -> Option<watch::Receiver<Option<KillOutcome>>> {
-    let (owner, lease, grace, done) = {
+    let (owner, lease, grace, done, grace_asked) = {
         let mut state = daemon.state();
         let entry = state.trees.get_mut(&tree)?;
+        let grace = grace.map_or(entry.grace, |asked| asked.min(entry.grace));
         if let Some(pending) = &entry.kill {
-            return Some(pending.clone());
+            pending.grace.send_if_modified(|now| {
+                let shorter = grace < *now;
+                *now = (*now).min(grace);
+                shorter
+            });
+            return Some(pending.outcome.clone());
         }
-        let (done, pending) = watch::channel(None);
-        entry.kill = Some(pending.clone());
+        let (done, outcome) = watch::channel(None);
+        let (grace_asked, grace_seen) = watch::channel(grace);
+        entry.kill = Some(PendingKill {
+            outcome: outcome.clone(),
+            grace: grace_asked,
+        });
+        entry.unkillable = false;
         (
             entry.owner_uid,
             entry.lease,
-            grace.unwrap_or(entry.grace),
-            (done, pending),
+            grace,
+            (done, outcome),
+            grace_seen,
         )
     };
     let (done, pending) = done;
     // Doomed before anyone hears of the kill: from then on no member forks, and a daemon that
     // takes over after this one dies finishes the kill (the kill task dooms it again, harmlessly).
-    if let Err(e) = daemon.tracker().doom(tree) {
-        tracing::warn!(tree, "dooming the tree: {e:#}");
-    }
+    let nested = {
+        let mut tracker = daemon.tracker();
+        if let Err(e) = tracker.doom(tree) {
+            tracing::warn!(tree, "dooming the tree: {e:#}");
+        }
+        tracker.nested(tree)
+    };
+    // What is nested dies with it, given no more time than it.
+    let nested: Vec<_> = nested
+        .into_iter()
+        .filter_map(|inner| start_kill(daemon, inner, Some(grace), "enclosing_killed"))
+        .collect();
     let mut started = event(EventKind::KillStarted, tree, lease, None);
     started.reason = Some(reason.to_owned());
     daemon.emit(owner, started);
@@ -206,13 +231,21 @@ pub fn start_kill(
     let daemon = daemon.clone();
     tokio::spawn(
         async move {
-            let outcome = drive_kill(&daemon, tree, grace, reason).await;
-            match &outcome {
-                Ok(summary) => tracing::info!(?summary, "tree is empty"),
-                Err(e) => tracing::error!("kill failed: {e}"),
+            let mut outcome = drive_kill(&daemon, tree, grace_asked, reason).await;
+            for inner in nested {
+                if let (Ok(_), Err(e)) = (&outcome, super::enforcement::outcome(inner).await) {
+                    outcome = Err(e);
+                }
             }
-            if let Ok(summary) = &outcome {
-                end_tree(&daemon, tree, Some(summary.clone()));
+            match &outcome {
+                Ok(summary) => {
+                    tracing::info!(?summary, "tree is empty");
+                    end_tree(&daemon, tree, Some(summary.clone()));
+                }
+                Err(e) => {
+                    tracing::error!("kill failed: {e}");
+                    kill_failed(&daemon, tree, e);
+                }
             }
             let _ = done.send(Some(outcome));
         }
@@ -221,13 +254,31 @@ pub fn start_kill(
     Some(pending)
 }
 
+/// A kill gave up: the tree stays, doomed, and says so; another kill may try again.
+fn kill_failed(daemon: &Daemon, tree: TreeId, error: &KillError) {
+    let Some((owner, lease)) = daemon.state().trees.get_mut(&tree).map(|entry| {
+        entry.kill = None;
+        entry.unkillable = true;
+        (entry.owner_uid, entry.lease)
+    }) else {
+        return;
+    };
+    let mut failed = event(EventKind::KillFailed, tree, lease, None);
+    failed.reason = Some(error.to_string());
+    daemon.emit(owner, failed);
+}
+
 /// Steps the kill engine, holding the tracker only for each step.
-async fn drive_kill(daemon: &Daemon, tree: TreeId, grace: Duration, reason: &str) -> KillOutcome {
-    let mut kill = Kill::new(tree, grace);
+async fn drive_kill(
+    daemon: &Daemon,
+    tree: TreeId,
+    grace: watch::Receiver<Duration>,
+    reason: &str,
+) -> KillOutcome {
+    let mut kill = Kill::new(tree, *grace.borrow());
     loop {
-        let step = kill
-            .step(&mut daemon.tracker())
-            .map_err(|e| format!("{e:#}"))?;
+        kill.shorten_grace(*grace.borrow());
+        let step = kill.step(&mut daemon.tracker())?;
         match step {
             KillStep::Wait(pause) => tokio::time::sleep(pause).await,
             KillStep::Done(report) => {
@@ -248,7 +299,10 @@ async fn drive_kill(daemon: &Daemon, tree: TreeId, grace: Duration, reason: &str
 pub async fn outcome(mut pending: watch::Receiver<Option<KillOutcome>>) -> KillOutcome {
     match pending.wait_for(Option::is_some).await {
         Ok(outcome) => outcome.clone().expect("waited for Some"),
-        Err(_) => Err("the kill task ended without an outcome".to_owned()),
+        Err(_) => Err(KillError::Kernel {
+            tree: 0,
+            message: "the kill task ended without an outcome".to_owned(),
+        }),
     }
 }
 

@@ -30,7 +30,7 @@ use tokio::{
     sync::{broadcast, watch},
 };
 
-use crate::kernel::{Capacity, Origin, Tracker};
+use crate::kernel::{Capacity, KillError, Origin, Tracker};
 
 /// How the daemon runs.
 #[derive(Clone, Debug)]
@@ -47,7 +47,16 @@ pub struct Config {
 }
 
 /// The outcome of a kill, as every waiter sees it.
-pub type KillOutcome = Result<KillSummary, String>;
+pub type KillOutcome = Result<KillSummary, KillError>;
+
+/// A kill under way.
+#[derive(Debug)]
+struct PendingKill {
+    outcome: watch::Receiver<Option<KillOutcome>>,
+    /// The grace period, which a later kill, the lease's end or shutdown may shorten (never
+    /// lengthen); the kill task follows it.
+    grace: watch::Sender<Duration>,
+}
 
 /// What the daemon knows about a registered tree, beyond the kernel maps.
 #[derive(Debug)]
@@ -59,7 +68,9 @@ struct TreeEntry {
     grace: Duration,
     root_exited: bool,
     /// Set once a kill has started: every later kill request waits on the same one.
-    kill: Option<watch::Receiver<Option<KillOutcome>>>,
+    kill: Option<PendingKill>,
+    /// The last kill gave up on members stuck in the kernel (the tree stays doomed).
+    unkillable: bool,
 }
 
 #[derive(Debug)]

@@ -29,7 +29,7 @@ pub fn hold_again(daemon: &Arc<Daemon>) {
             .filter_map(|tree| {
                 let status = tracker.tree_status(tree).ok()?;
                 let holder = tracker.holder(tree).ok()?;
-                Some((tree, holder, status.root, status.doomed))
+                Some((tree, holder, status.root, status.doomed_ns.is_some()))
             })
             .collect()
     };
@@ -72,6 +72,7 @@ pub fn hold_again(daemon: &Arc<Daemon>) {
                 grace: Duration::from_millis(holder.grace_ms.into()),
                 root_exited: false,
                 kill: None,
+                unkillable: false,
             },
         );
     }

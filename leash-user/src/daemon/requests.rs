@@ -1,18 +1,23 @@
 //! What each request does. A request that is malformed, not allowed or impossible gets an
 //! error reply and changes nothing.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use leash_client::protocol::{
     ErrorCode, EventKind, LeaseId, MAX_GRACE_MS, MemberInfo, Op, PROTOCOL_VERSION, Reply, Request,
     RootExitPolicy, ServerLine, StatusInfo, TreeId, TreeInfo,
 };
 use leash_common::{Holder, holder_flags};
+
+use crate::kernel::{IdentifyError, KillError, identify};
 use tokio::sync::{broadcast::error::RecvError, watch};
 
 use super::{
     Daemon, TreeEntry,
-    auth::{ProcessUids, may_manage, may_signal},
+    auth::{
+        ProcessUids, Requester, TreeFacts, Verdict, may_kill, may_manage, may_release, may_see,
+        may_signal,
+    },
     connection::{Outbox, Peer, Undelivered},
     enforcement,
 };
@@ -131,7 +136,18 @@ impl Session {
         if on_root_exit == RootExitPolicy::Keep {
             holder.flags |= holder_flags::KEEP_ON_ROOT_EXIT;
         }
+        // The process itself, held by a pidfd from here on: everything below is checked on it
+        // and done to it, whatever its pid comes to name later.
+        let (process, pidfd) = identify(pid).map_err(|e| {
+            let code = match e {
+                IdentifyError::NotFound(_) | IdentifyError::Exiting(_) => ErrorCode::NotFound,
+                IdentifyError::Thread { .. } => ErrorCode::BadRequest,
+                IdentifyError::Io(..) => ErrorCode::Internal,
+            };
+            refuse(code, e.to_string())
+        })?;
         let target = ProcessUids::of(pid)
+            .filter(|_| !pidfd.has_exited())
             .ok_or_else(|| refuse(ErrorCode::NotFound, format!("no process {pid}")))?;
         // Whoever asks, and whoever will hold the tree, must both be allowed to signal it.
         let requester = ProcessUids::of(self.peer.pid).unwrap_or(ProcessUids {
@@ -153,15 +169,16 @@ impl Session {
                 ),
             ));
         }
+        // A tree registered with another lease's token counts against both uids.
         self.check_limits(daemon, owner_uid)?;
-        let (tree, members) = {
+        if self.peer.uid != owner_uid {
+            self.check_limits(daemon, self.peer.uid)?;
+        }
+        // What a process in a tree registers is nested in that tree (and a process that is in
+        // a tree already stays in it: see Tracker::adopt_process).
+        let nest_in = self.confinement(daemon).first().copied();
+        let (tree, members, nested_in) = {
             let mut tracker = daemon.tracker();
-            if let Some(member) = tracker.member(pid) {
-                return Err(refuse(
-                    ErrorCode::BadRequest,
-                    format!("process {pid} is already in tree {}", member.tree),
-                ));
-            }
             if tracker.trees().len() >= tracker.capacity().trees as usize {
                 return Err(refuse(
                     ErrorCode::LimitReached,
@@ -169,14 +186,18 @@ impl Session {
                 ));
             }
             let tree = tracker
-                .adopt(pid)
+                .adopt_process(process, nest_in)
                 .map_err(|e| refuse(ErrorCode::NotFound, format!("{e:#}")))?;
             if let Err(e) = tracker.set_holder(tree, holder) {
                 // Only a daemon taking over after a restart needs it (and kills what it lacks).
                 tracing::warn!(tree, "recording the tree's holder: {e:#}");
             }
-            let members = tracker.tree_status(tree).map_or(0, |s| s.members);
-            (tree, members)
+            let status = tracker.tree_status(tree).ok();
+            (
+                tree,
+                status.map_or(0, |s| s.members),
+                status.and_then(|s| s.parent),
+            )
         };
         let lease_alive = {
             let mut state = daemon.state();
@@ -190,6 +211,7 @@ impl Session {
                     grace,
                     root_exited: false,
                     kill: None,
+                    unkillable: false,
                 },
             );
             state.leases.contains_key(&lease)
@@ -199,13 +221,78 @@ impl Session {
             enforcement::start_kill(daemon, tree, None, "lease_ended");
             return Err(refuse(ErrorCode::NotFound, "the lease ended"));
         }
-        tracing::info!(tree, root = pid, lease, members, "tree registered");
+        tracing::info!(
+            tree,
+            root = pid,
+            lease,
+            members,
+            ?nested_in,
+            "tree registered"
+        );
         daemon.emit(owner_uid, enforcement::registered_event(tree, lease, pid));
         Ok(Reply::Registered {
             tree,
             root: pid,
             members,
         })
+    }
+
+    /// The tree the client's process runs in, then each tree that one is nested in; empty
+    /// when it runs in none. The trees it may never release or kill.
+    fn confinement(&self, daemon: &Daemon) -> Vec<TreeId> {
+        let tracker = daemon.tracker();
+        match tracker.member(self.peer.pid) {
+            // The start time tells the client's process from an earlier one by the same pid;
+            // unknown (0), the entry is taken as the client's: fail closed.
+            Some(member)
+                if self.peer.start_ticks == 0
+                    || crate::proc::ns_to_ticks(member.start_ns) == self.peer.start_ticks =>
+            {
+                tracker.enclosing(member.tree)
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The rules' view of the client.
+    fn requester<'a>(&self, confined: &'a [TreeId]) -> Requester<'a> {
+        Requester {
+            uid: self.peer.uid,
+            lease: self.peer.lease,
+            confined,
+        }
+    }
+
+    /// The verdict of `rule` on `tree`, as a refusal if it is not allowed.
+    fn authorize(
+        &self,
+        daemon: &Daemon,
+        tree: TreeId,
+        rule: fn(Requester<'_>, TreeFacts<'_>) -> Verdict,
+    ) -> Result<(), Refusal> {
+        let confined = self.confinement(daemon);
+        let Some((lease, owner)) = daemon
+            .state()
+            .trees
+            .get(&tree)
+            .map(|entry| (entry.lease, entry.owner_uid))
+        else {
+            return Err(not_found(tree));
+        };
+        let chain = daemon.tracker().enclosing(tree);
+        let facts = TreeFacts {
+            lease,
+            owner,
+            chain: &chain,
+        };
+        match rule(self.requester(&confined), facts) {
+            Verdict::Allowed => Ok(()),
+            Verdict::Hidden => Err(not_found(tree)),
+            Verdict::Denied(why) => Err(refuse(
+                ErrorCode::PermissionDenied,
+                format!("tree {tree}: {why}"),
+            )),
+        }
     }
 
     /// The lease a new tree goes under, and who holds it: this connection's, or the one a
@@ -261,20 +348,19 @@ impl Session {
     }
 
     fn release(&self, daemon: &Daemon, tree: TreeId) -> Result<Reply, Refusal> {
+        self.authorize(daemon, tree, may_release)?;
         let entry = {
             let mut state = daemon.state();
             match state.trees.get(&tree) {
-                Some(entry) if may_manage(self.peer.uid, entry.owner_uid) => {
-                    if entry.kill.is_some() {
-                        return Err(refuse(
-                            ErrorCode::BadRequest,
-                            format!("tree {tree} is being killed"),
-                        ));
-                    }
+                None => return Err(not_found(tree)),
+                Some(entry) if entry.kill.is_some() || entry.unkillable => {
+                    return Err(refuse(
+                        ErrorCode::BadRequest,
+                        format!("tree {tree} is being killed"),
+                    ));
                 }
-                _ => return Err(not_found(tree)),
+                Some(_) => state.trees.remove(&tree).expect("checked above"),
             }
-            state.trees.remove(&tree).expect("checked above")
         };
         daemon
             .tracker()
@@ -296,21 +382,17 @@ impl Session {
         grace_ms: Option<u64>,
     ) -> Result<(), Refusal> {
         let grace = grace_ms.map(|ms| grace(daemon, Some(ms))).transpose()?;
-        let visible = daemon
-            .state()
-            .trees
-            .get(&tree)
-            .is_some_and(|entry| may_manage(self.peer.uid, entry.owner_uid));
-        if !visible {
-            return Err(not_found(tree));
-        }
+        self.authorize(daemon, tree, may_kill)?;
         let pending = enforcement::start_kill(daemon, tree, grace, "request")
             .ok_or_else(|| not_found(tree))?;
         let outbox = self.outbox.clone();
         tokio::spawn(async move {
             let line = match enforcement::outcome(pending).await {
                 Ok(summary) => ServerLine::ok(id, Reply::Killed(summary)),
-                Err(e) => ServerLine::error(Some(id), ErrorCode::Internal, e),
+                Err(e @ KillError::Unkillable { .. }) => {
+                    ServerLine::error(Some(id), ErrorCode::KillFailed, e.to_string())
+                }
+                Err(e) => ServerLine::error(Some(id), ErrorCode::Internal, e.to_string()),
             };
             outbox.reply(line);
         });
@@ -318,13 +400,31 @@ impl Session {
     }
 
     fn list(&self, daemon: &Daemon) -> Reply {
+        let confined = self.confinement(daemon);
+        let who = self.requester(&confined);
+        let chains: HashMap<TreeId, Vec<TreeId>> = {
+            let trees: Vec<TreeId> = daemon.state().trees.keys().copied().collect();
+            let tracker = daemon.tracker();
+            trees
+                .into_iter()
+                .map(|tree| (tree, tracker.enclosing(tree)))
+                .collect()
+        };
         let visible: Vec<TreeInfo> = {
             let state = daemon.state();
             state
                 .trees
                 .iter()
-                .filter(|(_, entry)| may_manage(self.peer.uid, entry.owner_uid))
-                .map(|(&tree, entry)| TreeInfo {
+                .filter_map(|(&tree, entry)| {
+                    let chain = chains.get(&tree)?;
+                    let facts = TreeFacts {
+                        lease: entry.lease,
+                        owner: entry.owner_uid,
+                        chain,
+                    };
+                    may_see(who, facts).then_some((tree, entry, chain.get(1).copied()))
+                })
+                .map(|(tree, entry, nested_in)| TreeInfo {
                     tree,
                     lease: entry.lease,
                     owner_uid: entry.owner_uid,
@@ -334,12 +434,13 @@ impl Session {
                     host_pid: state.leases.get(&entry.lease).map_or(0, |l| l.host_pid),
                     host_comm: None,
                     root_exited: entry.root_exited,
-                    state: if entry.kill.is_some() {
-                        "killing"
-                    } else {
-                        "live"
+                    state: match (&entry.kill, entry.unkillable) {
+                        (Some(_), _) => "killing",
+                        (None, true) => "unkillable",
+                        (None, false) => "live",
                     }
                     .to_owned(),
+                    nested_in,
                     members: Vec::new(),
                 })
                 .collect()
@@ -376,13 +477,19 @@ impl Session {
         let outbox = self.outbox.clone();
         let mut closing = self.closing.clone();
         let uid = self.peer.uid;
+        // A process in a tree hears only of its own lease's trees; any other, of its uid's.
+        let own_lease = (!self.confinement(daemon).is_empty()).then_some(self.peer.lease);
+        let may_hear = move |owner: u32, event: &leash_client::Event| match own_lease {
+            Some(lease) => event.lease == lease,
+            None => may_manage(uid, owner),
+        };
         tokio::spawn(async move {
             // Events this subscriber missed and has not been told about yet.
             let mut missed = 0;
             loop {
                 let event = tokio::select! {
                     received = events.recv() => match received {
-                        Ok((owner, event)) if may_manage(uid, owner) => event,
+                        Ok((owner, event)) if may_hear(owner, &event) => event,
                         Ok(_) => continue,
                         Err(RecvError::Lagged(n)) => {
                             missed += n;

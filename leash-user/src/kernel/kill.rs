@@ -8,8 +8,11 @@
 //! agent at once (same port, same lock files), so the kill ends only when those are released.
 //!
 //! Once doomed, any member that forks is killed by the fork program as it forks, so a fork
-//! storm cannot outrun the rounds: each round can only shrink the tree. Signals go through
-//! pidfds, checked against the member map, so a recycled pid is never hit.
+//! storm cannot outrun the rounds: each round can only shrink the tree. The child of such a
+//! fork is born into a doomed tree: the grace period is for existing members' own cleanup, so
+//! it gets SIGKILL as soon as a step sees the tree's join count move, not SIGTERM and a grace.
+//! Signals go through pidfds of the very process each member entry names (pid and start
+//! time), so a recycled pid is never hit.
 
 use std::{
     collections::HashMap,
@@ -17,11 +20,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, bail};
-use leash_common::{Pid, TreeId};
+use anyhow::Result;
+use leash_common::{Member, Pid, TreeId};
 
 use super::Tracker;
-use crate::{proc, sys::Pidfd};
+use crate::proc::{self, ProcessRef};
 
 /// How long SIGKILL rounds may go on before the kill is reported as failed (a process stuck in
 /// uninterruptible sleep can hold out that long).
@@ -61,8 +64,30 @@ pub struct Kill {
     terminated: usize,
     killed: usize,
     rounds: u32,
-    /// Every member signalled, with its start time in /proc's clock ticks.
-    signalled: HashMap<Pid, u64>,
+    /// Every member signalled, and whether it was sent SIGKILL.
+    signalled: HashMap<ProcessRef, bool>,
+    /// When the tree was doomed (boot-time ns): members that started later were born doomed.
+    doomed_ns: u64,
+}
+
+/// Why a kill could not finish.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KillError {
+    /// Members were still in the map after [`KILL_ROUNDS_TIMEOUT`] of SIGKILL rounds (a process
+    /// stuck in the kernel, in uninterruptible sleep, can hold out that long). The tree stays
+    /// doomed: none of them can fork.
+    #[error(
+        "tree {tree} still has {remaining} members after {rounds} SIGKILL rounds in {:?}",
+        KILL_ROUNDS_TIMEOUT
+    )]
+    Unkillable {
+        tree: TreeId,
+        remaining: u64,
+        rounds: u32,
+    },
+    /// The maps could not be read or written.
+    #[error("tree {tree}: {message}")]
+    Kernel { tree: TreeId, message: String },
 }
 
 #[derive(Debug)]
@@ -70,6 +95,8 @@ enum Phase {
     Start,
     Grace {
         until: Instant,
+        /// The tree's `joined` counter when newcomers were last looked for.
+        joined: u64,
     },
     Rounds {
         next_round: Instant,
@@ -81,7 +108,7 @@ enum Phase {
     },
     /// The map is empty; these signalled members are still on their way out of the kernel.
     Exiting {
-        pending: Vec<(Pid, u64)>,
+        pending: Vec<ProcessRef>,
         give_up: Instant,
     },
 }
@@ -105,34 +132,84 @@ impl Kill {
             killed: 0,
             rounds: 0,
             signalled: HashMap::new(),
+            doomed_ns: 0,
         }
     }
 
-    pub fn step(&mut self, tracker: &mut Tracker) -> Result<KillStep> {
+    pub fn tree(&self) -> TreeId {
+        self.tree
+    }
+
+    /// Shortens the grace period to `grace` if that is shorter (a later kill, the lease's end
+    /// or root asks for less); never lengthens it.
+    pub fn shorten_grace(&mut self, grace: Duration) {
+        if grace >= self.grace {
+            return;
+        }
+        self.grace = grace;
+        if let Phase::Grace { until, .. } = &mut self.phase {
+            *until = (*until).min(self.started + grace);
+        }
+    }
+
+    pub fn step(&mut self, tracker: &mut Tracker) -> Result<KillStep, KillError> {
+        let tree = self.tree;
+        self.advance(tracker)
+            .map_err(|e| match e.downcast::<KillError>() {
+                Ok(e) => e,
+                Err(e) => KillError::Kernel {
+                    tree,
+                    message: format!("{e:#}"),
+                },
+            })
+    }
+
+    fn advance(&mut self, tracker: &mut Tracker) -> Result<KillStep> {
         let tree = self.tree;
         let now = Instant::now();
         match self.phase {
             Phase::Start => {
-                tracker.doom(tree)?;
+                self.doomed_ns = tracker.doom(tree)?;
                 if self.grace.is_zero() {
                     // Straight to the first round, without a pause.
                     self.phase = rounds_from(now);
                     self.round(tracker, now)?;
                 } else {
-                    self.terminated =
-                        tracker.signal_members(tree, libc::SIGTERM, &mut self.signalled)?;
+                    let joined = tracker.tree_status(tree)?.joined;
+                    // Members born doomed (after the doom, before this walk) get SIGKILL here.
+                    self.terminated = tracker.signal_members(
+                        tree,
+                        Signal::TermOrKillNewborn(self.doomed_ns),
+                        &mut self.signalled,
+                    )?;
                     self.phase = Phase::Grace {
                         until: now + self.grace,
+                        joined,
                     };
                 }
             }
-            Phase::Grace { until } => {
+            Phase::Grace { until, joined } => {
                 if tracker.is_empty(tree)? {
                     return Ok(self.exiting(now));
                 }
                 if now >= until {
                     self.phase = rounds_from(now);
                     self.round(tracker, now)?;
+                    return Ok(KillStep::Wait(POLL));
+                }
+                // A member forked (and died of it, in the kernel): its child was born doomed
+                // and does not get the grace period.
+                let joined_now = tracker.tree_status(tree)?.joined;
+                if joined_now != joined {
+                    self.phase = Phase::Grace {
+                        until,
+                        joined: joined_now,
+                    };
+                    self.killed += tracker.signal_members(
+                        tree,
+                        Signal::KillNewborn(self.doomed_ns),
+                        &mut self.signalled,
+                    )?;
                 }
             }
             Phase::Rounds {
@@ -145,11 +222,12 @@ impl Kill {
                     return Ok(self.exiting(now));
                 }
                 if now >= give_up {
-                    bail!(
-                        "tree {tree} still has members after {} SIGKILL rounds in {:?}",
-                        self.rounds,
-                        KILL_ROUNDS_TIMEOUT
-                    );
+                    return Err(KillError::Unkillable {
+                        tree,
+                        remaining: tracker.tree_status(tree)?.members,
+                        rounds: self.rounds,
+                    }
+                    .into());
                 }
                 let someone_joined = tracker.tree_status(tree)?.joined != joined;
                 if now >= next_round && (someone_joined || now >= next_full_round) {
@@ -163,8 +241,7 @@ impl Kill {
                 // Check the last few; an exited one is swapped out for one already checked.
                 let checked_from = pending.len().saturating_sub(EXIT_CHECKS_PER_STEP);
                 for i in (checked_from..pending.len()).rev() {
-                    let (pid, start_ticks) = pending[i];
-                    if finished_exiting(pid, start_ticks) {
+                    if pending[i].has_exited() {
                         pending.swap_remove(i);
                     }
                 }
@@ -206,7 +283,7 @@ impl Kill {
         *joined = tracker.tree_status(self.tree)?.joined;
         *next_round = now + ROUND_WAIT;
         *next_full_round = now + FULL_ROUND_EVERY;
-        let sent = tracker.signal_members(self.tree, libc::SIGKILL, &mut self.signalled)?;
+        let sent = tracker.signal_members(self.tree, Signal::Kill, &mut self.signalled)?;
         self.killed += sent;
         self.rounds += 1;
         tracing::debug!(
@@ -220,7 +297,7 @@ impl Kill {
 
     /// The map is empty: wait for the signalled members to finish exiting.
     fn exiting(&mut self, now: Instant) -> KillStep {
-        let pending: Vec<_> = self.signalled.drain().collect();
+        let pending: Vec<_> = self.signalled.drain().map(|(member, _)| member).collect();
         tracing::debug!(
             tree = self.tree,
             elapsed = ?self.started.elapsed(),
@@ -254,14 +331,31 @@ fn rounds_from(now: Instant) -> Phase {
     }
 }
 
-/// Whether the member that `pid` named when it started at `start_ticks` has finished exiting.
-/// A pidfd says so cheaply; /proc is read only for a process that has not, which may be the
-/// member still exiting or a newer process that took its pid.
-fn finished_exiting(pid: Pid, start_ticks: u64) -> bool {
-    match Pidfd::open(pid) {
-        // Reaped, and the pid not taken again.
-        Err(_) => true,
-        Ok(pidfd) => pidfd.has_exited() || proc::has_exited(pid, start_ticks),
+/// What a walk of the members sends.
+#[derive(Clone, Copy, Debug)]
+enum Signal {
+    /// SIGKILL to every member not sent it yet.
+    Kill,
+    /// SIGTERM to every member, but SIGKILL to those that started after the doom (given in
+    /// boot-time ns).
+    TermOrKillNewborn(u64),
+    /// SIGKILL to the members that started after the doom and were not sent it yet.
+    KillNewborn(u64),
+}
+
+impl Signal {
+    /// The signal for `member`, or None to leave it be. `killed`: whether it was sent SIGKILL
+    /// already (None: not signalled at all).
+    fn for_member(self, member: &Member, killed: Option<bool>) -> Option<i32> {
+        let newborn = |doomed_ns: u64| member.start_ns >= doomed_ns;
+        match (self, killed) {
+            (_, Some(true)) => None,
+            (Self::Kill, _) => Some(libc::SIGKILL),
+            (Self::TermOrKillNewborn(doomed), _) if newborn(doomed) => Some(libc::SIGKILL),
+            (Self::TermOrKillNewborn(_), _) => Some(libc::SIGTERM),
+            (Self::KillNewborn(doomed), _) if newborn(doomed) => Some(libc::SIGKILL),
+            (Self::KillNewborn(_), _) => None,
+        }
     }
 }
 
@@ -299,38 +393,38 @@ impl Tracker {
             .collect())
     }
 
-    /// Sends `signal` to every member that is still the process it was when it joined, and
-    /// notes each in `signalled`. Returns how many were signalled.
+    /// Sends what `signal` says to each member of `tree`, through a pidfd of the very process
+    /// its entry names, and notes each in `signalled`. Returns how many were signalled. An
+    /// entry whose process is gone (it can only be one user space put in after its process
+    /// had exited) is taken out: its pid may name an unrelated process by now.
     fn signal_members(
-        &self,
+        &mut self,
         tree: TreeId,
-        signal: i32,
-        signalled: &mut HashMap<Pid, u64>,
+        signal: Signal,
+        signalled: &mut HashMap<ProcessRef, bool>,
     ) -> Result<usize> {
         let mut sent = 0;
         for (pid, member) in self.member_entries()? {
             if member.tree != tree {
                 continue;
             }
-            // Gone already: its exit removes it from the map.
-            let Ok(pidfd) = Pidfd::open(pid) else {
+            let process = ProcessRef {
+                pid,
+                start_ticks: proc::ns_to_ticks(member.start_ns),
+            };
+            let Some(number) = signal.for_member(&member, signalled.get(&process).copied()) else {
                 continue;
             };
-            // The pidfd was opened first. If the map still holds this very member (same start
-            // time), the member had not exited when the pidfd was opened (its exit removes it,
-            // and its pid cannot be reused before that), so the pidfd names the member and not
-            // a process that reused its pid.
-            let same = self.member(pid).is_some_and(|now| now == member);
-            if !same {
-                tracing::debug!(pid, "not signalled: the pid names another process now");
+            let Some(pidfd) = process.open()? else {
+                self.drop_stale(pid, member)?;
                 continue;
-            }
-            if pidfd.send_signal(signal).is_ok() {
+            };
+            if pidfd.send_signal(number).is_ok() {
                 sent += 1;
-                signalled.insert(pid, proc::ns_to_ticks(member.start_ns));
+                signalled.insert(process, number == libc::SIGKILL);
             }
         }
-        tracing::debug!(signal, sent, "signalled");
+        tracing::debug!(?signal, sent, "signalled");
         Ok(sent)
     }
 }

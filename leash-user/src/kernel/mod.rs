@@ -22,8 +22,9 @@ use leash_common::{
 
 use crate::{proc, sys};
 
-pub use kill::{KILL_ROUNDS_TIMEOUT, Kill, KillReport, KillStep};
+pub use kill::{KILL_ROUNDS_TIMEOUT, Kill, KillError, KillReport, KillStep};
 pub use pins::Pins;
+pub use register::{IdentifyError, identify};
 
 /// The compiled programs, embedded at build time by build.rs.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
@@ -76,8 +77,9 @@ pub struct TreeStatus {
     pub root: Pid,
     /// Members now: seeded + joined - left.
     pub members: u64,
-    /// Registered by user space (the root, and descendants found in /proc at registration).
-    pub seeded: u64,
+    /// Put in by user space (the root, and descendants found in /proc at registration), less
+    /// those it took out.
+    pub seeded: i64,
     /// Joined at fork, in the kernel.
     pub joined: u64,
     /// Left at exit, in the kernel.
@@ -86,7 +88,10 @@ pub struct TreeStatus {
     pub failed_inserts: u64,
     /// When the root's thread group died (ns since boot), if it has.
     pub root_exit_ns: Option<u64>,
-    pub doomed: bool,
+    /// When the tree was first doomed (ns since boot), if it has been.
+    pub doomed_ns: Option<u64>,
+    /// The tree it is nested in, if any.
+    pub parent: Option<TreeId>,
 }
 
 /// Global counters, summed over CPUs.
@@ -351,7 +356,11 @@ impl Tracker {
             .get(&tree, 0)
             .map_err(|_| anyhow!("no counters for tree {tree}"))?;
         // seeded and left race (a seeded member may leave before seeded is written): clamp.
-        let members = (control.seeded + counters.joined).saturating_sub(counters.left);
+        let members = u64::try_from(
+            (i128::from(control.seeded) + i128::from(counters.joined) - i128::from(counters.left))
+                .max(0),
+        )
+        .unwrap_or(u64::MAX);
         Ok(TreeStatus {
             tree,
             root: control.root,
@@ -361,7 +370,9 @@ impl Tracker {
             left: counters.left,
             failed_inserts: counters.failed,
             root_exit_ns: (counters.root_exit_ns != 0).then_some(counters.root_exit_ns),
-            doomed: control.flags & leash_common::flags::DOOMED != 0,
+            doomed_ns: (control.flags & leash_common::flags::DOOMED != 0)
+                .then_some(control.doomed_ns),
+            parent: (control.parent != 0).then_some(control.parent),
         })
     }
 
@@ -401,27 +412,104 @@ impl Tracker {
         self.events.as_fd().try_clone_to_owned()
     }
 
-    /// Marks `tree` doomed: from now on any member that forks is killed in the kernel.
-    pub fn doom(&mut self, tree: TreeId) -> Result<()> {
+    /// Marks `tree` doomed: from now on any member that forks is killed in the kernel, and its
+    /// child is killed as soon as user space sees it. Returns when it was first doomed
+    /// (boot-time ns): members that started after that were born into a doomed tree.
+    pub fn doom(&mut self, tree: TreeId) -> Result<u64> {
         let mut control = self
             .control
             .get(&tree, 0)
             .map_err(|_| anyhow!("no tree {tree}"))?;
-        control.flags |= leash_common::flags::DOOMED;
-        self.control.insert(tree, control, 0)?;
-        Ok(())
+        if control.flags & leash_common::flags::DOOMED == 0 {
+            control.flags |= leash_common::flags::DOOMED;
+            control.doomed_ns = sys::boottime_ns();
+            self.control.insert(tree, control, 0)?;
+        }
+        Ok(control.doomed_ns)
     }
 
-    /// Stops tracking `tree`: its members are no longer followed and its entries go.
+    /// Stops tracking `tree`. A tree nested in another hands its members back to it (they
+    /// never go free by a release); a tree that stands alone lets them go. Trees nested in
+    /// `tree` move up to where it was.
     pub fn release(&mut self, tree: TreeId) -> Result<()> {
-        for pid in self.member_pids(tree)? {
-            // Already gone: it exited meanwhile.
-            let _ = self.members.remove(&pid);
+        let enclosing = self
+            .tree_status(tree)
+            .ok()
+            .and_then(|status| status.parent)
+            .filter(|&parent| self.control.get(&parent, 0).is_ok());
+        for nested in self.nested(tree) {
+            if let Ok(mut control) = self.control.get(&nested, 0) {
+                control.parent = enclosing.unwrap_or(0);
+                self.control.insert(nested, control, 0)?;
+            }
+        }
+        match enclosing {
+            Some(enclosing) => self.hand_back(tree, enclosing)?,
+            None => {
+                for pid in self.member_pids(tree)? {
+                    // Already gone: it exited meanwhile.
+                    let _ = self.members.remove(&pid);
+                }
+            }
         }
         let _ = self.counters.remove(&tree);
         let _ = self.control.remove(&tree);
-        tracing::debug!(tree, "released");
+        tracing::debug!(tree, ?enclosing, "released");
         Ok(())
+    }
+
+    /// Moves every member of `tree` into `enclosing`. A member that forks meanwhile may make a
+    /// child in `tree` after the walk passed: walk again until none is left.
+    fn hand_back(&mut self, tree: TreeId, enclosing: TreeId) -> Result<()> {
+        for _ in 0..64 {
+            let members: Vec<(Pid, Member)> = self
+                .member_entries()?
+                .into_iter()
+                .filter(|(_, m)| m.tree == tree)
+                .collect();
+            if members.is_empty() {
+                return Ok(());
+            }
+            for (pid, member) in members {
+                let back = Member {
+                    tree: enclosing,
+                    ..member
+                };
+                // Only an entry still there: one gone with its process stays gone.
+                if self.members.insert(pid, back, BPF_EXIST).is_ok() {
+                    self.add_seeded(enclosing, 1)?;
+                    self.add_seeded(tree, -1)?;
+                }
+            }
+        }
+        bail!("the members of tree {tree} kept forking while they were handed back to {enclosing}")
+    }
+
+    /// The trees nested directly in `tree`.
+    pub fn nested(&self, tree: TreeId) -> Vec<TreeId> {
+        self.control
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, control)| control.parent == tree)
+            .map(|(nested, _)| nested)
+            .collect()
+    }
+
+    /// `tree` and every tree it is nested in, innermost first.
+    pub fn enclosing(&self, tree: TreeId) -> Vec<TreeId> {
+        let mut chain = vec![tree];
+        let mut at = tree;
+        // Bounded: a chain cannot be longer than the number of trees.
+        while chain.len() <= self.capacity.trees as usize {
+            match self.control.get(&at, 0) {
+                Ok(control) if control.parent != 0 && !chain.contains(&control.parent) => {
+                    at = control.parent;
+                    chain.push(at);
+                }
+                _ => break,
+            }
+        }
+        chain
     }
 
     /// Records who holds `tree`, for a daemon that takes over after a restart.
@@ -444,7 +532,7 @@ impl Tracker {
             .holder)
     }
 
-    fn new_tree(&mut self, root: Pid) -> Result<TreeId> {
+    fn new_tree(&mut self, root: Pid, parent: Option<TreeId>) -> Result<TreeId> {
         if self.trees().len() as u32 >= self.capacity.trees {
             bail!(
                 "the tree limit ({}) is reached; release a tree first",
@@ -458,13 +546,33 @@ impl Tracker {
             .insert(tree, TreeCounters::default(), BPF_NOEXIST)?;
         let control = TreeControl {
             root,
+            parent: parent.unwrap_or(0),
             ..Default::default()
         };
         self.control.insert(tree, control, BPF_NOEXIST)?;
         Ok(tree)
     }
 
-    fn add_seeded(&mut self, tree: TreeId, count: u64) -> Result<()> {
+    /// Takes out `pid`'s entry if it is still `stale`, an entry whose process is gone, and
+    /// counts it out of its tree. Only user space can have put such an entry in (the programs
+    /// remove a member at its exit); while it is there, no fork can insert a new entry for the
+    /// same pid, so the check and the removal see the same entry.
+    fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()> {
+        if self.member(pid) != Some(stale) {
+            return Ok(());
+        }
+        if self.members.remove(&pid).is_ok() {
+            tracing::warn!(
+                pid,
+                tree = stale.tree,
+                "took out a member whose process is gone"
+            );
+            self.add_seeded(stale.tree, -1)?;
+        }
+        Ok(())
+    }
+
+    fn add_seeded(&mut self, tree: TreeId, count: i64) -> Result<()> {
         let mut control = self.control.get(&tree, 0)?;
         control.seeded += count;
         self.control.insert(tree, control, 0)?;
@@ -473,6 +581,7 @@ impl Tracker {
 }
 
 const BPF_NOEXIST: u64 = 1;
+const BPF_EXIST: u64 = 2;
 
 /// The programs, loaded with the kernel's offsets and attached.
 struct Attached {

@@ -9,10 +9,10 @@ use std::process::{Child, Command};
 use anyhow::{Context, Result, bail};
 use leash_common::{Member, Pid, TreeId};
 
-use super::{BPF_NOEXIST, Tracker};
+use super::{BPF_EXIST, BPF_NOEXIST, Tracker};
 use crate::{
-    proc::{self, ProcessInfo},
-    sys::{self, SpawnHeldError},
+    proc::{self, ProcessInfo, ProcessRef},
+    sys::{self, Pidfd, SpawnHeldError},
 };
 
 /// More passes than this means descendants appear faster than /proc can be read.
@@ -20,20 +20,39 @@ const MAX_SEED_PASSES: usize = 64;
 
 impl Tracker {
     /// Registers the running process `pid` as the root of a new tree, with all of its
+    /// descendants (see [`Tracker::adopt_process`]).
+    pub fn adopt(&mut self, pid: Pid) -> Result<TreeId> {
+        let root = identify(pid)?;
+        self.adopt_process(root.0, None)
+    }
+
+    /// Registers the running process `root` as the root of a new tree, with all of its
     /// descendants. A descendant that was double-forked away *before* this call (reparented
     /// out of the root's subtree) cannot be found; everything forked after is.
-    pub fn adopt(&mut self, pid: Pid) -> Result<TreeId> {
-        let root = proc::process(pid)
-            .filter(ProcessInfo::is_live)
-            .with_context(|| format!("no running process {pid}"))?;
-        if let Some(member) = self.member(pid) {
-            bail!("process {pid} is already a member of tree {}", member.tree);
-        }
-        let tree = self.new_tree(pid)?;
-        let adopted = self.adopt_into(tree, &root);
-        match adopted {
+    ///
+    /// A process that is a member of a tree already stays inside it: the new tree is nested in
+    /// that tree, taking the process and its descendants there with it. Otherwise the new tree
+    /// is nested in `nest_in` if given (the tree of the host that asks), or stands alone.
+    pub fn adopt_process(&mut self, root: ProcessRef, nest_in: Option<TreeId>) -> Result<TreeId> {
+        let enclosing = match self.member(root.pid) {
+            Some(member) if proc::ns_to_ticks(member.start_ns) == root.start_ticks => {
+                Some(member.tree)
+            }
+            // An entry for an earlier process by that pid: refuse rather than guess.
+            Some(member) => bail!(
+                "pid {} is held by tree {} for a process that is gone",
+                root.pid,
+                member.tree
+            ),
+            None => nest_in,
+        };
+        let info = proc::process(root.pid)
+            .filter(|p| p.start_ticks == root.start_ticks)
+            .with_context(|| format!("process {} exited", root.pid))?;
+        let tree = self.new_tree(root.pid, enclosing)?;
+        match self.adopt_into(tree, &info) {
             Ok(seeded) => {
-                tracing::info!(tree, root = pid, seeded, "tree registered");
+                tracing::info!(tree, root = root.pid, ?enclosing, seeded, "tree registered");
                 Ok(tree)
             }
             Err(e) => {
@@ -49,7 +68,7 @@ impl Tracker {
         let mut registered = None;
         let spawned = sys::spawn_held(command, |pid| -> Result<()> {
             let root = proc::process(pid).context("the held child vanished")?;
-            let tree = self.new_tree(pid)?;
+            let tree = self.new_tree(pid, None)?;
             registered = Some(tree);
             if !self.seed(tree, &root)? {
                 bail!("the held child could not be registered");
@@ -77,7 +96,7 @@ impl Tracker {
 
     fn adopt_into(&mut self, tree: TreeId, root: &ProcessInfo) -> Result<u64> {
         if !self.seed(tree, root)? {
-            bail!("process {} exited while it was being registered", root.pid);
+            bail!("process {} is exiting", root.pid);
         }
         // A root with no children now has no descendants to find: any it forks from now on
         // joins in the kernel. (A fresh process, as `spawn` makes, needs no /proc walk, whose
@@ -85,16 +104,20 @@ impl Tracker {
         if proc::is_childless(root.pid) {
             return Ok(1);
         }
+        let enclosing = self.tree_status(tree)?.parent;
         let mut seeded = 1;
         for _ in 0..MAX_SEED_PASSES {
             let snapshot = proc::all_processes().context("walking /proc")?;
-            // Below a process that belongs to another tree, its own tree follows it.
+            // Below a process that belongs to another tree, its own tree follows it (members
+            // of the enclosing tree come down into this one).
             let descendants = proc::descendants(&snapshot, root.pid, |p| {
-                self.member(p.pid).is_some_and(|m| m.tree != tree)
+                self.member(p.pid)
+                    .is_some_and(|m| m.tree != tree && Some(m.tree) != enclosing)
             });
             let mut new = 0;
             for process in descendants {
-                if self.member(process.pid).is_none() && self.seed(tree, process)? {
+                let held = self.member(process.pid).map(|m| m.tree);
+                if held != Some(tree) && self.seed(tree, process)? {
                     new += 1;
                 }
             }
@@ -109,10 +132,19 @@ impl Tracker {
         )
     }
 
-    /// Inserts one process found in /proc. Returns whether it is now a member counted in
-    /// `seeded`. The insert races with the process's exit, which is settled here: the kernel
-    /// removes only what is in the map when the thread group dies.
+    /// Puts one process found in /proc into `tree`: a process no tree holds, or a member of
+    /// the tree `tree` is nested in, which comes down into it. Returns whether it is now a
+    /// member counted in `seeded`.
+    ///
+    /// A new entry races with the process's exit, which is settled here: the kernel removes
+    /// only what is in the map when the thread group dies, so the entry stays only if, after
+    /// it was made, the pid still names the same process (start time) and some thread of it
+    /// has not begun exiting. Otherwise the entry is taken out again: left in, it would name
+    /// whatever process gets the pid next.
     fn seed(&mut self, tree: TreeId, process: &ProcessInfo) -> Result<bool> {
+        if let Some(current) = self.member(process.pid) {
+            return self.move_down(tree, process, current);
+        }
         let member = Member {
             tree,
             parent: process.ppid,
@@ -126,10 +158,11 @@ impl Tracker {
             // Already a member: the kernel saw it forked from a member first.
             return Ok(false);
         }
-        let still_there = proc::process(process.pid)
-            .is_some_and(|now| now.start_ticks == process.start_ticks && now.is_live());
+        // Alive, then the same process: it was alive after the insert, so its group's death,
+        // whenever it comes, finds the entry (see proc::group_alive).
+        let still_there = proc::group_alive(process.pid)
+            && proc::process(process.pid).is_some_and(|now| now.start_ticks == process.start_ticks);
         if still_there {
-            // Alive after the insert: its exit, whenever it comes, is seen by the program.
             self.add_seeded(tree, 1)?;
             return Ok(true);
         }
@@ -140,4 +173,60 @@ impl Tracker {
         }
         Ok(false)
     }
+
+    /// Moves a member of the enclosing tree into `tree`, nested in it.
+    fn move_down(&mut self, tree: TreeId, process: &ProcessInfo, current: Member) -> Result<bool> {
+        let enclosing = self.tree_status(tree)?.parent;
+        let same = proc::ns_to_ticks(current.start_ns) == process.start_ticks;
+        if Some(current.tree) != enclosing || !same {
+            return Ok(false);
+        }
+        // Only if the entry is still there: one gone with its process stays gone.
+        let moved = Member { tree, ..current };
+        if self.members.insert(process.pid, moved, BPF_EXIST).is_err() {
+            return Ok(false);
+        }
+        self.add_seeded(current.tree, -1)?;
+        self.add_seeded(tree, 1)?;
+        Ok(true)
+    }
+}
+
+/// The process `pid` names, if it is one that may be registered: a live thread group, named
+/// by its thread group id (a thread's id is refused: the programs key members by process).
+/// Returns it with a pidfd that holds it.
+pub fn identify(pid: Pid) -> Result<(ProcessRef, Pidfd), IdentifyError> {
+    let pidfd = match Pidfd::open(pid) {
+        Ok(pidfd) => pidfd,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            return Err(match proc::thread_group_of(pid) {
+                Some(tgid) if tgid != pid => IdentifyError::Thread { tid: pid, tgid },
+                _ => IdentifyError::NotFound(pid),
+            });
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+            return Err(IdentifyError::NotFound(pid));
+        }
+        Err(e) => return Err(IdentifyError::Io(pid, e.to_string())),
+    };
+    let process = proc::process(pid).ok_or(IdentifyError::NotFound(pid))?;
+    // Read after the pidfd was opened, and before it is checked: if the process it names is
+    // still running now, the pid named it all along, so what was read is its.
+    if pidfd.has_exited() || !proc::group_alive(pid) {
+        return Err(IdentifyError::Exiting(pid));
+    }
+    Ok((process.reference(), pidfd))
+}
+
+/// Why a pid cannot be registered.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentifyError {
+    #[error("no process {0}")]
+    NotFound(Pid),
+    #[error("{tid} is a thread of process {tgid}, not a process: register {tgid}")]
+    Thread { tid: Pid, tgid: Pid },
+    #[error("process {0} is exiting")]
+    Exiting(Pid),
+    #[error("cannot open process {0}: {1}")]
+    Io(Pid, String),
 }

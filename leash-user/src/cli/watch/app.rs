@@ -242,6 +242,10 @@ pub fn describe(event: &Event) -> String {
             None => format!("tree {tree}: empty"),
         },
         EventKind::Released => format!("tree {tree}: released"),
+        EventKind::KillFailed => format!(
+            "tree {tree}: kill failed ({})",
+            event.reason.as_deref().unwrap_or("?")
+        ),
         EventKind::Dropped => format!(
             "{} events dropped: this view fell behind",
             event.count.unwrap_or(0)

@@ -152,6 +152,7 @@ mod tests {
             host_comm: Some("agent-host".into()),
             root_exited: false,
             state: "live".into(),
+            nested_in: None,
             members,
         }
     }
