@@ -245,3 +245,18 @@ pub fn as_nobody(program: impl AsRef<std::ffi::OsStr>) -> Command {
     command.uid(NOBODY).gid(NOBODY).env_remove("LEASH_SOCKET");
     command
 }
+
+/// Unprivileged uids of the tests' own, beside [`NOBODY`]: running as one needs no passwd
+/// entry, so nothing is added to the system.
+pub const USER_A: u32 = 61001;
+pub const USER_B: u32 = 61002;
+
+/// The arguments of `setpriv` that run the rest as `uid` (its own gid, no other groups): for a
+/// command that joins a cgroup as root first (see [`crate::Cgroup::command`]).
+pub fn setpriv_args(uid: u32) -> Vec<String> {
+    vec![
+        format!("--reuid={uid}"),
+        format!("--regid={uid}"),
+        "--clear-groups".to_owned(),
+    ]
+}

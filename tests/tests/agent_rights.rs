@@ -1,0 +1,134 @@
+//! The agent inside a tree runs under its host's uid and may run any shell command: it must not
+//! be able to cut its own leash. As uid 61001, a host (`leash run`) runs an agent that speaks the
+//! protocol itself and tries what a uid alone used to allow: release its tree, kill it with a
+//! ten-minute grace, kill another host's tree. Each is refused. What it may do (register itself
+//! and a child of its own, release the child's tree) nests inside its tree and frees nothing:
+//! when the host is SIGKILLed, the whole cgroup empties, and the other host's tree lives on.
+
+use std::{fs, process::Stdio, time::Duration};
+
+use leash_tests::{
+    Cgroup, Removed,
+    daemon::{Daemon, USER_A, path_str, setpriv_args},
+    wait_for,
+};
+use serde_json::Value;
+
+/// The agent: argv is SOCKET OUT OTHER_TREE.
+const AGENT: &str = r#"
+import json, os, socket, subprocess, sys, time
+sock, out, other = sys.argv[1], sys.argv[2], int(sys.argv[3])
+s = socket.socket(socket.AF_UNIX)
+s.connect(sock)
+f = s.makefile("rw")
+def ask(op):
+    f.write(json.dumps(op) + "\n")
+    f.flush()
+    while True:
+        line = json.loads(f.readline())
+        if "event" not in line:
+            return line
+trees = ask({"id": 1, "op": "list"})["ok"]["trees"]
+own = [t["tree"] for t in trees if any(m["pid"] == os.getpid() for m in t["members"])][0]
+r = {"own": own, "visible": sorted(t["tree"] for t in trees)}
+r["release_own"] = ask({"id": 2, "op": "release", "tree": own})
+# Were it allowed, this would start killing this very process (the test then sees no report).
+r["kill_own"] = ask({"id": 8, "op": "kill", "tree": own, "grace_ms": 600000})
+r["kill_other"] = ask({"id": 3, "op": "kill", "tree": other, "grace_ms": 0})
+r["register_self"] = ask({"id": 4, "op": "register", "pid": os.getpid(), "on_root_exit": "keep"})
+child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+r["register_child"] = ask({"id": 5, "op": "register", "pid": child.pid})
+nested = r["register_child"].get("ok", {}).get("registered", {}).get("tree", 0)
+r["release_child"] = ask({"id": 6, "op": "release", "tree": nested})
+r["list"] = ask({"id": 7, "op": "list"})["ok"]["trees"]
+with open(out + ".part", "w") as file:
+    json.dump(r, file)
+os.rename(out + ".part", out)
+time.sleep(600)
+"#;
+
+fn error_code(reply: &Value) -> &str {
+    reply["error"]["code"].as_str().unwrap_or("none (it was allowed)")
+}
+
+#[test]
+fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_inside() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let leash = daemon.leash_for_anyone();
+    let out = Removed(daemon.dir.join("agent-results.json"));
+    fs::set_permissions(&daemon.dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .unwrap();
+    let run_as_user = |cgroup: &Cgroup, command: &[&str]| {
+        let mut args = setpriv_args(USER_A);
+        args.extend([path_str(&leash), "--socket", path_str(&daemon.socket), "run", "--"].map(String::from));
+        args.extend(command.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut command = cgroup.command("setpriv", &args);
+        command.current_dir("/").stdout(Stdio::null());
+        command.spawn().unwrap()
+    };
+
+    // Another host of the same uid, with a tree of its own.
+    let other = Cgroup::new("other-host");
+    let mut other_host = run_as_user(&other, &["sleep", "600"]);
+    other.settle_exactly(&["leash", "sleep"]);
+    let mut root = daemon.client();
+    let other_tree = root
+        .list()
+        .unwrap()
+        .iter()
+        .find(|t| other.procs().contains(&t.root))
+        .expect("the other host's tree")
+        .tree;
+
+    let agent = Cgroup::new("agent");
+    let other_arg = other_tree.to_string();
+    let mut host = run_as_user(
+        &agent,
+        &["/usr/bin/python3", "-c", AGENT, path_str(&daemon.socket), path_str(&out.0), &other_arg],
+    );
+    assert!(
+        wait_for(Duration::from_secs(60), || out.0.exists()),
+        "the agent did not report (was it killed by its own request?); daemon log:\n{}",
+        daemon.log()
+    );
+    let results: Value = serde_json::from_str(&fs::read_to_string(&out.0).unwrap()).unwrap();
+    eprintln!("what the agent got: {results:#}");
+    let own = results["own"].as_u64().unwrap();
+
+    assert_eq!(error_code(&results["release_own"]), "permission_denied");
+    assert_eq!(error_code(&results["kill_own"]), "permission_denied");
+    assert_eq!(error_code(&results["kill_other"]), "not_found");
+    assert_eq!(
+        results["visible"].as_array().unwrap().len(),
+        1,
+        "the agent sees its own tree only"
+    );
+    // Registering itself nests a tree inside its own; so does registering its child.
+    let nested_self = &results["register_self"]["ok"]["registered"];
+    assert!(nested_self.is_object(), "{}", results["register_self"]);
+    assert!(results["register_child"]["ok"].is_object(), "{}", results["register_child"]);
+    assert!(results["release_child"]["ok"].is_object(), "{}", results["release_child"]);
+    let listed = results["list"].as_array().unwrap();
+    let self_tree = listed
+        .iter()
+        .find(|t| t["tree"] == nested_self["tree"])
+        .expect("the agent's nested tree is listed");
+    assert_eq!(self_tree["nested_in"].as_u64(), Some(own), "nested in its own tree");
+
+    // The host dies: everything the agent started dies with it, the released child included.
+    host.kill().unwrap();
+    let _ = host.wait();
+    let emptied = agent.wait_empty(Duration::from_secs(30));
+    assert!(
+        emptied.is_some(),
+        "survivors of the host's death: {:?}",
+        agent.procs()
+    );
+    // The other host's tree was never touched.
+    assert_eq!(other.procs().len(), 2, "the other host's tree is intact");
+    other_host.kill().unwrap();
+    let _ = other_host.wait();
+}
