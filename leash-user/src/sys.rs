@@ -18,15 +18,27 @@ pub use leash_client::sys::{SpawnHeldError, spawn_held};
 
 /// mount -t FSTYPE FSTYPE TARGET (tracefs, bpf: filesystems with no device).
 pub fn mount(fstype: &std::ffi::CStr, target: &Path) -> io::Result<()> {
+    mount_with(fstype, target, None)
+}
+
+/// mount -t FSTYPE -o OPTIONS FSTYPE TARGET: [`mount`] with the filesystem's own options
+/// (e.g. `mode=0700`).
+pub fn mount_with(
+    fstype: &std::ffi::CStr,
+    target: &Path,
+    options: Option<&std::ffi::CStr>,
+) -> io::Result<()> {
     let target = CString::new(target.as_os_str().as_bytes())?;
-    // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
+    let options = options.map_or(std::ptr::null(), |o| o.as_ptr().cast());
+    // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call, or
+    // null for no options.
     let rc = unsafe {
         libc::mount(
             fstype.as_ptr(),
             target.as_ptr(),
             fstype.as_ptr(),
             0,
-            std::ptr::null(),
+            options,
         )
     };
     if rc == 0 {
