@@ -48,6 +48,13 @@ pub fn mount_with(
     }
 }
 
+/// Sets the process's file mode creation mask to `mask`; returns the one it replaces. The mask
+/// is the whole process's: change it only while no other thread makes files.
+pub fn umask(mask: u32) -> u32 {
+    // SAFETY: umask takes a number, touches no memory of ours and cannot fail.
+    unsafe { libc::umask(mask as libc::mode_t) as u32 }
+}
+
 /// Whether `path` is the root of a mounted BPF filesystem (statfs's magic number).
 pub fn is_bpffs(path: &Path) -> bool {
     const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
