@@ -5,10 +5,12 @@
 //! - [`kernel`]: load and attach the programs, register trees, read members and counters.
 //! - [`proc`]: what /proc says about processes.
 //! - [`sys`]: the thin unsafe wrappers over system calls.
+//! - `trusted_dir`: the check that the daemon's socket and pin directories are root's alone.
 
 pub mod daemon;
 pub mod kernel;
 pub mod proc;
 pub mod sys;
+mod trusted_dir;
 
 pub use kernel::{Capacity, KillReport, MemberInfo, Stats, Tracker, TreeEvent, TreeStatus};

@@ -18,15 +18,27 @@ pub use leash_client::sys::{SpawnHeldError, spawn_held};
 
 /// mount -t FSTYPE FSTYPE TARGET (tracefs, bpf: filesystems with no device).
 pub fn mount(fstype: &std::ffi::CStr, target: &Path) -> io::Result<()> {
+    mount_with(fstype, target, None)
+}
+
+/// mount -t FSTYPE -o OPTIONS FSTYPE TARGET: [`mount`] with the filesystem's own options
+/// (e.g. `mode=0700`).
+pub fn mount_with(
+    fstype: &std::ffi::CStr,
+    target: &Path,
+    options: Option<&std::ffi::CStr>,
+) -> io::Result<()> {
     let target = CString::new(target.as_os_str().as_bytes())?;
-    // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
+    let options = options.map_or(std::ptr::null(), |o| o.as_ptr().cast());
+    // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call, or
+    // null for no options.
     let rc = unsafe {
         libc::mount(
             fstype.as_ptr(),
             target.as_ptr(),
             fstype.as_ptr(),
             0,
-            std::ptr::null(),
+            options,
         )
     };
     if rc == 0 {
@@ -34,6 +46,13 @@ pub fn mount(fstype: &std::ffi::CStr, target: &Path) -> io::Result<()> {
     } else {
         Err(io::Error::last_os_error())
     }
+}
+
+/// Sets the process's file mode creation mask to `mask`; returns the one it replaces. The mask
+/// is the whole process's: change it only while no other thread makes files.
+pub fn umask(mask: u32) -> u32 {
+    // SAFETY: umask takes a number, touches no memory of ours and cannot fail.
+    unsafe { libc::umask(mask as libc::mode_t) as u32 }
 }
 
 /// Whether `path` is the root of a mounted BPF filesystem (statfs's magic number).

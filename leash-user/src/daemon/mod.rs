@@ -16,7 +16,7 @@ mod requests;
 use std::{
     collections::HashMap,
     fs, io,
-    os::unix::fs::PermissionsExt,
+    os::unix::fs::FileTypeExt,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
@@ -30,7 +30,10 @@ use tokio::{
     sync::{broadcast, watch},
 };
 
-use crate::kernel::{Capacity, KillError, Origin, Tracker};
+use crate::{
+    kernel::{Capacity, KillError, Origin, Tracker},
+    sys, trusted_dir,
+};
 
 /// How the daemon runs.
 #[derive(Clone, Debug)]
@@ -217,25 +220,43 @@ fn new_token() -> io::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Binds the socket: its directory is made if needed, a stale socket file is replaced, a live
-/// daemon's is not. Anyone may connect; what they may do is checked per request.
+/// Binds the socket: its directory is made if needed (0755) and must be root's alone (see
+/// `trusted_dir`), a stale socket is replaced, a live daemon's is not. Anyone may connect;
+/// what they may do is checked per request.
 fn bind(path: &Path) -> Result<UnixListener> {
-    if let Some(dir) = path.parent()
-        && !dir.exists()
-    {
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
+    let dir = path
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    trusted_dir::ensure(dir, 0o755, "--socket")?;
+    remove_stale(path)?;
+    // The socket is made 0666 (0777 less the mask), so its mode is never set by path after
+    // it is visible, which would follow whatever the path names by then. Nothing else makes
+    // files now: the daemon binds before it starts any task.
+    let umask = sys::umask(0o111);
+    let bound = UnixListener::bind(path);
+    sys::umask(umask);
+    bound.with_context(|| format!("binding {}", path.display()))
+}
+
+/// Removes a socket left by a daemon that died. Anything else at `path` (a file, a symlink)
+/// is not the daemon's to remove.
+fn remove_stale(path: &Path) -> Result<()> {
+    let meta = match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        meta => meta.with_context(|| format!("checking {}", path.display()))?,
+    };
+    if !meta.file_type().is_socket() {
+        bail!(
+            "{} exists and is not a socket: the daemon replaces only a stale socket; remove it \
+             if it is not needed, or choose another --socket",
+            path.display()
+        );
     }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            bail!("another leash daemon is serving {}", path.display());
-        }
-        fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        bail!("another leash daemon is serving {}", path.display());
     }
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o666))?;
-    Ok(listener)
+    fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use aya::{
 use leash_common::{ABI_VERSION, map};
 
 use super::PROGRAMS_ATTACHED;
-use crate::sys;
+use crate::{sys, trusted_dir};
 
 /// Where bpffs is mounted by convention; mounted there if nothing is.
 const BPFFS: &str = "/sys/fs/bpf";
@@ -34,8 +34,9 @@ pub struct Pins {
 }
 
 impl Pins {
-    /// The pins under `root` (a directory on a BPF filesystem, made if needed; bpffs is
-    /// mounted at /sys/fs/bpf if `root` is below it and nothing is mounted there).
+    /// The pins under `root` (a directory on a BPF filesystem, made 0700 if needed, and
+    /// refused unless it and its ancestors are root's alone; bpffs is mounted at /sys/fs/bpf
+    /// if `root` is below it and nothing is mounted there).
     pub fn at(root: &Path) -> Result<Self> {
         ensure_on_bpffs(root)?;
         Ok(Self {
@@ -121,8 +122,9 @@ impl Pins {
     }
 }
 
-/// Makes `root` a directory on a BPF filesystem, mounting bpffs at /sys/fs/bpf if `root` is
-/// below it and nothing is mounted there (some machines do not mount it at boot).
+/// Makes `root` a trusted directory on a BPF filesystem, mounting bpffs at /sys/fs/bpf (root's
+/// alone) if `root` is below it and nothing is mounted there (some machines do not mount it
+/// at boot).
 fn ensure_on_bpffs(root: &Path) -> Result<()> {
     let existing = root
         .ancestors()
@@ -137,10 +139,13 @@ fn ensure_on_bpffs(root: &Path) -> Result<()> {
                 root.display()
             );
         }
-        sys::mount(c"bpf", bpffs).with_context(|| {
-            format!("mounting bpffs at {BPFFS} (as root: mount -t bpf bpf {BPFFS})")
+        // Root's alone: bpffs defaults to 1777, where anyone could make the pin directory
+        // first.
+        sys::mount_with(c"bpf", bpffs, Some(c"mode=0700")).with_context(|| {
+            format!("mounting bpffs at {BPFFS} (as root: mount -t bpf -o mode=0700 bpf {BPFFS})")
         })?;
         tracing::info!(path = BPFFS, "mounted bpffs");
     }
-    fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))
+    // Whoever could write it could hide the pins from the next daemon, or put their own.
+    trusted_dir::ensure(root, 0o700, "--pin-dir")
 }
