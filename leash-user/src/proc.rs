@@ -73,8 +73,14 @@ impl ProcessRef {
     pub fn open(self) -> std::io::Result<Option<Pidfd>> {
         let pidfd = match Pidfd::open(self.pid) {
             Ok(pidfd) => pidfd,
-            // No such process; or the pid names a thread now, of some other process.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::EINVAL)) => {
+            // No such process; or the pid names a thread now, of some other process (EINVAL,
+            // or ENOENT on newer kernels).
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ESRCH | libc::EINVAL | libc::ENOENT)
+                ) =>
+            {
                 return Ok(None);
             }
             Err(e) => return Err(e),

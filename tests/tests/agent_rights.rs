@@ -48,7 +48,9 @@ time.sleep(600)
 "#;
 
 fn error_code(reply: &Value) -> &str {
-    reply["error"]["code"].as_str().unwrap_or("none (it was allowed)")
+    reply["error"]["code"]
+        .as_str()
+        .unwrap_or("none (it was allowed)")
 }
 
 #[test]
@@ -58,11 +60,23 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
     };
     let leash = daemon.leash_for_anyone();
     let out = Removed(daemon.dir.join("agent-results.json"));
-    fs::set_permissions(&daemon.dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))
-        .unwrap();
+    fs::set_permissions(
+        &daemon.dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     let run_as_user = |cgroup: &Cgroup, command: &[&str]| {
         let mut args = setpriv_args(USER_A);
-        args.extend([path_str(&leash), "--socket", path_str(&daemon.socket), "run", "--"].map(String::from));
+        args.extend(
+            [
+                path_str(&leash),
+                "--socket",
+                path_str(&daemon.socket),
+                "run",
+                "--",
+            ]
+            .map(String::from),
+        );
         args.extend(command.iter().map(|a| a.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut command = cgroup.command("setpriv", &args);
@@ -87,7 +101,14 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
     let other_arg = other_tree.to_string();
     let mut host = run_as_user(
         &agent,
-        &["/usr/bin/python3", "-c", AGENT, path_str(&daemon.socket), path_str(&out.0), &other_arg],
+        &[
+            "/usr/bin/python3",
+            "-c",
+            AGENT,
+            path_str(&daemon.socket),
+            path_str(&out.0),
+            &other_arg,
+        ],
     );
     assert!(
         wait_for(Duration::from_secs(60), || out.0.exists()),
@@ -109,14 +130,26 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
     // Registering itself nests a tree inside its own; so does registering its child.
     let nested_self = &results["register_self"]["ok"]["registered"];
     assert!(nested_self.is_object(), "{}", results["register_self"]);
-    assert!(results["register_child"]["ok"].is_object(), "{}", results["register_child"]);
-    assert!(results["release_child"]["ok"].is_object(), "{}", results["release_child"]);
+    assert!(
+        results["register_child"]["ok"].is_object(),
+        "{}",
+        results["register_child"]
+    );
+    assert!(
+        results["release_child"]["ok"].is_object(),
+        "{}",
+        results["release_child"]
+    );
     let listed = results["list"].as_array().unwrap();
     let self_tree = listed
         .iter()
         .find(|t| t["tree"] == nested_self["tree"])
         .expect("the agent's nested tree is listed");
-    assert_eq!(self_tree["nested_in"].as_u64(), Some(own), "nested in its own tree");
+    assert_eq!(
+        self_tree["nested_in"].as_u64(),
+        Some(own),
+        "nested in its own tree"
+    );
 
     // The host dies: everything the agent started dies with it, the released child included.
     host.kill().unwrap();

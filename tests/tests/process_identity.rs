@@ -14,12 +14,8 @@ use std::{
     time::Duration,
 };
 
-use leash_client::{ErrorCode, Error, TreeOptions};
-use leash_tests::{
-    Cgroup, Scenario,
-    daemon::{Daemon, USER_A},
-    python, tracker, wait_for,
-};
+use leash_client::{Error, ErrorCode, TreeOptions};
+use leash_tests::{Cgroup, Scenario, daemon::Daemon, python, tracker, wait_for};
 
 /// Prints its pid, then the id of a second thread, then lets its main thread exit (the
 /// process lives on in the second thread) when told to on stdin.
@@ -41,36 +37,14 @@ if sys.stdin.readline().strip() == "exit-main":
 time.sleep(600)
 "#;
 
-/// Starts [`THREADED`] as `USER_A` in `cgroup`; returns it, its pid and its second thread's id.
+/// Starts [`THREADED`] in `cgroup`; returns it, its pid and its second thread's id.
 fn threaded(cgroup: &Cgroup) -> (std::process::Child, u32, u32) {
-    use std::os::unix::process::CommandExt;
-    let mut command = cgroup.command(&python(), &["-c", THREADED]);
-    command
-        .uid(USER_A)
-        .gid(USER_A)
-        .current_dir("/")
+    let mut child = cgroup
+        .command(&python(), &["-c", THREADED])
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
-    // The interpreter under /root is out of this uid's reach: the system one.
-    let mut command = {
-        let args: Vec<_> = command.get_args().map(|a| a.to_owned()).collect();
-        let mut system = std::process::Command::new(command.get_program());
-        system.args(args.iter().map(|a| {
-            if a.to_str() == Some(python().as_str()) {
-                "/usr/bin/python3".into()
-            } else {
-                a.clone()
-            }
-        }));
-        system
-            .uid(USER_A)
-            .gid(USER_A)
-            .current_dir("/")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        system
-    };
-    let mut child = command.spawn().unwrap();
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut next = || -> u32 { lines.next().unwrap().unwrap().trim().parse().unwrap() };
     let tid = next();
@@ -111,7 +85,12 @@ fn a_process_whose_main_thread_exited_is_registered_and_killed() {
     };
     let cgroup = Cgroup::new("leader-exited");
     let (mut process, pid, _) = threaded(&cgroup);
-    process.stdin.as_mut().unwrap().write_all(b"exit-main\n").unwrap();
+    process
+        .stdin
+        .as_mut()
+        .unwrap()
+        .write_all(b"exit-main\n")
+        .unwrap();
     assert!(
         wait_for(Duration::from_secs(10), || {
             leash::proc::process(pid).is_some_and(|p| p.state == 'Z')
@@ -123,8 +102,8 @@ fn a_process_whose_main_thread_exited_is_registered_and_killed() {
         .adopt(pid, &TreeOptions::default())
         .expect("a process with a running thread is alive, and may be registered");
     let summary = host.kill(tree, Some(Duration::ZERO)).expect("the kill");
-    let populated = std::fs::read_to_string(cgroup.procs_file().with_file_name("cgroup.events"))
-        .unwrap();
+    let populated =
+        std::fs::read_to_string(cgroup.procs_file().with_file_name("cgroup.events")).unwrap();
     let _ = process.wait();
     assert!(
         populated.contains("populated 0"),

@@ -66,6 +66,9 @@ struct PendingKill {
 struct TreeEntry {
     lease: LeaseId,
     owner_uid: u32,
+    /// The uid that asked for it: the owner's, or another's that used the lease's token. Both
+    /// count it against their limits.
+    registrar_uid: u32,
     root: u32,
     on_root_exit: RootExitPolicy,
     grace: Duration,

@@ -67,6 +67,7 @@ pub fn hold_again(daemon: &Arc<Daemon>) {
             TreeEntry {
                 lease,
                 owner_uid: holder.owner_uid,
+                registrar_uid: holder.owner_uid,
                 root,
                 on_root_exit,
                 grace: Duration::from_millis(holder.grace_ms.into()),

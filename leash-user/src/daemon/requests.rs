@@ -206,6 +206,7 @@ impl Session {
                 TreeEntry {
                     lease,
                     owner_uid,
+                    registrar_uid: self.peer.uid,
                     root: pid,
                     on_root_exit,
                     grace,
@@ -327,21 +328,21 @@ impl Session {
         Ok((id, holder))
     }
 
-    fn check_limits(&self, daemon: &Daemon, owner_uid: u32) -> Result<(), Refusal> {
-        if owner_uid == 0 {
+    fn check_limits(&self, daemon: &Daemon, uid: u32) -> Result<(), Refusal> {
+        if uid == 0 {
             return Ok(());
         }
         let held = daemon
             .state()
             .trees
             .values()
-            .filter(|t| t.owner_uid == owner_uid)
+            .filter(|t| t.owner_uid == uid || t.registrar_uid == uid)
             .count();
         let limit = daemon.config.max_trees_per_uid;
         if held >= limit {
             return Err(refuse(
                 ErrorCode::LimitReached,
-                format!("uid {owner_uid} holds {held} trees, the most allowed"),
+                format!("uid {uid} holds {held} trees, the most allowed"),
             ));
         }
         Ok(())

@@ -198,7 +198,8 @@ impl Tracker {
 pub fn identify(pid: Pid) -> Result<(ProcessRef, Pidfd), IdentifyError> {
     let pidfd = match Pidfd::open(pid) {
         Ok(pidfd) => pidfd,
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+        // A thread's id: EINVAL, or ENOENT on newer kernels.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) => {
             return Err(match proc::thread_group_of(pid) {
                 Some(tgid) if tgid != pid => IdentifyError::Thread { tid: pid, tgid },
                 _ => IdentifyError::NotFound(pid),

@@ -1,0 +1,64 @@
+//! The doomed make nothing new. A member whose SIGTERM handler forks (as an agent running its
+//! users' end-of-session hooks does) dies in the kernel as it forks; the child it made was born
+//! into a doomed tree and is SIGKILLed at once, not given the grace period meant for existing
+//! members' own cleanup. Here the child would act one second after its birth; the grace is 30 s.
+
+use std::{fs, time::Duration};
+
+use leash::kernel::{Kill, KillStep};
+use leash_tests::{Cgroup, Removed, Scenario, python, tracker, wait_for};
+
+/// The root: on SIGTERM, start a child (a new program, which acts after a second), then go on.
+/// Beside it, a member that ignores SIGTERM keeps the kill in its grace period.
+const MEMBER: &str = r#"
+trap '(exec "$PYTHON" -c "import sys, time; time.sleep(1); open(sys.argv[1], \"w\").write(\"acted\")" "$MARKER") & ' TERM
+(trap '' TERM; exec sleep 600) &
+while :; do sleep 600 & wait $!; done
+"#;
+
+#[test]
+fn a_child_born_after_the_doom_is_killed_before_it_acts() {
+    let Some(mut tracker) = tracker!() else {
+        return;
+    };
+    let marker = Removed(
+        std::env::temp_dir().join(format!("leash-test-{}-newborn-acted", std::process::id())),
+    );
+    let cgroup = Cgroup::new("doomed-newborn");
+    let mut command = cgroup.command("sh", &["-c", MEMBER]);
+    command.env("PYTHON", python()).env("MARKER", &marker.0);
+    let scenario = Scenario::spawn_command(&mut tracker, cgroup, command);
+    scenario.cgroup.settle_exactly(&["sh", "sleep", "sleep"]);
+    let tree = scenario.tree;
+    let joined_before = tracker.tree_status(tree).unwrap().joined;
+
+    // A kill with a long grace, stepped here (as the daemon steps it) while the cgroup is read.
+    let mut kill = Kill::new(tree, Duration::from_secs(30));
+    let started = std::time::Instant::now();
+    let mut saw_newborn = false;
+    // Step it here until the newborn has come and gone, watching the cgroup.
+    let newborn_gone = wait_for(Duration::from_secs(10), || {
+        match kill.step(&mut tracker).expect("a kill step") {
+            KillStep::Wait(_) => {}
+            KillStep::Done(report) => panic!("the kill ended early: {report:?}"),
+        }
+        let status = tracker.tree_status(tree).unwrap();
+        saw_newborn |= status.joined > joined_before;
+        // Left: the member that ignores SIGTERM, and nothing else.
+        saw_newborn && scenario.cgroup.procs().len() == 1
+    });
+    eprintln!(
+        "newborn seen: {saw_newborn}, gone after {:?}, still in the cgroup: {:?}",
+        started.elapsed(),
+        scenario.cgroup.procs()
+    );
+    assert!(saw_newborn, "the SIGTERM handler forked no child");
+    assert!(
+        newborn_gone,
+        "the child born after the doom lived on into the grace period"
+    );
+    assert!(
+        !fs::exists(&marker.0).unwrap(),
+        "the child born after the doom acted"
+    );
+}
