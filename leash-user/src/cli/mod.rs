@@ -46,7 +46,8 @@ enum Commands {
     Daemon(daemon::DaemonArgs),
     /// Run CMD on a leash: when CMD exits, whatever it left running is killed, and if this
     /// command is killed (even with SIGKILL), the whole tree dies with it. Exits with CMD's
-    /// status (128+N for signal N).
+    /// status (128+N for signal N), or 125 if leash failed and CMD never ran (no daemon, or
+    /// the daemon refused to register it, e.g. the uid holds as many trees as allowed).
     Run(host::RunArgs),
     /// Register this process under another host's lease, then exec CMD: the way to spawn under
     /// a lease from any language (prefix the argv).
@@ -76,6 +77,12 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // `run` and `exec` exit with their command's status; their own failures need a code of
+    // their own, which a command rarely uses (as env, nohup and docker run do).
+    let failure = match cli.command {
+        Commands::Run(_) | Commands::Exec(_) => ExitCode::from(HOST_FAILURE),
+        _ => ExitCode::FAILURE,
+    };
     let result = match cli.command {
         Commands::Daemon(args) => daemon::daemon(cli.socket, args),
         Commands::Run(args) => host::run(&cli.socket, args),
@@ -90,10 +97,13 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("leash: {e:#}");
-            ExitCode::FAILURE
+            failure
         }
     }
 }
+
+/// The exit code of `leash run` and `leash exec` when leash failed and the command never ran.
+const HOST_FAILURE: u8 = 125;
 
 /// A child's status as a shell reports it: its exit code, or 128+N for signal N.
 fn exit_code(status: ExitStatus) -> ExitCode {
