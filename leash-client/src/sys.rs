@@ -1,9 +1,13 @@
 //! The one module of leash-client that uses `unsafe`: starting a process held between fork and
-//! exec, with only async-signal-safe calls in the child, and no allocation.
+//! exec, handing a descriptor to a child, and taking over an inherited one. Between fork and
+//! exec only async-signal-safe calls are made, and nothing is allocated.
 
 use std::{
     io::{self, Read, Write},
-    os::{fd::AsRawFd, unix::process::CommandExt},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+        unix::process::CommandExt,
+    },
     process::{Child, Command},
     sync::{
         Arc,
@@ -116,6 +120,66 @@ pub enum SpawnHeldError<E> {
     Register(#[source] E),
 }
 
+/// Makes `fd` inherited by the child `command` spawns, and returns its number there (the same
+/// as here, 3 or above). `command` holds `fd` open for as long as it lives. Every descriptor std
+/// opens is close-on-exec; this clears the flag in the child only, after fork, so no other child
+/// (another thread may be forking at the same moment) inherits it. The same number, not a fixed one: a dup2 onto a fixed number could
+/// replace a descriptor the child still needs, such as the pipe std's spawn reports a failed
+/// exec on, which may well be fd 3.
+pub fn pass_fd(command: &mut Command, fd: OwnedFd) -> io::Result<RawFd> {
+    // A standard stream's number would be replaced by the child's stdin, stdout or stderr.
+    let fd = if fd.as_raw_fd() <= 2 {
+        // SAFETY: F_DUPFD_CLOEXEC creates a new descriptor (3 or above), owned by the OwnedFd.
+        let copy = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+        if copy == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `copy` is a new, open descriptor nothing else owns.
+        unsafe { OwnedFd::from_raw_fd(copy) }
+    } else {
+        fd
+    };
+    let raw = fd.as_raw_fd();
+    let pass = move || -> io::Result<()> {
+        // Owned by the closure, so open in the parent while the command can be spawned.
+        let _ = &fd;
+        // SAFETY: fcntl is async-signal-safe and allocates nothing; `raw` is open in the child
+        // (it was open in the parent at fork, held by this closure).
+        if unsafe { libc::fcntl(raw, libc::F_SETFD, 0) } == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    // SAFETY: the closure makes only one async-signal-safe call and allocates nothing.
+    unsafe { command.pre_exec(pass) };
+    Ok(raw)
+}
+
+/// Takes ownership of `fd`, a descriptor this process inherited at exec (as `leash exec
+/// --lease-fd N` is given one), so that it is closed when dropped. Refuses 0, 1 and 2 (the
+/// standard streams, which the command run next needs) and a descriptor that is not open. Call
+/// it once, early, before this process opens anything: a number that was not inherited could
+/// otherwise name a descriptor something else owns.
+pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    if fd <= 2 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("fd {fd} is a standard stream; use 3 or above"),
+        ));
+    }
+    // SAFETY: F_GETFD only reads the descriptor's flags; it fails with EBADF if fd is not open.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+        let error = io::Error::last_os_error();
+        return Err(io::Error::new(
+            error.kind(),
+            format!("fd {fd} is not open: {error}"),
+        ));
+    }
+    // SAFETY: fd is open (checked above) and, per this function's contract, an inherited
+    // descriptor nothing else in this process owns or will close.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 #[cfg(test)]
 mod tests {
     use std::{path::Path, sync::mpsc, time::Duration};
@@ -153,5 +217,32 @@ mod tests {
             "the held child was reaped"
         );
         assert!(!marker.exists(), "the refused command never ran");
+    }
+
+    #[test]
+    fn a_passed_fd_reaches_its_child_under_its_number() {
+        let (reader, mut writer) = io::pipe().unwrap();
+        writer.write_all(b"secret\n").unwrap();
+        drop(writer);
+        let mut command = Command::new("sh");
+        let fd = pass_fd(&mut command, reader.into()).unwrap();
+        assert!(fd > 2);
+        let output = command
+            .arg("-c")
+            .arg(format!("cat <&{fd}"))
+            .output()
+            .unwrap();
+        assert_eq!(output.stdout, b"secret\n");
+    }
+
+    #[test]
+    fn standard_streams_and_closed_fds_are_not_taken() {
+        assert!(take_inherited_fd(1).is_err());
+        assert!(
+            take_inherited_fd(1_000_000)
+                .unwrap_err()
+                .to_string()
+                .contains("not open")
+        );
     }
 }

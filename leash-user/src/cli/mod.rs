@@ -51,6 +51,14 @@ enum Commands {
     Run(host::RunArgs),
     /// Register this process under another host's lease, then exec CMD: the way to spawn under
     /// a lease from any language (prefix the argv).
+    ///
+    /// The host's lease token (from its `hello` reply) comes on an inherited file descriptor,
+    /// `--lease-fd N`, or in the environment, `LEASH_LEASE`: exactly one of them. Never on the
+    /// command line: every local user can read a process's arguments (/proc/PID/cmdline), and
+    /// whoever holds the token can put processes under the host's lease. The descriptor is
+    /// closed and LEASH_LEASE removed before CMD runs, so neither CMD nor anything it starts
+    /// inherits the token. Exits 125 if leash failed and CMD never ran, 127 if CMD could not
+    /// be executed.
     Exec(host::ExecArgs),
     /// Kill a tree (SIGTERM, the grace period, then SIGKILL until it is empty).
     Kill(host::KillArgs),
