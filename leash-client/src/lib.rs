@@ -21,9 +21,9 @@ pub mod sys;
 
 use std::{
     collections::VecDeque,
-    ffi::OsString,
-    io::{self, BufRead, BufReader, Write},
-    os::unix::net::UnixStream,
+    ffi::{OsStr, OsString},
+    io::{self, BufRead, BufReader, Read, Write},
+    os::{fd::RawFd, unix::net::UnixStream},
     path::{Path, PathBuf},
     process::{Child, Command},
     time::Duration,
@@ -63,6 +63,44 @@ impl From<io::Error> for Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The environment variable `leash exec` takes a lease token from when it is not given a
+/// descriptor (`--lease-fd`). The shim removes it from the environment of the command it
+/// runs, so the agent and the tools it starts do not inherit it.
+pub const LEASE_ENV: &str = "LEASH_LEASE";
+
+/// The most bytes [`read_lease_token`] reads (a token is 32).
+pub const MAX_TOKEN_BYTES: usize = 256;
+
+/// Reads a lease token as `leash exec --lease-fd` takes it: up to the first newline or the end
+/// of the stream, at most [`MAX_TOKEN_BYTES`], without surrounding white space. Empty is an
+/// error.
+pub fn read_lease_token(mut reader: impl Read) -> io::Result<String> {
+    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_owned());
+    let mut buffer = [0u8; MAX_TOKEN_BYTES + 1];
+    let mut filled = 0;
+    let end = loop {
+        if let Some(newline) = buffer[..filled].iter().position(|&b| b == b'\n') {
+            break newline;
+        }
+        if filled > MAX_TOKEN_BYTES {
+            return Err(invalid("the lease token is too long"));
+        }
+        match reader.read(&mut buffer[filled..]) {
+            Ok(0) => break filled,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    };
+    let token = std::str::from_utf8(&buffer[..end])
+        .map_err(|_| invalid("the lease token is not UTF-8"))?
+        .trim();
+    if token.is_empty() {
+        return Err(invalid("no lease token (empty)"));
+    }
+    Ok(token.to_owned())
+}
+
 /// How a new tree is enforced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TreeOptions {
@@ -79,6 +117,8 @@ pub struct Client {
     next_id: u64,
     events: VecDeque<Event>,
     lease: LeaseInfo,
+    /// Where the daemon was reached: the `leash exec` shim must reach the same one.
+    socket: PathBuf,
 }
 
 impl Client {
@@ -102,6 +142,7 @@ impl Client {
                 id: 0,
                 token: String::new(),
             },
+            socket: path.to_owned(),
         };
         match client.request(Op::Hello {
             protocol: PROTOCOL_VERSION,
@@ -143,7 +184,7 @@ impl Client {
     }
 
     /// Registers `pid` as the root of a new tree under this lease, or under the lease whose
-    /// token is given (what `leash exec --lease TOKEN` does for itself).
+    /// token is given (what `leash exec` does for itself).
     pub fn register(
         &mut self,
         pid: u32,
@@ -162,22 +203,58 @@ impl Client {
         }
     }
 
-    /// The argv that runs `command` under this lease from any language: the `leash exec` shim
-    /// registers itself, then execs the command. `leash` is the path of the leash binary.
-    pub fn exec_argv<S: Into<OsString>>(
+    /// The argv that runs `command` under this lease from any language: `leash exec --socket
+    /// SOCKET --lease-fd FD -- COMMAND...`. The `leash exec` shim reads this lease's token from
+    /// its descriptor `lease_fd`, closes it, registers itself under the lease, then execs the
+    /// command. The caller passes the token on that descriptor (a pipe the child inherits as
+    /// `lease_fd`, holding the token and a newline, or closed after it); [`Client::exec_command`]
+    /// does all of it for a Rust host. `leash` is the path of the leash binary.
+    ///
+    /// The token is never put on argv, which every local user can read in /proc/PID/cmdline.
+    pub fn exec_argv<S: AsRef<OsStr>>(
         &self,
-        leash: impl Into<OsString>,
+        leash: impl AsRef<OsStr>,
+        lease_fd: RawFd,
         command: impl IntoIterator<Item = S>,
     ) -> Vec<OsString> {
         let mut argv: Vec<OsString> = vec![
-            leash.into(),
+            leash.as_ref().into(),
             "exec".into(),
-            "--lease".into(),
-            self.lease.token.clone().into(),
+            "--socket".into(),
+            self.socket.clone().into(),
+            "--lease-fd".into(),
+            lease_fd.to_string().into(),
             "--".into(),
         ];
-        argv.extend(command.into_iter().map(Into::into));
+        argv.extend(command.into_iter().map(|arg| arg.as_ref().to_owned()));
         argv
+    }
+
+    /// A [`Command`] that runs `command` under this lease through the `leash exec` shim at
+    /// `leash` ([`Client::exec_argv`]), with the token on a pipe: the token is written into a
+    /// new pipe, whose read end the child inherits (under the number its argv names) and the
+    /// shim closes before it execs the command. The command sees the token nowhere: not in
+    /// its argv, its environment (`LEASH_LEASE` is removed from it) or its descriptors. No other
+    /// child inherits the pipe. Set stdio, environment and so on, then spawn it **once**: the
+    /// pipe holds one copy of the token.
+    ///
+    /// For a host that cannot hold the child before exec itself (it spawns through another
+    /// library); otherwise [`Client::spawn`] needs no shim.
+    pub fn exec_command<S: AsRef<OsStr>>(
+        &self,
+        leash: impl AsRef<OsStr>,
+        command: impl IntoIterator<Item = S>,
+    ) -> Result<Command> {
+        let (reader, mut writer) = io::pipe().map_err(Error::Spawn)?;
+        // A new pipe holds at least 4096 bytes: this write cannot block. The write end closes
+        // here, so the shim reads the token to the end of the pipe.
+        writeln!(writer, "{}", self.lease.token).map_err(Error::Spawn)?;
+        drop(writer);
+        let mut shim = Command::new(leash.as_ref());
+        let fd = sys::pass_fd(&mut shim, reader.into()).map_err(Error::Spawn)?;
+        let argv = self.exec_argv(leash.as_ref(), fd, command);
+        shim.args(&argv[1..]).env_remove(LEASE_ENV);
+        Ok(shim)
     }
 
     /// Stops enforcing `tree`: its processes are left alone.
@@ -339,5 +416,41 @@ mod tests {
         assert_eq!(read_bounded_line(&mut input, 10).unwrap(), None);
         let mut long = io::Cursor::new(vec![b'x'; 100]);
         assert!(read_bounded_line(&mut long, 10).is_err());
+    }
+
+    #[test]
+    fn lease_tokens() {
+        let read = |input: &[u8]| read_lease_token(input).map_err(|e| e.to_string());
+        assert_eq!(read(b"abc\n").unwrap(), "abc");
+        assert_eq!(read(b"  abc \r\nignored").unwrap(), "abc");
+        assert_eq!(
+            read(b"abc").unwrap(),
+            "abc",
+            "the end of the stream ends it too"
+        );
+        assert!(read(b"").unwrap_err().contains("empty"));
+        assert!(read(b" \n").unwrap_err().contains("empty"));
+        assert!(read(b"\xff\n").unwrap_err().contains("UTF-8"));
+        let longest = vec![b'x'; MAX_TOKEN_BYTES];
+        assert_eq!(read(&longest).unwrap().len(), MAX_TOKEN_BYTES);
+        let mut newline_after = longest.clone();
+        newline_after.push(b'\n');
+        assert_eq!(read(&newline_after).unwrap().len(), MAX_TOKEN_BYTES);
+        assert!(
+            read(&[b'x'; MAX_TOKEN_BYTES + 1])
+                .unwrap_err()
+                .contains("too long")
+        );
+        // A writer that keeps its end open: the newline ends the token, no end of file needed.
+        struct Trickle(&'static [u8]);
+        impl Read for Trickle {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                let (first, rest) = self.0.split_first().expect("read past the newline");
+                buf[0] = *first;
+                self.0 = rest;
+                Ok(1)
+            }
+        }
+        assert_eq!(read_lease_token(Trickle(b"abc\n")).unwrap(), "abc");
     }
 }

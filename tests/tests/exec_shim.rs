@@ -1,8 +1,9 @@
-//! The `leash exec --lease TOKEN -- CMD` shim: a host in any language prefixes argv, the shim
-//! registers itself under the host's lease and execs CMD. The tree then lives and dies with
-//! that lease.
+//! The `leash exec --lease-fd N -- CMD` shim: a host in any language prefixes argv and passes
+//! its lease token on a descriptor; the shim registers itself under the host's lease and execs
+//! CMD. The tree then lives and dies with that lease. Where the token may and may not appear is
+//! tests/tests/secret_token.rs.
 
-use std::time::Duration;
+use std::{path::Path, process::Command, time::Duration};
 
 use leash_client::EventKind;
 use leash_tests::{Cgroup, daemon::Daemon, leash_binary};
@@ -15,14 +16,14 @@ fn a_shim_spawned_tree_dies_with_its_hosts_lease() {
     let mut host = daemon.client();
     host.subscribe().unwrap();
     let cgroup = Cgroup::new("exec-shim");
-    // What a Node or Python host would do: spawn the shim's argv, untracked by itself.
-    let argv = host.exec_argv(
-        leash_binary(),
-        cgroup.argv("sh", &["-c", "setsid sleep 600 & exec sleep 600"]),
-    );
-    let mut shim = std::process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .env("LEASH_SOCKET", &daemon.socket)
+    // What a host that spawns through another library would do: spawn the shim, untracked by
+    // itself, with the token on a pipe.
+    let mut shim = host
+        .exec_command(
+            leash_binary(),
+            cgroup.argv("sh", &["-c", "setsid sleep 600 & exec sleep 600"]),
+        )
+        .unwrap()
         .spawn()
         .unwrap();
     cgroup.settle(2, &["sleep"]);
@@ -60,17 +61,71 @@ fn a_shim_with_a_bad_token_runs_nothing() {
     let marker = daemon.dir.join("ran");
     let output = daemon
         .leash()
-        .args([
-            "exec",
-            "--lease",
-            "0123456789abcdef0123456789abcdef",
-            "--",
-            "touch",
-        ])
+        .args(["exec", "--", "touch"])
         .arg(&marker)
+        .env("LEASH_LEASE", "0123456789abcdef0123456789abcdef")
         .output()
         .unwrap();
-    assert!(!output.status.success());
+    assert_eq!(output.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&output.stderr).contains("no live lease has that token"));
     assert!(!marker.exists(), "the command must not run unregistered");
+}
+
+/// `leash exec` with the token source wrong in some way, run with `extra` args before `--`
+/// and `token_env` as LEASH_LEASE; returns its exit code and stderr. The command it is given
+/// would create a marker file, which must never exist.
+fn exec_refused(extra: &[&str], token_env: Option<&str>) -> (Option<i32>, String) {
+    let dir = std::env::temp_dir().join(format!("leash-exec-args-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _removed = leash_tests::Removed(dir.clone());
+    let marker = dir.join(format!("ran-{}", extra.join("_")));
+    let mut command = Command::new(leash_binary());
+    command
+        // No daemon there: every case must fail before it would connect.
+        .args(["--socket", "/nonexistent/leash.sock", "exec"])
+        .args(extra)
+        .args(["--", "touch"])
+        .arg(&marker)
+        .env_remove("LEASH_LEASE");
+    if let Some(token) = token_env {
+        command.env("LEASH_LEASE", token);
+    }
+    let output = command.output().unwrap();
+    assert!(!Path::new(&marker).exists(), "{extra:?}: the command ran");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_shim_takes_its_token_from_exactly_one_place_never_argv() {
+    let token = "0123456789abcdef0123456789abcdef";
+    let (code, stderr) = exec_refused(&[], None);
+    assert_eq!(code, Some(125), "{stderr}");
+    assert!(stderr.contains("no lease token"), "{stderr}");
+
+    let (code, stderr) = exec_refused(&["--lease-fd", "2"], Some(token));
+    assert_eq!(code, Some(125), "{stderr}");
+    assert!(
+        stderr.contains("both --lease-fd and LEASH_LEASE"),
+        "{stderr}"
+    );
+
+    // The token on argv is not accepted at all (clap's usage error).
+    let (code, stderr) = exec_refused(&["--lease", token], None);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("unexpected argument '--lease'"), "{stderr}");
+
+    let (code, stderr) = exec_refused(&["--lease-fd", "1"], None);
+    assert_eq!(code, Some(125), "{stderr}");
+    assert!(stderr.contains("standard stream"), "{stderr}");
+
+    let (code, stderr) = exec_refused(&["--lease-fd", "971"], None);
+    assert_eq!(code, Some(125), "{stderr}");
+    assert!(stderr.contains("fd 971 is not open"), "{stderr}");
+
+    let (code, stderr) = exec_refused(&[], Some(" "));
+    assert_eq!(code, Some(125), "{stderr}");
+    assert!(stderr.contains("LEASH_LEASE is empty"), "{stderr}");
 }

@@ -1,15 +1,18 @@
 //! The commands that act as a host of the daemon: `run`, `exec`, `kill`.
 
 use std::{
+    fs::File,
     os::unix::process::CommandExt,
     path::Path,
     process::{Command, ExitCode},
     time::Duration,
 };
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
-use leash_client::{Client, EventKind, RootExitPolicy, TreeOptions};
+use leash_client::{
+    Client, EventKind, LEASE_ENV, RootExitPolicy, TreeOptions, read_lease_token, sys,
+};
 
 /// How a tree is enforced, as `run` and `exec` take it.
 #[derive(Args, Debug)]
@@ -46,11 +49,17 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
+// The token comes on a descriptor or in the environment, never on the command line (see the
+// command's help in mod.rs).
 #[derive(Args, Debug)]
 pub struct ExecArgs {
-    /// The lease token of the host (from its `hello` reply).
-    #[arg(long, env = "LEASH_LEASE", hide_env_values = true)]
-    lease: String,
+    /// Read the host's lease token from file descriptor N (3 or above), a pipe or file the host
+    /// passed: up to a newline or the end of it (at most 256 bytes). N is closed before CMD
+    /// runs, so CMD never holds it. The way to prefer: nothing CMD starts can see the token.
+    /// Otherwise LEASH_LEASE holds the token; it is removed from CMD's environment (the shim's
+    /// own environment is readable by the same user until it execs).
+    #[arg(long, value_name = "N")]
+    lease_fd: Option<i32>,
     #[command(flatten)]
     enforcement: EnforcementArgs,
     /// The command to exec once registered.
@@ -99,21 +108,58 @@ pub fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
 }
 
 pub fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {
+    // First, before this process opens anything that could take the number of a descriptor
+    // that was not inherited after all.
+    let token = lease_token(args.lease_fd)?;
     let mut client = Client::connect_to(socket)?;
     client.register(
         std::process::id(),
-        Some(&args.lease),
+        Some(&token),
         &args.enforcement.options(),
     )?;
     // This connection's own lease holds nothing; closing it changes nothing.
     drop(client);
     let (program, rest) = args.command.split_first().context("no command")?;
-    let error = Command::new(program).args(rest).exec();
+    let error = Command::new(program)
+        .args(rest)
+        .env_remove(LEASE_ENV)
+        .exec();
     eprintln!(
         "leash: {:#}",
         anyhow!(error).context(format!("executing {program}"))
     );
     Ok(ExitCode::from(127))
+}
+
+/// The lease token, from descriptor `fd` (closed once read) or from LEASH_LEASE: exactly one.
+fn lease_token(fd: Option<i32>) -> Result<String> {
+    let from_env = std::env::var_os(LEASE_ENV);
+    match (fd, from_env) {
+        (Some(fd), None) => {
+            let file =
+                File::from(sys::take_inherited_fd(fd).with_context(|| format!("--lease-fd {fd}"))?);
+            // `file` is dropped, and the descriptor closed, on return.
+            read_lease_token(file).with_context(|| format!("reading the lease token from fd {fd}"))
+        }
+        (None, Some(token)) => {
+            let token = token
+                .into_string()
+                .map_err(|_| anyhow!("{LEASE_ENV} is not UTF-8"))?;
+            let token = token.trim();
+            if token.is_empty() {
+                bail!("{LEASE_ENV} is empty");
+            }
+            Ok(token.to_owned())
+        }
+        (Some(_), Some(_)) => bail!(
+            "both --lease-fd and {LEASE_ENV} give a lease token: pass exactly one (unset \
+             {LEASE_ENV}, or leave out --lease-fd)"
+        ),
+        (None, None) => bail!(
+            "no lease token: pass it on a descriptor with --lease-fd N, or in {LEASE_ENV} \
+             (never on the command line, where any local user can read it)"
+        ),
+    }
 }
 
 pub fn kill(socket: &Path, args: KillArgs) -> Result<ExitCode> {

@@ -46,10 +46,19 @@ enum Commands {
     Daemon(daemon::DaemonArgs),
     /// Run CMD on a leash: when CMD exits, whatever it left running is killed, and if this
     /// command is killed (even with SIGKILL), the whole tree dies with it. Exits with CMD's
-    /// status (128+N for signal N).
+    /// status (128+N for signal N), or 125 if leash failed and CMD never ran (no daemon, or
+    /// the daemon refused to register it, e.g. the uid holds as many trees as allowed).
     Run(host::RunArgs),
     /// Register this process under another host's lease, then exec CMD: the way to spawn under
     /// a lease from any language (prefix the argv).
+    ///
+    /// The host's lease token (from its `hello` reply) comes on an inherited file descriptor,
+    /// `--lease-fd N`, or in the environment, `LEASH_LEASE`: exactly one of them. Never on the
+    /// command line: every local user can read a process's arguments (/proc/PID/cmdline), and
+    /// whoever holds the token can put processes under the host's lease. The descriptor is
+    /// closed and LEASH_LEASE removed before CMD runs, so neither CMD nor anything it starts
+    /// inherits the token. Exits 125 if leash failed and CMD never ran, 127 if CMD could not
+    /// be executed.
     Exec(host::ExecArgs),
     /// Kill a tree (SIGTERM, the grace period, then SIGKILL until it is empty).
     Kill(host::KillArgs),
@@ -76,6 +85,12 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // `run` and `exec` exit with their command's status; their own failures need a code of
+    // their own, which a command rarely uses (as env, nohup and docker run do).
+    let failure = match cli.command {
+        Commands::Run(_) | Commands::Exec(_) => ExitCode::from(HOST_FAILURE),
+        _ => ExitCode::FAILURE,
+    };
     let result = match cli.command {
         Commands::Daemon(args) => daemon::daemon(cli.socket, args),
         Commands::Run(args) => host::run(&cli.socket, args),
@@ -90,10 +105,13 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("leash: {e:#}");
-            ExitCode::FAILURE
+            failure
         }
     }
 }
+
+/// The exit code of `leash run` and `leash exec` when leash failed and the command never ran.
+const HOST_FAILURE: u8 = 125;
 
 /// A child's status as a shell reports it: its exit code, or 128+N for signal N.
 fn exit_code(status: ExitStatus) -> ExitCode {
