@@ -22,8 +22,23 @@ pub mod map {
     pub const STATS: &str = "STATS";
     /// Ring buffer of [`super::Event`] records. Best effort: drops are counted in `STATS`.
     pub const EVENTS: &str = "EVENTS";
+    /// `HashMap<u32, i64>`: per owner uid, members that joined at fork less members that left
+    /// at exit, over all the uid's trees. Written by the programs only (atomic adds), created
+    /// by user space before the uid's first tree.
+    pub const UID_JOINED: &str = "UID_JOINED";
+    /// `HashMap<u32, i64>`: per owner uid, members user space put in less those it took out.
+    /// Written by user space only. With `UID_JOINED`, the uid's members now.
+    pub const UID_SEEDED: &str = "UID_SEEDED";
     /// Every map, as pinned.
-    pub const ALL: [&str; 5] = [MEMBERS, TREE_COUNTERS, TREE_CONTROL, STATS, EVENTS];
+    pub const ALL: [&str; 7] = [
+        MEMBERS,
+        TREE_COUNTERS,
+        TREE_CONTROL,
+        STATS,
+        EVENTS,
+        UID_JOINED,
+        UID_SEEDED,
+    ];
 }
 
 /// The version of this ABI (the maps' layouts and meanings). Pinned maps are kept under it, so
@@ -46,6 +61,14 @@ pub mod global {
     pub const TASK_TGID_OFFSET: &str = "TASK_TGID_OFFSET";
     /// Byte offset of `task_struct.start_boottime` (from the kernel's BTF).
     pub const TASK_START_OFFSET: &str = "TASK_START_OFFSET";
+    /// Byte offset of `task_struct.group_leader` (from the kernel's BTF).
+    pub const TASK_GROUP_LEADER_OFFSET: &str = "TASK_GROUP_LEADER_OFFSET";
+    /// Nanoseconds per clock tick of /proc's start times: a member entry that user space made
+    /// from /proc carries a start time of that resolution.
+    pub const NS_PER_TICK: &str = "NS_PER_TICK";
+    /// Members one non-root uid may have over all its trees, or [`super::NO_FIELD`] for no
+    /// limit. A fork beyond it is refused the way a doomed tree's is, and the tree is killed.
+    pub const MEMBERS_PER_UID: &str = "MEMBERS_PER_UID";
     /// Byte offset of `group_dead` in the `sched_process_exit` record (tracefs format file), or
     /// [`super::NO_FIELD`] on kernels whose record has no such field.
     pub const EXIT_GROUP_DEAD_OFFSET: &str = "EXIT_GROUP_DEAD_OFFSET";
@@ -93,6 +116,8 @@ pub struct TreeCounters {
     pub failed: u64,
     /// Boot-time nanoseconds at which the root's thread group died; 0 while it lives.
     pub root_exit_ns: u64,
+    /// Forks made while the tree's owner had its whole member quota: the tree is to be killed.
+    pub over_quota: u64,
 }
 
 /// What user space says about a tree. Only user space writes it.
@@ -163,6 +188,9 @@ pub enum EventKind {
     ForkKilled = 4,
     /// `pid` executed a new program, named in `comm`.
     Exec = 5,
+    /// `pid`, the child of member `parent`, could not join `tree` (the member map is full);
+    /// `time_ns` is its start time. The forker was sent SIGKILL; user space kills the child.
+    ForkFailed = 6,
 }
 
 impl EventKind {
@@ -173,6 +201,7 @@ impl EventKind {
             3 => Self::RootExit,
             4 => Self::ForkKilled,
             5 => Self::Exec,
+            6 => Self::ForkFailed,
             _ => return None,
         })
     }

@@ -5,8 +5,8 @@ use core::{
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
-        bpf_probe_read_kernel, bpf_send_signal,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_ktime_get_boot_ns, bpf_probe_read_kernel, bpf_send_signal,
     },
     macros::{btf_tracepoint, map, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf},
@@ -27,6 +27,10 @@ static TREE_CONTROL: HashMap<TreeId, TreeControl> = HashMap::with_max_entries(1,
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
+#[map]
+static UID_JOINED: HashMap<u32, u64> = HashMap::with_max_entries(1, 0);
+#[map]
+static UID_SEEDED: HashMap<u32, i64> = HashMap::with_max_entries(1, 0);
 
 // Offsets differ between kernels; user space finds them (BTF, tracefs) and sets these at load.
 // They are read through volatile loads so the compiler cannot fold the placeholder values.
@@ -35,7 +39,13 @@ static TASK_TGID_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TASK_START_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
+static TASK_GROUP_LEADER_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
 static EXIT_GROUP_DEAD_OFFSET: u32 = NO_FIELD;
+#[unsafe(no_mangle)]
+static NS_PER_TICK: u64 = 10_000_000;
+#[unsafe(no_mangle)]
+static MEMBERS_PER_UID: u32 = NO_FIELD;
 
 const SIGKILL: u32 = 9;
 const BPF_NOEXIST: u64 = 1;
@@ -48,9 +58,10 @@ const BPF_RB_FORCE_WAKEUP: u64 = 2;
 pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
     let parent = current_tgid();
     // The hot path for every fork on the machine: one lookup, and out for non-members.
-    let Some(tree) = (unsafe { MEMBERS.get(&parent) }).map(|m| m.tree) else {
+    let Some(entry) = (unsafe { MEMBERS.get(&parent) }).copied() else {
         return 0;
     };
+    let forker: *const u8 = ctx.arg(0);
     let child: *const u8 = ctx.arg(1);
     let Some(child_tgid) = read_task::<u32>(child, &TASK_TGID_OFFSET) else {
         return 0;
@@ -59,33 +70,54 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
     if child_tgid == parent {
         return 0;
     }
+    // An entry names a process by pid and start time: one for an earlier process by this pid
+    // is not this process's, and nothing is done on its account.
+    if !is_member(forker, &entry) {
+        return 0;
+    }
+    let tree = entry.tree;
+    let control = unsafe { TREE_CONTROL.get(&tree) }
+        .copied()
+        .unwrap_or_default();
+    let owner = control.holder.owner_uid;
+    let over_quota = over_quota(owner);
     let start_ns = read_task::<u64>(child, &TASK_START_OFFSET).unwrap_or(0);
     let member = Member {
         tree,
         parent,
         start_ns,
     };
+    // Over the quota, the child is still tracked (so it dies with its tree), and the tree
+    // makes no more.
     let joined = MEMBERS.insert(&child_tgid, &member, BPF_NOEXIST).is_ok();
     // As at exit: the event before the count.
     if joined {
         count(stat::JOINS);
         emit(EventKind::Fork, tree, child_tgid, parent);
+        add_to_uid(owner, 1);
     } else {
         count(stat::INSERTS_FAILED);
+        emit_at(EventKind::ForkFailed, tree, child_tgid, parent, start_ns);
     }
+    let mut quota_spent = over_quota;
     if let Some(counters) = TREE_COUNTERS.get_ptr_mut(&tree) {
         // SAFETY: the pointer is into the map value and stays valid for this program run.
         unsafe {
+            quota_spent |= (*counters).over_quota != 0;
             if joined {
-                add(&raw mut (*counters).joined);
+                add(&raw mut (*counters).joined, 1);
             } else {
-                add(&raw mut (*counters).failed);
+                add(&raw mut (*counters).failed, 1);
+            }
+            if over_quota {
+                add(&raw mut (*counters).over_quota, 1);
             }
         }
     }
-    if is_doomed(tree) {
+    if control.flags & flags::DOOMED != 0 || quota_spent || !joined {
         // The forker dies before it returns to user space; the child is tracked and killed by
-        // user space's rounds. A fork storm cannot outrun that.
+        // user space (or, untracked, killed by user space on the ForkFailed event). A fork
+        // storm cannot outrun that.
         let _ = unsafe { bpf_send_signal(SIGKILL) };
         emit(EventKind::ForkKilled, tree, parent, 0);
     }
@@ -101,14 +133,23 @@ pub fn leash_exit(ctx: TracePointContext) -> u32 {
     if !group_dead(&ctx, pid_tgid as u32 == tgid) {
         return 0;
     }
-    let Some(tree) = (unsafe { MEMBERS.get(&tgid) }).map(|m| m.tree) else {
+    let Some(entry) = (unsafe { MEMBERS.get(&tgid) }).copied() else {
         return 0;
     };
+    // Not this process's entry (see leash_fork): user space takes such an entry out.
+    if !is_member(unsafe { bpf_get_current_task() } as *const u8, &entry) {
+        return 0;
+    }
+    let tree = entry.tree;
     if MEMBERS.remove(&tgid).is_err() {
         return 0;
     }
     count(stat::EXITS);
-    let is_root = unsafe { TREE_CONTROL.get(&tree) }.is_some_and(|c| c.root == tgid);
+    let control = unsafe { TREE_CONTROL.get(&tree) }
+        .copied()
+        .unwrap_or_default();
+    add_to_uid(control.holder.owner_uid, u64::MAX);
+    let is_root = control.root == tgid;
     // The event goes out before the counters count the exit: whoever sees the counters say
     // "empty" finds every exit event already in the ring buffer.
     let kind = if is_root {
@@ -121,7 +162,7 @@ pub fn leash_exit(ctx: TracePointContext) -> u32 {
     if let Some(counters) = TREE_COUNTERS.get_ptr_mut(&tree) {
         // SAFETY: as in leash_fork. root_exit_ns has one writer: the root's single group death.
         unsafe {
-            add(&raw mut (*counters).left);
+            add(&raw mut (*counters).left, 1);
             if is_root {
                 (*counters).root_exit_ns = now;
             }
@@ -154,8 +195,37 @@ fn group_dead(ctx: &TracePointContext, thread_is_leader: bool) -> bool {
     unsafe { ctx.read_at::<u8>(offset as usize) }.is_ok_and(|dead| dead != 0)
 }
 
-fn is_doomed(tree: TreeId) -> bool {
-    unsafe { TREE_CONTROL.get(&tree) }.is_some_and(|c| c.flags & flags::DOOMED != 0)
+/// Whether `entry` is the entry of the process `task` (any of its threads) belongs to: the
+/// same start time, to the resolution of the entry (user space makes entries from /proc's
+/// clock ticks; the programs, exact).
+fn is_member(task: *const u8, entry: &Member) -> bool {
+    let Some(leader) = read_task::<*const u8>(task, &TASK_GROUP_LEADER_OFFSET) else {
+        return false;
+    };
+    let Some(start) = read_task::<u64>(leader, &TASK_START_OFFSET) else {
+        return false;
+    };
+    let tick = unsafe { read_volatile(&NS_PER_TICK) }.max(1);
+    start == entry.start_ns || start / tick == entry.start_ns / tick
+}
+
+/// Whether `owner` has all the members its quota allows (root has no quota).
+fn over_quota(owner: u32) -> bool {
+    let quota = unsafe { read_volatile(&MEMBERS_PER_UID) };
+    if owner == 0 || quota == NO_FIELD {
+        return false;
+    }
+    let joined = unsafe { UID_JOINED.get(&owner) }.map_or(0, |&n| n as i64);
+    let seeded = unsafe { UID_SEEDED.get(&owner) }.copied().unwrap_or(0);
+    joined.wrapping_add(seeded) >= i64::from(quota)
+}
+
+/// Adds `delta` (two's complement: `u64::MAX` is -1) to `owner`'s joined members.
+fn add_to_uid(owner: u32, delta: u64) {
+    if let Some(joined) = UID_JOINED.get_ptr_mut(&owner) {
+        // SAFETY: the pointer is into the map value and stays valid for this program run.
+        unsafe { add(joined, delta) };
+    }
 }
 
 fn read_task<T>(task: *const u8, offset: &u32) -> Option<T> {
@@ -166,8 +236,8 @@ fn read_task<T>(task: *const u8, offset: &u32) -> Option<T> {
 
 /// An atomic add whose result is unused, which compiles to BPF_XADD: counters shared by all
 /// CPUs. (`AtomicU64::fetch_add` does not exist on the BPF target.)
-unsafe fn add(counter: *mut u64) {
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, 1) };
+unsafe fn add(counter: *mut u64, delta: u64) {
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, delta) };
 }
 
 fn count(index: u32) {
@@ -178,17 +248,21 @@ fn count(index: u32) {
 }
 
 fn emit(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid) {
+    emit_at(kind, tree, pid, parent, unsafe { bpf_ktime_get_boot_ns() });
+}
+
+fn emit_at(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid, time_ns: u64) {
     let event = Event {
         kind: kind as u32,
         tree,
         pid,
         parent,
-        time_ns: unsafe { bpf_ktime_get_boot_ns() },
+        time_ns,
         comm: bpf_get_current_comm().unwrap_or_default(),
     };
     // Waking the reader costs more than writing the record: only a root's exit, which the
     // daemon must act on at once, wakes it; it collects the rest on its own schedule.
-    let wakeup = if matches!(kind, EventKind::RootExit) {
+    let wakeup = if matches!(kind, EventKind::RootExit | EventKind::ForkFailed) {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP

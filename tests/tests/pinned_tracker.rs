@@ -21,7 +21,7 @@ fn the_next_tracker_takes_over_every_tree_and_what_forked_meanwhile() {
     assert_eq!(origin, Origin::Loaded);
     first.unpin().unwrap();
     drop(first);
-    fs::create_dir_all(root.0.join("v2/maps")).unwrap();
+    fs::create_dir_all(root.0.join(format!("v{}/maps", leash_common::ABI_VERSION))).unwrap();
 
     let (mut tracker, origin) = load_pinned_tracker(&root.0).unwrap();
     assert_eq!(

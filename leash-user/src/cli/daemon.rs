@@ -14,6 +14,12 @@ pub struct DaemonArgs {
     /// Trees registered at once.
     #[arg(long, default_value_t = Capacity::default().trees)]
     max_trees: u32,
+    /// Processes one non-root uid may have on a leash at once, over all its trees (an eighth of
+    /// --max-members if not given; 0: no limit). The member map is shared by every user: this
+    /// keeps one user's fork storm from filling it for the others. A tree that forks past it
+    /// is killed.
+    #[arg(long)]
+    max_members_per_uid: Option<u32>,
     /// Trees one non-root uid may hold at once.
     #[arg(long, default_value_t = 64)]
     max_trees_per_uid: usize,
@@ -37,6 +43,11 @@ pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
         capacity: Capacity {
             members: args.max_members,
             trees: args.max_trees,
+            members_per_uid: match args.max_members_per_uid {
+                None => Some(Capacity::default_members_per_uid(args.max_members)),
+                Some(0) => None,
+                Some(quota) => Some(quota),
+            },
             ..Capacity::default()
         },
         default_grace: args.grace,

@@ -61,7 +61,7 @@ pub fn track(args: TrackArgs) -> Result<ExitCode> {
                     shown.remove(&event.pid);
                     true
                 }
-                EventKind::ForkKilled | EventKind::Exec => true,
+                EventKind::ForkKilled | EventKind::ForkFailed | EventKind::Exec => true,
             };
             if show {
                 print_event(&event);
@@ -93,6 +93,10 @@ fn print_event(event: &TreeEvent) {
         EventKind::Exit => println!("- {:>7} {} exited", event.pid, event.comm),
         EventKind::RootExit => println!("- {:>7} {} exited (the root)", event.pid, event.comm),
         EventKind::ForkKilled => println!("! {:>7} killed as it forked", event.pid),
+        EventKind::ForkFailed => println!(
+            "! {:>7} forked by {} could not be tracked (the map is full)",
+            event.pid, event.parent
+        ),
     }
 }
 

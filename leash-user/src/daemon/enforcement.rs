@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use super::{Daemon, KillOutcome, PendingKill};
 use crate::{
-    kernel::{Kill, KillError, KillStep, TreeEvent},
+    kernel::{Kill, KillError, KillStep, TreeEvent, TreeStatus},
     sys,
 };
 
@@ -55,10 +55,35 @@ pub async fn watch_events(daemon: Arc<Daemon>) {
 fn collect_events(daemon: &Arc<Daemon>) {
     let events = daemon.tracker().drain_events();
     for event in events {
-        if event.kind == KernelEventKind::RootExit {
-            root_exited(daemon, event.tree);
+        match event.kind {
+            KernelEventKind::RootExit => root_exited(daemon, event.tree),
+            KernelEventKind::ForkFailed => kill_untracked_child(&event),
+            _ => {}
         }
         forward(daemon, event);
+    }
+}
+
+/// A member's child could not join its tree (the member map is full): its forker died in the
+/// kernel, and the child, which nothing tracks, is killed now, before it can do much. (Its
+/// tree is killed as untrackable by the sweep.)
+fn kill_untracked_child(event: &TreeEvent) {
+    let child = crate::proc::ProcessRef {
+        pid: event.pid,
+        start_ticks: crate::proc::ns_to_ticks(event.time_ns),
+    };
+    match child.open() {
+        Ok(Some(pidfd)) => {
+            let sent = pidfd.send_signal(libc::SIGKILL);
+            tracing::warn!(
+                tree = event.tree,
+                pid = event.pid,
+                ?sent,
+                "killed a child the member map had no room for"
+            );
+        }
+        Ok(None) => {}
+        Err(e) => tracing::error!(pid = event.pid, "cannot kill an untracked child: {e}"),
     }
 }
 
@@ -72,7 +97,7 @@ fn forward(daemon: &Daemon, kernel: TreeEvent) {
         KernelEventKind::Fork => EventKind::Fork,
         KernelEventKind::Exec => EventKind::Exec,
         KernelEventKind::Exit | KernelEventKind::RootExit => EventKind::Exit,
-        KernelEventKind::ForkKilled => return,
+        KernelEventKind::ForkKilled | KernelEventKind::ForkFailed => return,
     };
     let Some((owner, lease)) = daemon
         .state()
@@ -104,14 +129,15 @@ pub async fn sweep(daemon: Arc<Daemon>) {
             let Ok(status) = daemon.tracker().tree_status(tree) else {
                 continue;
             };
-            if status.failed_inserts > 0 {
-                // Fail closed: part of the tree escaped tracking (the member map was full).
+            if let Some(reason) = fail_closed(&status) {
                 tracing::error!(
                     tree,
+                    reason,
+                    over_quota = status.over_quota,
                     failed = status.failed_inserts,
                     "tree cannot be tracked"
                 );
-                start_kill(&daemon, tree, None, "untrackable");
+                start_kill(&daemon, tree, None, reason);
                 continue;
             }
             if status.root_exit_ns.is_some() {
@@ -137,8 +163,29 @@ fn root_exited(daemon: &Arc<Daemon>, tree: TreeId) {
     };
     tracing::info!(tree, root, ?policy, "root exited");
     daemon.emit(owner, event(EventKind::RootExited, tree, lease, Some(root)));
-    if policy == RootExitPolicy::Kill {
+    // A root killed as it forked past what may be tracked: say why the tree dies.
+    let untrackable = daemon
+        .tracker()
+        .tree_status(tree)
+        .ok()
+        .and_then(|status| fail_closed(&status));
+    if let Some(reason) = untrackable {
+        start_kill(daemon, tree, None, reason);
+    } else if policy == RootExitPolicy::Kill {
         start_kill(daemon, tree, None, "root_exited");
+    }
+}
+
+/// Why a tree must be killed however its policy reads (fail closed), if it must: it forked
+/// past its owner's member quota (`member_quota`), or a child could not be tracked because the
+/// member map was full (`untrackable`).
+fn fail_closed(status: &TreeStatus) -> Option<&'static str> {
+    if status.over_quota > 0 {
+        Some("member_quota")
+    } else if status.failed_inserts > 0 {
+        Some("untrackable")
+    } else {
+        None
     }
 }
 

@@ -186,12 +186,8 @@ impl Session {
                 ));
             }
             let tree = tracker
-                .adopt_process(process, nest_in)
+                .adopt_process(process, nest_in, holder)
                 .map_err(|e| refuse(ErrorCode::NotFound, format!("{e:#}")))?;
-            if let Err(e) = tracker.set_holder(tree, holder) {
-                // Only a daemon taking over after a restart needs it (and kills what it lacks).
-                tracing::warn!(tree, "recording the tree's holder: {e:#}");
-            }
             let status = tracker.tree_status(tree).ok();
             (
                 tree,

@@ -16,6 +16,8 @@ pub struct TaskOffsets {
     pub tgid: u32,
     /// `u64 start_boottime`
     pub start_boottime: u32,
+    /// `struct task_struct *group_leader`
+    pub group_leader: u32,
 }
 
 impl TaskOffsets {
@@ -33,6 +35,7 @@ impl TaskOffsets {
         Ok(Self {
             tgid: field_offset(&btf, "task_struct", "tgid")?,
             start_boottime: field_offset(&btf, "task_struct", "start_boottime")?,
+            group_leader: field_offset(&btf, "task_struct", "group_leader")?,
         })
     }
 }

@@ -46,14 +46,27 @@ pub struct Capacity {
     pub trees: u32,
     /// Bytes of the event ring buffer (a power of two, at least a page).
     pub event_bytes: u32,
+    /// Members one non-root uid may have at once, over all its trees, so that no user can
+    /// fill the map that every user's trees share. None: no limit. A fork beyond it gets the
+    /// tree killed.
+    pub members_per_uid: Option<u32>,
+}
+
+impl Capacity {
+    /// The per-uid member quota when none is given: an eighth of the map.
+    pub fn default_members_per_uid(members: u32) -> u32 {
+        (members / 8).max(1)
+    }
 }
 
 impl Default for Capacity {
     fn default() -> Self {
+        let members = 131_072;
         Self {
-            members: 131_072,
+            members,
             trees: 4096,
             event_bytes: 1 << 20,
+            members_per_uid: Some(Self::default_members_per_uid(members)),
         }
     }
 }
@@ -86,6 +99,8 @@ pub struct TreeStatus {
     pub left: u64,
     /// Children that could not be tracked because the member map was full.
     pub failed_inserts: u64,
+    /// Forks made while the tree's owner had its whole member quota.
+    pub over_quota: u64,
     /// When the root's thread group died (ns since boot), if it has.
     pub root_exit_ns: Option<u64>,
     /// When the tree was first doomed (ns since boot), if it has been.
@@ -157,6 +172,8 @@ pub struct Tracker {
     control: HashMap<MapData, TreeId, TreeControl>,
     stats: PerCpuArray<MapData, u64>,
     events: RingBuf<MapData>,
+    uid_joined: HashMap<MapData, u32, i64>,
+    uid_seeded: HashMap<MapData, u32, i64>,
     capacity: Capacity,
     next_tree: TreeId,
     pins: Option<Pins>,
@@ -234,6 +251,8 @@ impl Tracker {
             control: HashMap::try_from(take_map(&mut ebpf, map::TREE_CONTROL)?)?,
             stats: PerCpuArray::try_from(take_map(&mut ebpf, map::STATS)?)?,
             events: RingBuf::try_from(take_map(&mut ebpf, map::EVENTS)?)?,
+            uid_joined: HashMap::try_from(take_map(&mut ebpf, map::UID_JOINED)?)?,
+            uid_seeded: HashMap::try_from(take_map(&mut ebpf, map::UID_SEEDED)?)?,
             capacity,
             next_tree: 1,
             pins,
@@ -256,6 +275,8 @@ impl Tracker {
             members: max_entries(&members)?,
             trees: max_entries(&control)?,
             event_bytes: max_entries(&events)?,
+            // Set in the pinned programs, which do not say it back.
+            members_per_uid: None,
         };
         let mut tracker = Self {
             member_reader: member_reader(&members)?,
@@ -264,6 +285,8 @@ impl Tracker {
             control: HashMap::try_from(control)?,
             stats: PerCpuArray::try_from(pins.open_map(map::STATS)?)?,
             events: RingBuf::try_from(events)?,
+            uid_joined: HashMap::try_from(pins.open_map(map::UID_JOINED)?)?,
+            uid_seeded: HashMap::try_from(pins.open_map(map::UID_SEEDED)?)?,
             capacity,
             next_tree: 1,
             pins: Some(pins),
@@ -369,6 +392,7 @@ impl Tracker {
             joined: counters.joined,
             left: counters.left,
             failed_inserts: counters.failed,
+            over_quota: counters.over_quota,
             root_exit_ns: (counters.root_exit_ns != 0).then_some(counters.root_exit_ns),
             doomed_ns: (control.flags & leash_common::flags::DOOMED != 0)
                 .then_some(control.doomed_ns),
@@ -446,14 +470,30 @@ impl Tracker {
         match enclosing {
             Some(enclosing) => self.hand_back(tree, enclosing)?,
             None => {
+                let mut removed = 0;
                 for pid in self.member_pids(tree)? {
-                    // Already gone: it exited meanwhile.
-                    let _ = self.members.remove(&pid);
+                    // Already gone: it exited meanwhile (and the program counted it).
+                    if self.members.remove(&pid).is_ok() {
+                        removed += 1;
+                    }
                 }
+                self.add_seeded(tree, -removed)?;
             }
         }
+        let owner = self.holder(tree).map(|h| h.owner_uid).ok();
         let _ = self.counters.remove(&tree);
         let _ = self.control.remove(&tree);
+        // The owner's quota entries go with its last tree.
+        if let Some(owner) = owner
+            && !self
+                .control
+                .iter()
+                .filter_map(Result::ok)
+                .any(|(_, control)| control.holder.owner_uid == owner)
+        {
+            let _ = self.uid_joined.remove(&owner);
+            let _ = self.uid_seeded.remove(&owner);
+        }
         tracing::debug!(tree, ?enclosing, "released");
         Ok(())
     }
@@ -512,17 +552,6 @@ impl Tracker {
         chain
     }
 
-    /// Records who holds `tree`, for a daemon that takes over after a restart.
-    pub fn set_holder(&mut self, tree: TreeId, holder: Holder) -> Result<()> {
-        let mut control = self
-            .control
-            .get(&tree, 0)
-            .map_err(|_| anyhow!("no tree {tree}"))?;
-        control.holder = holder;
-        self.control.insert(tree, control, 0)?;
-        Ok(())
-    }
-
     /// Who holds `tree`, as recorded (zero when nobody recorded it).
     pub fn holder(&self, tree: TreeId) -> Result<Holder> {
         Ok(self
@@ -532,7 +561,7 @@ impl Tracker {
             .holder)
     }
 
-    fn new_tree(&mut self, root: Pid, parent: Option<TreeId>) -> Result<TreeId> {
+    fn new_tree(&mut self, root: Pid, parent: Option<TreeId>, holder: Holder) -> Result<TreeId> {
         if self.trees().len() as u32 >= self.capacity.trees {
             bail!(
                 "the tree limit ({}) is reached; release a tree first",
@@ -542,11 +571,17 @@ impl Tracker {
         let tree = self.next_tree;
         self.next_tree = self.next_tree.checked_add(1).context("tree ids ran out")?;
         // Counters first: the programs only ever add to an existing entry.
+        let owner = holder.owner_uid;
+        if self.uid_joined.get(&owner, 0).is_err() {
+            self.uid_joined.insert(owner, 0, BPF_NOEXIST)?;
+            self.uid_seeded.insert(owner, 0, 0)?;
+        }
         self.counters
             .insert(tree, TreeCounters::default(), BPF_NOEXIST)?;
         let control = TreeControl {
             root,
             parent: parent.unwrap_or(0),
+            holder,
             ..Default::default()
         };
         self.control.insert(tree, control, BPF_NOEXIST)?;
@@ -572,11 +607,21 @@ impl Tracker {
         Ok(())
     }
 
+    /// Counts `count` members put into `tree` by user space (negative: taken out), for the
+    /// tree and for its owner's quota.
     fn add_seeded(&mut self, tree: TreeId, count: i64) -> Result<()> {
         let mut control = self.control.get(&tree, 0)?;
         control.seeded += count;
         self.control.insert(tree, control, 0)?;
+        let owner = control.holder.owner_uid;
+        let seeded = self.uid_seeded.get(&owner, 0).unwrap_or(0);
+        self.uid_seeded.insert(owner, seeded + count, 0)?;
         Ok(())
+    }
+
+    /// Members `uid` has now, over all its trees (what its quota is checked against).
+    pub fn uid_members(&self, uid: u32) -> i64 {
+        self.uid_joined.get(&uid, 0).unwrap_or(0) + self.uid_seeded.get(&uid, 0).unwrap_or(0)
     }
 }
 
@@ -611,11 +656,21 @@ impl Attached {
         let mut ebpf = EbpfLoader::new()
             .override_global(global::TASK_TGID_OFFSET, &task.tgid, true)
             .override_global(global::TASK_START_OFFSET, &task.start_boottime, true)
+            .override_global(global::TASK_GROUP_LEADER_OFFSET, &task.group_leader, true)
+            .override_global(global::NS_PER_TICK, &proc::ticks_to_ns(1), true)
+            .override_global(
+                global::MEMBERS_PER_UID,
+                &capacity.members_per_uid.unwrap_or(NO_FIELD),
+                true,
+            )
             .override_global(global::EXIT_GROUP_DEAD_OFFSET, &group_dead, true)
             .map_max_entries(map::MEMBERS, capacity.members)
             .map_max_entries(map::TREE_COUNTERS, capacity.trees)
             .map_max_entries(map::TREE_CONTROL, capacity.trees)
             .map_max_entries(map::EVENTS, capacity.event_bytes)
+            // One entry per uid that owns a tree: never more than there are trees.
+            .map_max_entries(map::UID_JOINED, capacity.trees)
+            .map_max_entries(map::UID_SEEDED, capacity.trees)
             .load(PROGRAMS)
             .context("loading the leash eBPF object (are you root?)")?;
 

@@ -7,7 +7,7 @@
 use std::process::{Child, Command};
 
 use anyhow::{Context, Result, bail};
-use leash_common::{Member, Pid, TreeId};
+use leash_common::{Holder, Member, Pid, TreeId};
 
 use super::{BPF_EXIST, BPF_NOEXIST, Tracker};
 use crate::{
@@ -23,7 +23,7 @@ impl Tracker {
     /// descendants (see [`Tracker::adopt_process`]).
     pub fn adopt(&mut self, pid: Pid) -> Result<TreeId> {
         let root = identify(pid)?;
-        self.adopt_process(root.0, None)
+        self.adopt_process(root.0, None, Holder::default())
     }
 
     /// Registers the running process `root` as the root of a new tree, with all of its
@@ -33,7 +33,13 @@ impl Tracker {
     /// A process that is a member of a tree already stays inside it: the new tree is nested in
     /// that tree, taking the process and its descendants there with it. Otherwise the new tree
     /// is nested in `nest_in` if given (the tree of the host that asks), or stands alone.
-    pub fn adopt_process(&mut self, root: ProcessRef, nest_in: Option<TreeId>) -> Result<TreeId> {
+    /// `holder` is recorded with it (who holds it, what it asked for; its owner's quota).
+    pub fn adopt_process(
+        &mut self,
+        root: ProcessRef,
+        nest_in: Option<TreeId>,
+        holder: Holder,
+    ) -> Result<TreeId> {
         let enclosing = match self.member(root.pid) {
             Some(member) if proc::ns_to_ticks(member.start_ns) == root.start_ticks => {
                 Some(member.tree)
@@ -49,7 +55,7 @@ impl Tracker {
         let info = proc::process(root.pid)
             .filter(|p| p.start_ticks == root.start_ticks)
             .with_context(|| format!("process {} exited", root.pid))?;
-        let tree = self.new_tree(root.pid, enclosing)?;
+        let tree = self.new_tree(root.pid, enclosing, holder)?;
         match self.adopt_into(tree, &info) {
             Ok(seeded) => {
                 tracing::info!(tree, root = root.pid, ?enclosing, seeded, "tree registered");
@@ -68,7 +74,7 @@ impl Tracker {
         let mut registered = None;
         let spawned = sys::spawn_held(command, |pid| -> Result<()> {
             let root = proc::process(pid).context("the held child vanished")?;
-            let tree = self.new_tree(pid, None)?;
+            let tree = self.new_tree(pid, None, Holder::default())?;
             registered = Some(tree);
             if !self.seed(tree, &root)? {
                 bail!("the held child could not be registered");
