@@ -106,6 +106,19 @@ impl Daemon {
         command
     }
 
+    /// `leash --socket SOCKET ARGS...` run as `uid`, inside `cgroup` (joined as root first, so
+    /// nothing of it runs outside), from `/`, with stdout discarded.
+    pub fn leash_as(&self, uid: u32, cgroup: &crate::Cgroup, args: &[&str]) -> Command {
+        let leash = self.leash_for_anyone();
+        let mut argv = setpriv_args(uid);
+        argv.extend([path_str(&leash), "--socket", path_str(&self.socket)].map(String::from));
+        argv.extend(args.iter().map(|a| a.to_string()));
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let mut command = cgroup.command("setpriv", &argv);
+        command.current_dir("/").stdout(Stdio::null());
+        command
+    }
+
     /// The leash binary where any user may run it (the build tree may not be reachable).
     /// A hard link, not a copy, where it can be: a file being written cannot be executed, and
     /// a copy's write descriptor leaks for a moment into children other threads fork.

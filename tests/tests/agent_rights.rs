@@ -5,11 +5,11 @@
 //! and a child of its own, release the child's tree) nests inside its tree and frees nothing:
 //! when the host is SIGKILLed, the whole cgroup empties, and the other host's tree lives on.
 
-use std::{fs, process::Stdio, time::Duration};
+use std::{fs, time::Duration};
 
 use leash_tests::{
     Cgroup, Removed,
-    daemon::{Daemon, USER_A, path_str, setpriv_args},
+    daemon::{Daemon, USER_A, path_str},
     wait_for,
 };
 use serde_json::Value;
@@ -58,30 +58,17 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
     let Some(daemon) = Daemon::start(&[]) else {
         return;
     };
-    let leash = daemon.leash_for_anyone();
     let out = Removed(daemon.dir.join("agent-results.json"));
+    // The agent reports there.
     fs::set_permissions(
         &daemon.dir,
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
     )
     .unwrap();
     let run_as_user = |cgroup: &Cgroup, command: &[&str]| {
-        let mut args = setpriv_args(USER_A);
-        args.extend(
-            [
-                path_str(&leash),
-                "--socket",
-                path_str(&daemon.socket),
-                "run",
-                "--",
-            ]
-            .map(String::from),
-        );
-        args.extend(command.iter().map(|a| a.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut command = cgroup.command("setpriv", &args);
-        command.current_dir("/").stdout(Stdio::null());
-        command.spawn().unwrap()
+        let mut args = vec!["run", "--"];
+        args.extend(command);
+        daemon.leash_as(USER_A, cgroup, &args).spawn().unwrap()
     };
 
     // Another host of the same uid, with a tree of its own.

@@ -4,13 +4,13 @@
 //! asks for ten minutes; root's `leash kill --grace 0` then ends it at once.
 
 use std::{
-    process::{Child, Stdio},
+    process::Child,
     time::{Duration, Instant},
 };
 
 use leash_tests::{
     Cgroup,
-    daemon::{Daemon, USER_A, path_str, setpriv_args},
+    daemon::{Daemon, USER_A},
     wait_for,
 };
 
@@ -21,18 +21,8 @@ fn roots_kill_shortens_a_pending_grace() {
     let Some(daemon) = Daemon::start(&[]) else {
         return;
     };
-    let leash = daemon.leash_for_anyone();
     let as_user = |cgroup: &Cgroup, args: &[&str]| -> Child {
-        let mut argv = setpriv_args(USER_A);
-        argv.extend([path_str(&leash), "--socket", path_str(&daemon.socket)].map(String::from));
-        argv.extend(args.iter().map(|a| a.to_string()));
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        cgroup
-            .command("setpriv", &argv)
-            .current_dir("/")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap()
+        daemon.leash_as(USER_A, cgroup, args).spawn().unwrap()
     };
     let tree_cgroup = Cgroup::new("long-grace");
     let mut host = as_user(

@@ -3,15 +3,12 @@
 //! pool of 512 and a quota of 64, while uid 61002's tree keeps forking beside it: 61001's tree
 //! is killed (`member_quota`), every process of it, and 61002's tree never notices.
 
-use std::{
-    process::{Child, Stdio},
-    time::Duration,
-};
+use std::{process::Child, time::Duration};
 
 use leash_client::EventKind;
 use leash_tests::{
     Cgroup,
-    daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args},
+    daemon::{Daemon, USER_A, USER_B},
     wait_for,
 };
 
@@ -21,29 +18,9 @@ fn one_users_fork_storm_kills_only_its_own_tree() {
     else {
         return;
     };
-    let leash = daemon.leash_for_anyone();
     let run_as = |uid: u32, cgroup: &Cgroup, script: &str| -> Child {
-        let mut argv = setpriv_args(uid);
-        argv.extend(
-            [
-                path_str(&leash),
-                "--socket",
-                path_str(&daemon.socket),
-                "run",
-                "--grace",
-                "0",
-                "--",
-            ]
-            .map(String::from),
-        );
-        argv.extend(["sh", "-c", script].map(String::from));
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        cgroup
-            .command("setpriv", &argv)
-            .current_dir("/")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap()
+        let args = ["run", "--grace", "0", "--", "sh", "-c", script];
+        daemon.leash_as(uid, cgroup, &args).spawn().unwrap()
     };
     let mut watcher = daemon.client();
     watcher.subscribe().unwrap();

@@ -24,7 +24,10 @@ use anyhow::Result;
 use leash_common::{Member, Pid, TreeId};
 
 use super::Tracker;
-use crate::proc::{self, ProcessRef};
+use crate::{
+    proc::{self, ProcessRef},
+    sys::Pidfd,
+};
 
 /// How long SIGKILL rounds may go on before the kill is reported as failed (a process stuck in
 /// uninterruptible sleep can hold out that long).
@@ -134,10 +137,6 @@ impl Kill {
             signalled: HashMap::new(),
             doomed_ns: 0,
         }
-    }
-
-    pub fn tree(&self) -> TreeId {
-        self.tree
     }
 
     /// Shortens the grace period to `grace` if that is shorter (a later kill, the lease's end
@@ -415,7 +414,7 @@ impl Tracker {
             let Some(number) = signal.for_member(&member, signalled.get(&process).copied()) else {
                 continue;
             };
-            let Some(pidfd) = process.open()? else {
+            let Some(pidfd) = self.open_member(process, member)? else {
                 self.drop_stale(pid, member)?;
                 continue;
             };
@@ -426,5 +425,30 @@ impl Tracker {
         }
         tracing::debug!(?signal, sent, "signalled");
         Ok(sent)
+    }
+
+    /// A pidfd for the process `member`'s entry names, or None if it is gone.
+    ///
+    /// An entry the fork program made carries the child's exact start time, and the exit
+    /// program removes it when that very process dies, before its pid can be reused: if the
+    /// entry is still there after the pidfd was opened, the pidfd is that process. That costs
+    /// one map lookup. An entry user space made from /proc (a whole number of clock ticks) is
+    /// checked against /proc instead, ten times the cost, for the few such entries a tree has.
+    fn open_member(&self, process: ProcessRef, member: Member) -> std::io::Result<Option<Pidfd>> {
+        if member.start_ns != 0 && member.start_ns % proc::ticks_to_ns(1) == 0 {
+            return process.open();
+        }
+        match Pidfd::open(process.pid) {
+            Ok(pidfd) => Ok((self.member(process.pid) == Some(member)).then_some(pidfd)),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ESRCH | libc::EINVAL | libc::ENOENT)
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 }

@@ -618,11 +618,6 @@ impl Tracker {
         self.uid_seeded.insert(owner, seeded + count, 0)?;
         Ok(())
     }
-
-    /// Members `uid` has now, over all its trees (what its quota is checked against).
-    pub fn uid_members(&self, uid: u32) -> i64 {
-        self.uid_joined.get(&uid, 0).unwrap_or(0) + self.uid_seeded.get(&uid, 0).unwrap_or(0)
-    }
 }
 
 const BPF_NOEXIST: u64 = 1;
