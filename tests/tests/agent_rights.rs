@@ -2,8 +2,9 @@
 //! be able to cut its own leash. As uid 61001, a host (`leash run`) runs an agent that speaks the
 //! protocol itself and tries what a uid alone used to allow: release its tree, kill it with a
 //! ten-minute grace, kill another host's tree. Each is refused. What it may do (register itself
-//! and a child of its own, release the child's tree) nests inside its tree and frees nothing:
-//! when the host is SIGKILLed, the whole cgroup empties, and the other host's tree lives on.
+//! under a helper's lease, which outlives its host; register a child of its own and release the
+//! child's tree) nests inside its tree and frees nothing: when the host is SIGKILLed, the whole
+//! cgroup empties, and the other host's tree lives on.
 
 use std::{fs, time::Duration};
 
@@ -14,10 +15,10 @@ use leash_tests::{
 };
 use serde_json::Value;
 
-/// The agent: argv is SOCKET OUT OTHER_TREE.
+/// The agent: argv is SOCKET OUT OTHER_TREE HELPER_TOKEN.
 const AGENT: &str = r#"
 import json, os, socket, subprocess, sys, time
-sock, out, other = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sock, out, other, helper = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 s = socket.socket(socket.AF_UNIX)
 s.connect(sock)
 f = s.makefile("rw")
@@ -35,7 +36,8 @@ r["release_own"] = ask({"id": 2, "op": "release", "tree": own})
 # Were it allowed, this would start killing this very process (the test then sees no report).
 r["kill_own"] = ask({"id": 8, "op": "kill", "tree": own, "grace_ms": 600000})
 r["kill_other"] = ask({"id": 3, "op": "kill", "tree": other, "grace_ms": 0})
-r["register_self"] = ask({"id": 4, "op": "register", "pid": os.getpid(), "on_root_exit": "keep"})
+# Under a helper's lease (another host, which outlives this one), keeping its children.
+r["register_self"] = ask({"id": 4, "op": "register", "pid": os.getpid(), "on_root_exit": "keep", "lease": helper})
 child = subprocess.Popen(["sleep", "600"], start_new_session=True)
 r["register_child"] = ask({"id": 5, "op": "register", "pid": child.pid})
 nested = r["register_child"].get("ok", {}).get("registered", {}).get("tree", 0)
@@ -75,8 +77,10 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
     let other = Cgroup::new("other-host");
     let mut other_host = run_as_user(&other, &["sleep", "600"]);
     other.settle_exactly(&["leash", "sleep"]);
-    let mut root = daemon.client();
-    let other_tree = root
+    // The helper: a host whose lease lives on after the agent's host dies.
+    let mut helper = daemon.client();
+    let helper_token = helper.lease().token.clone();
+    let other_tree = helper
         .list()
         .unwrap()
         .iter()
@@ -95,6 +99,7 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
             path_str(&daemon.socket),
             path_str(&out.0),
             &other_arg,
+            &helper_token,
         ],
     );
     assert!(
@@ -138,7 +143,8 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
         "nested in its own tree"
     );
 
-    // The host dies: everything the agent started dies with it, the released child included.
+    // The host dies: everything the agent started dies with it, the released child included,
+    // and the tree held by the helper's lease, which lives on.
     host.kill().unwrap();
     let _ = host.wait();
     let emptied = agent.wait_empty(Duration::from_secs(30));
@@ -147,6 +153,7 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
         "survivors of the host's death: {:?}",
         agent.procs()
     );
+    assert!(helper.status().is_ok(), "the helper's lease is alive");
     // The other host's tree was never touched.
     assert_eq!(other.procs().len(), 2, "the other host's tree is intact");
     other_host.kill().unwrap();
