@@ -435,7 +435,7 @@ impl Tracker {
     /// one map lookup. An entry user space made from /proc (a whole number of clock ticks) is
     /// checked against /proc instead, ten times the cost, for the few such entries a tree has.
     fn open_member(&self, process: ProcessRef, member: Member) -> std::io::Result<Option<Pidfd>> {
-        if member.start_ns != 0 && member.start_ns % proc::ticks_to_ns(1) == 0 {
+        if member.start_ns != 0 && member.start_ns.is_multiple_of(proc::ticks_to_ns(1)) {
             return process.open();
         }
         match Pidfd::open(process.pid) {
