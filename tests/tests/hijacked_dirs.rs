@@ -216,7 +216,9 @@ fn refused(socket: &Path, pins: &Path) -> String {
         .spawn()
         .expect("starting leash daemon");
     let exited = |daemon: &mut Child| daemon.try_wait().ok().flatten().is_some();
-    let serving = || std::os::unix::net::UnixStream::connect(socket).is_ok();
+    // Serving means answering: the socket is bound (and connectable) before the pin directory
+    // is checked, and a daemon that refuses it closes the socket without a word.
+    let serving = || leash_client::Client::connect_to(socket).is_ok();
     wait_for(Duration::from_secs(30), || exited(&mut daemon) || serving());
     let refused = exited(&mut daemon);
     if !refused {
