@@ -128,10 +128,11 @@ fn a_refused_spawn_returns_the_daemons_error() {
     let mut touch = cgroup.command("touch", &[path_str(&marker)]);
     thread::spawn(move || {
         let result = host.spawn(&mut touch, &TreeOptions::default());
-        let _ = done.send(result.map(|(_, child)| child));
+        // The host comes back too: its lease holds the first tree.
+        let _ = done.send((result.map(|(_, child)| child), host));
     });
     // If it hangs, the held child hangs before it joins the group: the test's end kills it.
-    let result = returned
+    let (result, _host) = returned
         .recv_timeout(Duration::from_secs(30))
         .expect("spawn returns when the registration is refused");
     match result {
