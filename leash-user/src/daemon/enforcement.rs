@@ -229,7 +229,7 @@ pub fn start_kill(
     grace: Option<Duration>,
     reason: &'static str,
 ) -> Option<watch::Receiver<Option<KillOutcome>>> {
-    let (owner, lease, grace, done, grace_asked) = {
+    let (owner, lease, grace, done, pending, grace_asked) = {
         let mut state = daemon.state();
         let entry = state.trees.get_mut(&tree)?;
         let grace = grace.map_or(entry.grace, |asked| asked.min(entry.grace));
@@ -252,11 +252,11 @@ pub fn start_kill(
             entry.owner_uid,
             entry.lease,
             grace,
-            (done, outcome),
+            done,
+            outcome,
             grace_seen,
         )
     };
-    let (done, pending) = done;
     // Doomed before anyone hears of the kill: from then on no member forks, and a daemon that
     // takes over after this one dies finishes the kill (the kill task dooms it again, harmlessly).
     let nested = {
@@ -278,13 +278,14 @@ pub fn start_kill(
     let daemon = daemon.clone();
     tokio::spawn(
         async move {
-            let mut outcome = drive_kill(&daemon, tree, grace_asked, reason).await;
+            // Done when the nested trees are done too; a failure of theirs is the kill's.
+            let mut result = drive_kill(&daemon, tree, grace_asked, reason).await;
             for inner in nested {
-                if let (Ok(_), Err(e)) = (&outcome, super::enforcement::outcome(inner).await) {
-                    outcome = Err(e);
+                if let (Ok(_), Err(e)) = (&result, outcome(inner).await) {
+                    result = Err(e);
                 }
             }
-            match &outcome {
+            match &result {
                 Ok(summary) => {
                     tracing::info!(?summary, "tree is empty");
                     end_tree(&daemon, tree, Some(summary.clone()));
@@ -294,7 +295,7 @@ pub fn start_kill(
                     kill_failed(&daemon, tree, e);
                 }
             }
-            let _ = done.send(Some(outcome));
+            let _ = done.send(Some(result));
         }
         .instrument(span),
     );
