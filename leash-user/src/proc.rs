@@ -94,12 +94,27 @@ impl ProcessRef {
     /// the main thread's state in /proc does not (it reads `Z` while other threads still run
     /// or tear down). False when that cannot be found out now.
     pub fn has_exited(self) -> bool {
-        match self.open() {
-            Ok(None) => true,
-            Ok(Some(pidfd)) => pidfd.has_exited(),
+        match Pidfd::open(self.pid) {
+            Err(e) if is_gone(&e) => true,
             Err(_) => false,
+            // Readable: whatever process the pidfd names has exited, and if it is a newer one
+            // by this pid, this one was reaped before it. Not readable: this process is still
+            // exiting if the pid still names it, and long gone if it names another.
+            Ok(pidfd) => {
+                pidfd.has_exited()
+                    || process(self.pid).is_none_or(|now| now.start_ticks != self.start_ticks)
+            }
         }
     }
+}
+
+/// Whether pidfd_open's error means no process has that pid: none at all (ESRCH), or the pid
+/// names a thread, of some other process (EINVAL, or ENOENT on newer kernels).
+pub fn is_gone(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::ESRCH | libc::EINVAL | libc::ENOENT)
+    )
 }
 
 /// The thread group (process) that thread `tid` belongs to, from /proc/TID/status.
@@ -115,6 +130,18 @@ pub fn thread_group_of(tid: Pid) -> Option<Pid> {
 
 /// PF_EXITING in a task's flags: the thread has begun exiting.
 const PF_EXITING: u32 = 0x4;
+
+/// The start time of process `pid` if its thread group is alive (see [`group_alive`]): one
+/// read of /proc/PID/stat when its main thread runs, the threads' only when it does not.
+pub fn alive_start(pid: Pid) -> Option<u64> {
+    let stat = procfs::process::Process::new(pid as i32)
+        .ok()?
+        .stat()
+        .ok()?;
+    let leader_runs = stat.flags & PF_EXITING == 0 && !matches!(stat.state, 'Z' | 'X');
+    // A zombie main thread keeps its pid: the threads read next are this process's.
+    (leader_runs || group_alive(pid)).then_some(stat.starttime)
+}
 
 /// Whether some thread of process `pid` has not begun exiting, which means the thread group is
 /// not dead yet: its death, when it comes, is still ahead. A process whose main thread has

@@ -164,10 +164,9 @@ impl Tracker {
             // Already a member: the kernel saw it forked from a member first.
             return Ok(false);
         }
-        // Alive, then the same process: it was alive after the insert, so its group's death,
-        // whenever it comes, finds the entry (see proc::group_alive).
-        let still_there = proc::group_alive(process.pid)
-            && proc::process(process.pid).is_some_and(|now| now.start_ticks == process.start_ticks);
+        // The same process, alive after the insert: its group's death, whenever it comes, finds
+        // the entry (see proc::group_alive).
+        let still_there = proc::alive_start(process.pid) == Some(process.start_ticks);
         if still_there {
             self.add_seeded(tree, 1)?;
             return Ok(true);
