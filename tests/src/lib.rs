@@ -159,6 +159,16 @@ impl Cgroup {
 
     fn kill_all(&self) {
         let _ = fs::write(self.path.join("cgroup.kill"), "1");
+        // cgroup.kill signals the processes cgroup.procs lists, which leaves out a process
+        // whose main thread has exited while others run: signal every thread too.
+        let threads = read_pids(&self.path.join("cgroup.threads"));
+        if !threads.is_empty() {
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .args(threads.iter().map(|tid| tid.to_string()))
+                .stderr(Stdio::null())
+                .status();
+        }
         wait_for(Duration::from_secs(10), || {
             fs::read_to_string(self.path.join("cgroup.events"))
                 .map(|events| events.contains("populated 0"))
