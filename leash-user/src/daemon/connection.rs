@@ -64,6 +64,11 @@ impl Outbox {
         }
     }
 
+    /// Waits until the event queue has room for one line; None once the connection is gone.
+    pub async fn event_room(&self) -> Option<mpsc::Permit<'_, ServerLine>> {
+        self.events.reserve().await.ok()
+    }
+
     pub fn event(&self, line: ServerLine) -> Result<(), Undelivered> {
         self.events.try_send(line).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => Undelivered::Full,

@@ -485,6 +485,16 @@ impl Session {
             let mut missed = 0;
             loop {
                 let event = tokio::select! {
+                    // The count goes out as soon as there is room for it, even if no other
+                    // event ever comes (the end of a storm): it is never left untold.
+                    room = outbox.event_room(), if missed > 0 => {
+                        let Some(room) = room else { break };
+                        let mut dropped = enforcement::event(EventKind::Dropped, 0, 0, None);
+                        dropped.count = Some(missed);
+                        room.send(ServerLine::event(dropped));
+                        missed = 0;
+                        continue;
+                    }
                     received = events.recv() => match received {
                         Ok((owner, event)) if may_hear(owner, &event) => event,
                         Ok(_) => continue,
