@@ -112,14 +112,15 @@ async fn watch_host(daemon: Arc<Daemon>, lease: LeaseId, pid: Pid, start_ticks: 
     .await;
 }
 
-/// A pidfd of the host, if the process `pid` is still the one that started at `start_ticks`.
+/// A pidfd of the host, if the process `pid` is still the one that started at `start_ticks`
+/// and has not exited (every thread of it: a host whose main thread exited runs on).
 fn host_pidfd(pid: Pid, start_ticks: u64) -> Result<AsyncFd<std::os::fd::OwnedFd>, &'static str> {
-    let pidfd = sys::Pidfd::open(pid).map_err(|_| "host exited while no daemon ran")?;
-    // Opened first, checked after: if /proc still shows that start time, the pidfd names the
-    // host and not a process that reused its pid.
-    let same = proc::process(pid).is_some_and(|p| p.start_ticks == start_ticks && p.is_live());
-    if !same {
-        return Err("host exited while no daemon ran");
-    }
+    let gone = "host exited while no daemon ran";
+    let pidfd = proc::ProcessRef { pid, start_ticks }
+        .open()
+        .ok()
+        .flatten()
+        .filter(|pidfd| !pidfd.has_exited())
+        .ok_or(gone)?;
     sys::async_readable(pidfd).map_err(|_| "host cannot be watched")
 }

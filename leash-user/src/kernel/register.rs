@@ -215,13 +215,13 @@ pub fn identify(pid: Pid) -> Result<(ProcessRef, Pidfd), IdentifyError> {
         }
         Err(e) => return Err(IdentifyError::Io(pid, e.to_string())),
     };
-    let process = proc::process(pid).ok_or(IdentifyError::NotFound(pid))?;
     // Read after the pidfd was opened, and before it is checked: if the process it names is
     // still running now, the pid named it all along, so what was read is its.
-    if pidfd.has_exited() || !proc::group_alive(pid) {
-        return Err(IdentifyError::Exiting(pid));
+    let start_ticks = proc::alive_start(pid);
+    match start_ticks {
+        Some(start_ticks) if !pidfd.has_exited() => Ok((ProcessRef { pid, start_ticks }, pidfd)),
+        _ => Err(IdentifyError::Exiting(pid)),
     }
-    Ok((process.reference(), pidfd))
 }
 
 /// Why a pid cannot be registered.
