@@ -22,9 +22,9 @@ fn members_stay_members_through_exec() {
         "exec chain sh -> bash -> python3",
     );
     assert_eq!(tracked, 3);
-    let mut comms: Vec<String> = tracker
-        .members(scenario.tree)
-        .unwrap()
+    let mut members = tracker.members(scenario.tree).unwrap();
+    leash::kernel::fill_comms(&mut members);
+    let mut comms: Vec<String> = members
         .into_iter()
         .filter_map(|m| m.comm)
         .collect();

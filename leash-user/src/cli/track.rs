@@ -42,7 +42,9 @@ pub fn track(args: TrackArgs) -> Result<ExitCode> {
     // Members listed now may also have fork events waiting (they forked since registration):
     // each process is shown joining once.
     let mut shown = HashSet::new();
-    for member in tracker.members(tree)? {
+    let mut members = tracker.members(tree)?;
+    leash::kernel::fill_comms(&mut members);
+    for member in members {
         println!("+ {:>7} {}", member.pid, member.comm.unwrap_or_default());
         shown.insert(member.pid);
     }

@@ -447,9 +447,9 @@ impl Session {
             .into_iter()
             .map(|mut info| {
                 info.host_comm = crate::proc::process(info.host_pid).map(|p| p.comm);
-                info.members = tracker
-                    .members(info.tree)
-                    .unwrap_or_default()
+                let mut members = tracker.members(info.tree).unwrap_or_default();
+                crate::kernel::fill_comms(&mut members);
+                info.members = members
                     .into_iter()
                     .map(|m| MemberInfo {
                         pid: m.pid,

@@ -13,9 +13,14 @@
 //! it gets SIGKILL as soon as a step sees the tree's join count move, not SIGTERM and a grace.
 //! Signals go through pidfds of the very process each member entry names (pid and start
 //! time), so a recycled pid is never hit.
+//!
+//! Every step is short whatever the tree's size, so that one driver can interleave a kill with
+//! other work: a walk of the map queues the members that need a signal, and each step signals
+//! at most [`SIGNALS_PER_STEP`] of them. An entry checked long after its walk is still safe to
+//! signal: the pidfd is opened first and the entry (or /proc) checked after, as for a fresh one.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     thread,
     time::{Duration, Instant},
 };
@@ -41,6 +46,9 @@ const FULL_ROUND_EVERY: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(1);
 /// How many exiting members one step checks in /proc, so a step stays short at any tree size.
 const EXIT_CHECKS_PER_STEP: usize = 1024;
+/// How many queued members one step signals (or finds gone), so a step stays short at any tree
+/// size: each costs a pidfd, a check and a signal, some tens of microseconds.
+pub const SIGNALS_PER_STEP: usize = 1024;
 
 /// What a kill did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,8 +77,18 @@ pub struct Kill {
     rounds: u32,
     /// Every member signalled, and whether it was sent SIGKILL.
     signalled: HashMap<ProcessRef, bool>,
+    /// Members a walk found to signal, not signalled yet: SIGKILLs ahead of SIGTERMs.
+    queue: VecDeque<Queued>,
     /// When the tree was doomed (boot-time ns): members that started later were born doomed.
     doomed_ns: u64,
+}
+
+/// A member entry as a walk found it, and what to send it.
+#[derive(Clone, Copy, Debug)]
+struct Queued {
+    pid: Pid,
+    member: Member,
+    signal: i32,
 }
 
 /// Why a kill could not finish.
@@ -135,7 +153,19 @@ impl Kill {
             killed: 0,
             rounds: 0,
             signalled: HashMap::new(),
+            queue: VecDeque::new(),
             doomed_ns: 0,
+        }
+    }
+
+    /// What the kill has done so far (its report, once it is done).
+    pub fn report(&self) -> KillReport {
+        KillReport {
+            tree: self.tree,
+            terminated: self.terminated,
+            killed: self.killed,
+            rounds: self.rounds,
+            elapsed: self.started.elapsed(),
         }
     }
 
@@ -175,12 +205,8 @@ impl Kill {
                     self.round(tracker, now)?;
                 } else {
                     let joined = tracker.tree_status(tree)?.joined;
-                    // Members born doomed (after the doom, before this walk) get SIGKILL here.
-                    self.terminated = tracker.signal_members(
-                        tree,
-                        Signal::TermOrKillNewborn(self.doomed_ns),
-                        &mut self.signalled,
-                    )?;
+                    // Members born doomed (after the doom, before this walk) get SIGKILL.
+                    self.enqueue(tracker, Signal::TermOrKillNewborn(self.doomed_ns))?;
                     self.phase = Phase::Grace {
                         until: now + self.grace,
                         joined,
@@ -192,23 +218,22 @@ impl Kill {
                     return Ok(self.exiting(now));
                 }
                 if now >= until {
+                    // The grace is over, perhaps shortened before every SIGTERM went out: the
+                    // round sends SIGKILL to every member, those still queued for SIGTERM too.
+                    self.queue.clear();
                     self.phase = rounds_from(now);
                     self.round(tracker, now)?;
-                    return Ok(KillStep::Wait(POLL));
-                }
-                // A member forked (and died of it, in the kernel): its child was born doomed
-                // and does not get the grace period.
-                let joined_now = tracker.tree_status(tree)?.joined;
-                if joined_now != joined {
-                    self.phase = Phase::Grace {
-                        until,
-                        joined: joined_now,
-                    };
-                    self.killed += tracker.signal_members(
-                        tree,
-                        Signal::KillNewborn(self.doomed_ns),
-                        &mut self.signalled,
-                    )?;
+                } else {
+                    // A member forked (and died of it, in the kernel): its child was born
+                    // doomed and does not get the grace period.
+                    let joined_now = tracker.tree_status(tree)?.joined;
+                    if joined_now != joined {
+                        self.phase = Phase::Grace {
+                            until,
+                            joined: joined_now,
+                        };
+                        self.enqueue(tracker, Signal::KillNewborn(self.doomed_ns))?;
+                    }
                 }
             }
             Phase::Rounds {
@@ -228,9 +253,12 @@ impl Kill {
                     }
                     .into());
                 }
-                let someone_joined = tracker.tree_status(tree)?.joined != joined;
-                if now >= next_round && (someone_joined || now >= next_full_round) {
-                    self.round(tracker, now)?;
+                // A round begins once the last one's queue is worked through.
+                if self.queue.is_empty() {
+                    let someone_joined = tracker.tree_status(tree)?.joined != joined;
+                    if now >= next_round && (someone_joined || now >= next_full_round) {
+                        self.round(tracker, now)?;
+                    }
                 }
             }
             Phase::Exiting {
@@ -264,10 +292,16 @@ impl Kill {
                 return Ok(KillStep::Wait(Duration::ZERO));
             }
         }
-        Ok(KillStep::Wait(POLL))
+        self.signal_queued(tracker)?;
+        if self.queue.is_empty() {
+            Ok(KillStep::Wait(POLL))
+        } else {
+            // More to signal: step again at once, after whatever else the driver has to do.
+            Ok(KillStep::Wait(Duration::ZERO))
+        }
     }
 
-    /// One SIGKILL round: every member, as the map has them now.
+    /// Begins a SIGKILL round: queues every member, as the map has them now.
     fn round(&mut self, tracker: &mut Tracker, now: Instant) -> Result<()> {
         let Phase::Rounds {
             next_round,
@@ -282,20 +316,83 @@ impl Kill {
         *joined = tracker.tree_status(self.tree)?.joined;
         *next_round = now + ROUND_WAIT;
         *next_full_round = now + FULL_ROUND_EVERY;
-        let sent = tracker.signal_members(self.tree, Signal::Kill, &mut self.signalled)?;
-        self.killed += sent;
+        let queued = self.enqueue(tracker, Signal::Kill)?;
         self.rounds += 1;
-        tracing::debug!(
-            round = self.rounds,
-            sent,
-            took = ?now.elapsed(),
-            "SIGKILL round"
-        );
+        tracing::debug!(round = self.rounds, queued, "SIGKILL round");
+        Ok(())
+    }
+
+    /// Walks the member map and queues what `signal` says for each member of the tree.
+    /// Returns how many were queued.
+    fn enqueue(&mut self, tracker: &Tracker, signal: Signal) -> Result<usize> {
+        let mut queued = 0;
+        for (pid, member) in tracker.member_entries()? {
+            if member.tree != self.tree {
+                continue;
+            }
+            let process = process_of(pid, member);
+            let Some(number) = signal.for_member(&member, self.signalled.get(&process).copied())
+            else {
+                continue;
+            };
+            let entry = Queued {
+                pid,
+                member,
+                signal: number,
+            };
+            // A member born doomed is not kept waiting behind SIGTERMs.
+            if number == libc::SIGKILL {
+                self.queue.push_front(entry);
+            } else {
+                self.queue.push_back(entry);
+            }
+            queued += 1;
+        }
+        tracing::debug!(?signal, queued, "queued");
+        Ok(queued)
+    }
+
+    /// Signals the next [`SIGNALS_PER_STEP`] queued members.
+    fn signal_queued(&mut self, tracker: &mut Tracker) -> Result<()> {
+        if self.queue.is_empty() {
+            return Ok(());
+        }
+        let take = self.queue.len().min(SIGNALS_PER_STEP);
+        for Queued {
+            pid,
+            member,
+            signal,
+        } in self.queue.drain(..take)
+        {
+            let process = process_of(pid, member);
+            // Queued twice (a newborn, by two walks), or already sent as much by now.
+            match self.signalled.get(&process) {
+                Some(true) => continue,
+                Some(false) if signal == libc::SIGTERM => continue,
+                _ => {}
+            }
+            if tracker.signal_member(pid, member, signal)? {
+                self.signalled.insert(process, signal == libc::SIGKILL);
+                if signal == libc::SIGKILL {
+                    self.killed += 1;
+                } else {
+                    self.terminated += 1;
+                }
+            }
+        }
+        // A round's wait for its members to die starts when the last of them was signalled.
+        if self.queue.is_empty()
+            && let Phase::Rounds { next_round, .. } = &mut self.phase
+        {
+            *next_round = Instant::now() + ROUND_WAIT;
+        }
         Ok(())
     }
 
     /// The map is empty: wait for the signalled members to finish exiting.
     fn exiting(&mut self, now: Instant) -> KillStep {
+        // Whatever is still queued left the map: nothing to signal.
+        self.queue.clear();
         let pending: Vec<_> = self.signalled.drain().map(|(member, _)| member).collect();
         tracing::debug!(
             tree = self.tree,
@@ -309,15 +406,13 @@ impl Kill {
         };
         KillStep::Wait(Duration::ZERO)
     }
+}
 
-    fn report(&self) -> KillReport {
-        KillReport {
-            tree: self.tree,
-            terminated: self.terminated,
-            killed: self.killed,
-            rounds: self.rounds,
-            elapsed: self.started.elapsed(),
-        }
+/// The process a member entry names.
+fn process_of(pid: Pid, member: Member) -> ProcessRef {
+    ProcessRef {
+        pid,
+        start_ticks: proc::ns_to_ticks(member.start_ns),
     }
 }
 
@@ -376,55 +471,16 @@ impl Tracker {
         }
     }
 
-    /// Whether `tree` has no members. The kernel's count says so cheaply; the map walk
-    /// confirms it (the map is the truth).
-    pub fn is_empty(&self, tree: TreeId) -> Result<bool> {
-        Ok(self.tree_status(tree)?.members == 0 && self.member_pids(tree)?.is_empty())
-    }
-
-    /// The pids of `tree`'s members, without reading /proc.
-    pub fn member_pids(&self, tree: TreeId) -> Result<Vec<Pid>> {
-        Ok(self
-            .member_entries()?
-            .into_iter()
-            .filter(|(_, m)| m.tree == tree)
-            .map(|(pid, _)| pid)
-            .collect())
-    }
-
-    /// Sends what `signal` says to each member of `tree`, through a pidfd of the very process
-    /// its entry names, and notes each in `signalled`. Returns how many were signalled. An
-    /// entry whose process is gone (it can only be one user space put in after its process
-    /// had exited) is taken out: its pid may name an unrelated process by now.
-    fn signal_members(
-        &mut self,
-        tree: TreeId,
-        signal: Signal,
-        signalled: &mut HashMap<ProcessRef, bool>,
-    ) -> Result<usize> {
-        let mut sent = 0;
-        for (pid, member) in self.member_entries()? {
-            if member.tree != tree {
-                continue;
-            }
-            let process = ProcessRef {
-                pid,
-                start_ticks: proc::ns_to_ticks(member.start_ns),
-            };
-            let Some(number) = signal.for_member(&member, signalled.get(&process).copied()) else {
-                continue;
-            };
-            let Some(pidfd) = self.open_member(process, member)? else {
-                self.drop_stale(pid, member)?;
-                continue;
-            };
-            if pidfd.send_signal(number).is_ok() {
-                sent += 1;
-                signalled.insert(process, number == libc::SIGKILL);
-            }
-        }
-        tracing::debug!(?signal, sent, "signalled");
-        Ok(sent)
+    /// Sends `signal` to the member `pid` through a pidfd of the very process its entry
+    /// `member` names. Returns whether it was sent. An entry whose process is gone (it can only
+    /// be one user space put in after its process had exited) is taken out: its pid may name an
+    /// unrelated process by now.
+    fn signal_member(&mut self, pid: Pid, member: Member, signal: i32) -> Result<bool> {
+        let Some(pidfd) = self.open_member(process_of(pid, member), member)? else {
+            self.drop_stale(pid, member)?;
+            return Ok(false);
+        };
+        Ok(pidfd.send_signal(signal).is_ok())
     }
 
     /// A pidfd for the process `member`'s entry names, or None if it is gone.

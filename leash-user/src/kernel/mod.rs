@@ -1,30 +1,33 @@
 //! The kernel side, seen from user space: load and attach the programs, and typed views of their
-//! maps. [`Tracker`] is the whole API: register trees, list members, read counters.
+//! maps. [`Tracker`] writes them (register trees, kill, release); [`TrackerView`] reads them
+//! (members, counters), from any thread.
 
 pub mod btf;
 mod kill;
 mod pins;
 mod register;
 pub mod tracefs;
+mod view;
 
-use std::{collections::HashMap as StdHashMap, fmt, mem::offset_of};
+use std::{fmt, mem::offset_of, ops::Deref};
 
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, Map, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{HashMap, Map, MapData, RingBuf},
     programs::{BtfTracePoint, TracePoint, links::FdLink},
 };
 use leash_common::{
     Event, EventKind, Holder, Member, NO_FIELD, Pid, TreeControl, TreeCounters, TreeId, global,
-    map, program, stat,
+    map, program,
 };
 
 use crate::{proc, sys};
 
-pub use kill::{KILL_ROUNDS_TIMEOUT, Kill, KillError, KillReport, KillStep};
+pub use kill::{KILL_ROUNDS_TIMEOUT, Kill, KillError, KillReport, KillStep, SIGNALS_PER_STEP};
 pub use pins::Pins;
-pub use register::{IdentifyError, identify};
+pub use register::{Adoption, IdentifyError, identify};
+pub use view::{TrackerView, fill_comms};
 
 /// The compiled programs, embedded at build time by build.rs.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
@@ -79,7 +82,8 @@ pub struct MemberInfo {
     pub parent: Pid,
     /// Start time, nanoseconds since boot (clock-tick resolution for registered processes).
     pub start_ns: u64,
-    /// What the process is now (/proc/PID/comm); None if it is a zombie already reaped.
+    /// What the process is now (/proc/PID/comm), once [`fill_comms`] has read it; None before,
+    /// or if it is gone.
     pub comm: Option<String>,
 }
 
@@ -165,16 +169,11 @@ pub enum Origin {
 /// unloads everything; a pinned one leaves its programs following forks into the pinned maps
 /// until [`Tracker::unpin`].
 pub struct Tracker {
-    members: HashMap<MapData, Pid, Member>,
-    /// The member map again, for batch reads (aya has none).
-    member_reader: sys::HashMapReader<Pid, Member>,
-    counters: HashMap<MapData, TreeId, TreeCounters>,
-    control: HashMap<MapData, TreeId, TreeControl>,
-    stats: PerCpuArray<MapData, u64>,
+    /// The maps clients read, which the tracker writes through too.
+    view: TrackerView,
     events: RingBuf<MapData>,
     uid_joined: HashMap<MapData, u32, i64>,
     uid_seeded: HashMap<MapData, u32, i64>,
-    capacity: Capacity,
     next_tree: TreeId,
     pins: Option<Pins>,
     // Holds the programs and (unpinned) their links. None when taken over from pins: the
@@ -185,8 +184,19 @@ pub struct Tracker {
 impl fmt::Debug for Tracker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tracker")
-            .field("capacity", &self.capacity)
+            .field("capacity", &self.view.capacity())
             .finish_non_exhaustive()
+    }
+}
+
+/// The tracker reads through its own view, so every read is written once, in [`TrackerView`],
+/// and `tracker.tree_status(tree)` reads the same as `view.tree_status(tree)`. Writes go
+/// through `self.view`'s maps explicitly: a view hands out no way to write.
+impl Deref for Tracker {
+    type Target = TrackerView;
+
+    fn deref(&self) -> &TrackerView {
+        &self.view
     }
 }
 
@@ -243,17 +253,17 @@ impl Tracker {
     }
 
     fn from_programs(mut ebpf: Ebpf, capacity: Capacity, pins: Option<Pins>) -> Result<Self> {
-        let members = take_map(&mut ebpf, map::MEMBERS)?;
         Ok(Self {
-            member_reader: member_reader(&members)?,
-            members: HashMap::try_from(members)?,
-            counters: HashMap::try_from(take_map(&mut ebpf, map::TREE_COUNTERS)?)?,
-            control: HashMap::try_from(take_map(&mut ebpf, map::TREE_CONTROL)?)?,
-            stats: PerCpuArray::try_from(take_map(&mut ebpf, map::STATS)?)?,
+            view: TrackerView::new(
+                take_map(&mut ebpf, map::MEMBERS)?,
+                take_map(&mut ebpf, map::TREE_COUNTERS)?,
+                take_map(&mut ebpf, map::TREE_CONTROL)?,
+                take_map(&mut ebpf, map::STATS)?,
+                capacity,
+            )?,
             events: RingBuf::try_from(take_map(&mut ebpf, map::EVENTS)?)?,
             uid_joined: HashMap::try_from(take_map(&mut ebpf, map::UID_JOINED)?)?,
             uid_seeded: HashMap::try_from(take_map(&mut ebpf, map::UID_SEEDED)?)?,
-            capacity,
             next_tree: 1,
             pins,
             _programs: Some(ebpf),
@@ -279,15 +289,16 @@ impl Tracker {
             members_per_uid: None,
         };
         let mut tracker = Self {
-            member_reader: member_reader(&members)?,
-            members: HashMap::try_from(members)?,
-            counters: HashMap::try_from(pins.open_map(map::TREE_COUNTERS)?)?,
-            control: HashMap::try_from(control)?,
-            stats: PerCpuArray::try_from(pins.open_map(map::STATS)?)?,
+            view: TrackerView::new(
+                members,
+                pins.open_map(map::TREE_COUNTERS)?,
+                control,
+                pins.open_map(map::STATS)?,
+                capacity,
+            )?,
             events: RingBuf::try_from(events)?,
             uid_joined: HashMap::try_from(pins.open_map(map::UID_JOINED)?)?,
             uid_seeded: HashMap::try_from(pins.open_map(map::UID_SEEDED)?)?,
-            capacity,
             next_tree: 1,
             pins: Some(pins),
             _programs: None,
@@ -314,110 +325,10 @@ impl Tracker {
         self.pins.as_ref().map(Pins::dir)
     }
 
-    pub fn capacity(&self) -> Capacity {
-        self.capacity
-    }
-
-    /// The member entry for `pid`, if it is tracked.
-    pub fn member(&self, pid: Pid) -> Option<Member> {
-        self.members.get(&pid, 0).ok()
-    }
-
-    /// Every member of `tree` now. Walks the whole member map: O(all members).
-    pub fn members(&self, tree: TreeId) -> Result<Vec<MemberInfo>> {
-        let mut found: Vec<MemberInfo> = self
-            .member_entries()?
-            .into_iter()
-            .filter(|(_, member)| member.tree == tree)
-            .map(|(pid, member)| MemberInfo {
-                pid,
-                parent: member.parent,
-                start_ns: member.start_ns,
-                comm: proc::process(pid).map(|p| p.comm),
-            })
-            .collect();
-        found.sort_by_key(|m| m.start_ns);
-        Ok(found)
-    }
-
-    /// How many members each tree has, in one walk of the member map.
-    pub fn member_counts(&self) -> Result<StdHashMap<TreeId, u64>> {
-        let mut counts = StdHashMap::new();
-        for (_, member) in self.member_entries()? {
-            *counts.entry(member.tree).or_default() += 1;
-        }
-        Ok(counts)
-    }
-
-    /// Every entry of the member map now. A member that exits during the walk is left out.
-    fn member_entries(&self) -> Result<Vec<(Pid, Member)>> {
-        match self.member_reader.entries() {
-            Ok(entries) => return Ok(entries),
-            // Before Linux 5.6: walk the keys instead.
-            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
-            Err(e) => return Err(e).context("reading the member map"),
-        }
-        let mut entries = Vec::new();
-        for entry in self.members.iter() {
-            match entry {
-                Ok(entry) => entries.push(entry),
-                Err(MapError::KeyNotFound) => continue,
-                Err(e) => return Err(e).context("reading the member map"),
-            }
-        }
-        Ok(entries)
-    }
-
-    /// The kernel's account of `tree`.
-    pub fn tree_status(&self, tree: TreeId) -> Result<TreeStatus> {
-        let control = self
-            .control
-            .get(&tree, 0)
-            .map_err(|_| anyhow!("no tree {tree}"))?;
-        let counters = self
-            .counters
-            .get(&tree, 0)
-            .map_err(|_| anyhow!("no counters for tree {tree}"))?;
-        // seeded and left race (a seeded member may leave before seeded is written): clamp.
-        let members = u64::try_from(
-            (i128::from(control.seeded) + i128::from(counters.joined) - i128::from(counters.left))
-                .max(0),
-        )
-        .unwrap_or(u64::MAX);
-        Ok(TreeStatus {
-            tree,
-            root: control.root,
-            members,
-            seeded: control.seeded,
-            joined: counters.joined,
-            left: counters.left,
-            failed_inserts: counters.failed,
-            over_quota: counters.over_quota,
-            root_exit_ns: (counters.root_exit_ns != 0).then_some(counters.root_exit_ns),
-            doomed_ns: (control.flags & leash_common::flags::DOOMED != 0)
-                .then_some(control.doomed_ns),
-            parent: (control.parent != 0).then_some(control.parent),
-        })
-    }
-
-    /// Every registered tree.
-    pub fn trees(&self) -> Vec<TreeId> {
-        let mut trees: Vec<TreeId> = self.control.keys().filter_map(Result::ok).collect();
-        trees.sort_unstable();
-        trees
-    }
-
-    pub fn stats(&self) -> Result<Stats> {
-        let sum = |index: u32| -> Result<u64> {
-            let values = self.stats.get(&index, 0).context("reading stats")?;
-            Ok(values.iter().sum())
-        };
-        Ok(Stats {
-            joins: sum(stat::JOINS)?,
-            exits: sum(stat::EXITS)?,
-            inserts_failed: sum(stat::INSERTS_FAILED)?,
-            events_dropped: sum(stat::EVENTS_DROPPED)?,
-        })
+    /// A view of the maps for readers on other threads: new descriptors of the same maps, so
+    /// it sees every write the tracker makes, at once, and needs no lock.
+    pub fn shared_view(&self) -> Result<TrackerView> {
+        self.view.duplicate()
     }
 
     /// Takes every event waiting in the ring buffer. Best effort: see `Stats::events_dropped`.
@@ -447,7 +358,7 @@ impl Tracker {
         if control.flags & leash_common::flags::DOOMED == 0 {
             control.flags |= leash_common::flags::DOOMED;
             control.doomed_ns = sys::boottime_ns();
-            self.control.insert(tree, control, 0)?;
+            self.view.control.insert(tree, control, 0)?;
         }
         Ok(control.doomed_ns)
     }
@@ -464,7 +375,7 @@ impl Tracker {
         for nested in self.nested(tree) {
             if let Ok(mut control) = self.control.get(&nested, 0) {
                 control.parent = enclosing.unwrap_or(0);
-                self.control.insert(nested, control, 0)?;
+                self.view.control.insert(nested, control, 0)?;
             }
         }
         match enclosing {
@@ -473,7 +384,7 @@ impl Tracker {
                 let mut removed = 0;
                 for pid in self.member_pids(tree)? {
                     // Already gone: it exited meanwhile (and the program counted it).
-                    if self.members.remove(&pid).is_ok() {
+                    if self.view.members.remove(&pid).is_ok() {
                         removed += 1;
                     }
                 }
@@ -481,8 +392,8 @@ impl Tracker {
             }
         }
         let owner = self.holder(tree).map(|h| h.owner_uid).ok();
-        let _ = self.counters.remove(&tree);
-        let _ = self.control.remove(&tree);
+        let _ = self.view.counters.remove(&tree);
+        let _ = self.view.control.remove(&tree);
         // The owner's quota entries go with its last tree.
         if let Some(owner) = owner
             && !self
@@ -516,7 +427,7 @@ impl Tracker {
                     ..member
                 };
                 // Only an entry still there: one gone with its process stays gone.
-                if self.members.insert(pid, back, BPF_EXIST).is_ok() {
+                if self.view.members.insert(pid, back, BPF_EXIST).is_ok() {
                     self.add_seeded(enclosing, 1)?;
                     self.add_seeded(tree, -1)?;
                 }
@@ -525,48 +436,10 @@ impl Tracker {
         bail!("the members of tree {tree} kept forking while they were handed back to {enclosing}")
     }
 
-    /// The trees nested directly in `tree`.
-    pub fn nested(&self, tree: TreeId) -> Vec<TreeId> {
-        self.control
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, control)| control.parent == tree)
-            .map(|(nested, _)| nested)
-            .collect()
-    }
-
-    /// `tree` and every tree it is nested in, innermost first.
-    pub fn enclosing(&self, tree: TreeId) -> Vec<TreeId> {
-        let mut chain = vec![tree];
-        let mut at = tree;
-        // Bounded: a chain cannot be longer than the number of trees.
-        while chain.len() <= self.capacity.trees as usize {
-            match self.control.get(&at, 0) {
-                Ok(control) if control.parent != 0 && !chain.contains(&control.parent) => {
-                    at = control.parent;
-                    chain.push(at);
-                }
-                _ => break,
-            }
-        }
-        chain
-    }
-
-    /// Who holds `tree`, as recorded (zero when nobody recorded it).
-    pub fn holder(&self, tree: TreeId) -> Result<Holder> {
-        Ok(self
-            .control
-            .get(&tree, 0)
-            .map_err(|_| anyhow!("no tree {tree}"))?
-            .holder)
-    }
-
     fn new_tree(&mut self, root: Pid, parent: Option<TreeId>, holder: Holder) -> Result<TreeId> {
-        if self.trees().len() as u32 >= self.capacity.trees {
-            bail!(
-                "the tree limit ({}) is reached; release a tree first",
-                self.capacity.trees
-            );
+        let limit = self.capacity().trees;
+        if self.trees().len() as u32 >= limit {
+            bail!("the tree limit ({limit}) is reached; release a tree first");
         }
         let tree = self.next_tree;
         self.next_tree = self.next_tree.checked_add(1).context("tree ids ran out")?;
@@ -576,7 +449,8 @@ impl Tracker {
             self.uid_joined.insert(owner, 0, BPF_NOEXIST)?;
             self.uid_seeded.insert(owner, 0, 0)?;
         }
-        self.counters
+        self.view
+            .counters
             .insert(tree, TreeCounters::default(), BPF_NOEXIST)?;
         let control = TreeControl {
             root,
@@ -584,7 +458,7 @@ impl Tracker {
             holder,
             ..Default::default()
         };
-        self.control.insert(tree, control, BPF_NOEXIST)?;
+        self.view.control.insert(tree, control, BPF_NOEXIST)?;
         Ok(tree)
     }
 
@@ -596,7 +470,7 @@ impl Tracker {
         if self.member(pid) != Some(stale) {
             return Ok(());
         }
-        if self.members.remove(&pid).is_ok() {
+        if self.view.members.remove(&pid).is_ok() {
             tracing::warn!(
                 pid,
                 tree = stale.tree,
@@ -612,7 +486,7 @@ impl Tracker {
     fn add_seeded(&mut self, tree: TreeId, count: i64) -> Result<()> {
         let mut control = self.control.get(&tree, 0)?;
         control.seeded += count;
-        self.control.insert(tree, control, 0)?;
+        self.view.control.insert(tree, control, 0)?;
         let owner = control.holder.owner_uid;
         let seeded = self.uid_seeded.get(&owner, 0).unwrap_or(0);
         self.uid_seeded.insert(owner, seeded + count, 0)?;
@@ -720,13 +594,6 @@ impl Attached {
 fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
     ebpf.program_mut(name)
         .with_context(|| format!("program {name} missing from the object"))
-}
-
-fn member_reader(map: &Map) -> Result<sys::HashMapReader<Pid, Member>> {
-    let Map::HashMap(data) = map else {
-        bail!("the member map is not a hash map");
-    };
-    sys::HashMapReader::new(data).context("opening the member map for batch reads")
 }
 
 fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {

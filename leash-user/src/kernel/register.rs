@@ -3,10 +3,25 @@
 //! user space must do is put the root in, then every descendant that already exists, and look
 //! again until a pass finds nothing new: anything forked after its parent went in was added by
 //! the kernel, and anything forked before shows up in the next /proc walk.
+//!
+//! Adopting a running process is split so that its slow part, the /proc walk, needs no writer:
+//! [`Tracker::start_adoption`] makes the tree and seeds the root; each pass is a
+//! [`find_descendants`] (read-only, from any thread) and [`Tracker::seed_found`] calls on short
+//! chunks of what it found; [`Adoption::end_pass`] says whether another pass is needed. This is as safe as one long call, because nothing it relies on holds only between
+//! the calls:
+//! - the tree is in the kernel maps from `start_adoption` on, so every fork of a seeded member
+//!   is followed by the kernel, whatever runs between the calls;
+//! - a descendant found in /proc is seeded with the same checks as ever, made when it is seeded
+//!   (same start time, still alive, held by no tree other than the enclosing one), so a
+//!   snapshot that has aged only means some of it is skipped;
+//! - the search ends with a pass that finds nothing new: every process then in the root's
+//!   subtree was a member, or forked from one after it joined, which the kernel followed.
+//!
+//! [`find_descendants`]: super::TrackerView::find_descendants
 
 use std::process::{Child, Command};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use leash_common::{Holder, Member, Pid, TreeId};
 
 use super::{BPF_EXIST, BPF_NOEXIST, Tracker};
@@ -40,6 +55,34 @@ impl Tracker {
         nest_in: Option<TreeId>,
         holder: Holder,
     ) -> Result<TreeId> {
+        let mut adoption = self.start_adoption(root, nest_in, holder)?;
+        while adoption.wants_pass() {
+            let pass = self
+                .find_descendants(adoption.tree(), adoption.root())
+                .and_then(|found| self.seed_found(adoption.tree(), &found))
+                .and_then(|new| adoption.end_pass(new));
+            if let Err(e) = pass {
+                self.abandon_adoption(adoption);
+                return Err(e);
+            }
+        }
+        self.finish_adoption(adoption)
+    }
+
+    /// Begins registering the running process `root` as the root of a new tree (see
+    /// [`Tracker::adopt_process`] for where the tree is nested): makes the tree and seeds the
+    /// root. Then, while [`Adoption::wants_pass`], a pass: [`find_descendants`],
+    /// [`Tracker::seed_found`] (in chunks as short as wanted) and [`Adoption::end_pass`]; then
+    /// [`Tracker::finish_adoption`], or [`Tracker::abandon_adoption`] on any failure. On error
+    /// here, nothing is registered.
+    ///
+    /// [`find_descendants`]: super::TrackerView::find_descendants
+    pub fn start_adoption(
+        &mut self,
+        root: ProcessRef,
+        nest_in: Option<TreeId>,
+        holder: Holder,
+    ) -> Result<Adoption> {
         let enclosing = match self.member(root.pid) {
             Some(member) if proc::ns_to_ticks(member.start_ns) == root.start_ticks => {
                 Some(member.tree)
@@ -56,15 +99,73 @@ impl Tracker {
             .filter(|p| p.start_ticks == root.start_ticks)
             .with_context(|| format!("process {} exited", root.pid))?;
         let tree = self.new_tree(root.pid, enclosing, holder)?;
-        match self.adopt_into(tree, &info) {
-            Ok(seeded) => {
-                tracing::info!(tree, root = root.pid, ?enclosing, seeded, "tree registered");
-                Ok(tree)
-            }
-            Err(e) => {
+        match self.seed(tree, &info) {
+            Ok(true) => {}
+            seeded => {
                 let _ = self.release(tree);
-                Err(e)
+                seeded?;
+                bail!("process {} is exiting", root.pid);
             }
+        }
+        // A root with no children now has no descendants to find: any it forks from now on
+        // joins in the kernel. (A fresh process, as `spawn` makes, needs no /proc walk, whose
+        // cost grows with every process on the machine.)
+        let childless = proc::is_childless(root.pid);
+        Ok(Adoption {
+            tree,
+            root: root.pid,
+            enclosing,
+            seeded: 1,
+            passes: 0,
+            searching: !childless,
+        })
+    }
+
+    /// Seeds into `tree` the processes a pass found (see [`find_descendants`]) that are not
+    /// members of it yet, each checked again now (see `seed`). Returns how many
+    /// are new members. Its cost is a few system calls per process: a driver that must stay
+    /// responsive passes short chunks. Refuses a tree that is gone or doomed: a kill that saw
+    /// its tree empty must not have members put in behind it.
+    ///
+    /// [`find_descendants`]: super::TrackerView::find_descendants
+    pub fn seed_found(&mut self, tree: TreeId, found: &[ProcessInfo]) -> Result<usize> {
+        let status = self.tree_status(tree)?;
+        if status.doomed_ns.is_some() {
+            bail!("tree {tree} is being killed");
+        }
+        let mut new = 0;
+        for process in found {
+            let held = self.member(process.pid).map(|m| m.tree);
+            if held != Some(tree) && self.seed(tree, process)? {
+                new += 1;
+            }
+        }
+        Ok(new)
+    }
+
+    /// Ends an adoption whose search is over: the tree is registered.
+    pub fn finish_adoption(&mut self, adoption: Adoption) -> Result<TreeId> {
+        if adoption.wants_pass() {
+            let tree = adoption.tree;
+            self.abandon_adoption(adoption);
+            bail!("tree {tree} was finished before its descendants were all found");
+        }
+        let Adoption {
+            tree,
+            root,
+            enclosing,
+            seeded,
+            passes,
+            ..
+        } = adoption;
+        tracing::info!(tree, root, ?enclosing, seeded, passes, "tree registered");
+        Ok(tree)
+    }
+
+    /// Gives up an adoption: releases its tree (its members go back where they were, or free).
+    pub fn abandon_adoption(&mut self, adoption: Adoption) {
+        if let Err(e) = self.release(adoption.tree) {
+            tracing::warn!(tree = adoption.tree, "releasing an abandoned adoption: {e:#}");
         }
     }
 
@@ -100,44 +201,6 @@ impl Tracker {
         }
     }
 
-    fn adopt_into(&mut self, tree: TreeId, root: &ProcessInfo) -> Result<u64> {
-        if !self.seed(tree, root)? {
-            bail!("process {} is exiting", root.pid);
-        }
-        // A root with no children now has no descendants to find: any it forks from now on
-        // joins in the kernel. (A fresh process, as `spawn` makes, needs no /proc walk, whose
-        // cost grows with every process on the machine.)
-        if proc::is_childless(root.pid) {
-            return Ok(1);
-        }
-        let enclosing = self.tree_status(tree)?.parent;
-        let mut seeded = 1;
-        for _ in 0..MAX_SEED_PASSES {
-            let snapshot = proc::all_processes().context("walking /proc")?;
-            // Below a process that belongs to another tree, its own tree follows it (members
-            // of the enclosing tree come down into this one).
-            let descendants = proc::descendants(&snapshot, root.pid, |p| {
-                self.member(p.pid)
-                    .is_some_and(|m| m.tree != tree && Some(m.tree) != enclosing)
-            });
-            let mut new = 0;
-            for process in descendants {
-                let held = self.member(process.pid).map(|m| m.tree);
-                if held != Some(tree) && self.seed(tree, process)? {
-                    new += 1;
-                }
-            }
-            if new == 0 {
-                return Ok(seeded);
-            }
-            seeded += new;
-        }
-        bail!(
-            "the tree of {} kept growing faster than /proc could be read",
-            root.pid
-        )
-    }
-
     /// Puts one process found in /proc into `tree`: a process no tree holds, or a member of
     /// the tree `tree` is nested in, which comes down into it. Returns whether it is now a
     /// member counted in `seeded`.
@@ -157,6 +220,7 @@ impl Tracker {
             start_ns: proc::ticks_to_ns(process.start_ticks),
         };
         if self
+            .view
             .members
             .insert(process.pid, member, BPF_NOEXIST)
             .is_err()
@@ -171,7 +235,7 @@ impl Tracker {
             self.add_seeded(tree, 1)?;
             return Ok(true);
         }
-        if self.members.remove(&process.pid).is_err() {
+        if self.view.members.remove(&process.pid).is_err() {
             // The program removed it: it died after the insert and was counted as left.
             // Count it as seeded too, so seeded + joined - left stays true.
             self.add_seeded(tree, 1)?;
@@ -188,12 +252,73 @@ impl Tracker {
         }
         // Only if the entry is still there: one gone with its process stays gone.
         let moved = Member { tree, ..current };
-        if self.members.insert(process.pid, moved, BPF_EXIST).is_err() {
+        if self.view.members.insert(process.pid, moved, BPF_EXIST).is_err() {
             return Ok(false);
         }
         self.add_seeded(current.tree, -1)?;
         self.add_seeded(tree, 1)?;
         Ok(true)
+    }
+}
+
+/// A registration of a running process under way (see [`Tracker::start_adoption`]). Its tree
+/// and root are in the maps; the root's existing descendants are sought in passes over /proc
+/// until a pass finds none new.
+#[derive(Debug)]
+#[must_use = "an adoption is finished or abandoned"]
+pub struct Adoption {
+    tree: TreeId,
+    root: Pid,
+    enclosing: Option<TreeId>,
+    /// Members seeded so far, the root included.
+    seeded: usize,
+    passes: usize,
+    /// Whether another pass is needed.
+    searching: bool,
+}
+
+impl Adoption {
+    pub fn tree(&self) -> TreeId {
+        self.tree
+    }
+
+    pub fn root(&self) -> Pid {
+        self.root
+    }
+
+    /// The tree the new one is nested in, if any.
+    pub fn enclosing(&self) -> Option<TreeId> {
+        self.enclosing
+    }
+
+    /// Members seeded so far, the root included.
+    pub fn seeded(&self) -> usize {
+        self.seeded
+    }
+
+    /// Whether another pass over /proc is needed: the root had children, and the last pass
+    /// found new descendants.
+    pub fn wants_pass(&self) -> bool {
+        self.searching
+    }
+
+    /// Ends a pass that seeded `new` processes. A pass that seeded none ends the search. Fails
+    /// when passes go on finding new ones: descendants appear faster than /proc can be read
+    /// (the adoption is then to be abandoned).
+    pub fn end_pass(&mut self, new: usize) -> Result<()> {
+        self.passes += 1;
+        self.seeded += new;
+        if new == 0 {
+            self.searching = false;
+            return Ok(());
+        }
+        if self.passes >= MAX_SEED_PASSES {
+            return Err(anyhow!(
+                "the tree of {} kept growing faster than /proc could be read",
+                self.root
+            ));
+        }
+        Ok(())
     }
 }
 
