@@ -47,8 +47,9 @@ const POLL: Duration = Duration::from_millis(1);
 /// How many exiting members one step checks in /proc, so a step stays short at any tree size.
 const EXIT_CHECKS_PER_STEP: usize = 1024;
 /// How many queued members one step signals (or finds gone), so a step stays short at any tree
-/// size: each costs a pidfd, a check and a signal, some tens of microseconds.
-pub const SIGNALS_PER_STEP: usize = 1024;
+/// size. A signal costs a pidfd, a check and the signal, some 10 us; but the exits a SIGKILL
+/// sets off compete for the CPUs, and with 2 cores a step of SIGKILLs was measured at 15-60 ms.
+pub const SIGNALS_PER_STEP: usize = 256;
 
 /// What a kill did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
