@@ -24,10 +24,7 @@ fn members_stay_members_through_exec() {
     assert_eq!(tracked, 3);
     let mut members = tracker.members(scenario.tree).unwrap();
     leash::kernel::fill_comms(&mut members);
-    let mut comms: Vec<String> = members
-        .into_iter()
-        .filter_map(|m| m.comm)
-        .collect();
+    let mut comms: Vec<String> = members.into_iter().filter_map(|m| m.comm).collect();
     comms.sort();
     assert_eq!(comms.len(), 3);
     assert_eq!(comms[0], "bash");

@@ -81,7 +81,10 @@ fn assert_gone(tracker: &Tracker, tree: TreeId, scenario: &mut Scenario) {
     let _ = scenario.root.wait();
     assert!(tracker.is_empty(tree).unwrap());
     assert!(
-        wait_for(Duration::from_secs(10), || scenario.cgroup.procs().is_empty()),
+        wait_for(Duration::from_secs(10), || scenario
+            .cgroup
+            .procs()
+            .is_empty()),
         "{} processes survived the kill",
         scenario.cgroup.procs().len()
     );
@@ -102,7 +105,10 @@ fn each_step_signals_a_bounded_number_and_the_tree_ends_empty() {
         per_step.iter().max().unwrap()
     );
     assert_eq!(report.terminated, MEMBERS, "every member got SIGTERM");
-    assert_eq!(report.killed, MEMBERS, "every member ignored it and got SIGKILL");
+    assert_eq!(
+        report.killed, MEMBERS,
+        "every member ignored it and got SIGKILL"
+    );
     let full_steps = per_step.iter().filter(|&&n| n == SIGNALS_PER_STEP).count();
     assert!(
         full_steps >= 2 * (MEMBERS / SIGNALS_PER_STEP),

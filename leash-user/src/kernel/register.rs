@@ -4,18 +4,20 @@
 //! again until a pass finds nothing new: anything forked after its parent went in was added by
 //! the kernel, and anything forked before shows up in the next /proc walk.
 //!
-//! Adopting a running process is split so that its slow part, the /proc walk, needs no writer:
-//! [`Tracker::start_adoption`] makes the tree and seeds the root; each pass is a
-//! [`find_descendants`] (read-only, from any thread) and [`Tracker::seed_found`] calls on short
-//! chunks of what it found; [`Adoption::end_pass`] says whether another pass is needed. This is as safe as one long call, because nothing it relies on holds only between
-//! the calls:
+//! Adopting a running process is split so that its slow part, the /proc walk, needs no writer
+//! and other work can run between the writer's short calls: [`Tracker::start_adoption`] makes
+//! the tree and seeds the root; each pass is a [`find_descendants`] (read-only, on any thread),
+//! then [`Tracker::seed_found`] on chunks of what it found, then [`Adoption::end_pass`], which
+//! says whether another pass is needed. Each pass's search begins after the previous pass's
+//! seeds are done. This is as safe as one long call, because nothing it relies on holds only
+//! while the calls run back to back:
 //! - the tree is in the kernel maps from `start_adoption` on, so every fork of a seeded member
 //!   is followed by the kernel, whatever runs between the calls;
-//! - a descendant found in /proc is seeded with the same checks as ever, made when it is seeded
-//!   (same start time, still alive, held by no tree other than the enclosing one), so a
-//!   snapshot that has aged only means some of it is skipped;
+//! - a descendant found in /proc is seeded with the checks it always had, made when it is
+//!   seeded (same start time, still alive, held by no tree but the enclosing one): an aged
+//!   snapshot only means that some of what it shows is skipped;
 //! - the search ends with a pass that finds nothing new: every process then in the root's
-//!   subtree was a member, or forked from one after it joined, which the kernel followed.
+//!   subtree is a member, or was forked from one after it joined, which the kernel followed.
 //!
 //! [`find_descendants`]: super::TrackerView::find_descendants
 
@@ -165,7 +167,10 @@ impl Tracker {
     /// Gives up an adoption: releases its tree (its members go back where they were, or free).
     pub fn abandon_adoption(&mut self, adoption: Adoption) {
         if let Err(e) = self.release(adoption.tree) {
-            tracing::warn!(tree = adoption.tree, "releasing an abandoned adoption: {e:#}");
+            tracing::warn!(
+                tree = adoption.tree,
+                "releasing an abandoned adoption: {e:#}"
+            );
         }
     }
 
@@ -252,7 +257,12 @@ impl Tracker {
         }
         // Only if the entry is still there: one gone with its process stays gone.
         let moved = Member { tree, ..current };
-        if self.view.members.insert(process.pid, moved, BPF_EXIST).is_err() {
+        if self
+            .view
+            .members
+            .insert(process.pid, moved, BPF_EXIST)
+            .is_err()
+        {
             return Ok(false);
         }
         self.add_seeded(current.tree, -1)?;
