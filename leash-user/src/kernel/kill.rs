@@ -246,7 +246,9 @@ impl Kill {
                 if tracker.is_empty(tree)? {
                     return Ok(self.exiting(now));
                 }
-                if now >= give_up {
+                // Not while a round is still being sent: the members left have not all had
+                // their SIGKILL yet.
+                if now >= give_up && self.queue.is_empty() {
                     return Err(KillError::Unkillable {
                         tree,
                         remaining: tracker.tree_status(tree)?.members,
