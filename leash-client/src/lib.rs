@@ -280,7 +280,17 @@ impl Client {
 
     /// The trees this client may see (its uid's; all for root), with their members.
     pub fn list(&mut self) -> Result<Vec<TreeInfo>> {
-        match self.request(Op::List)? {
+        self.list_trees(None)
+    }
+
+    /// One tree as `list` shows it (None if this client may not see it), with more of its
+    /// members when it is large.
+    pub fn list_tree(&mut self, tree: TreeId) -> Result<Option<TreeInfo>> {
+        Ok(self.list_trees(Some(tree))?.into_iter().next())
+    }
+
+    fn list_trees(&mut self, tree: Option<TreeId>) -> Result<Vec<TreeInfo>> {
+        match self.request(Op::List { tree })? {
             Reply::Trees(trees) => Ok(trees),
             other => Err(unexpected(&other)),
         }

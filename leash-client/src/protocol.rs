@@ -58,8 +58,12 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         grace_ms: Option<u64>,
     },
-    /// The trees this client may see, with their members.
-    List,
+    /// The trees this client may see (only `tree`, if given), with their members: at most
+    /// [`MAX_LISTED_PER_TREE`] of each, the oldest first, and [`MAX_LISTED`] in all.
+    List {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tree: Option<TreeId>,
+    },
     /// From now on, send tree events on this connection.
     Subscribe,
     /// The daemon's state: version, programs, capacity and fill, events dropped.
@@ -212,8 +216,20 @@ pub struct TreeInfo {
     /// The tree this one is nested in (registered by or for one of its members), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nested_in: Option<TreeId>,
+    /// How many members the tree has; `members` lists at most [`MAX_LISTED_PER_TREE`] of them.
+    #[serde(default)]
+    pub member_count: u64,
+    /// Some members are not listed (see `member_count`); list this tree alone to see more.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub members_truncated: bool,
     pub members: Vec<MemberInfo>,
 }
+
+/// Members a `list` reply shows of one tree, the oldest first: a reply's size is bounded
+/// whatever the trees' sizes.
+pub const MAX_LISTED_PER_TREE: usize = 1000;
+/// Members a `list` reply shows in all (trees past it show their counts only).
+pub const MAX_LISTED: usize = 2000;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberInfo {
@@ -353,7 +369,14 @@ mod tests {
                 grace_ms: None
             }
         );
-        assert_eq!(round_trip_request(r#"{"id":4,"op":"list"}"#).op, Op::List);
+        assert_eq!(
+            round_trip_request(r#"{"id":4,"op":"list"}"#).op,
+            Op::List { tree: None }
+        );
+        assert_eq!(
+            round_trip_request(r#"{"id":4,"op":"list","tree":3}"#).op,
+            Op::List { tree: Some(3) }
+        );
     }
 
     #[test]

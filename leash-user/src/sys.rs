@@ -291,3 +291,27 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
     unsafe { libc::clock_gettime(clock, &raw mut now) };
     now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
+
+/// Sets the calling thread's nice value (lower runs first; below 0 needs CAP_SYS_NICE).
+pub fn set_thread_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: gettid takes nothing and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    // SAFETY: setpriority takes numbers only; on Linux PRIO_PROCESS with a thread id sets
+    // that one thread's nice value.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Gives the memory the allocator holds free back to the system (glibc keeps what a burst of
+/// work freed, so the daemon's size would otherwise stay at its peak).
+pub fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

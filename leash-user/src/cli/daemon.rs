@@ -4,7 +4,7 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use leash::{Capacity, daemon};
+use leash::{Capacity, daemon, daemon::UidLimits};
 
 #[derive(Args, Debug)]
 pub struct DaemonArgs {
@@ -23,6 +23,14 @@ pub struct DaemonArgs {
     /// Trees one non-root uid may hold at once.
     #[arg(long, default_value_t = 64)]
     max_trees_per_uid: usize,
+    /// Connections one non-root uid may hold open at once; more are refused (limit_reached).
+    #[arg(long, default_value_t = UidLimits::default().connections)]
+    max_connections_per_uid: usize,
+    /// Requests one non-root uid may make a second, over all its connections (`list` and
+    /// `register` count 20). Over it, a request is refused (limit_reached) and its connection
+    /// is not read until the budget is back: one user's flood slows that user alone.
+    #[arg(long, default_value_t = UidLimits::default().requests_per_second)]
+    requests_per_second_per_uid: u32,
     /// Time between SIGTERM and SIGKILL for trees that do not set their own.
     #[arg(long, default_value = "2s", value_parser = super::duration::parse)]
     grace: Duration,
@@ -52,6 +60,10 @@ pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
         },
         default_grace: args.grace,
         max_trees_per_uid: args.max_trees_per_uid,
+        uid_limits: UidLimits {
+            connections: args.max_connections_per_uid,
+            requests_per_second: args.requests_per_second_per_uid.max(1),
+        },
         pin_root: (!args.no_pin).then_some(args.pin_dir),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -67,7 +67,7 @@ fn ls_text(trees: &[TreeInfo], now_ns: u64) -> String {
             } else {
                 ""
             },
-            tree.members.len(),
+            tree.member_count,
         );
         for row in member_rows(&tree.members, now_ns) {
             let indent = "  ".repeat(row.depth + 1);
@@ -77,6 +77,10 @@ fn ls_text(trees: &[TreeInfo], now_ns: u64) -> String {
                 row.comm,
                 view::age(row.age)
             );
+        }
+        if tree.members_truncated {
+            let more = tree.member_count.saturating_sub(tree.members.len() as u64);
+            text += &format!("  ... and {more} more members, not listed\n");
         }
     }
     text
@@ -128,6 +132,8 @@ mod tests {
             root_exited: false,
             state: "live".into(),
             nested_in: None,
+            member_count: 2,
+            members_truncated: false,
             members: vec![
                 MemberInfo {
                     pid: 10,

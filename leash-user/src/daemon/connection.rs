@@ -5,22 +5,19 @@
 use std::{
     io,
     os::fd::{AsFd, OwnedFd},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
     time::Duration,
 };
 
 use leash_client::protocol::{ErrorCode, MAX_LINE_BYTES, ServerLine};
 use tokio::{
-    io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader, unix::AsyncFd},
+    io::{AsyncBufRead, AsyncBufReadExt, BufReader, unix::AsyncFd},
     net::UnixStream,
-    sync::{mpsc, watch},
+    sync::oneshot,
 };
 use tracing::Instrument;
 
-use super::{Daemon, enforcement, requests::Session};
+use super::{Daemon, outbox::Outbox, requests::Session};
 use crate::sys;
 
 /// Who is on the other end, as the kernel says.
@@ -33,49 +30,8 @@ pub struct Peer {
     pub lease: u64,
 }
 
-/// Replies a client may leave unread before it is disconnected.
-const QUEUED_REPLIES: usize = 1024;
-/// Events queued for a subscriber before further ones are dropped (and counted).
-const QUEUED_EVENTS: usize = 1024;
-
-/// Where one connection's replies and events go; a writer task drains both. Both queues are
-/// bounded, so a client that does not read costs the daemon a fixed amount of memory and never
-/// any waiting.
-#[derive(Clone)]
-pub struct Outbox {
-    replies: mpsc::Sender<ServerLine>,
-    events: mpsc::Sender<ServerLine>,
-    /// Set when a reply did not fit: the client is not reading, and is disconnected.
-    overflowed: Arc<AtomicBool>,
-}
-
-/// Why an event was not queued.
-pub enum Undelivered {
-    /// The subscriber is behind: the event is dropped (and should be counted).
-    Full,
-    /// The connection is gone.
-    Closed,
-}
-
-impl Outbox {
-    pub fn reply(&self, line: ServerLine) {
-        if let Err(mpsc::error::TrySendError::Full(_)) = self.replies.try_send(line) {
-            self.overflowed.store(true, Ordering::Relaxed);
-        }
-    }
-
-    /// Waits until the event queue has room for one line; None once the connection is gone.
-    pub async fn event_room(&self) -> Option<mpsc::Permit<'_, ServerLine>> {
-        self.events.reserve().await.ok()
-    }
-
-    pub fn event(&self, line: ServerLine) -> Result<(), Undelivered> {
-        self.events.try_send(line).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => Undelivered::Full,
-            mpsc::error::TrySendError::Closed(_) => Undelivered::Closed,
-        })
-    }
-}
+/// How long a closing connection's queued replies may take to go out.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     let credentials = match stream.peer_cred() {
@@ -89,8 +45,25 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
         tracing::warn!("connection without a peer pid");
         return;
     };
-    let host = match sys::peer_pidfd(stream.as_fd(), pid as u32).and_then(sys::async_readable) {
-        Ok(host) => host,
+    // Counted before anything else is spent on it: over its uid's limit, a connection costs
+    // one line and is closed.
+    let _slot = match daemon.limits.open_connection(uid) {
+        Ok(slot) => slot,
+        Err(why) => {
+            let line = ServerLine::error(None, ErrorCode::LimitReached, why);
+            // Best effort: a client that does not read it is closed all the same.
+            let _ = stream.try_write(&super::outbox::encode(&line));
+            return;
+        }
+    };
+    // The host is watched twice: by the owner, which ends the lease the moment the host dies
+    // whatever load the connections are under, and here, to stop serving.
+    let watched = sys::peer_pidfd(stream.as_fd(), pid as u32).and_then(|pidfd| {
+        let for_owner = pidfd.as_fd().try_clone_to_owned()?;
+        Ok((sys::async_readable(pidfd)?, for_owner))
+    });
+    let (host, for_owner) = match watched {
+        Ok(watched) => watched,
         Err(e) => {
             tracing::warn!(pid, "cannot watch the connecting process: {e}");
             return;
@@ -112,11 +85,20 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
         lease,
     };
     let span = tracing::info_span!("lease", lease, uid, host = pid);
+    // Dropped when the connection ends, which ends the owner's watch.
+    let (_serving, served) = oneshot::channel::<()>();
+    daemon.jobs.urgent(move |owner| {
+        super::enforcement::watch_host(owner, lease, for_owner, Some(served));
+    });
     async move {
         tracing::info!("lease opened");
         let ended_by = serve_lease(&daemon, stream, peer, &host).await;
         tracing::info!(ended_by, "lease ended");
-        enforcement::end_lease(&daemon, lease);
+        daemon.subscribers.remove(lease);
+        daemon
+            .jobs
+            .urgent(move |owner| super::enforcement::end_lease(owner, lease));
+        daemon.connections_ended.store(true, Ordering::Relaxed);
     }
     .instrument(span)
     .await;
@@ -129,67 +111,56 @@ async fn serve_lease(
     peer: Peer,
     host: &AsyncFd<OwnedFd>,
 ) -> &'static str {
-    let (reader, mut writer) = stream.into_split();
+    let (reader, writer) = stream.into_split();
     let mut reader = BufReader::new(reader);
-    let (replies, mut queued_replies) = mpsc::channel::<ServerLine>(QUEUED_REPLIES);
-    let (events, mut queued_events) = mpsc::channel::<ServerLine>(QUEUED_EVENTS);
-    let overflowed = Arc::new(AtomicBool::new(false));
-    let outbox = Outbox {
-        replies,
-        events,
-        overflowed: overflowed.clone(),
-    };
+    let outbox = Outbox::default();
     // A slow reader slows only its own writer task, never the daemon.
-    let writer_task = tokio::spawn(async move {
-        loop {
-            let line = tokio::select! {
-                biased;
-                Some(line) = queued_replies.recv() => line,
-                Some(line) = queued_events.recv() => line,
-                else => break,
-            };
-            let mut bytes = match serde_json::to_vec(&line) {
-                Ok(bytes) => bytes,
-                Err(e) => {
-                    tracing::error!("cannot encode a reply: {e}");
-                    continue;
-                }
-            };
-            bytes.push(b'\n');
-            if writer.write_all(&bytes).await.is_err() {
-                break;
-            }
-        }
-    });
-    let (closing, closing_seen) = watch::channel(false);
+    let mut writer_task = tokio::spawn(outbox.clone().write_to(writer));
     let mut session = Session {
         peer,
         outbox: outbox.clone(),
-        closing: closing_seen,
         subscribed: false,
     };
     let ended_by = loop {
-        tokio::select! {
-            line = read_line(&mut reader, MAX_LINE_BYTES) => match line {
-                Ok(Line::Complete(bytes)) => session.handle(daemon, &bytes),
-                Ok(Line::TooLong) => outbox.reply(ServerLine::error(
-                    None,
-                    ErrorCode::TooLong,
-                    format!("request lines are limited to {MAX_LINE_BYTES} bytes"),
-                )),
-                Ok(Line::End) => break "connection closed",
-                Err(_) => break "connection error",
-            },
+        let request = tokio::select! {
+            line = read_line(&mut reader, MAX_LINE_BYTES) => line,
             _ = host.readable() => break "host exited",
+        };
+        match request {
+            Ok(Line::Complete(bytes)) => {
+                if let Err(pause) = session.handle(daemon, &bytes).await {
+                    // Over its uid's request rate: read nothing more from it meanwhile, but
+                    // still see its host's death at once.
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        _ = host.readable() => break "host exited",
+                    }
+                }
+            }
+            Ok(Line::TooLong) => outbox.reply(&ServerLine::error(
+                None,
+                ErrorCode::TooLong,
+                format!("request lines are limited to {MAX_LINE_BYTES} bytes"),
+            )),
+            Ok(Line::End) => break "connection closed",
+            Err(_) => break "connection error",
         }
-        if overflowed.load(Ordering::Relaxed) {
+        if outbox.overflowed() {
             break "client does not read its replies";
         }
+        if outbox.is_closed() {
+            break "connection error";
+        }
     };
-    let _ = closing.send(true);
-    drop((outbox, session));
+    outbox.close();
+    drop(session);
     // Let queued replies go out, but never wait on a client that stopped reading.
-    let _ = tokio::time::timeout(Duration::from_secs(1), writer_task).await;
+    if tokio::time::timeout(FLUSH_TIMEOUT, &mut writer_task)
+        .await
+        .is_err()
+    {
+        writer_task.abort();
+    }
     ended_by
 }
 

@@ -6,16 +6,17 @@
 //! the maps are the truth).
 
 use std::{
-    sync::Arc,
+    os::fd::OwnedFd,
+    rc::Rc,
     time::{Duration, Instant},
 };
 
-use leash_client::protocol::{Event, EventKind, KillSummary, RootExitPolicy, TreeId};
+use leash_client::protocol::{Event, EventKind, KillSummary, LeaseId, RootExitPolicy, TreeId};
 use leash_common::EventKind as KernelEventKind;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 
-use super::{Daemon, KillOutcome, PendingKill};
+use super::{Daemon, KillOutcome, PendingKill, owner::Owner};
 use crate::{
     kernel::{Kill, KillError, KillStep, TreeEvent, TreeStatus},
     sys,
@@ -29,8 +30,8 @@ const COLLECT_EVERY: Duration = Duration::from_millis(50);
 
 /// Reacts to the ring buffer's root-exit events as soon as they are written, and collects the
 /// other records every 50 ms.
-pub async fn watch_events(daemon: Arc<Daemon>) {
-    let readable = daemon.tracker().events_fd().and_then(sys::async_readable);
+pub async fn watch_events(owner: Rc<Owner>) {
+    let readable = owner.tracker().events_fd().and_then(sys::async_readable);
     let readable = match readable {
         Ok(fd) => fd,
         Err(e) => {
@@ -47,20 +48,29 @@ pub async fn watch_events(daemon: Arc<Daemon>) {
             },
             _ = collect.tick() => {}
         }
-        collect_events(&daemon);
+        collect_events(&owner);
     }
 }
 
-/// Reads every record waiting in the ring buffer: acts on root exits, forwards the rest.
-fn collect_events(daemon: &Arc<Daemon>) {
-    let events = daemon.tracker().drain_events();
+/// Reads every record waiting in the ring buffer: acts on root exits, forwards the rest, and
+/// tells subscribers of records the kernel had no room for.
+fn collect_events(owner: &Rc<Owner>) {
+    let (events, lost) = {
+        let mut tracker = owner.tracker();
+        let events = tracker.drain_events();
+        let dropped = tracker.stats().map_or(0, |stats| stats.events_dropped);
+        (events, dropped.saturating_sub(owner.events_dropped.replace(dropped)))
+    };
     for event in events {
         match event.kind {
-            KernelEventKind::RootExit => root_exited(daemon, event.tree),
+            KernelEventKind::RootExit => root_exited(owner, event.tree),
             KernelEventKind::ForkFailed => kill_untracked_child(&event),
             _ => {}
         }
-        forward(daemon, event);
+        forward(&owner.daemon, event);
+    }
+    if lost > 0 {
+        owner.daemon.subscribers.dropped_everywhere(lost);
     }
 }
 
@@ -90,9 +100,6 @@ fn kill_untracked_child(event: &TreeEvent) {
 /// Passes a member's fork, exec or exit on to subscribers (who may drop them if they read
 /// slowly: the daemon never waits for a viewer).
 fn forward(daemon: &Daemon, kernel: TreeEvent) {
-    if daemon.events.receiver_count() == 0 {
-        return;
-    }
     let kind = match kernel.kind {
         KernelEventKind::Fork => EventKind::Fork,
         KernelEventKind::Exec => EventKind::Exec,
@@ -107,6 +114,9 @@ fn forward(daemon: &Daemon, kernel: TreeEvent) {
     else {
         return;
     };
+    if !daemon.subscribers.any_for(owner, lease) {
+        return;
+    }
     let mut forwarded = event(kind, kernel.tree, lease, Some(kernel.pid));
     forwarded.parent = (kind == EventKind::Fork).then_some(kernel.parent);
     forwarded.comm = Some(kernel.comm);
@@ -114,11 +124,12 @@ fn forward(daemon: &Daemon, kernel: TreeEvent) {
 }
 
 /// The backstop: reads every live tree's state in the kernel.
-pub async fn sweep(daemon: Arc<Daemon>) {
+pub async fn sweep(owner: Rc<Owner>) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     loop {
         every.tick().await;
-        let live: Vec<TreeId> = daemon
+        let live: Vec<TreeId> = owner
+            .daemon
             .state()
             .trees
             .iter()
@@ -126,7 +137,7 @@ pub async fn sweep(daemon: Arc<Daemon>) {
             .map(|(&tree, _)| tree)
             .collect();
         for tree in live {
-            let Ok(status) = daemon.tracker().tree_status(tree) else {
+            let Ok(status) = owner.tracker().tree_status(tree) else {
                 continue;
             };
             if let Some(reason) = fail_closed(&status) {
@@ -137,20 +148,21 @@ pub async fn sweep(daemon: Arc<Daemon>) {
                     failed = status.failed_inserts,
                     "tree cannot be tracked"
                 );
-                start_kill(&daemon, tree, None, reason);
+                start_kill(&owner, tree, None, reason);
                 continue;
             }
             if status.root_exit_ns.is_some() {
-                root_exited(&daemon, tree);
-                finish_if_kept_and_empty(&daemon, tree);
+                root_exited(&owner, tree);
+                finish_if_kept_and_empty(&owner, tree);
             }
         }
     }
 }
 
 /// Records a root's exit once and applies the tree's policy.
-fn root_exited(daemon: &Arc<Daemon>, tree: TreeId) {
-    let (owner, lease, root, policy) = {
+fn root_exited(owner: &Rc<Owner>, tree: TreeId) {
+    let daemon = &owner.daemon;
+    let (owner_uid, lease, root, policy) = {
         let mut state = daemon.state();
         let Some(entry) = state.trees.get_mut(&tree) else {
             return;
@@ -162,17 +174,14 @@ fn root_exited(daemon: &Arc<Daemon>, tree: TreeId) {
         (entry.owner_uid, entry.lease, entry.root, entry.on_root_exit)
     };
     tracing::info!(tree, root, ?policy, "root exited");
-    daemon.emit(owner, event(EventKind::RootExited, tree, lease, Some(root)));
+    daemon.emit(owner_uid, event(EventKind::RootExited, tree, lease, Some(root)));
     // A root killed as it forked past what may be tracked: say why the tree dies.
-    let untrackable = daemon
-        .tracker()
-        .tree_status(tree)
-        .ok()
-        .and_then(|status| fail_closed(&status));
+    let status = owner.tracker().tree_status(tree);
+    let untrackable = status.ok().and_then(|status| fail_closed(&status));
     if let Some(reason) = untrackable {
-        start_kill(daemon, tree, None, reason);
+        start_kill(owner, tree, None, reason);
     } else if policy == RootExitPolicy::Kill {
-        start_kill(daemon, tree, None, "root_exited");
+        start_kill(owner, tree, None, "root_exited");
     }
 }
 
@@ -190,31 +199,31 @@ fn fail_closed(status: &TreeStatus) -> Option<&'static str> {
 }
 
 /// A tree whose members were kept after its root exited ends when it has emptied on its own.
-fn finish_if_kept_and_empty(daemon: &Arc<Daemon>, tree: TreeId) {
-    let empty = daemon.tracker().is_empty(tree).unwrap_or(false);
-    let kept =
-        daemon.state().trees.get(&tree).is_some_and(|entry| {
-            entry.on_root_exit == RootExitPolicy::Keep && entry.kill.is_none()
-        });
+fn finish_if_kept_and_empty(owner: &Rc<Owner>, tree: TreeId) {
+    let empty = owner.tracker().is_empty(tree).unwrap_or(false);
+    let kept = owner.daemon.state().trees.get(&tree).is_some_and(|entry| {
+        entry.on_root_exit == RootExitPolicy::Keep && entry.kill.is_none()
+    });
     if kept && empty {
         tracing::info!(tree, "tree is empty");
-        end_tree(daemon, tree, None);
+        end_tree(owner, tree, None);
     }
 }
 
 /// An empty tree's end: its members' last records go out (they are queued already, and are
 /// forwarded while the tree is still known), then it leaves the maps and `tree_empty` is sent.
-fn end_tree(daemon: &Arc<Daemon>, tree: TreeId, kill: Option<KillSummary>) {
-    collect_events(daemon);
-    let Some(entry) = daemon.state().trees.remove(&tree) else {
+fn end_tree(owner: &Rc<Owner>, tree: TreeId, kill: Option<KillSummary>) {
+    collect_events(owner);
+    let Some(entry) = owner.daemon.state().trees.remove(&tree) else {
         return;
     };
-    if let Err(e) = daemon.tracker().release(tree) {
+    let released = owner.tracker().release(tree);
+    if let Err(e) = released {
         tracing::warn!(tree, "releasing an empty tree: {e:#}");
     }
     let mut empty = event(EventKind::TreeEmpty, tree, entry.lease, None);
     empty.kill = kill;
-    daemon.emit(entry.owner_uid, empty);
+    owner.daemon.emit(entry.owner_uid, empty);
 }
 
 /// Starts killing `tree`, and every tree nested in it, unless a kill is already under way;
@@ -224,12 +233,13 @@ fn end_tree(daemon: &Arc<Daemon>, tree: TreeId, kill: Option<KillSummary>) {
 /// tree was registered with. A kill already under way keeps going, with its grace shortened to
 /// `grace` (or the tree's own) if that is shorter.
 pub fn start_kill(
-    daemon: &Arc<Daemon>,
+    owner: &Rc<Owner>,
     tree: TreeId,
     grace: Option<Duration>,
     reason: &'static str,
 ) -> Option<watch::Receiver<Option<KillOutcome>>> {
-    let (owner, lease, grace, done, pending, grace_asked) = {
+    let daemon = &owner.daemon;
+    let (owner_uid, lease, grace, done, pending, grace_asked) = {
         let mut state = daemon.state();
         let entry = state.trees.get_mut(&tree)?;
         let grace = grace.map_or(entry.grace, |asked| asked.min(entry.grace));
@@ -260,7 +270,7 @@ pub fn start_kill(
     // Doomed before anyone hears of the kill: from then on no member forks, and a daemon that
     // takes over after this one dies finishes the kill (the kill task dooms it again, harmlessly).
     let nested = {
-        let mut tracker = daemon.tracker();
+        let mut tracker = owner.tracker();
         if let Err(e) = tracker.doom(tree) {
             tracing::warn!(tree, "dooming the tree: {e:#}");
         }
@@ -269,17 +279,17 @@ pub fn start_kill(
     // What is nested dies with it, given no more time than it.
     let nested: Vec<_> = nested
         .into_iter()
-        .filter_map(|inner| start_kill(daemon, inner, Some(grace), "enclosing_killed"))
+        .filter_map(|inner| start_kill(owner, inner, Some(grace), "enclosing_killed"))
         .collect();
     let mut started = event(EventKind::KillStarted, tree, lease, None);
     started.reason = Some(reason.to_owned());
-    daemon.emit(owner, started);
+    daemon.emit(owner_uid, started);
     let span = tracing::info_span!("kill", tree, reason, grace_ms = grace.as_millis());
-    let daemon = daemon.clone();
-    tokio::spawn(
+    let owner = owner.clone();
+    tokio::task::spawn_local(
         async move {
             // Done when the nested trees are done too; a failure of theirs is the kill's.
-            let mut result = drive_kill(&daemon, tree, grace_asked, reason).await;
+            let mut result = drive_kill(&owner, tree, grace_asked, reason).await;
             for inner in nested {
                 if let (Ok(_), Err(e)) = (&result, outcome(inner).await) {
                     result = Err(e);
@@ -288,11 +298,11 @@ pub fn start_kill(
             match &result {
                 Ok(summary) => {
                     tracing::info!(?summary, "tree is empty");
-                    end_tree(&daemon, tree, Some(summary.clone()));
+                    end_tree(&owner, tree, Some(summary.clone()));
                 }
                 Err(e) => {
                     tracing::error!("kill failed: {e}");
-                    kill_failed(&daemon, tree, e);
+                    kill_failed(&owner.daemon, tree, e);
                 }
             }
             let _ = done.send(Some(result));
@@ -316,9 +326,10 @@ fn kill_failed(daemon: &Daemon, tree: TreeId, error: &KillError) {
     daemon.emit(owner, failed);
 }
 
-/// Steps the kill engine, holding the tracker only for each step.
+/// Steps the kill engine, holding the tracker only for each step; between steps, the owner's
+/// other work takes its turn.
 async fn drive_kill(
-    daemon: &Daemon,
+    owner: &Owner,
     tree: TreeId,
     grace: watch::Receiver<Duration>,
     reason: &str,
@@ -326,8 +337,9 @@ async fn drive_kill(
     let mut kill = Kill::new(tree, *grace.borrow());
     loop {
         kill.shorten_grace(*grace.borrow());
-        let step = kill.step(&mut daemon.tracker())?;
-        match step {
+        let step = kill.step(&mut owner.tracker());
+        match step? {
+            KillStep::Wait(Duration::ZERO) => tokio::task::yield_now().await,
             KillStep::Wait(pause) => tokio::time::sleep(pause).await,
             KillStep::Done(report) => {
                 return Ok(KillSummary {
@@ -355,9 +367,9 @@ pub async fn outcome(mut pending: watch::Receiver<Option<KillOutcome>>) -> KillO
 }
 
 /// A lease ended (its host died or its connection closed): every tree it holds is killed.
-pub fn end_lease(daemon: &Arc<Daemon>, lease: u64) {
+pub fn end_lease(owner: &Rc<Owner>, lease: u64) {
     let trees: Vec<TreeId> = {
-        let mut state = daemon.state();
+        let mut state = owner.daemon.state();
         state.leases.remove(&lease);
         state
             .trees
@@ -367,17 +379,52 @@ pub fn end_lease(daemon: &Arc<Daemon>, lease: u64) {
             .collect()
     };
     for tree in trees {
-        start_kill(daemon, tree, None, "lease_ended");
+        start_kill(owner, tree, None, "lease_ended");
     }
 }
 
+/// Ends `lease` when its host process (`pidfd`) exits; stops watching, without ending it, when
+/// `until` closes (the connection that holds the lease ended, and ends it itself).
+pub fn watch_host(
+    owner: &Rc<Owner>,
+    lease: LeaseId,
+    pidfd: OwnedFd,
+    until: Option<oneshot::Receiver<()>>,
+) {
+    let host = match sys::async_readable(pidfd) {
+        Ok(host) => host,
+        Err(e) => {
+            tracing::error!(lease, "cannot watch the host: {e}; ending its lease");
+            return end_lease(owner, lease);
+        }
+    };
+    let owner = owner.clone();
+    tokio::task::spawn_local(async move {
+        let served = async {
+            match until {
+                Some(until) => {
+                    let _ = until.await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = host.readable() => {
+                tracing::info!(lease, ended_by = "host exited", "lease ended");
+                end_lease(&owner, lease);
+            }
+            () = served => {}
+        }
+    });
+}
+
 /// Kills every tree and waits until all are empty (shutdown).
-pub async fn kill_all(daemon: &Arc<Daemon>, reason: &'static str) {
-    let trees: Vec<TreeId> = daemon.state().trees.keys().copied().collect();
+pub async fn kill_all(owner: &Rc<Owner>, reason: &'static str) {
+    let trees: Vec<TreeId> = owner.daemon.state().trees.keys().copied().collect();
     let started = Instant::now();
     let pending: Vec<_> = trees
         .iter()
-        .filter_map(|&tree| start_kill(daemon, tree, None, reason))
+        .filter_map(|&tree| start_kill(owner, tree, None, reason))
         .collect();
     for kill in pending {
         let _ = outcome(kill).await;

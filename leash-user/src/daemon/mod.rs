@@ -2,23 +2,36 @@
 //! socket, holds one lease per connection, and kills trees when their root exits, their host
 //! dies, or someone with the right asks.
 //!
+//! - [`owner`]: the thread that owns the tracker and runs enforcement, ahead of clients.
+//! - [`enforcement`]: the kill driver, root-exit detection, lease ends, shutdown.
 //! - [`connection`]: one task per client: bounded lines in, replies and events out, the lease.
 //! - [`requests`]: what each request does.
-//! - [`enforcement`]: the kill driver, root-exit detection, lease ends, shutdown.
+//! - [`outbox`]: a connection's replies and events, bounded in bytes.
+//! - [`subscribers`]: who hears of which events.
+//! - [`limits`]: per-uid caps on connections, request rate and heavy work.
 //! - [`auth`]: the kill(2) rule and tree ownership.
 
 mod auth;
 mod connection;
 mod enforcement;
+mod limits;
+mod outbox;
+mod owner;
 mod recover;
 mod requests;
+mod subscribers;
+
+pub use limits::UidLimits;
 
 use std::{
     collections::HashMap,
     fs, io,
     os::unix::fs::FileTypeExt,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -27,11 +40,11 @@ use leash_client::protocol::{Event, KillSummary, LeaseId, RootExitPolicy, TreeId
 use tokio::{
     net::UnixListener,
     signal::unix::{SignalKind, signal},
-    sync::{broadcast, watch},
+    sync::{oneshot, watch},
 };
 
 use crate::{
-    kernel::{Capacity, KillError, Origin, Tracker},
+    kernel::{Capacity, KillError, Origin, Tracker, TrackerView},
     sys, trusted_dir,
 };
 
@@ -44,6 +57,8 @@ pub struct Config {
     pub default_grace: Duration,
     /// Trees a non-root uid may hold at once.
     pub max_trees_per_uid: usize,
+    /// Connections and request rate a non-root uid may have.
+    pub uid_limits: UidLimits,
     /// Where the programs and maps are pinned (a directory on bpffs), so that tracking goes on
     /// while the daemon is away and the next one takes over. None: not pinned.
     pub pin_root: Option<PathBuf>,
@@ -95,23 +110,26 @@ struct State {
     next_lease: LeaseId,
 }
 
-/// Shared by every task of the daemon.
+/// Shared by every task of the daemon. The tracker itself is the owner thread's alone (see
+/// [`owner`]); everyone else reads the maps through `view` and hands changes to `jobs`.
 pub struct Daemon {
-    tracker: Mutex<Tracker>,
+    view: TrackerView,
+    jobs: owner::Jobs,
+    /// Held only for short, bounded work.
     state: Mutex<State>,
-    /// Tree events with the uid that owns the tree (subscribers see only what they may).
-    events: broadcast::Sender<(u32, Event)>,
+    subscribers: subscribers::Subscribers,
+    limits: Arc<limits::Limits>,
+    /// Where the pins are, if pinned.
+    pinned_at: Option<PathBuf>,
+    /// Set when a connection ends: the allocator's free memory is then given back.
+    connections_ended: AtomicBool,
     config: Config,
 }
 
 impl Daemon {
-    fn tracker(&self) -> MutexGuard<'_, Tracker> {
-        // A panic while holding the lock is a bug; the maps it guards stay consistent anyway
-        // (every update is one map operation), so go on with them.
-        self.tracker.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock is a bug; the plain data it guards is still
+        // consistent (every update is one map operation), so go on with it.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -134,9 +152,9 @@ impl Daemon {
         Ok(id)
     }
 
+    /// Sends an event of a tree `owner_uid` owns to the subscribers who may hear it.
     fn emit(&self, owner_uid: u32, event: Event) {
-        // No subscriber is fine.
-        let _ = self.events.send((owner_uid, event));
+        self.subscribers.deliver(owner_uid, event);
     }
 }
 
@@ -162,22 +180,29 @@ pub async fn run(config: Config) -> Result<()> {
         socket = %config.socket.display(),
         capacity = ?tracker.capacity(),
         pins = ?tracker.pin_dir(),
+        limits = ?config.uid_limits,
         "leash daemon serving"
     );
+    let view = tracker.shared_view().inspect_err(|_| {
+        let _ = fs::remove_file(&config.socket);
+    })?;
+    let (jobs, queues) = owner::queues();
     let daemon = Arc::new(Daemon {
-        tracker: Mutex::new(tracker),
+        view,
+        jobs,
         state: Mutex::new(State {
             next_lease: 1,
             ..State::default()
         }),
-        events: broadcast::channel(4096).0,
+        subscribers: Default::default(),
+        limits: limits::Limits::new(config.uid_limits),
+        pinned_at: tracker.pin_dir().map(Path::to_path_buf),
+        connections_ended: AtomicBool::new(false),
         config,
     });
-    if origin == Origin::TakenOver {
-        recover::hold_again(&daemon);
-    }
-    tokio::spawn(enforcement::watch_events(daemon.clone()));
-    tokio::spawn(enforcement::sweep(daemon.clone()));
+    owner::start(daemon.clone(), tracker, queues, origin == Origin::TakenOver)
+        .context("starting the enforcement thread")?;
+    tokio::spawn(release_free_memory(daemon.clone()));
 
     loop {
         tokio::select! {
@@ -190,7 +215,7 @@ pub async fn run(config: Config) -> Result<()> {
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
             _ = hangup.recv() => {
-                if daemon.tracker().pin_dir().is_some() {
+                if daemon.pinned_at.is_some() {
                     tracing::info!(
                         "handing over: exiting with every tree tracked in the pins; the next \
                          daemon takes them over"
@@ -206,13 +231,35 @@ pub async fn run(config: Config) -> Result<()> {
     tracing::info!("shutting down: killing every live tree");
     drop(listener);
     let _ = fs::remove_file(&daemon.config.socket);
-    enforcement::kill_all(&daemon, "shutdown").await;
-    // Nothing is left to track: the next daemon starts afresh.
-    if let Err(e) = daemon.tracker().unpin() {
-        tracing::warn!("removing the pins: {e:#}");
-    }
+    let (stopped, stopping) = oneshot::channel();
+    daemon.jobs.urgent(|owner| {
+        let owner = owner.clone();
+        tokio::task::spawn_local(async move {
+            enforcement::kill_all(&owner, "shutdown").await;
+            // Nothing is left to track: the next daemon starts afresh.
+            if let Err(e) = owner.tracker().unpin() {
+                tracing::warn!("removing the pins: {e:#}");
+            }
+            let _ = stopped.send(());
+        });
+    });
+    let _ = stopping.await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How often the allocator's free memory is given back, at most (and only after a connection
+/// ended: a flood's buffers are freed when its connections close).
+const RELEASE_MEMORY_EVERY: Duration = Duration::from_secs(2);
+
+async fn release_free_memory(daemon: Arc<Daemon>) {
+    let mut every = tokio::time::interval(RELEASE_MEMORY_EVERY);
+    loop {
+        every.tick().await;
+        if daemon.connections_ended.swap(false, Ordering::Relaxed) {
+            tokio::task::spawn_blocking(sys::release_free_memory);
+        }
+    }
 }
 
 /// A lease's secret, which lets the `leash exec` shim join it: 128 random bits, in hex.

@@ -6,23 +6,22 @@
 
 use std::{
     collections::{HashMap, hash_map::Entry},
-    sync::Arc,
+    rc::Rc,
     time::Duration,
 };
 
 use leash_client::protocol::{LeaseId, RootExitPolicy, TreeId};
 use leash_common::{Holder, Pid, holder_flags};
-use tokio::io::unix::AsyncFd;
-use tracing::Instrument;
 
-use super::{Daemon, TreeEntry, enforcement};
-use crate::{proc, sys};
+use super::{TreeEntry, enforcement, owner::Owner};
+use crate::proc;
 
 /// Holds every tree found in the maps again: one lease per recorded host, watched until the
 /// host exits. A tree with no recorded holder is killed (fail closed).
-pub fn hold_again(daemon: &Arc<Daemon>) {
+pub fn hold_again(owner: &Rc<Owner>) {
+    let daemon = &owner.daemon;
     let found: Vec<(TreeId, Holder, Pid, bool)> = {
-        let tracker = daemon.tracker();
+        let tracker = owner.tracker();
         tracker
             .trees()
             .into_iter()
@@ -84,37 +83,33 @@ pub fn hold_again(daemon: &Arc<Daemon>) {
     );
     for tree in unheld {
         tracing::warn!(tree, "no holder recorded for the tree: killing it");
-        enforcement::start_kill(daemon, tree, None, "lease_ended");
+        enforcement::start_kill(owner, tree, None, "lease_ended");
     }
     for tree in doomed {
-        enforcement::start_kill(daemon, tree, None, "resumed");
+        enforcement::start_kill(owner, tree, None, "resumed");
     }
     for ((pid, start_ticks), lease) in hosts {
-        tokio::spawn(watch_host(daemon.clone(), lease, pid, start_ticks));
+        watch_host_again(owner, lease, pid, start_ticks);
     }
 }
 
 /// Ends `lease` when its host exits (at once if it already has).
-async fn watch_host(daemon: Arc<Daemon>, lease: LeaseId, pid: Pid, start_ticks: u64) {
-    let span = tracing::info_span!("lease", lease, host = pid, recovered = true);
-    async {
-        match host_pidfd(pid, start_ticks) {
-            Ok(host) => {
-                tracing::info!("watching the host again");
-                let _ = host.readable().await;
-                tracing::info!(ended_by = "host exited", "lease ended");
-            }
-            Err(why) => tracing::info!(ended_by = why, "lease ended"),
+fn watch_host_again(owner: &Rc<Owner>, lease: LeaseId, pid: Pid, start_ticks: u64) {
+    match host_pidfd(pid, start_ticks) {
+        Ok(host) => {
+            tracing::info!(lease, host = pid, "watching the host again");
+            enforcement::watch_host(owner, lease, host, None);
         }
-        enforcement::end_lease(&daemon, lease);
+        Err(why) => {
+            tracing::info!(lease, host = pid, ended_by = why, "lease ended");
+            enforcement::end_lease(owner, lease);
+        }
     }
-    .instrument(span)
-    .await;
 }
 
 /// A pidfd of the host, if the process `pid` is still the one that started at `start_ticks`
 /// and has not exited (every thread of it: a host whose main thread exited runs on).
-fn host_pidfd(pid: Pid, start_ticks: u64) -> Result<AsyncFd<std::os::fd::OwnedFd>, &'static str> {
+fn host_pidfd(pid: Pid, start_ticks: u64) -> Result<std::os::fd::OwnedFd, &'static str> {
     let gone = "host exited while no daemon ran";
     let pidfd = proc::ProcessRef { pid, start_ticks }
         .open()
@@ -122,5 +117,5 @@ fn host_pidfd(pid: Pid, start_ticks: u64) -> Result<AsyncFd<std::os::fd::OwnedFd
         .flatten()
         .filter(|pidfd| !pidfd.has_exited())
         .ok_or(gone)?;
-    sys::async_readable(pidfd).map_err(|_| "host cannot be watched")
+    Ok(pidfd.into())
 }

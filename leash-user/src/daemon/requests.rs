@@ -1,16 +1,18 @@
 //! What each request does. A request that is malformed, not allowed or impossible gets an
 //! error reply and changes nothing.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{collections::HashMap, rc::Rc, sync::Arc, time::Duration};
 
 use leash_client::protocol::{
-    ErrorCode, EventKind, LeaseId, MAX_GRACE_MS, MemberInfo, Op, PROTOCOL_VERSION, Reply, Request,
-    RootExitPolicy, ServerLine, StatusInfo, TreeId, TreeInfo,
+    ErrorCode, LeaseId, MAX_GRACE_MS, MAX_LISTED, MAX_LISTED_PER_TREE, MemberInfo, Op,
+    PROTOCOL_VERSION, Reply, Request, RootExitPolicy, ServerLine, StatusInfo, TreeId, TreeInfo,
 };
-use leash_common::{Holder, holder_flags};
+use leash_common::{Holder, Member, Pid, holder_flags};
 
-use crate::kernel::{IdentifyError, KillError, identify};
-use tokio::sync::{broadcast::error::RecvError, watch};
+use crate::{
+    kernel::{Adoption, IdentifyError, KillError, identify},
+    proc::ProcessRef,
+};
 
 use super::{
     Daemon, TreeEntry,
@@ -18,16 +20,23 @@ use super::{
         ProcessUids, Requester, TreeFacts, Verdict, may_kill, may_manage, may_release, may_see,
         may_signal,
     },
-    connection::{Outbox, Peer, Undelivered},
+    connection::Peer,
     enforcement,
+    outbox::Outbox,
+    owner::Owner,
+    subscribers::Hears,
 };
+
+/// What a request costs of its uid's budget (see `limits`): most are map lookups; these read
+/// /proc or walk the member map.
+const HEAVY_COST: u32 = 20;
+/// Processes one owner job seeds while a tree is adopted: a short step.
+const SEED_CHUNK: usize = 512;
 
 /// One connection's side of request handling.
 pub struct Session {
     pub peer: Peer,
     pub outbox: Outbox,
-    /// Flips to true when the connection ends, so its helper tasks stop.
-    pub closing: watch::Receiver<bool>,
     pub subscribed: bool,
 }
 
@@ -46,19 +55,43 @@ fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
 
 impl Session {
     /// Handles one request line. Replies go to the outbox; a kill's reply goes when the tree is
-    /// empty, while the connection goes on serving.
-    pub fn handle(&mut self, daemon: &Arc<Daemon>, line: &[u8]) {
+    /// empty, while the connection goes on serving. Err: the uid is over its request rate (the
+    /// request was refused); the connection should read nothing more for that long.
+    pub async fn handle(&mut self, daemon: &Arc<Daemon>, line: &[u8]) -> Result<(), Duration> {
         let value: serde_json::Value = match serde_json::from_slice(line) {
             Ok(value) => value,
             Err(e) => {
-                return self.send_error(None, ErrorCode::BadRequest, format!("not JSON: {e}"));
+                self.send_error(None, ErrorCode::BadRequest, format!("not JSON: {e}"));
+                return daemon.limits.spend(self.peer.uid, 1);
             }
         };
         let id = value.get("id").and_then(serde_json::Value::as_u64);
         let Request { id, op } = match serde_json::from_value(value) {
             Ok(request) => request,
-            Err(e) => return self.send_error(id, ErrorCode::BadRequest, e.to_string()),
+            Err(e) => {
+                self.send_error(id, ErrorCode::BadRequest, e.to_string());
+                return daemon.limits.spend(self.peer.uid, 1);
+            }
         };
+        let cost = match op {
+            Op::Register { .. } | Op::List { .. } => HEAVY_COST,
+            _ => 1,
+        };
+        if let Err(pause) = daemon.limits.spend(self.peer.uid, cost) {
+            let limits = daemon.limits.limits();
+            self.outbox.reply(&ServerLine::error(
+                Some(id),
+                ErrorCode::LimitReached,
+                format!(
+                    "uid {} is over its {} requests a second (list and register count {HEAVY_COST}); \
+                     retry in {} ms",
+                    self.peer.uid,
+                    limits.requests_per_second,
+                    pause.as_millis().max(1)
+                ),
+            ));
+            return Err(pause);
+        }
         tracing::debug!(id, ?op, "request");
         let reply = match op {
             Op::Hello { protocol } => self.hello(daemon, protocol),
@@ -67,13 +100,16 @@ impl Session {
                 lease,
                 on_root_exit,
                 grace_ms,
-            } => self.register(daemon, pid, lease.as_deref(), on_root_exit, grace_ms),
-            Op::Release { tree } => self.release(daemon, tree),
-            Op::Kill { tree, grace_ms } => match self.kill(daemon, id, tree, grace_ms) {
-                Ok(()) => return,
+            } => {
+                self.register(daemon, pid, lease.as_deref(), on_root_exit, grace_ms)
+                    .await
+            }
+            Op::Release { tree } => self.release(daemon, tree).await,
+            Op::Kill { tree, grace_ms } => match self.kill(daemon, id, tree, grace_ms).await {
+                Ok(()) => return Ok(()),
                 Err(refusal) => Err(refusal),
             },
-            Op::List => Ok(self.list(daemon)),
+            Op::List { tree } => self.list(daemon, tree).await,
             Op::Subscribe => Ok(self.subscribe(daemon)),
             Op::Status => self.status(daemon),
         };
@@ -84,12 +120,14 @@ impl Session {
                 ServerLine::error(Some(id), code, message)
             }
         };
-        self.outbox.reply(line);
+        self.outbox.reply(&line);
+        Ok(())
     }
 
     fn send_error(&self, id: Option<u64>, code: ErrorCode, message: String) {
-        tracing::info!(?id, %code, message, "bad request");
-        self.outbox.reply(ServerLine::error(id, code, message));
+        // Debug only: a flood of bad lines must not flood the log (it is rate-limited anyway).
+        tracing::debug!(?id, %code, message, "bad request");
+        self.outbox.reply(&ServerLine::error(id, code, message));
     }
 
     fn hello(&self, daemon: &Daemon, protocol: u32) -> Result<Reply, Refusal> {
@@ -114,7 +152,7 @@ impl Session {
         })
     }
 
-    fn register(
+    async fn register(
         &self,
         daemon: &Arc<Daemon>,
         pid: u32,
@@ -175,49 +213,34 @@ impl Session {
             self.check_limits(daemon, self.peer.uid)?;
         }
         // What a process in a tree registers is nested in that tree (and a process that is in
-        // a tree already stays in it: see Tracker::adopt_process).
+        // a tree already stays in it: see Tracker::start_adoption).
         let nest_in = self.confinement(daemon).first().copied();
-        let (tree, members, nested_in) = {
-            let mut tracker = daemon.tracker();
-            if tracker.trees().len() >= tracker.capacity().trees as usize {
-                return Err(refuse(
-                    ErrorCode::LimitReached,
-                    "the daemon's tree capacity is full",
-                ));
-            }
-            let tree = tracker
-                .adopt_process(process, nest_in, holder)
-                .map_err(|e| refuse(ErrorCode::NotFound, format!("{e:#}")))?;
-            let status = tracker.tree_status(tree).ok();
-            (
-                tree,
-                status.map_or(0, |s| s.members),
-                status.and_then(|s| s.parent),
-            )
-        };
-        let lease_alive = {
-            let mut state = daemon.state();
-            state.trees.insert(
-                tree,
-                TreeEntry {
-                    lease,
-                    owner_uid,
-                    registrar_uid: self.peer.uid,
-                    root: pid,
-                    on_root_exit,
-                    grace,
-                    root_exited: false,
-                    kill: None,
-                    unkillable: false,
-                },
-            );
-            state.leases.contains_key(&lease)
-        };
-        if !lease_alive {
-            // The lease ended while the tree was being registered: it dies with its lease.
-            enforcement::start_kill(daemon, tree, None, "lease_ended");
-            return Err(refuse(ErrorCode::NotFound, "the lease ended"));
+        if daemon.view.trees().len() >= daemon.view.capacity().trees as usize {
+            return Err(refuse(
+                ErrorCode::LimitReached,
+                "the daemon's tree capacity is full",
+            ));
         }
+        // One /proc walk per uid at a time: a user's registrations queue behind each other,
+        // not in front of anyone else's.
+        let _turn = daemon.limits.heavy(self.peer.uid).await;
+        let entry = TreeEntry {
+            lease,
+            owner_uid,
+            registrar_uid: self.peer.uid,
+            root: pid,
+            on_root_exit,
+            grace,
+            root_exited: false,
+            kill: None,
+            unkillable: false,
+        };
+        let tree = adopt(daemon, process, nest_in, holder, entry).await?;
+        let status = daemon.view.tree_status(tree).ok();
+        let (members, nested_in) = (
+            status.map_or(0, |s| s.members),
+            status.and_then(|s| s.parent),
+        );
         tracing::info!(
             tree,
             root = pid,
@@ -237,15 +260,15 @@ impl Session {
     /// The tree the client's process runs in, then each tree that one is nested in; empty
     /// when it runs in none. The trees it may never release or kill.
     fn confinement(&self, daemon: &Daemon) -> Vec<TreeId> {
-        let tracker = daemon.tracker();
-        match tracker.member(self.peer.pid) {
+        let view = &daemon.view;
+        match view.member(self.peer.pid) {
             // The start time tells the client's process from an earlier one by the same pid;
             // unknown (0), the entry is taken as the client's: fail closed.
             Some(member)
                 if self.peer.start_ticks == 0
                     || crate::proc::ns_to_ticks(member.start_ns) == self.peer.start_ticks =>
             {
-                tracker.enclosing(member.tree)
+                view.enclosing(member.tree)
             }
             _ => Vec::new(),
         }
@@ -276,7 +299,7 @@ impl Session {
         else {
             return Err(not_found(tree));
         };
-        let chain = daemon.tracker().enclosing(tree);
+        let chain = daemon.view.enclosing(tree);
         let facts = TreeFacts {
             lease,
             owner,
@@ -344,7 +367,7 @@ impl Session {
         Ok(())
     }
 
-    fn release(&self, daemon: &Daemon, tree: TreeId) -> Result<Reply, Refusal> {
+    async fn release(&self, daemon: &Daemon, tree: TreeId) -> Result<Reply, Refusal> {
         self.authorize(daemon, tree, may_release)?;
         let entry = {
             let mut state = daemon.state();
@@ -360,8 +383,10 @@ impl Session {
             }
         };
         daemon
-            .tracker()
-            .release(tree)
+            .jobs
+            .request(move |owner| owner.tracker().release(tree))
+            .await
+            .ok_or_else(stopping)?
             .map_err(|e| refuse(ErrorCode::Internal, format!("{e:#}")))?;
         tracing::info!(tree, "tree released");
         daemon.emit(
@@ -371,7 +396,7 @@ impl Session {
         Ok(Reply::Released { tree })
     }
 
-    fn kill(
+    async fn kill(
         &self,
         daemon: &Arc<Daemon>,
         id: u64,
@@ -380,7 +405,11 @@ impl Session {
     ) -> Result<(), Refusal> {
         let grace = grace_ms.map(|ms| grace(daemon, Some(ms))).transpose()?;
         self.authorize(daemon, tree, may_kill)?;
-        let pending = enforcement::start_kill(daemon, tree, grace, "request")
+        let pending = daemon
+            .jobs
+            .urgent_with(move |owner| enforcement::start_kill(owner, tree, grace, "request"))
+            .await
+            .ok_or_else(stopping)?
             .ok_or_else(|| not_found(tree))?;
         let outbox = self.outbox.clone();
         tokio::spawn(async move {
@@ -391,140 +420,66 @@ impl Session {
                 }
                 Err(e) => ServerLine::error(Some(id), ErrorCode::Internal, e.to_string()),
             };
-            outbox.reply(line);
+            outbox.reply(&line);
         });
         Ok(())
     }
 
-    fn list(&self, daemon: &Daemon) -> Reply {
+    /// The trees the client may see, with their members. The member map is read once, and
+    /// /proc once per listed member, by a blocking thread and under no lock; the reply is
+    /// bounded (see `MAX_LISTED`) whatever the trees' sizes.
+    async fn list(&self, daemon: &Arc<Daemon>, only: Option<TreeId>) -> Result<Reply, Refusal> {
         let confined = self.confinement(daemon);
         let who = self.requester(&confined);
-        let chains: HashMap<TreeId, Vec<TreeId>> = {
-            let trees: Vec<TreeId> = daemon.state().trees.keys().copied().collect();
-            let tracker = daemon.tracker();
-            trees
-                .into_iter()
-                .map(|tree| (tree, tracker.enclosing(tree)))
-                .collect()
-        };
-        let visible: Vec<TreeInfo> = {
+        let mut trees: Vec<TreeInfo> = {
             let state = daemon.state();
             state
                 .trees
                 .iter()
+                .filter(|(tree, _)| only.is_none_or(|only| only == **tree))
                 .filter_map(|(&tree, entry)| {
-                    let chain = chains.get(&tree)?;
+                    let chain = daemon.view.enclosing(tree);
                     let facts = TreeFacts {
                         lease: entry.lease,
                         owner: entry.owner_uid,
-                        chain,
+                        chain: &chain,
                     };
-                    may_see(who, facts).then_some((tree, entry, chain.get(1).copied()))
-                })
-                .map(|(tree, entry, nested_in)| TreeInfo {
-                    tree,
-                    lease: entry.lease,
-                    owner_uid: entry.owner_uid,
-                    root: entry.root,
-                    on_root_exit: entry.on_root_exit,
-                    grace_ms: u64::try_from(entry.grace.as_millis()).unwrap_or(u64::MAX),
-                    host_pid: state.leases.get(&entry.lease).map_or(0, |l| l.host_pid),
-                    host_comm: None,
-                    root_exited: entry.root_exited,
-                    state: match (&entry.kill, entry.unkillable) {
-                        (Some(_), _) => "killing",
-                        (None, true) => "unkillable",
-                        (None, false) => "live",
-                    }
-                    .to_owned(),
-                    nested_in,
-                    members: Vec::new(),
+                    may_see(who, facts).then(|| tree_info(tree, entry, &state, chain.get(1)))
                 })
                 .collect()
         };
-        let tracker = daemon.tracker();
-        let mut trees: Vec<TreeInfo> = visible
-            .into_iter()
-            .map(|mut info| {
-                info.host_comm = crate::proc::process(info.host_pid).map(|p| p.comm);
-                let mut members = tracker.members(info.tree).unwrap_or_default();
-                crate::kernel::fill_comms(&mut members);
-                info.members = members
-                    .into_iter()
-                    .map(|m| MemberInfo {
-                        pid: m.pid,
-                        parent: m.parent,
-                        start_ns: m.start_ns,
-                        comm: m.comm,
-                    })
-                    .collect();
-                info
-            })
-            .collect();
         trees.sort_by_key(|t| t.tree);
-        Reply::Trees(trees)
+        if trees.is_empty() {
+            return Ok(Reply::Trees(trees));
+        }
+        let _turn = daemon.limits.heavy(self.peer.uid).await;
+        let daemon = daemon.clone();
+        tokio::task::spawn_blocking(move || {
+            let entries = daemon.view.member_entries()?;
+            fill_members(&mut trees, entries);
+            Ok(trees)
+        })
+        .await
+        .map_err(|e| refuse(ErrorCode::Internal, e.to_string()))?
+        .map(Reply::Trees)
+        .map_err(|e: anyhow::Error| refuse(ErrorCode::Internal, format!("{e:#}")))
     }
 
     fn subscribe(&mut self, daemon: &Daemon) -> Reply {
-        if self.subscribed {
-            return Reply::Subscribed;
+        if !self.subscribed {
+            self.subscribed = true;
+            // A process in a tree hears only of its own lease's trees; any other, of its uid's.
+            let hears = if !self.confinement(daemon).is_empty() {
+                Hears::Lease(self.peer.lease)
+            } else if self.peer.uid == 0 {
+                Hears::Everything
+            } else {
+                Hears::Uid(self.peer.uid)
+            };
+            daemon
+                .subscribers
+                .add(hears, self.peer.lease, self.outbox.clone());
         }
-        self.subscribed = true;
-        let mut events = daemon.events.subscribe();
-        let outbox = self.outbox.clone();
-        let mut closing = self.closing.clone();
-        let uid = self.peer.uid;
-        // A process in a tree hears only of its own lease's trees; any other, of its uid's.
-        let own_lease = (!self.confinement(daemon).is_empty()).then_some(self.peer.lease);
-        let may_hear = move |owner: u32, event: &leash_client::Event| match own_lease {
-            Some(lease) => event.lease == lease,
-            None => may_manage(uid, owner),
-        };
-        tokio::spawn(async move {
-            // Events this subscriber missed and has not been told about yet.
-            let mut missed = 0;
-            loop {
-                let event = tokio::select! {
-                    // The count goes out as soon as there is room for it, even if no other
-                    // event ever comes (the end of a storm): it is never left untold.
-                    room = outbox.event_room(), if missed > 0 => {
-                        let Some(room) = room else { break };
-                        let mut dropped = enforcement::event(EventKind::Dropped, 0, 0, None);
-                        dropped.count = Some(missed);
-                        room.send(ServerLine::event(dropped));
-                        missed = 0;
-                        continue;
-                    }
-                    received = events.recv() => match received {
-                        Ok((owner, event)) if may_hear(owner, &event) => event,
-                        Ok(_) => continue,
-                        Err(RecvError::Lagged(n)) => {
-                            missed += n;
-                            continue;
-                        }
-                        Err(RecvError::Closed) => break,
-                    },
-                    _ = closing.changed() => break,
-                };
-                if missed > 0 {
-                    let mut dropped = enforcement::event(EventKind::Dropped, 0, 0, None);
-                    dropped.count = Some(missed);
-                    match outbox.event(ServerLine::event(dropped)) {
-                        Ok(()) => missed = 0,
-                        Err(Undelivered::Full) => {
-                            missed += 1;
-                            continue;
-                        }
-                        Err(Undelivered::Closed) => break,
-                    }
-                }
-                match outbox.event(ServerLine::event(event)) {
-                    Ok(()) => {}
-                    Err(Undelivered::Full) => missed += 1,
-                    Err(Undelivered::Closed) => break,
-                }
-            }
-        });
         Reply::Subscribed
     }
 }
@@ -540,11 +495,17 @@ impl Session {
                 .count();
             (state.trees.len(), leases)
         };
-        let tracker = daemon.tracker();
+        // From the kernel's counters: O(trees), whatever their sizes.
+        let view = &daemon.view;
         let internal = |e: anyhow::Error| refuse(ErrorCode::Internal, format!("{e:#}"));
-        let stats = tracker.stats().map_err(internal)?;
-        let members = tracker.member_counts().map_err(internal)?.values().sum();
-        let capacity = tracker.capacity();
+        let stats = view.stats().map_err(internal)?;
+        let members = view
+            .trees()
+            .into_iter()
+            .filter_map(|tree| view.tree_status(tree).ok())
+            .map(|status| status.members)
+            .sum();
+        let capacity = view.capacity();
         Ok(Reply::Status(StatusInfo {
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
             protocol: PROTOCOL_VERSION,
@@ -559,7 +520,7 @@ impl Session {
             leases: leases as u64,
             events_dropped: stats.events_dropped,
             inserts_failed: stats.inserts_failed,
-            pinned_at: tracker.pin_dir().map(|dir| dir.display().to_string()),
+            pinned_at: daemon.pinned_at.as_ref().map(|dir| dir.display().to_string()),
         }))
     }
 }
@@ -578,4 +539,167 @@ fn grace(daemon: &Daemon, grace_ms: Option<u64>) -> Result<Duration, Refusal> {
 /// Trees a client may not see are reported as missing, not as forbidden.
 fn not_found(tree: TreeId) -> Refusal {
     refuse(ErrorCode::NotFound, format!("no tree {tree}"))
+}
+
+/// The owner has stopped: the daemon is exiting.
+fn stopping() -> Refusal {
+    refuse(ErrorCode::Internal, "the daemon is stopping")
+}
+
+/// Registers `process` as the root of a new tree with every descendant it has, and files it
+/// as `entry`. The owner does the map work in short steps; the /proc walks between them run on
+/// a blocking thread. Safe in pieces: from the first step on, the kernel follows every fork of
+/// a seeded member, and each process found is checked again as it is seeded; a pass that finds
+/// nothing new ends it. Until its last step files it, the tree is in no one's hands, so no kill
+/// and no release can come between the steps: the last step sees whether its lease or the tree
+/// it is nested in ended meanwhile, and then kills it.
+async fn adopt(
+    daemon: &Arc<Daemon>,
+    process: ProcessRef,
+    nest_in: Option<TreeId>,
+    holder: Holder,
+    entry: TreeEntry,
+) -> Result<TreeId, Refusal> {
+    let mut adoption = daemon
+        .jobs
+        .request(move |owner| owner.tracker().start_adoption(process, nest_in, holder))
+        .await
+        .ok_or_else(stopping)?
+        .map_err(|e| refuse(ErrorCode::NotFound, format!("{e:#}")))?;
+    while adoption.wants_pass() {
+        if let Err(e) = seed_pass(daemon, &mut adoption).await {
+            daemon
+                .jobs
+                .request(move |owner| owner.tracker().abandon_adoption(adoption))
+                .await;
+            return Err(refuse(ErrorCode::NotFound, format!("{e:#}")));
+        }
+    }
+    daemon
+        .jobs
+        .request(move |owner| file_adopted(owner, adoption, entry))
+        .await
+        .ok_or_else(stopping)?
+}
+
+/// One pass of an adoption: /proc is walked on a blocking thread, what it found is seeded by
+/// the owner in short chunks.
+async fn seed_pass(daemon: &Arc<Daemon>, adoption: &mut Adoption) -> anyhow::Result<()> {
+    let (tree, root) = (adoption.tree(), adoption.root());
+    let found = {
+        let daemon = daemon.clone();
+        tokio::task::spawn_blocking(move || daemon.view.find_descendants(tree, root)).await??
+    };
+    let mut new = 0;
+    for chunk in found.chunks(SEED_CHUNK) {
+        let chunk = chunk.to_vec();
+        new += daemon
+            .jobs
+            .request(move |owner| owner.tracker().seed_found(tree, &chunk))
+            .await
+            .ok_or_else(|| anyhow::anyhow!("the daemon is stopping"))??;
+    }
+    adoption.end_pass(new)
+}
+
+/// The last step of an adoption, on the owner: the tree is registered and filed. If its lease
+/// ended meanwhile, or the tree it is nested in is being killed or is gone, it is killed now:
+/// what it took from that tree was out of that tree's kill.
+fn file_adopted(
+    owner: &Rc<Owner>,
+    adoption: Adoption,
+    entry: TreeEntry,
+) -> Result<TreeId, Refusal> {
+    let enclosing = adoption.enclosing();
+    let tree = owner
+        .tracker()
+        .finish_adoption(adoption)
+        .map_err(|e| refuse(ErrorCode::NotFound, format!("{e:#}")))?;
+    let ended = {
+        let mut state = owner.daemon.state();
+        let lease_ended = !state.leases.contains_key(&entry.lease);
+        let enclosing_ended = enclosing.is_some_and(|outer| {
+            state
+                .trees
+                .get(&outer)
+                .is_none_or(|outer| outer.kill.is_some())
+        });
+        state.trees.insert(tree, entry);
+        if lease_ended {
+            Some("lease_ended")
+        } else if enclosing_ended {
+            Some("enclosing_killed")
+        } else {
+            None
+        }
+    };
+    match ended {
+        None => Ok(tree),
+        Some(reason) => {
+            enforcement::start_kill(owner, tree, None, reason);
+            Err(refuse(
+                ErrorCode::NotFound,
+                format!("tree {tree} was killed as it was registered ({reason})"),
+            ))
+        }
+    }
+}
+
+/// A tree as `list` shows it, members not filled in yet.
+fn tree_info(
+    tree: TreeId,
+    entry: &TreeEntry,
+    state: &super::State,
+    nested_in: Option<&TreeId>,
+) -> TreeInfo {
+    let host_pid = state.leases.get(&entry.lease).map_or(0, |l| l.host_pid);
+    TreeInfo {
+        tree,
+        lease: entry.lease,
+        owner_uid: entry.owner_uid,
+        root: entry.root,
+        on_root_exit: entry.on_root_exit,
+        grace_ms: u64::try_from(entry.grace.as_millis()).unwrap_or(u64::MAX),
+        host_pid,
+        host_comm: None,
+        root_exited: entry.root_exited,
+        state: match (&entry.kill, entry.unkillable) {
+            (Some(_), _) => "killing",
+            (None, true) => "unkillable",
+            (None, false) => "live",
+        }
+        .to_owned(),
+        nested_in: nested_in.copied(),
+        member_count: 0,
+        members_truncated: false,
+        members: Vec::new(),
+    }
+}
+
+/// Fills each tree's members from one read of the member map, the oldest first, at most
+/// `MAX_LISTED_PER_TREE` each and `MAX_LISTED` in all, with what each runs now from /proc.
+fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>) {
+    let mut by_tree: HashMap<TreeId, Vec<(Pid, Member)>> = HashMap::new();
+    for (pid, member) in entries {
+        by_tree.entry(member.tree).or_default().push((pid, member));
+    }
+    let mut room = MAX_LISTED;
+    for info in trees {
+        info.host_comm = crate::proc::process(info.host_pid).map(|p| p.comm);
+        let mut members = by_tree.remove(&info.tree).unwrap_or_default();
+        info.member_count = members.len() as u64;
+        members.sort_by_key(|(_, m)| m.start_ns);
+        let listed = members.len().min(MAX_LISTED_PER_TREE).min(room);
+        room -= listed;
+        info.members_truncated = listed < members.len();
+        info.members = members[..listed]
+            .iter()
+            .map(|&(pid, m)| MemberInfo {
+                pid,
+                parent: m.parent,
+                start_ns: m.start_ns,
+                comm: crate::proc::process(pid).map(|p| p.comm),
+            })
+            .collect();
+    }
 }

@@ -54,7 +54,7 @@ pub fn draw(frame: &mut Frame<'_>, app: &App) {
 }
 
 fn header_lines(app: &App) -> Vec<TextLine<'static>> {
-    let members: usize = app.trees.iter().map(|t| t.members.len()).sum();
+    let members: usize = app.trees.iter().map(|t| t.member_count as usize).sum();
     let (kernel_dropped, fill) = match &app.status {
         Some(s) => (
             s.events_dropped.to_string(),
@@ -85,7 +85,7 @@ fn line_text(app: &App, line: &Line) -> String {
         } => format!("lease {lease}  host {host_pid} {host_comm}  uid {uid}"),
         Line::Tree { tree, folded } => {
             let info = app.tree(*tree);
-            let members = info.map_or(0, |t| t.members.len());
+            let members = info.map_or(0, |t| t.member_count);
             let root = info.map_or(0, |t| t.root);
             let state = info.map_or("?", |t| t.state.as_str());
             let exited = if info.is_some_and(|t| t.root_exited) {
@@ -111,7 +111,7 @@ fn line_text(app: &App, line: &Line) -> String {
 
 fn footer_text(app: &App) -> String {
     if let Some(tree) = app.confirm_kill {
-        let members = app.tree(tree).map_or(0, |t| t.members.len());
+        let members = app.tree(tree).map_or(0, |t| t.member_count);
         return format!("Kill tree {tree} ({members} members)? y/n");
     }
     if app.typing_filter {
@@ -153,6 +153,8 @@ mod tests {
             root_exited: false,
             state: "live".into(),
             nested_in: None,
+            member_count: members.len() as u64,
+            members_truncated: false,
             members,
         }
     }

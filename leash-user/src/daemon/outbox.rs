@@ -1,0 +1,236 @@
+//! Where one connection's replies and events wait for its writer. Both queues are bounded in
+//! bytes, not lines: a client that leaves its replies unread is disconnected, a subscriber that
+//! falls behind loses events (counted, and told how many exactly where they were lost), and the
+//! daemon never waits for either.
+
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use leash_client::protocol::{EventKind, ServerLine};
+use tokio::{
+    io::{AsyncWrite, AsyncWriteExt},
+    sync::Notify,
+};
+
+use super::enforcement;
+
+/// Reply bytes a client may leave unread before it is disconnected. One reply is always taken
+/// into an empty queue, whatever its size (replies are bounded: see `requests::MAX_LISTED`).
+pub const REPLY_BYTES: usize = 128 * 1024;
+/// Event bytes queued for a subscriber before further events are dropped (and counted).
+pub const EVENT_BYTES: usize = 128 * 1024;
+
+/// One connection's queues. Clones share them.
+#[derive(Clone, Default)]
+pub struct Outbox(Arc<Shared>);
+
+#[derive(Default)]
+struct Shared {
+    queues: Mutex<Queues>,
+    /// Wakes the writer when something is queued or the outbox closes.
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Queues {
+    replies: VecDeque<Vec<u8>>,
+    reply_bytes: usize,
+    events: VecDeque<Queued>,
+    event_bytes: usize,
+    /// The connection is ending, or a reply did not fit: nothing more is queued, and the
+    /// writer stops once what is queued is out (at once, if it overflowed).
+    closed: bool,
+    overflowed: bool,
+}
+
+/// An event line, shared by every subscriber it goes to (encoded once), or a count of those
+/// lost at this point of the stream.
+enum Queued {
+    Line(Arc<[u8]>),
+    Dropped(u64),
+}
+
+impl Outbox {
+    fn queues(&self) -> MutexGuard<'_, Queues> {
+        self.0.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues a reply. One that does not fit closes the outbox: the client is not reading,
+    /// and is disconnected.
+    pub fn reply(&self, line: &ServerLine) {
+        let bytes = encode(line);
+        let mut queues = self.queues();
+        if queues.closed {
+            return;
+        }
+        if !queues.replies.is_empty() && queues.reply_bytes + bytes.len() > REPLY_BYTES {
+            queues.closed = true;
+            queues.overflowed = true;
+        } else {
+            queues.reply_bytes += bytes.len();
+            queues.replies.push_back(bytes);
+        }
+        drop(queues);
+        self.0.wake.notify_one();
+    }
+
+    /// Queues an event line; one that does not fit is dropped and counted where it was lost.
+    /// Returns false once the outbox is closed (the subscriber is gone).
+    pub fn event(&self, line: &Arc<[u8]>) -> bool {
+        let mut queues = self.queues();
+        if queues.closed {
+            return false;
+        }
+        if queues.event_bytes + line.len() <= EVENT_BYTES {
+            queues.event_bytes += line.len();
+            queues.events.push_back(Queued::Line(line.clone()));
+        } else {
+            queues.count_dropped(1);
+        }
+        drop(queues);
+        self.0.wake.notify_one();
+        true
+    }
+
+    /// Counts `count` events lost before they reached this subscriber (in the kernel's ring
+    /// buffer, say). Returns false once the outbox is closed.
+    pub fn dropped(&self, count: u64) -> bool {
+        let mut queues = self.queues();
+        if queues.closed {
+            return false;
+        }
+        queues.count_dropped(count);
+        drop(queues);
+        self.0.wake.notify_one();
+        true
+    }
+
+    /// Whether a reply did not fit.
+    pub fn overflowed(&self) -> bool {
+        self.queues().overflowed
+    }
+
+    /// Ends the outbox: nothing more is queued; the writer sends what is queued, then stops.
+    pub fn close(&self) {
+        self.queues().closed = true;
+        self.0.wake.notify_one();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.queues().closed
+    }
+
+    /// The next line to write: replies first, then events in order; None when the writer is
+    /// done.
+    async fn next(&self) -> Option<Vec<u8>> {
+        loop {
+            // Registered before the queues are looked at, so a wake in between is not lost.
+            let woken = self.0.wake.notified();
+            {
+                let mut queues = self.queues();
+                if queues.overflowed {
+                    return None;
+                }
+                if let Some(reply) = queues.replies.pop_front() {
+                    queues.reply_bytes -= reply.len();
+                    return Some(reply);
+                }
+                match queues.events.pop_front() {
+                    Some(Queued::Line(line)) => {
+                        queues.event_bytes -= line.len();
+                        return Some(line.to_vec());
+                    }
+                    Some(Queued::Dropped(count)) => {
+                        let mut dropped = enforcement::event(EventKind::Dropped, 0, 0, None);
+                        dropped.count = Some(count);
+                        return Some(encode(&ServerLine::event(dropped)));
+                    }
+                    None if queues.closed => return None,
+                    None => {}
+                }
+            }
+            woken.await;
+        }
+    }
+
+    /// Writes queued lines to `writer` until the outbox is closed and drained, or the client
+    /// goes away.
+    pub async fn write_to(self, mut writer: impl AsyncWrite + Unpin) {
+        while let Some(line) = self.next().await {
+            if writer.write_all(&line).await.is_err() {
+                break;
+            }
+        }
+        self.close();
+    }
+}
+
+impl Queues {
+    /// A count sits where the events were lost: after the last one queued, merged with a count
+    /// already there. It takes no room: at most one follows each queued line.
+    fn count_dropped(&mut self, count: u64) {
+        match self.events.back_mut() {
+            Some(Queued::Dropped(n)) => *n += count,
+            _ => self.events.push_back(Queued::Dropped(count)),
+        }
+    }
+}
+
+/// One line of the protocol, newline included.
+pub fn encode(line: &ServerLine) -> Vec<u8> {
+    // A ServerLine is plain data: encoding it cannot fail.
+    let mut bytes = serde_json::to_vec(line).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leash_client::protocol::{ErrorCode, Reply};
+
+    fn drain(outbox: &Outbox) -> Vec<String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        outbox.close();
+        let mut written = Vec::new();
+        rt.block_on(outbox.clone().write_to(&mut written));
+        String::from_utf8(written)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn lost_events_are_counted_where_they_were_lost() {
+        let outbox = Outbox::default();
+        // Two of these do not fit.
+        let mut line = vec![b'x'; EVENT_BYTES / 2];
+        line.push(b'\n');
+        let line: Arc<[u8]> = line.into();
+        assert!(outbox.event(&line));
+        for _ in 0..5 {
+            assert!(outbox.event(&line));
+        }
+        assert!(outbox.dropped(10));
+        let lines = drain(&outbox);
+        assert_eq!(lines.len(), 2);
+        assert!(lines[1].contains("\"count\":15"), "{}", lines[1]);
+    }
+
+    #[test]
+    fn a_client_that_leaves_replies_unread_overflows() {
+        let outbox = Outbox::default();
+        let reply = ServerLine::error(Some(1), ErrorCode::BadRequest, "x".repeat(REPLY_BYTES));
+        outbox.reply(&reply);
+        assert!(!outbox.overflowed(), "one reply always fits an empty queue");
+        outbox.reply(&ServerLine::ok(2, Reply::Subscribed));
+        assert!(outbox.overflowed());
+        assert!(!outbox.event(&Arc::from(&b"e\n"[..])), "closed");
+        assert!(drain(&outbox).is_empty(), "an overflowed outbox writes nothing more");
+    }
+}

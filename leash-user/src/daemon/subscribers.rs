@@ -1,0 +1,123 @@
+//! Who hears of which tree events. Subscribers are filed by what they may hear (a uid's trees,
+//! one lease's trees, everything), so an event is matched and encoded once, and reaches only
+//! the outboxes it is for: a subscriber costs nothing for another user's events.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use leash_client::protocol::{Event, LeaseId, ServerLine};
+
+use super::outbox::{Outbox, encode};
+
+/// What one subscriber may hear.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Hears {
+    /// Root: every tree.
+    Everything,
+    /// The trees owned by this uid.
+    Uid(u32),
+    /// A process inside a tree: only its own lease's trees.
+    Lease(LeaseId),
+}
+
+#[derive(Default)]
+pub struct Subscribers(Mutex<HashMap<Hears, Vec<(LeaseId, Outbox)>>>);
+
+impl Subscribers {
+    fn filed(&self) -> MutexGuard<'_, HashMap<Hears, Vec<(LeaseId, Outbox)>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Files the connection of `lease`; it hears until [`Subscribers::remove`].
+    pub fn add(&self, hears: Hears, lease: LeaseId, outbox: Outbox) {
+        self.filed().entry(hears).or_default().push((lease, outbox));
+    }
+
+    pub fn remove(&self, lease: LeaseId) {
+        self.filed().retain(|_, subscribers| {
+            subscribers.retain(|(held, _)| *held != lease);
+            !subscribers.is_empty()
+        });
+    }
+
+    /// Whether anyone would hear of an event of `owner`'s tree held by `lease`.
+    pub fn any_for(&self, owner: u32, lease: LeaseId) -> bool {
+        let filed = self.filed();
+        [Hears::Everything, Hears::Uid(owner), Hears::Lease(lease)]
+            .iter()
+            .any(|hears| filed.contains_key(hears))
+    }
+
+    /// Sends `event`, of a tree `owner` owns, to those who may hear it.
+    pub fn deliver(&self, owner: u32, event: Event) {
+        let lease = event.lease;
+        let mut filed = self.filed();
+        let mut line: Option<Arc<[u8]>> = None;
+        for hears in [Hears::Everything, Hears::Uid(owner), Hears::Lease(lease)] {
+            let Some(subscribers) = filed.get_mut(&hears) else {
+                continue;
+            };
+            let line = line.get_or_insert_with(|| encode(&ServerLine::event(event.clone())).into());
+            // A closed outbox is a subscriber that left: forget it.
+            subscribers.retain(|(_, outbox)| outbox.event(line));
+        }
+        filed.retain(|_, subscribers| !subscribers.is_empty());
+    }
+
+    /// Tells every subscriber that `count` events were lost before the daemon read them (the
+    /// kernel's ring buffer was full): nobody can say whose they were.
+    pub fn dropped_everywhere(&self, count: u64) {
+        let mut filed = self.filed();
+        for subscribers in filed.values_mut() {
+            subscribers.retain(|(_, outbox)| outbox.dropped(count));
+        }
+        filed.retain(|_, subscribers| !subscribers.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::enforcement;
+    use leash_client::protocol::EventKind;
+
+    fn queued(outbox: &Outbox) -> bool {
+        // A closed, drained outbox writes nothing: close and see whether it had anything.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        outbox.close();
+        let mut written = Vec::new();
+        rt.block_on(outbox.clone().write_to(&mut written));
+        !written.is_empty()
+    }
+
+    #[test]
+    fn events_reach_only_who_may_hear_them() {
+        let subscribers = Subscribers::default();
+        let (root, own, other, confined, elsewhere) = Default::default();
+        subscribers.add(Hears::Everything, 1, Outbox::clone(&root));
+        subscribers.add(Hears::Uid(1000), 2, Outbox::clone(&own));
+        subscribers.add(Hears::Uid(1001), 3, Outbox::clone(&other));
+        subscribers.add(Hears::Lease(7), 4, Outbox::clone(&confined));
+        subscribers.add(Hears::Lease(8), 5, Outbox::clone(&elsewhere));
+        subscribers.deliver(1000, enforcement::event(EventKind::Fork, 1, 7, Some(42)));
+        assert!(queued(&root) && queued(&own) && queued(&confined));
+        assert!(!queued(&other) && !queued(&elsewhere));
+    }
+
+    #[test]
+    fn a_subscriber_that_left_is_forgotten() {
+        let subscribers = Subscribers::default();
+        let gone = Outbox::default();
+        subscribers.add(Hears::Uid(1000), 2, gone.clone());
+        gone.close();
+        subscribers.deliver(1000, enforcement::event(EventKind::Fork, 1, 7, Some(42)));
+        assert!(!subscribers.any_for(1000, 7));
+        subscribers.add(Hears::Uid(1000), 3, Outbox::default());
+        subscribers.remove(3);
+        assert!(!subscribers.any_for(1000, 7));
+    }
+}

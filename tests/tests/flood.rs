@@ -1,0 +1,152 @@
+//! One user's flood costs that user alone. While uid 61002 floods the daemon (hundreds of
+//! connections pipelining `status` and `list`, never reading their replies), uid 61001's host
+//! is SIGKILLed: its tree must still be emptied, and the flooder must have been limited
+//! (connections over its cap refused, requests over its rate refused), every refusal said to it
+//! with `limit_reached`.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use leash_tests::{
+    Cgroup,
+    daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args, signal},
+    wait_for,
+};
+
+const CONNECTIONS: usize = 300;
+
+/// argv: SOCKET CONNECTIONS. Opens the connections, says `flooding` on stdout, then sends
+/// pipelined `status` and `list` requests on every one until stdin closes, never reading a
+/// reply until then. Then it reads what each connection was sent and prints the counts.
+const FLOOD: &str = r#"
+import os, socket, sys, select, json, threading
+path, count = sys.argv[1], int(sys.argv[2])
+conns = []
+for _ in range(count):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.setblocking(False)
+    conns.append(s)
+print("flooding", flush=True)
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+burst = (b'{"id":1,"op":"status"}\n' * 50 + b'{"id":2,"op":"list"}\n') * 4
+while not stop.is_set():
+    for s in conns:
+        try:
+            s.send(burst)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            pass
+refused_connections = rate_refusals = answered = 0
+for s in conns:
+    s.setblocking(True)
+    s.settimeout(0.5)
+    data = b""
+    try:
+        while len(data) < 4_000_000:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except (socket.timeout, OSError):
+        pass
+    for line in data.split(b"\n"):
+        if b"limit_reached" in line and b"connections open" in line:
+            refused_connections += 1
+        elif b"limit_reached" in line:
+            rate_refusals += 1
+        elif b'"ok"' in line:
+            answered += 1
+print(json.dumps({"refused_connections": refused_connections,
+                  "rate_refusals": rate_refusals, "answered": answered}), flush=True)
+"#;
+
+#[test]
+fn a_flood_by_one_user_delays_no_other_users_enforcement() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    // uid 61001's host: `leash run` with a tree of two sleeps.
+    let cgroup = Cgroup::new("flood-victim");
+    let mut host = daemon
+        .leash_as(
+            USER_A,
+            &cgroup,
+            &["run", "--", "sh", "-c", "sleep 600 & sleep 600"],
+        )
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(20), || cgroup.procs().len() >= 4),
+        "the host and its tree did not start: {:?}",
+        cgroup.procs()
+    );
+
+    let flood_cgroup = Cgroup::new("flood-flooder");
+    let mut flooder = start_flooder(&daemon, &flood_cgroup);
+    // The flood goes on for a while before the host dies: the daemon is at its busiest.
+    std::thread::sleep(Duration::from_secs(2));
+
+    signal(host.id(), "KILL");
+    let _ = host.wait();
+    let emptied = wait_for(Duration::from_secs(10), || cgroup.procs().is_empty());
+
+    drop(flooder.stdin.take());
+    let mut report = String::new();
+    BufReader::new(flooder.stdout.take().unwrap())
+        .read_line(&mut report)
+        .unwrap();
+    let _ = flooder.wait();
+    eprintln!("flooder: {report}");
+    assert!(
+        emptied,
+        "uid {USER_A}'s tree outlived its host under uid {USER_B}'s flood: {:?}",
+        cgroup.procs()
+    );
+    let report: serde_json::Value = serde_json::from_str(&report).expect("the flooder's counts");
+    let refused = report["refused_connections"].as_u64().unwrap();
+    assert!(
+        refused >= (CONNECTIONS - 128) as u64,
+        "connections over the default cap of 128 per uid are refused: {report}"
+    );
+    assert!(
+        report["rate_refusals"].as_u64().unwrap() > 0,
+        "requests over the rate are refused: {report}"
+    );
+    // The daemon is still there for everyone.
+    daemon.client().status().unwrap();
+}
+
+fn start_flooder(daemon: &Daemon, cgroup: &Cgroup) -> Child {
+    let mut args = setpriv_args(USER_B);
+    args.extend(
+        [
+            "/usr/bin/python3",
+            "-c",
+            FLOOD,
+            path_str(&daemon.socket),
+            &CONNECTIONS.to_string(),
+        ]
+        .map(String::from),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut command: Command = cgroup.command("setpriv", &args);
+    let mut flooder = command
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(flooder.stdout.as_mut().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready.trim(), "flooding", "the flooder did not start");
+    flooder
+}
