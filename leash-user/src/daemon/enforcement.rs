@@ -27,6 +27,9 @@ const SWEEP_EVERY: Duration = Duration::from_millis(100);
 /// How often the ring buffer is read when nothing wakes the daemon: the programs wake it only
 /// for a root's exit, and leave fork, exec and exit records to be collected.
 const COLLECT_EVERY: Duration = Duration::from_millis(50);
+/// How often, and how many times, an untracked child that could not be opened is tried again.
+const UNTRACKED_RETRY_EVERY: Duration = Duration::from_millis(20);
+const UNTRACKED_RETRIES: usize = 500;
 
 /// Reacts to the ring buffer's root-exit events as soon as they are written, and collects the
 /// other records every 50 ms.
@@ -76,25 +79,42 @@ fn collect_events(owner: &Rc<Owner>) {
 
 /// A member's child could not join its tree (the member map is full): its forker died in the
 /// kernel, and the child, which nothing tracks, is killed now, before it can do much. (Its
-/// tree is killed as untrackable by the sweep.)
+/// tree is killed as untrackable by the sweep.) If it cannot be opened now (out of descriptors,
+/// say), it is tried again shortly: that is never taken for its being gone.
 fn kill_untracked_child(event: &TreeEvent) {
     let child = crate::proc::ProcessRef {
         pid: event.pid,
         start_ticks: crate::proc::ns_to_ticks(event.time_ns),
     };
-    match child.open() {
+    let tree = event.tree;
+    let attempt = move || match child.open() {
         Ok(Some(pidfd)) => {
             let sent = pidfd.send_signal(libc::SIGKILL);
             tracing::warn!(
-                tree = event.tree,
-                pid = event.pid,
+                tree,
+                pid = child.pid,
                 ?sent,
                 "killed a child the member map had no room for"
             );
+            true
         }
-        Ok(None) => {}
-        Err(e) => tracing::error!(pid = event.pid, "cannot kill an untracked child: {e}"),
+        Ok(None) => true,
+        Err(e) => {
+            tracing::error!(pid = child.pid, "cannot kill an untracked child yet: {e}");
+            false
+        }
+    };
+    if attempt() {
+        return;
     }
+    tokio::task::spawn_local(async move {
+        for _ in 0..UNTRACKED_RETRIES {
+            tokio::time::sleep(UNTRACKED_RETRY_EVERY).await;
+            if attempt() {
+                return;
+            }
+        }
+    });
 }
 
 /// Passes a member's fork, exec or exit on to subscribers (who may drop them if they read

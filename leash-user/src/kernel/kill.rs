@@ -361,6 +361,7 @@ impl Kill {
             return Ok(());
         }
         let take = self.queue.len().min(SIGNALS_PER_STEP);
+        let mut deferred = 0;
         for Queued {
             pid,
             member,
@@ -374,7 +375,12 @@ impl Kill {
                 Some(false) if signal == libc::SIGTERM => continue,
                 _ => {}
             }
-            if tracker.signal_member(pid, member, signal)? {
+            let Some(sent) = tracker.signal_member(pid, member, signal)? else {
+                // It stays in the map, unsignalled: a later round finds it again.
+                deferred += 1;
+                continue;
+            };
+            if sent {
                 self.signalled.insert(process, signal == libc::SIGKILL);
                 if signal == libc::SIGKILL {
                     self.killed += 1;
@@ -382,6 +388,14 @@ impl Kill {
                     self.terminated += 1;
                 }
             }
+        }
+        if deferred > 0 {
+            tracing::warn!(
+                tree = self.tree,
+                deferred,
+                "members could not be opened now (out of descriptors or memory?); a later \
+                 round signals them"
+            );
         }
         // A round's wait for its members to die starts when the last of them was signalled.
         if self.queue.is_empty()
@@ -478,12 +492,22 @@ impl Tracker {
     /// `member` names. Returns whether it was sent. An entry whose process is gone (it can only
     /// be one user space put in after its process had exited) is taken out: its pid may name an
     /// unrelated process by now.
-    fn signal_member(&mut self, pid: Pid, member: Member, signal: i32) -> Result<bool> {
-        let Some(pidfd) = self.open_member(process_of(pid, member), member)? else {
-            self.drop_stale(pid, member)?;
-            return Ok(false);
+    ///
+    /// Returns whether it was signalled; None if it could not be opened now (a shortage of
+    /// descriptors or memory, say): that is never taken for its being gone.
+    fn signal_member(&mut self, pid: Pid, member: Member, signal: i32) -> Result<Option<bool>> {
+        let pidfd = match self.open_member(process_of(pid, member), member) {
+            Ok(Some(pidfd)) => pidfd,
+            Ok(None) => {
+                self.drop_stale(pid, member)?;
+                return Ok(Some(false));
+            }
+            Err(e) => {
+                tracing::debug!(pid, "cannot open a member: {e}");
+                return Ok(None);
+            }
         };
-        Ok(pidfd.send_signal(signal).is_ok())
+        Ok(Some(pidfd.send_signal(signal).is_ok()))
     }
 
     /// A pidfd for the process `member`'s entry names, or None if it is gone.
