@@ -7,6 +7,7 @@
 //! - [`enforcement`]: the kill driver, root-exit detection, lease ends, shutdown.
 //! - [`auth`]: the kill(2) rule and tree ownership.
 
+mod accept;
 mod auth;
 mod connection;
 mod enforcement;
@@ -179,14 +180,12 @@ pub async fn run(config: Config) -> Result<()> {
     tokio::spawn(enforcement::watch_events(daemon.clone()));
     tokio::spawn(enforcement::sweep(daemon.clone()));
 
+    let mut accept_failures = accept::AcceptFailures::default();
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    tokio::spawn(connection::serve(daemon.clone(), stream));
-                }
-                Err(e) => tracing::warn!("accept failed: {e}"),
-            },
+            stream = accept::next_connection(&listener, &mut accept_failures) => {
+                tokio::spawn(connection::serve(daemon.clone(), stream));
+            }
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
             _ = hangup.recv() => {

@@ -6,6 +6,7 @@
 
 use std::{
     collections::{HashMap, hash_map::Entry},
+    os::fd::OwnedFd,
     sync::Arc,
     time::Duration,
 };
@@ -94,33 +95,49 @@ pub fn hold_again(daemon: &Arc<Daemon>) {
     }
 }
 
-/// Ends `lease` when its host exits (at once if it already has).
+/// How often a host that could not be opened (out of file descriptors, say) is tried again.
+const HOST_RETRY: Duration = Duration::from_secs(1);
+
+/// Ends `lease` when its host exits (at once if it already has). A host that cannot be
+/// opened is not taken for gone: its trees stay held, tracked by the programs, and it is tried
+/// again until it is watched or found gone.
 async fn watch_host(daemon: Arc<Daemon>, lease: LeaseId, pid: Pid, start_ticks: u64) {
     let span = tracing::info_span!("lease", lease, host = pid, recovered = true);
     async {
-        match host_pidfd(pid, start_ticks) {
-            Ok(host) => {
-                tracing::info!("watching the host again");
-                let _ = host.readable().await;
-                tracing::info!(ended_by = "host exited", "lease ended");
+        let mut failed = false;
+        let ended_by = loop {
+            match host_pidfd(pid, start_ticks) {
+                Ok(Some(host)) => {
+                    tracing::info!("watching the host again");
+                    let _ = host.readable().await;
+                    break "host exited";
+                }
+                Ok(None) => break "host exited while no daemon ran",
+                Err(e) => {
+                    if !failed {
+                        tracing::warn!("cannot watch the host ({e}); trying every {HOST_RETRY:?}");
+                        failed = true;
+                    }
+                    tokio::time::sleep(HOST_RETRY).await;
+                }
             }
-            Err(why) => tracing::info!(ended_by = why, "lease ended"),
-        }
+        };
+        tracing::info!(ended_by, "lease ended");
         enforcement::end_lease(&daemon, lease);
     }
     .instrument(span)
     .await;
 }
 
-/// A pidfd of the host, if the process `pid` is still the one that started at `start_ticks`
-/// and has not exited (every thread of it: a host whose main thread exited runs on).
-fn host_pidfd(pid: Pid, start_ticks: u64) -> Result<AsyncFd<std::os::fd::OwnedFd>, &'static str> {
-    let gone = "host exited while no daemon ran";
-    let pidfd = proc::ProcessRef { pid, start_ticks }
-        .open()
-        .ok()
-        .flatten()
-        .filter(|pidfd| !pidfd.has_exited())
-        .ok_or(gone)?;
-    sys::async_readable(pidfd).map_err(|_| "host cannot be watched")
+/// A pidfd of the host, registered to be awaited, if the process `pid` is still the one that
+/// started at `start_ticks` and has not exited (every thread of it: a host whose main thread
+/// exited runs on); None if it is gone.
+fn host_pidfd(pid: Pid, start_ticks: u64) -> std::io::Result<Option<AsyncFd<OwnedFd>>> {
+    let Some(pidfd) = proc::ProcessRef { pid, start_ticks }.open()? else {
+        return Ok(None);
+    };
+    if pidfd.has_exited() {
+        return Ok(None);
+    }
+    sys::async_readable(pidfd).map(Some)
 }
