@@ -263,7 +263,9 @@ pub fn peer_pidfd(socket: BorrowedFd<'_>, pid: u32) -> io::Result<Pidfd> {
         // the best there is.
         Some(libc::ENOPROTOOPT) => Pidfd::open(pid),
         // Any other error is returned, never answered by opening `pid`: the peer may have
-        // exited (EINVAL, ESRCH) and its pid named another process since.
+        // exited (EINVAL, ESRCH) and its pid named another process since. Nor is a shortage
+        // waited out here: a connection is refused at once, for its client to try again,
+        // rather than hold up a thread of the daemon for each one.
         _ => Err(error),
     }
 }
@@ -298,6 +300,26 @@ pub fn retry_on_shortage<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Resu
         }
     }
     call()
+}
+
+/// Fills `bytes` from the kernel's random number generator (getrandom(2)): no descriptor is
+/// needed, so it works when a process is out of them, where reading /dev/urandom does not.
+pub fn random_bytes(bytes: &mut [u8]) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < bytes.len() {
+        let rest = &mut bytes[filled..];
+        // SAFETY: `rest` is valid for writes of its length.
+        let got = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if got < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        filled += got as usize;
+    }
+    Ok(())
 }
 
 /// The limits on open file descriptors (RLIMIT_NOFILE).
@@ -408,6 +430,15 @@ mod tests {
         });
         assert_eq!(result.unwrap_err().raw_os_error(), Some(libc::ESRCH));
         assert_eq!(calls, 1);
+    }
+
+    #[test]
+    fn random_bytes_fill_the_buffer() {
+        let (mut a, mut b) = ([0u8; 32], [0u8; 32]);
+        random_bytes(&mut a).unwrap();
+        random_bytes(&mut b).unwrap();
+        assert_ne!(a, b);
+        assert_ne!(a, [0; 32]);
     }
 
     #[test]
