@@ -156,7 +156,11 @@ fn wait_until_steady(pid: u32) -> BTreeSet<u64> {
 
 fn set_soft_limit(pid: u32, soft: u64) {
     let status = Command::new("prlimit")
-        .args(["--pid", &pid.to_string(), &format!("--nofile={soft}:{HARD}")])
+        .args([
+            "--pid",
+            &pid.to_string(),
+            &format!("--nofile={soft}:{HARD}"),
+        ])
         .status()
         .unwrap();
     assert!(status.success(), "prlimit --pid failed");
