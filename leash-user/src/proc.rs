@@ -47,7 +47,11 @@ impl ProcessInfo {
 /// and when it cannot be read: for a caller to whom both mean "nothing to show". Where a
 /// failure must not pass for a process gone, use [`read_process`].
 pub fn process(pid: Pid) -> Option<ProcessInfo> {
-    read_process(pid).ok().flatten()
+    let stat = procfs::process::Process::new(pid as i32)
+        .ok()?
+        .stat()
+        .ok()?;
+    Some(ProcessInfo::from_stat(stat))
 }
 
 /// Reads /proc/PID/stat: Ok(None) only when there is no such process (ENOENT, or ESRCH for one

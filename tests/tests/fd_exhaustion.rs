@@ -62,7 +62,7 @@ fn running_out_of_descriptors_neither_floods_the_log_nor_stops_the_daemon() {
 
     let idle: Vec<UnixStream> = (0..IDLE).map(|_| connect(&daemon)).collect();
     // The daemon takes what it can until it is out of descriptors; the rest wait in the queue.
-    let settled = wait_until_steady(pid);
+    let settled = wait_until_steady(&daemon);
     assert!(
         settled.len() as u64 >= HARD - 1,
         "the idle connections did not use up the daemon's descriptors: it has {} of {HARD}",
@@ -138,20 +138,22 @@ fn open_fds(pid: u32) -> BTreeSet<u64> {
         .collect()
 }
 
-/// The descriptors of `pid` once they have not changed for a while (the daemon has taken
-/// every connection it could).
-fn wait_until_steady(pid: u32) -> BTreeSet<u64> {
-    let mut last = open_fds(pid);
+/// The daemon's descriptors once it has taken every connection it could: neither they nor its
+/// log have changed for a while. (A connection it accepts and then drops, for want of a
+/// descriptor for something else, leaves the same descriptors behind, and a line in the log.)
+fn wait_until_steady(daemon: &Daemon) -> BTreeSet<u64> {
+    let look = || (open_fds(daemon.pid()), log_len(daemon));
+    let mut last = look();
     let mut unchanged = 0;
     let steady = wait_for(Duration::from_secs(30), || {
-        let now = open_fds(pid);
+        let now = look();
         unchanged = if now == last { unchanged + 1 } else { 0 };
         last = now;
         // wait_for polls every 10 ms: unchanged for about 300 ms.
         unchanged >= 30
     });
     assert!(steady, "the daemon's descriptors never settled");
-    last
+    last.0
 }
 
 fn set_soft_limit(pid: u32, soft: u64) {
