@@ -43,13 +43,38 @@ impl ProcessInfo {
     }
 }
 
-/// Reads /proc/PID/stat; None when there is no such process (or it vanished while reading).
+/// Reads /proc/PID/stat; None when there is no such process (or it vanished while reading),
+/// and when it cannot be read: for a caller to whom both mean "nothing to show". Where a
+/// failure must not pass for a process gone, use [`read_process`].
 pub fn process(pid: Pid) -> Option<ProcessInfo> {
     let stat = procfs::process::Process::new(pid as i32)
         .ok()?
         .stat()
         .ok()?;
     Some(ProcessInfo::from_stat(stat))
+}
+
+/// Reads /proc/PID/stat: Ok(None) only when there is no such process (ENOENT, or ESRCH for one
+/// that vanished while it was read); any other failure (out of descriptors, say) is an error,
+/// which says nothing about the process. A shortage is waited out a little first.
+pub fn read_process(pid: Pid) -> std::io::Result<Option<ProcessInfo>> {
+    let read = || procfs::process::Process::new(pid as i32).and_then(|p| p.stat());
+    match crate::sys::retry_on_shortage(|| read().map_err(into_io)) {
+        Ok(stat) => Ok(Some(ProcessInfo::from_stat(stat))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A procfs error as the I/O error it came from; "no such process" (which procfs makes of
+/// ENOENT and ESRCH) as NotFound.
+fn into_io(error: procfs::ProcError) -> std::io::Error {
+    use std::io::{Error, ErrorKind};
+    match error {
+        procfs::ProcError::NotFound(_) => Error::from(ErrorKind::NotFound),
+        procfs::ProcError::Io(e, _) => e,
+        other => Error::other(other.to_string()),
+    }
 }
 
 /// One process, for good: its pid and its start time (clock ticks since boot, as /proc gives
@@ -69,23 +94,16 @@ impl ProcessRef {
     /// A pidfd for this very process, or None if it is gone (reaped, its pid perhaps another
     /// process's by now). The pidfd is opened first and the start time read after: a match
     /// means the pid still named this process after the pidfd was opened, so the pidfd is its.
-    /// An error (EMFILE, say) says nothing about the process.
+    /// An error (EMFILE, say), from either step, says nothing about the process: it is
+    /// returned, never taken for the process gone.
     pub fn open(self) -> std::io::Result<Option<Pidfd>> {
         let pidfd = match Pidfd::open(self.pid) {
             Ok(pidfd) => pidfd,
-            // No such process; or the pid names a thread now, of some other process (EINVAL,
-            // or ENOENT on newer kernels).
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ESRCH | libc::EINVAL | libc::ENOENT)
-                ) =>
-            {
-                return Ok(None);
-            }
+            // No such process; or the pid names a thread now, of some other process.
+            Err(e) if is_gone(&e) => return Ok(None),
             Err(e) => return Err(e),
         };
-        let same = process(self.pid).is_some_and(|now| now.start_ticks == self.start_ticks);
+        let same = read_process(self.pid)?.is_some_and(|now| now.start_ticks == self.start_ticks);
         Ok(same.then_some(pidfd))
     }
 
@@ -102,7 +120,8 @@ impl ProcessRef {
             // exiting if the pid still names it, and long gone if it names another.
             Ok(pidfd) => {
                 pidfd.has_exited()
-                    || process(self.pid).is_none_or(|now| now.start_ticks != self.start_ticks)
+                    || read_process(self.pid)
+                        .is_ok_and(|now| now.is_none_or(|now| now.start_ticks != self.start_ticks))
             }
         }
     }

@@ -172,15 +172,20 @@ impl<K: aya::Pod, V: aya::Pod> HashMapReader<K, V> {
 pub struct Pidfd(OwnedFd);
 
 impl Pidfd {
+    /// A pidfd for process `pid`. A shortage of descriptors or memory is waited out a little
+    /// (see [`retry_on_shortage`]) and then returned as the error it is: it says nothing about
+    /// the process, which only ESRCH (and EINVAL or ENOENT, for a thread's id) does.
     pub fn open(pid: u32) -> io::Result<Self> {
         let pid = libc::pid_t::try_from(pid).map_err(io::Error::other)?;
-        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the kernel just returned this fd, and nothing else owns it.
-        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+        retry_on_shortage(|| {
+            // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: the kernel just returned this fd, and nothing else owns it.
+            Ok(Self(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+        })
     }
 
     pub fn send_signal(&self, signal: i32) -> io::Result<()> {
@@ -252,7 +257,106 @@ pub fn peer_pidfd(socket: BorrowedFd<'_>, pid: u32) -> io::Result<Pidfd> {
         // SAFETY: the kernel just returned this fd, and nothing else owns it.
         return Ok(Pidfd(unsafe { OwnedFd::from_raw_fd(fd) }));
     }
-    Pidfd::open(pid)
+    let error = io::Error::last_os_error();
+    match error.raw_os_error() {
+        // A kernel without SO_PEERPIDFD: the pid, read from the same socket just before, is
+        // the best there is.
+        Some(libc::ENOPROTOOPT) => Pidfd::open(pid),
+        // Any other error is returned, never answered by opening `pid`: the peer may have
+        // exited (EINVAL, ESRCH) and its pid named another process since. Nor is a shortage
+        // waited out here: a connection is refused at once, for its client to try again,
+        // rather than hold up a thread of the daemon for each one.
+        _ => Err(error),
+    }
+}
+
+/// The errors that say the system or this process is short of something for now (file
+/// descriptors: EMFILE, ENFILE; memory: ENOMEM, ENOBUFS), not that the call was wrong or its
+/// object is gone.
+pub fn is_shortage(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::ENOBUFS)
+    )
+}
+
+/// Pauses between the tries of [`retry_on_shortage`]: 15 ms in all.
+const SHORTAGE_PAUSES: [std::time::Duration; 4] = [
+    std::time::Duration::from_millis(1),
+    std::time::Duration::from_millis(2),
+    std::time::Duration::from_millis(4),
+    std::time::Duration::from_millis(8),
+];
+
+/// Runs `call` again, after a short pause, while it fails for a shortage (see
+/// [`is_shortage`]): another task may close a descriptor or free memory meanwhile. The last
+/// error when the shortage lasts. The pauses block the thread, 15 ms at most, and only while
+/// descriptors or memory are short.
+pub fn retry_on_shortage<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    for pause in SHORTAGE_PAUSES {
+        match call() {
+            Err(e) if is_shortage(&e) => std::thread::sleep(pause),
+            done => return done,
+        }
+    }
+    call()
+}
+
+/// Fills `bytes` from the kernel's random number generator (getrandom(2)): no descriptor is
+/// needed, so it works when a process is out of them, where reading /dev/urandom does not.
+pub fn random_bytes(bytes: &mut [u8]) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < bytes.len() {
+        let rest = &mut bytes[filled..];
+        // SAFETY: `rest` is valid for writes of its length.
+        let got = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if got < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        filled += got as usize;
+    }
+    Ok(())
+}
+
+/// The limits on open file descriptors (RLIMIT_NOFILE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FdLimit {
+    /// The soft limit before it was raised.
+    pub was: u64,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// Raises the soft limit on open file descriptors to the hard limit, which needs no
+/// privilege. The soft limit is often 1024 while the hard one is far higher: kept low for
+/// programs that still use select(2), which this one does not.
+pub fn raise_fd_limit() -> io::Result<FdLimit> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid rlimit to write into.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let was = limit.rlim_cur;
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: `limit` is a valid rlimit, read above, with the soft limit raised to the
+        // hard one.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(FdLimit {
+        was,
+        soft: limit.rlim_cur,
+        hard: limit.rlim_max,
+    })
 }
 
 /// Registers an owned descriptor with tokio's reactor, to await its readability (a pidfd
@@ -313,5 +417,59 @@ pub fn release_free_memory() {
     // SAFETY: malloc_trim only returns free heap pages to the kernel.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shortage_is_retried_and_then_returned() {
+        let mut calls = 0;
+        let result: io::Result<()> = retry_on_shortage(|| {
+            calls += 1;
+            Err(io::Error::from_raw_os_error(libc::EMFILE))
+        });
+        assert_eq!(result.unwrap_err().raw_os_error(), Some(libc::EMFILE));
+        assert_eq!(calls, SHORTAGE_PAUSES.len() + 1);
+
+        let mut calls = 0;
+        let result = retry_on_shortage(|| {
+            calls += 1;
+            match calls {
+                1 => Err(io::Error::from_raw_os_error(libc::ENFILE)),
+                _ => Ok(calls),
+            }
+        });
+        assert_eq!(result.unwrap(), 2, "succeeds once descriptors are back");
+    }
+
+    #[test]
+    fn other_errors_are_returned_at_once() {
+        let mut calls = 0;
+        let result: io::Result<()> = retry_on_shortage(|| {
+            calls += 1;
+            Err(io::Error::from_raw_os_error(libc::ESRCH))
+        });
+        assert_eq!(result.unwrap_err().raw_os_error(), Some(libc::ESRCH));
+        assert_eq!(calls, 1);
+    }
+
+    #[test]
+    fn random_bytes_fill_the_buffer() {
+        let (mut a, mut b) = ([0u8; 32], [0u8; 32]);
+        random_bytes(&mut a).unwrap();
+        random_bytes(&mut b).unwrap();
+        assert_ne!(a, b);
+        assert_ne!(a, [0; 32]);
+    }
+
+    #[test]
+    fn the_soft_fd_limit_is_raised_to_the_hard_one() {
+        let limit = raise_fd_limit().unwrap();
+        assert_eq!(limit.soft, limit.hard);
+        assert!(limit.was <= limit.soft);
+        assert_eq!(raise_fd_limit().unwrap().was, limit.soft, "it stays raised");
     }
 }

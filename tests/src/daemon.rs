@@ -21,6 +21,8 @@ pub struct Daemon {
     /// Where the daemon pins its programs and maps (on bpffs, which the daemon mounts).
     pub pins: PathBuf,
     args: Vec<String>,
+    /// A command that runs the daemon (prlimit, setpriv...), or empty.
+    wrapper: Vec<String>,
     process: Child,
 }
 
@@ -28,6 +30,13 @@ impl Daemon {
     /// Starts `leash daemon` with `args`, or fails the test saying why. None only when BPF is
     /// unavailable and the runner opted out with LEASH_TEST_SKIP_BPF=1.
     pub fn start(args: &[&str]) -> Option<Self> {
+        Self::start_wrapped(&[], args)
+    }
+
+    /// [`Daemon::start`], the daemon run by `wrapper` (`prlimit --nofile=64:128`, `setpriv
+    /// ...`: a command that ends by executing the rest of its arguments, so that the process
+    /// started is the daemon).
+    pub fn start_wrapped(wrapper: &[&str], args: &[&str]) -> Option<Self> {
         if std::env::var(SKIP_BPF_VAR).is_ok_and(|v| v == "1") {
             load_tracker(leash::Capacity::default())?;
         }
@@ -51,12 +60,14 @@ impl Daemon {
                 |pair| pair[1].into(),
             );
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let process = spawn_daemon(&dir, &socket, &pins, &args);
+        let wrapper: Vec<String> = wrapper.iter().map(|a| a.to_string()).collect();
+        let process = spawn_daemon(&wrapper, &dir, &socket, &pins, &args);
         let mut daemon = Self {
             dir,
             socket,
             pins,
             args,
+            wrapper,
             process,
         };
         daemon.await_serving();
@@ -79,7 +90,13 @@ impl Daemon {
     /// [`Daemon::hand_over`].
     pub fn restart(&mut self) {
         assert!(self.has_exited(), "the daemon is still running");
-        self.process = spawn_daemon(&self.dir, &self.socket, &self.pins, &self.args);
+        self.process = spawn_daemon(
+            &self.wrapper,
+            &self.dir,
+            &self.socket,
+            &self.pins,
+            &self.args,
+        );
         self.await_serving();
     }
 
@@ -178,14 +195,28 @@ impl Drop for Daemon {
     }
 }
 
-/// `leash daemon --socket SOCKET --pin-dir PINS ARGS...`, logging (appending) to DIR/daemon.log.
-fn spawn_daemon(dir: &Path, socket: &Path, pins: &Path, args: &[String]) -> Child {
+/// `[WRAPPER...] leash daemon --socket SOCKET --pin-dir PINS ARGS...`, logging (appending) to
+/// DIR/daemon.log.
+fn spawn_daemon(
+    wrapper: &[String],
+    dir: &Path,
+    socket: &Path,
+    pins: &Path,
+    args: &[String],
+) -> Child {
     let log = fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("daemon.log"))
         .unwrap();
-    let mut command = Command::new(leash_binary());
+    let mut command = match wrapper.split_first() {
+        Some((program, wrapper_args)) => {
+            let mut command = Command::new(program);
+            command.args(wrapper_args).arg(leash_binary());
+            command
+        }
+        None => Command::new(leash_binary()),
+    };
     command.arg("daemon").arg("--socket").arg(socket);
     if !args.iter().any(|a| a == "--no-pin" || a == "--pin-dir") {
         command.arg("--pin-dir").arg(pins);

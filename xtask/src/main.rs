@@ -100,9 +100,54 @@ fn ensure_tmux() -> Result<()> {
     )
 }
 
+/// The tests of the systemd unit and of the daemon under its restrictions: systemd-analyze
+/// (verify, security, syscall-filter), Python's seccomp module, and util-linux's prlimit,
+/// setpriv and unshare.
+fn ensure_unit_test_tools() -> Result<()> {
+    let works = |program: &str, args: &[&str]| {
+        Command::new(program)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let mut missing = Vec::new();
+    if !works("systemd-analyze", &["--version"]) {
+        missing.push("systemd");
+    }
+    if !works("/usr/bin/python3", &["-c", "import seccomp"]) {
+        missing.push("python3-seccomp");
+    }
+    if !works("prlimit", &["--version"]) || !works("setpriv", &["--version"]) {
+        missing.push("util-linux");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !Path::new("/usr/bin/apt-get").exists() || !is_root() {
+        bail!(
+            "the tests need {}; install them (Debian/Ubuntu: apt-get install {0}), or set \
+             LEASH_TEST_SKIP_SYSTEMD=1 to skip the tests of the systemd unit",
+            missing.join(" ")
+        );
+    }
+    eprintln!("xtask: installing {}", missing.join(" "));
+    status(Command::new("apt-get").args(["update", "-qq"]))?;
+    status(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
 fn test(args: &[String]) -> Result<()> {
     setup()?;
     ensure_tmux()?;
+    if !env::var("LEASH_TEST_SKIP_SYSTEMD").is_ok_and(|v| v == "1") {
+        ensure_unit_test_tools()?;
+    }
     if !is_root() {
         eprintln!(
             "xtask: warning: not root; the integration tests will fail to load BPF. \

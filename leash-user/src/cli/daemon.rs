@@ -6,6 +6,9 @@ use anyhow::{Context, Result};
 use clap::Args;
 use leash::{Capacity, daemon, daemon::UidLimits};
 
+/// Below this open file limit, the daemon warns that it serves few connections at once.
+const FEW_DESCRIPTORS: u64 = 4096;
+
 #[derive(Args, Debug)]
 pub struct DaemonArgs {
     /// Processes tracked at once, over all trees (kernel memory is reserved for them).
@@ -46,6 +49,23 @@ pub struct DaemonArgs {
 }
 
 pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
+    // Every connection holds descriptors (its socket, its host's pidfd), and so does every
+    // kill: the common soft limit of 1024 would refuse clients after a few hundred.
+    match leash::sys::raise_fd_limit() {
+        Ok(limit) if limit.soft < FEW_DESCRIPTORS => tracing::warn!(
+            soft = limit.soft,
+            hard = limit.hard,
+            "open file limit is low: it bounds the connections served at once (raise the hard \
+             limit, e.g. LimitNOFILE= in a systemd unit)"
+        ),
+        Ok(limit) => tracing::info!(
+            soft = limit.soft,
+            hard = limit.hard,
+            was = limit.was,
+            "open file limit"
+        ),
+        Err(e) => tracing::warn!("cannot raise the open file limit: {e}"),
+    }
     let config = daemon::Config {
         socket,
         capacity: Capacity {

@@ -69,8 +69,16 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
             return;
         }
     };
-    // Read after the pidfd is open: the start time is the connected process's.
-    let host_start_ticks = crate::proc::process(pid as u32).map_or(0, |p| p.start_ticks);
+    // Read after the pidfd is open: the start time is the connected process's. Unknown, the
+    // host could not be told from a later process by its pid: refuse the connection.
+    let host_start_ticks = match crate::proc::read_process(pid as u32) {
+        Ok(Some(process)) => process.start_ticks,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(pid, "cannot read the connecting process: {e}");
+            return;
+        }
+    };
     let lease = match daemon.open_lease(uid, pid as u32, host_start_ticks) {
         Ok(lease) => lease,
         Err(e) => {

@@ -4,6 +4,7 @@
 //!
 //! - [`owner`]: the thread that owns the tracker and runs enforcement, ahead of clients.
 //! - [`enforcement`]: the kill driver, root-exit detection, lease ends, shutdown.
+//! - [`accept`]: accepting connections, backing off when descriptors run out.
 //! - [`connection`]: one task per client: bounded lines in, replies and events out, the lease.
 //! - [`requests`]: what each request does.
 //! - [`outbox`]: a connection's replies and events, bounded in bytes.
@@ -11,6 +12,7 @@
 //! - [`limits`]: per-uid caps on connections, request rate and heavy work.
 //! - [`auth`]: the kill(2) rule and tree ownership.
 
+mod accept;
 mod auth;
 mod connection;
 mod enforcement;
@@ -204,14 +206,12 @@ pub async fn run(config: Config) -> Result<()> {
         .context("starting the enforcement thread")?;
     tokio::spawn(release_free_memory(daemon.clone()));
 
+    let mut accept_failures = accept::AcceptFailures::default();
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    tokio::spawn(connection::serve(daemon.clone(), stream));
-                }
-                Err(e) => tracing::warn!("accept failed: {e}"),
-            },
+            stream = accept::next_connection(&listener, &mut accept_failures) => {
+                tokio::spawn(connection::serve(daemon.clone(), stream));
+            }
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
             _ = hangup.recv() => {
@@ -264,9 +264,8 @@ async fn release_free_memory(daemon: Arc<Daemon>) {
 
 /// A lease's secret, which lets the `leash exec` shim join it: 128 random bits, in hex.
 fn new_token() -> io::Result<String> {
-    use std::io::Read;
     let mut bytes = [0u8; 16];
-    fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    sys::random_bytes(&mut bytes)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 

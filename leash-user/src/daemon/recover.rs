@@ -6,6 +6,7 @@
 
 use std::{
     collections::{HashMap, hash_map::Entry},
+    os::fd::OwnedFd,
     rc::Rc,
     time::Duration,
 };
@@ -93,29 +94,52 @@ pub fn hold_again(owner: &Rc<Owner>) {
     }
 }
 
-/// Ends `lease` when its host exits (at once if it already has).
+/// How often a host that could not be opened (out of file descriptors, say) is tried again.
+const HOST_RETRY: Duration = Duration::from_secs(1);
+
+/// Ends `lease` when its host exits (at once if it already has). A host that cannot be
+/// opened is not taken for gone: its trees stay held, tracked by the programs, and it is tried
+/// again until it is watched or found gone.
 fn watch_host_again(owner: &Rc<Owner>, lease: LeaseId, pid: Pid, start_ticks: u64) {
-    match host_pidfd(pid, start_ticks) {
-        Ok(host) => {
-            tracing::info!(lease, host = pid, "watching the host again");
-            enforcement::watch_host(owner, lease, host, None);
+    let owner = owner.clone();
+    tokio::task::spawn_local(async move {
+        let mut failed = false;
+        loop {
+            match host_pidfd(pid, start_ticks) {
+                Ok(Some(host)) => {
+                    tracing::info!(lease, host = pid, "watching the host again");
+                    return enforcement::watch_host(&owner, lease, host, None);
+                }
+                Ok(None) => {
+                    let ended_by = "host exited while no daemon ran";
+                    tracing::info!(lease, host = pid, ended_by, "lease ended");
+                    return enforcement::end_lease(&owner, lease);
+                }
+                Err(e) => {
+                    if !failed {
+                        tracing::warn!(
+                            lease,
+                            host = pid,
+                            "cannot watch the host ({e}); trying every {HOST_RETRY:?}"
+                        );
+                        failed = true;
+                    }
+                    tokio::time::sleep(HOST_RETRY).await;
+                }
+            }
         }
-        Err(why) => {
-            tracing::info!(lease, host = pid, ended_by = why, "lease ended");
-            enforcement::end_lease(owner, lease);
-        }
-    }
+    });
 }
 
 /// A pidfd of the host, if the process `pid` is still the one that started at `start_ticks`
-/// and has not exited (every thread of it: a host whose main thread exited runs on).
-fn host_pidfd(pid: Pid, start_ticks: u64) -> Result<std::os::fd::OwnedFd, &'static str> {
-    let gone = "host exited while no daemon ran";
-    let pidfd = proc::ProcessRef { pid, start_ticks }
-        .open()
-        .ok()
-        .flatten()
-        .filter(|pidfd| !pidfd.has_exited())
-        .ok_or(gone)?;
-    Ok(pidfd.into())
+/// and has not exited (every thread of it: a host whose main thread exited runs on); None if
+/// it is gone.
+fn host_pidfd(pid: Pid, start_ticks: u64) -> std::io::Result<Option<OwnedFd>> {
+    let Some(pidfd) = proc::ProcessRef { pid, start_ticks }.open()? else {
+        return Ok(None);
+    };
+    if pidfd.has_exited() {
+        return Ok(None);
+    }
+    Ok(Some(pidfd.into()))
 }

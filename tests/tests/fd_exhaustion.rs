@@ -1,0 +1,206 @@
+//! Out of file descriptors. The daemon starts with a soft limit below its hard one (and raises
+//! it); idle connections, more than its limit allows, then use up every descriptor it may
+//! have. While it cannot accept, its log must not grow by more than a line (a failed accept
+//! retried at once fails again at once: it once logged a gigabyte a minute); once the idle
+//! connections close it serves new clients again; and a tree registered before is still
+//! killed when its host is SIGKILLed.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    os::unix::net::UnixStream,
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+use leash_tests::{Cgroup, daemon::Daemon, wait_for};
+
+/// The daemon's limits as it is started: soft below hard, low enough to run out of quickly.
+const SOFT: u64 = 64;
+const HARD: u64 = 128;
+/// Idle connections: each costs the daemon two descriptors (the socket, the peer's pidfd), so
+/// these are far more than it can hold.
+const IDLE: usize = 200;
+/// Connections made while the daemon cannot accept any.
+const WAITING: usize = 20;
+/// How long the daemon is watched while it cannot accept.
+const STORM: Duration = Duration::from_millis(1500);
+/// What its log may grow by meanwhile: one line, with room to spare.
+const STORM_LOG_BUDGET: u64 = 4096;
+
+#[test]
+fn running_out_of_descriptors_neither_floods_the_log_nor_stops_the_daemon() {
+    // This process holds every connection.
+    leash::sys::raise_fd_limit().expect("raising this test's own descriptor limit");
+    let nofile = format!("--nofile={SOFT}:{HARD}");
+    let Some(daemon) = Daemon::start_wrapped(&["prlimit", &nofile, "--"], &[]) else {
+        return;
+    };
+    let pid = daemon.pid();
+    assert_eq!(
+        open_file_limits(pid),
+        (HARD, HARD),
+        "the daemon raises its soft limit to the hard one"
+    );
+    assert!(
+        daemon.log().contains("open file limit"),
+        "the daemon logs its limit:\n{}",
+        daemon.log()
+    );
+
+    // A tree on a leash, before anything else.
+    let cgroup = Cgroup::new("fd-exhaustion");
+    let mut host = daemon
+        .leash()
+        .args(["run", "--grace", "100ms", "--"])
+        .args(cgroup.argv("sleep", &["600"]))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    cgroup.settle_exactly(&["sleep"]);
+
+    let idle: Vec<UnixStream> = (0..IDLE).map(|_| connect(&daemon)).collect();
+    // The daemon takes what it can until it is out of descriptors; the rest wait in the queue.
+    let settled = wait_until_steady(&daemon);
+    assert!(
+        settled.len() as u64 >= HARD - 1,
+        "the idle connections did not use up the daemon's descriptors: it has {} of {HARD}",
+        settled.len()
+    );
+    // Make the exhaustion exact: every descriptor below the soft limit in use, so accept(2)
+    // itself fails with EMFILE (with an odd number in use, the daemon would otherwise accept
+    // into the last one and drop the connection it cannot watch).
+    let lowest_free = (0..).find(|fd| !settled.contains(fd)).unwrap();
+    set_soft_limit(pid, lowest_free);
+    assert_eq!(open_fds(pid), settled, "nothing was freed meanwhile");
+
+    let log_before = log_len(&daemon);
+    let waiting: Vec<UnixStream> = (0..WAITING).map(|_| connect(&daemon)).collect();
+    std::thread::sleep(STORM);
+    let grown = log_len(&daemon) - log_before;
+    let log = daemon.log();
+    eprintln!("log grew by {grown} bytes in {STORM:?} of failed accepts");
+    assert!(
+        log.contains("accept failed: Too many open files"),
+        "accept never failed, so nothing was tested:\n{log}"
+    );
+    assert!(
+        grown <= STORM_LOG_BUDGET,
+        "the log grew by {grown} bytes in {STORM:?}:\n{}",
+        &log[log.len().saturating_sub(2000)..]
+    );
+
+    // The idle connections close: their descriptors come back, and clients are served again.
+    // (The daemon's own limit back first: the one set above may be far below its descriptors'
+    // count, if the lowest free one was.)
+    set_soft_limit(pid, HARD);
+    drop(idle);
+    // Once the daemon has closed them and taken the connections that waited meanwhile, a new
+    // client finds descriptors enough (one that came in between might not).
+    let after = wait_until_steady(&daemon);
+    assert!(
+        (after.len() as u64) < HARD - 8,
+        "the daemon did not give back the idle connections' descriptors: it has {}",
+        after.len()
+    );
+    let status = leash_status(&daemon);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "a new client was not served after the idle connections closed ({status:?}):\n{}",
+        daemon.log()
+    );
+
+    host.kill().unwrap();
+    let emptied = cgroup.wait_empty(Duration::from_secs(10));
+    let _ = host.wait();
+    eprintln!("host SIGKILLed after the storm: its tree was empty after {emptied:?}");
+    assert!(
+        emptied.is_some(),
+        "the tree outlived its host:\n{}",
+        daemon.log()
+    );
+    drop(waiting);
+}
+
+fn connect(daemon: &Daemon) -> UnixStream {
+    UnixStream::connect(&daemon.socket).expect("connecting to the daemon")
+}
+
+/// `(soft, hard)` limits on open files of process `pid`, from /proc/PID/limits.
+fn open_file_limits(pid: u32) -> (u64, u64) {
+    let limits = fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .expect("a Max open files line");
+    let numbers: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|word| word.parse().ok())
+        .collect();
+    (numbers[0], numbers[1])
+}
+
+/// The descriptors process `pid` has open.
+fn open_fds(pid: u32) -> BTreeSet<u64> {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// The daemon's descriptors once it has taken every connection it could: neither they nor its
+/// log have changed for a while. (A connection it accepts and then drops, for want of a
+/// descriptor for something else, leaves the same descriptors behind, and a line in the log.)
+fn wait_until_steady(daemon: &Daemon) -> BTreeSet<u64> {
+    let look = || (open_fds(daemon.pid()), log_len(daemon));
+    let mut last = look();
+    let mut unchanged = 0;
+    let steady = wait_for(Duration::from_secs(30), || {
+        let now = look();
+        unchanged = if now == last { unchanged + 1 } else { 0 };
+        last = now;
+        // wait_for polls every 10 ms: unchanged for about 300 ms.
+        unchanged >= 30
+    });
+    assert!(steady, "the daemon's descriptors never settled");
+    last.0
+}
+
+fn set_soft_limit(pid: u32, soft: u64) {
+    let status = Command::new("prlimit")
+        .args([
+            "--pid",
+            &pid.to_string(),
+            &format!("--nofile={soft}:{HARD}"),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success(), "prlimit --pid failed");
+}
+
+fn log_len(daemon: &Daemon) -> u64 {
+    fs::metadata(daemon.dir.join("daemon.log")).map_or(0, |m| m.len())
+}
+
+/// `leash status`, given 30 s (a daemon that never serves it must fail the test, not hang it).
+fn leash_status(daemon: &Daemon) -> Option<std::process::ExitStatus> {
+    let mut child = daemon
+        .leash()
+        .arg("status")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let (done, exited) = mpsc::channel();
+    let pid = child.id();
+    let waiter = std::thread::spawn(move || {
+        let _ = done.send(child.wait());
+    });
+    let status = exited.recv_timeout(Duration::from_secs(30)).ok();
+    if status.is_none() {
+        leash_tests::daemon::signal(pid, "KILL");
+    }
+    let _ = waiter.join();
+    status.and_then(Result::ok)
+}
