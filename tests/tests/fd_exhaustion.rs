@@ -63,8 +63,10 @@ fn running_out_of_descriptors_neither_floods_the_log_nor_stops_the_daemon() {
     let idle: Vec<UnixStream> = (0..IDLE).map(|_| connect(&daemon)).collect();
     // The daemon takes what it can until it is out of descriptors; the rest wait in the queue.
     let settled = wait_until_steady(&daemon);
+    // A connection takes up to three (its socket, and a pidfd of its peer for itself and for
+    // the enforcement thread); the daemon drops one it cannot watch.
     assert!(
-        settled.len() as u64 >= HARD - 1,
+        settled.len() as u64 >= HARD - 3,
         "the idle connections did not use up the daemon's descriptors: it has {} of {HARD}",
         settled.len()
     );

@@ -20,7 +20,8 @@ const CONNECTIONS: usize = 300;
 
 /// argv: SOCKET CONNECTIONS. Opens the connections, says `flooding` on stdout, then sends
 /// pipelined `status` and `list` requests on every one until stdin closes, never reading a
-/// reply until then. Then it reads what each connection was sent and prints the counts.
+/// reply until then. Then it reads what each connection has been sent so far and prints the
+/// counts.
 const FLOOD: &str = r#"
 import os, socket, sys, select, json, threading
 path, count = sys.argv[1], int(sys.argv[2])
@@ -43,9 +44,8 @@ while not stop.is_set():
         except OSError:
             pass
 refused_connections = rate_refusals = answered = 0
+# Done: read what each connection has been sent so far, without waiting for more.
 for s in conns:
-    s.setblocking(True)
-    s.settimeout(0.5)
     data = b""
     try:
         while len(data) < 4_000_000:
@@ -53,7 +53,7 @@ for s in conns:
             if not chunk:
                 break
             data += chunk
-    except (socket.timeout, OSError):
+    except (BlockingIOError, InterruptedError, OSError):
         pass
     for line in data.split(b"\n"):
         if b"limit_reached" in line and b"connections open" in line:

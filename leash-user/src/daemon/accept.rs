@@ -108,7 +108,7 @@ impl Backoff {
 
 /// At most one line per [`LOG_EVERY`], counting what happened in between.
 #[derive(Debug, Default)]
-struct RateLimit {
+pub(super) struct RateLimit {
     last_line: Option<Instant>,
     /// Failures since the last line.
     unreported: u64,
@@ -116,7 +116,7 @@ struct RateLimit {
 
 impl RateLimit {
     /// One more failure: the count to report now, if a line is due.
-    fn failed(&mut self, now: Instant) -> Option<u64> {
+    pub(super) fn failed(&mut self, now: Instant) -> Option<u64> {
         self.unreported += 1;
         self.is_due(now).then(|| self.report(now))
     }

@@ -65,7 +65,7 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     let (host, for_owner) = match watched {
         Ok(watched) => watched,
         Err(e) => {
-            tracing::warn!(pid, "cannot watch the connecting process: {e}");
+            setup_failed(&daemon, pid, "cannot watch the connecting process", &e);
             return;
         }
     };
@@ -75,14 +75,14 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
         Ok(Some(process)) => process.start_ticks,
         Ok(None) => return,
         Err(e) => {
-            tracing::warn!(pid, "cannot read the connecting process: {e}");
+            setup_failed(&daemon, pid, "cannot read the connecting process", &e);
             return;
         }
     };
     let lease = match daemon.open_lease(uid, pid as u32, host_start_ticks) {
         Ok(lease) => lease,
         Err(e) => {
-            tracing::error!("cannot make a lease token: {e}");
+            setup_failed(&daemon, pid, "cannot make a lease token", &e);
             return;
         }
     };
@@ -110,6 +110,24 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     }
     .instrument(span)
     .await;
+}
+
+/// A connection that could not be set up is dropped (out of descriptors, say: it is the
+/// client's to try again). Logged at most once every 10 s, with the count since the last line:
+/// a client connecting in a loop must not fill the disk.
+fn setup_failed(daemon: &Daemon, pid: i32, what: &str, error: &std::io::Error) {
+    let due = daemon
+        .setup_failures
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .failed(std::time::Instant::now());
+    if let Some(failures) = due {
+        tracing::warn!(
+            pid,
+            failures,
+            "{what}: {error}; dropping the connection (at most one line every 10 s)"
+        );
+    }
 }
 
 /// Serves requests until the lease ends; says why it ended.

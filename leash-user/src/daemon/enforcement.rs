@@ -62,7 +62,10 @@ fn collect_events(owner: &Rc<Owner>) {
         let mut tracker = owner.tracker();
         let events = tracker.drain_events();
         let dropped = tracker.stats().map_or(0, |stats| stats.events_dropped);
-        (events, dropped.saturating_sub(owner.events_dropped.replace(dropped)))
+        (
+            events,
+            dropped.saturating_sub(owner.events_dropped.replace(dropped)),
+        )
     };
     for event in events {
         match event.kind {
@@ -194,7 +197,10 @@ fn root_exited(owner: &Rc<Owner>, tree: TreeId) {
         (entry.owner_uid, entry.lease, entry.root, entry.on_root_exit)
     };
     tracing::info!(tree, root, ?policy, "root exited");
-    daemon.emit(owner_uid, event(EventKind::RootExited, tree, lease, Some(root)));
+    daemon.emit(
+        owner_uid,
+        event(EventKind::RootExited, tree, lease, Some(root)),
+    );
     // A root killed as it forked past what may be tracked: say why the tree dies.
     let status = owner.tracker().tree_status(tree);
     let untrackable = status.ok().and_then(|status| fail_closed(&status));
@@ -221,9 +227,10 @@ fn fail_closed(status: &TreeStatus) -> Option<&'static str> {
 /// A tree whose members were kept after its root exited ends when it has emptied on its own.
 fn finish_if_kept_and_empty(owner: &Rc<Owner>, tree: TreeId) {
     let empty = owner.tracker().is_empty(tree).unwrap_or(false);
-    let kept = owner.daemon.state().trees.get(&tree).is_some_and(|entry| {
-        entry.on_root_exit == RootExitPolicy::Keep && entry.kill.is_none()
-    });
+    let kept =
+        owner.daemon.state().trees.get(&tree).is_some_and(|entry| {
+            entry.on_root_exit == RootExitPolicy::Keep && entry.kill.is_none()
+        });
     if kept && empty {
         tracing::info!(tree, "tree is empty");
         end_tree(owner, tree, None);

@@ -125,6 +125,8 @@ pub struct Daemon {
     pinned_at: Option<PathBuf>,
     /// Set when a connection ends: the allocator's free memory is then given back.
     connections_ended: AtomicBool,
+    /// Connections that could not be set up, for a log line at most every 10 s.
+    setup_failures: Mutex<accept::RateLimit>,
     config: Config,
 }
 
@@ -200,6 +202,7 @@ pub async fn run(config: Config) -> Result<()> {
         limits: limits::Limits::new(config.uid_limits),
         pinned_at: tracker.pin_dir().map(Path::to_path_buf),
         connections_ended: AtomicBool::new(false),
+        setup_failures: Mutex::default(),
         config,
     });
     owner::start(daemon.clone(), tracker, queues, origin == Origin::TakenOver)

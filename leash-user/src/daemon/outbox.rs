@@ -231,6 +231,9 @@ mod tests {
         outbox.reply(&ServerLine::ok(2, Reply::Subscribed));
         assert!(outbox.overflowed());
         assert!(!outbox.event(&Arc::from(&b"e\n"[..])), "closed");
-        assert!(drain(&outbox).is_empty(), "an overflowed outbox writes nothing more");
+        assert!(
+            drain(&outbox).is_empty(),
+            "an overflowed outbox writes nothing more"
+        );
     }
 }

@@ -215,7 +215,8 @@ impl Session {
         // What a process in a tree registers is nested in that tree (and a process that is in
         // a tree already stays in it: see Tracker::start_adoption).
         let nest_in = self.confinement(daemon).first().copied();
-        if daemon.view.trees().len() >= daemon.view.capacity().trees as usize {
+        // A first look (the owner checks again as it makes the tree).
+        if daemon.state().trees.len() >= daemon.view.capacity().trees as usize {
             return Err(refuse(
                 ErrorCode::LimitReached,
                 "the daemon's tree capacity is full",
@@ -486,23 +487,22 @@ impl Session {
 
 impl Session {
     fn status(&self, daemon: &Daemon) -> Result<Reply, Refusal> {
-        let (trees, leases) = {
+        let (trees, leases): (Vec<TreeId>, usize) = {
             let state = daemon.state();
             let leases = state
                 .leases
                 .values()
                 .filter(|lease| may_manage(self.peer.uid, lease.uid))
                 .count();
-            (state.trees.len(), leases)
+            (state.trees.keys().copied().collect(), leases)
         };
-        // From the kernel's counters: O(trees), whatever their sizes.
+        // From the kernel's per-tree counters: two lookups a tree, whatever their sizes.
         let view = &daemon.view;
         let internal = |e: anyhow::Error| refuse(ErrorCode::Internal, format!("{e:#}"));
         let stats = view.stats().map_err(internal)?;
-        let members = view
-            .trees()
-            .into_iter()
-            .filter_map(|tree| view.tree_status(tree).ok())
+        let members = trees
+            .iter()
+            .filter_map(|&tree| view.tree_status(tree).ok())
             .map(|status| status.members)
             .sum();
         let capacity = view.capacity();
@@ -516,11 +516,14 @@ impl Session {
             member_capacity: capacity.members,
             members,
             tree_capacity: capacity.trees,
-            trees: trees as u64,
+            trees: trees.len() as u64,
             leases: leases as u64,
             events_dropped: stats.events_dropped,
             inserts_failed: stats.inserts_failed,
-            pinned_at: daemon.pinned_at.as_ref().map(|dir| dir.display().to_string()),
+            pinned_at: daemon
+                .pinned_at
+                .as_ref()
+                .map(|dir| dir.display().to_string()),
         }))
     }
 }
