@@ -150,3 +150,36 @@ fn start_flooder(daemon: &Daemon, cgroup: &Cgroup) -> Child {
     assert_eq!(ready.trim(), "flooding", "the flooder did not start");
     flooder
 }
+
+/// A client that pipelines many requests and reads every reply is served whole, however far
+/// ahead it writes: the daemon reads its next request when its replies have gone out.
+#[test]
+fn a_client_that_pipelines_and_reads_is_served_every_reply() {
+    const REQUESTS: usize = 5000;
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let stream = std::os::unix::net::UnixStream::connect(&daemon.socket).unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        use std::io::Write;
+        let requests: String = (0..REQUESTS)
+            .map(|id| format!("{{\"id\":{id},\"op\":\"list\"}}\n"))
+            .collect();
+        writer.write_all(requests.as_bytes())
+    });
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut answered = 0;
+    for line in BufReader::new(&stream).lines() {
+        let Ok(line) = line else { break };
+        assert!(line.contains("\"ok\""), "an error: {line}");
+        answered += 1;
+        if answered == REQUESTS {
+            break;
+        }
+    }
+    sender.join().unwrap().unwrap();
+    assert_eq!(answered, REQUESTS, "every pipelined request is answered");
+}

@@ -32,6 +32,8 @@ pub struct Peer {
 
 /// How long a closing connection's queued replies may take to go out.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a client may leave a full queue of replies unread before it is disconnected.
+const UNREAD_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     let credentials = match stream.peer_cred() {
@@ -148,6 +150,19 @@ async fn serve_lease(
         subscribed: false,
     };
     let ended_by = loop {
+        // A client reads its replies, or it is asked nothing more: the next request waits until
+        // its replies have gone out, and one that stops reading is disconnected.
+        let room = tokio::select! {
+            room = outbox.room_for_replies(UNREAD_TIMEOUT) => room,
+            _ = host.readable() => break "host exited",
+        };
+        if !room {
+            break if outbox.is_closed() {
+                "connection error"
+            } else {
+                "client does not read its replies"
+            };
+        }
         let request = tokio::select! {
             line = read_line(&mut reader, MAX_LINE_BYTES) => line,
             _ = host.readable() => break "host exited",
@@ -171,6 +186,9 @@ async fn serve_lease(
             Ok(Line::End) => break "connection closed",
             Err(_) => break "connection error",
         }
+        // Requests already read are served one at a time, each in its turn with every other
+        // connection's (and this one's writer).
+        tokio::task::yield_now().await;
         if outbox.overflowed() {
             break "client does not read its replies";
         }

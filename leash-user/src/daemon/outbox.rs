@@ -16,9 +16,12 @@ use tokio::{
 
 use super::enforcement;
 
-/// Reply bytes a client may leave unread before it is disconnected. One reply is always taken
-/// into an empty queue, whatever its size (replies are bounded: see `requests::MAX_LISTED`).
+/// Reply bytes queued before the connection reads no further request until some are written
+/// (a client that pipelines requests and reads its replies is slowed to its own pace).
 pub const REPLY_BYTES: usize = 128 * 1024;
+/// Reply bytes past which the client is disconnected: only replies that come on their own (a
+/// kill's) can take the queue past [`REPLY_BYTES`], and they are few and small.
+pub const MAX_REPLY_BYTES: usize = 4 * REPLY_BYTES;
 /// Event bytes queued for a subscriber before further events are dropped (and counted).
 pub const EVENT_BYTES: usize = 128 * 1024;
 
@@ -31,6 +34,8 @@ struct Shared {
     queues: Mutex<Queues>,
     /// Wakes the writer when something is queued or the outbox closes.
     wake: Notify,
+    /// Wakes the reader when replies were written.
+    written: Notify,
 }
 
 #[derive(Default)]
@@ -57,15 +62,15 @@ impl Outbox {
         self.0.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues a reply. One that does not fit closes the outbox: the client is not reading,
-    /// and is disconnected.
+    /// Queues a reply. One that does not fit under [`MAX_REPLY_BYTES`] closes the outbox: the
+    /// client is not reading, and is disconnected.
     pub fn reply(&self, line: &ServerLine) {
         let bytes = encode(line);
         let mut queues = self.queues();
         if queues.closed {
             return;
         }
-        if !queues.replies.is_empty() && queues.reply_bytes + bytes.len() > REPLY_BYTES {
+        if !queues.replies.is_empty() && queues.reply_bytes + bytes.len() > MAX_REPLY_BYTES {
             queues.closed = true;
             queues.overflowed = true;
         } else {
@@ -107,6 +112,28 @@ impl Outbox {
         true
     }
 
+    /// Waits until fewer than [`REPLY_BYTES`] of replies are queued; false if that did not
+    /// happen within `patience` (the client is not reading) or the outbox closed.
+    pub async fn room_for_replies(&self, patience: std::time::Duration) -> bool {
+        let room = async {
+            loop {
+                // Registered before the queue is looked at, so a write in between is not lost.
+                let written = self.0.written.notified();
+                {
+                    let queues = self.queues();
+                    if queues.closed {
+                        return false;
+                    }
+                    if queues.reply_bytes < REPLY_BYTES {
+                        return true;
+                    }
+                }
+                written.await;
+            }
+        };
+        tokio::time::timeout(patience, room).await.unwrap_or(false)
+    }
+
     /// Whether a reply did not fit.
     pub fn overflowed(&self) -> bool {
         self.queues().overflowed
@@ -116,6 +143,7 @@ impl Outbox {
     pub fn close(&self) {
         self.queues().closed = true;
         self.0.wake.notify_one();
+        self.0.written.notify_waiters();
     }
 
     pub fn is_closed(&self) -> bool {
@@ -135,6 +163,8 @@ impl Outbox {
                 }
                 if let Some(reply) = queues.replies.pop_front() {
                     queues.reply_bytes -= reply.len();
+                    drop(queues);
+                    self.0.written.notify_waiters();
                     return Some(reply);
                 }
                 match queues.events.pop_front() {
@@ -225,7 +255,7 @@ mod tests {
     #[test]
     fn a_client_that_leaves_replies_unread_overflows() {
         let outbox = Outbox::default();
-        let reply = ServerLine::error(Some(1), ErrorCode::BadRequest, "x".repeat(REPLY_BYTES));
+        let reply = ServerLine::error(Some(1), ErrorCode::BadRequest, "x".repeat(MAX_REPLY_BYTES));
         outbox.reply(&reply);
         assert!(!outbox.overflowed(), "one reply always fits an empty queue");
         outbox.reply(&ServerLine::ok(2, Reply::Subscribed));
