@@ -325,14 +325,16 @@ async fn connection(
     };
     if !reads {
         ending.closed = write.await;
+        // Nothing yet (the daemon has not answered) leaves the connection open, as it was.
         let first = tokio::time::timeout(Duration::from_secs(2), first_line(&mut reader)).await;
-        match first.ok().flatten() {
-            Some(head) => match classify(&head) {
+        match first {
+            Ok(Some(head)) => match classify(&head) {
                 Heard::Answer => ending.answered = true,
                 Heard::Refusal { .. } => ending.refused_first = true,
                 Heard::OtherError => {}
             },
-            None => ending.closed = true,
+            Ok(None) => ending.closed = true,
+            Err(_) => {}
         }
         return ending;
     }

@@ -41,10 +41,9 @@ const HOST_TREE: &str = "for i in 1 2 3 4; do sleep 600 & done; exec sleep 600";
 const HOST_PROCESSES: usize = 6;
 /// Between the start of a flood and the first timed kill.
 const RAMP: Duration = Duration::from_millis(500);
-/// The longest a new host's registration is waited for under a load.
-const REGISTRATION_CAP: Duration = Duration::from_secs(10);
-/// The longest the daemon is waited for to answer again after a load.
-const RECOVERY_CAP: Duration = Duration::from_secs(20);
+/// The longest a daemon is given to stop on SIGTERM before it is SIGKILLed (one still serving
+/// a dead flood's requests may not get to it for minutes).
+const STOP_WAIT: Duration = Duration::from_secs(2);
 /// Between an adoption's request and the kill timed during it.
 const ADOPTION_HEAD_START: Duration = Duration::from_millis(100);
 const RSS_EVERY: Duration = Duration::from_millis(50);
@@ -71,11 +70,11 @@ struct Condition {
     name: String,
     kills: Kills,
     /// A new host's time from its start to its tree grown, under the load; None past
-    /// [`REGISTRATION_CAP`] (or not measured).
+    /// [`registration_cap`] (or not measured).
     registration: Option<f64>,
     memory: Memory,
     /// From the flood's end (its process gone) to the daemon's answer to a new client's
-    /// `status`; None past [`RECOVERY_CAP`].
+    /// `status`; None past the plan's `load_cap`.
     recovery: Option<f64>,
     tally: Option<Tally>,
     notes: Vec<String>,
@@ -114,9 +113,11 @@ pub fn hostile_load(plan: &Plan, forker: &Path, report: &mut Report) -> Result<(
         flooder: std::env::current_exe()?,
     };
     let mut conditions = Vec::new();
+    let mut started = Instant::now();
     let mut measured = |condition: Condition| {
-        condition.log();
+        condition.log(started.elapsed());
         conditions.push(condition);
+        started = Instant::now();
     };
     measured(under(&bench, "none (idle)", Load::Idle)?);
     measured(under(
@@ -201,7 +202,7 @@ fn under(bench: &Bench, name: &str, load: Load) -> Result<Condition> {
         thread::sleep(RAMP);
     }
     let kills = time_kills(hosts, budget, plan.load_cap, &watch)?;
-    let registration = Host::start(&daemon, REGISTRATION_CAP)?.map(|(_, took)| took);
+    let registration = Host::start(&daemon, registration_cap(plan))?.map(|(_, took)| took);
     let stopped = watch.tripped();
     let tally = match flooder.map(Flooder::finish) {
         None => None,
@@ -210,7 +211,8 @@ fn under(bench: &Bench, name: &str, load: Load) -> Result<Condition> {
         Some(Err(e)) => return Err(e),
     };
     let peak_kib = watch.stop();
-    let (after_kib, recovery) = after_the_load(&daemon)?;
+    let (after_kib, recovery) = after_the_load(&daemon, plan.load_cap)?;
+    stop(daemon);
     drop(held);
     let mut notes = Vec::new();
     if stopped {
@@ -237,12 +239,28 @@ fn under(bench: &Bench, name: &str, load: Load) -> Result<Condition> {
 
 /// The daemon's RSS [`SETTLE_AFTER`] the load ended, and the time until it answers a new
 /// client (measured meanwhile).
-fn after_the_load(daemon: &Daemon) -> Result<(u64, Option<f64>)> {
+fn after_the_load(daemon: &Daemon, cap: Duration) -> Result<(u64, Option<f64>)> {
     let socket = daemon.socket.clone();
-    let probe = thread::spawn(move || time_to_answer(&socket, RECOVERY_CAP));
+    let probe = thread::spawn(move || time_to_answer(&socket, cap));
     thread::sleep(SETTLE_AFTER);
     let after_kib = rss_kib(daemon.pid())?;
     Ok((after_kib, probe.join().ok().flatten()))
+}
+
+/// The longest a new host is waited for under a load.
+fn registration_cap(plan: &Plan) -> Duration {
+    plan.load_cap / 2
+}
+
+/// Stops `daemon`: SIGTERM, then SIGKILL past [`STOP_WAIT`].
+fn stop(mut daemon: Daemon) {
+    let pid = daemon.pid();
+    leash_tests::daemon::signal(pid, "TERM");
+    if !wait_for(STOP_WAIT, || !leash_tests::daemon::alive(pid)) {
+        eprintln!("the daemon did not stop within {STOP_WAIT:?} of SIGTERM: SIGKILL");
+    }
+    // Reaps it; dropping it then removes its socket directory and its pins.
+    daemon.kill_hard();
 }
 
 /// From now until the daemon answers a `status` on a new connection, in ms; None past `cap`.
@@ -309,7 +327,8 @@ fn adoption(bench: &Bench, baseline: usize) -> Result<Condition> {
         Err(e) => return Err(e),
     };
     let peak_kib = watch.stop();
-    let (after_kib, recovery) = after_the_load(&daemon)?;
+    let (after_kib, recovery) = after_the_load(&daemon, cap)?;
+    stop(daemon);
     notes.push(format!(
         "Adopting the {n} processes took {} ms (median of {}); {during} of the {} timed kills \
          were sent while an adoption was under way (the others after it: it took less than the \
@@ -337,8 +356,9 @@ fn adoption(bench: &Bench, baseline: usize) -> Result<Condition> {
     })
 }
 
-/// Kills `hosts` one by one, timing each, until all are dead, or once `budget` is spent or
-/// the flood was stopped for its memory (the rest are killed untimed).
+/// Kills `hosts` one by one, timing each, while the next kill would still end within
+/// `budget` if it took as long as the longest so far, and the flood was not stopped for its
+/// memory (the rest are killed untimed).
 fn time_kills(
     hosts: Vec<Host>,
     budget: Option<Duration>,
@@ -348,8 +368,8 @@ fn time_kills(
     let started = Instant::now();
     let mut kills = Kills::default();
     for host in hosts {
-        let spent = budget.is_some_and(|budget| started.elapsed() >= budget);
-        if (spent && !kills.ms.is_empty()) || watch.tripped() {
+        let longest = Duration::from_secs_f64(kills.ms.iter().copied().fold(0.0, f64::max) / 1e3);
+        if budget.is_some_and(|budget| started.elapsed() + longest > budget) || watch.tripped() {
             break;
         }
         kills.record(host.kill_and_time(cap)?, cap);
@@ -358,11 +378,11 @@ fn time_kills(
 }
 
 impl Condition {
-    fn log(&self) {
+    fn log(&self, took: Duration) {
         eprintln!(
             "hostile load, {}: kill median {} ms, max {} ms ({} kills, {} at the cap); a new \
              host's tree in {:?} ms; RSS {:.1} -> peak {:.1} -> after {:.1} MiB; answers again \
-             after {:?} ms; {}",
+             after {:?} ms; {}; took {took:.1?}",
             self.name,
             latency(median(&self.kills.ms)),
             latency(self.kills.ms.iter().copied().fold(f64::NAN, f64::max)),
@@ -589,19 +609,20 @@ fn write_report(plan: &Plan, conditions: &[Condition], report: &mut Report) {
              uid {USER_B}, its children as root: a user here may not have 100k processes). \
              Each load gets a daemon of its own, past a first untimed kill. The hosts are \
              registered before the load starts and killed one by one under it: {} idle; under \
-             a flood, up to {} within {} s of its start. A kill that does not end within {} s \
-             counts at that cap. Ratios are of medians from this run. Also measured under each \
-             load: how long a new host takes to get its tree (given up after {} s), and once \
-             the flood's process is gone, how long the daemon takes to answer a new client's \
-             `status` (given up after {} s).",
+             a flood, up to {} while the next would end within {} s of the flood's start if it \
+             took as long as the longest so far. A kill that does not end within {} s counts at \
+             that cap. Ratios are of medians from this run. Also measured under each load: how \
+             long a new host takes to get its tree (given up after {} s), and, once the flood's \
+             process is gone, how long the daemon takes to answer a new client's `status` \
+             (given up after {} s).",
             plan.scale,
             ms(ADOPTION_HEAD_START),
             plan.load_idle_trials,
             plan.load_trials,
             plan.load_budget.as_secs(),
             plan.load_cap.as_secs(),
-            REGISTRATION_CAP.as_secs(),
-            RECOVERY_CAP.as_secs(),
+            registration_cap(plan).as_secs_f64(),
+            plan.load_cap.as_secs(),
         ),
     );
     let capped_at = |cap: Duration| move |value: Option<f64>| match value {
@@ -646,12 +667,12 @@ fn write_report(plan: &Plan, conditions: &[Condition], report: &mut Report) {
             if i + 1 == conditions.len() {
                 "-".into()
             } else {
-                capped_at(REGISTRATION_CAP)(condition.registration)
+                capped_at(registration_cap(plan))(condition.registration)
             },
             if i == 0 {
                 "-".into()
             } else {
-                capped_at(RECOVERY_CAP)(condition.recovery)
+                capped_at(plan.load_cap)(condition.recovery)
             },
         ]);
     }
