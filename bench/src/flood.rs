@@ -420,7 +420,9 @@ impl LineHeads {
 enum Heard {
     Answer,
     /// `limit_reached`: to a request (it carries an id) or to the connection itself.
-    Refusal { to_request: bool },
+    Refusal {
+        to_request: bool,
+    },
     OtherError,
 }
 
@@ -517,6 +519,11 @@ impl Flooder {
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => bail!("the flooder ended"),
         }
+    }
+
+    /// The flooder's next line if it has said one; never waits.
+    pub fn try_line(&mut self) -> Option<String> {
+        self.lines.try_recv().ok()
     }
 
     /// The flooder's next line, which must start with `word`; the rest of it.

@@ -63,10 +63,12 @@ pub struct Plan {
     /// Hostile load: kills timed under each flood, as many as fit in `load_budget`.
     pub load_trials: usize,
     pub load_budget: Duration,
-    /// Hostile load: the longest a kill is waited for (one past it is recorded at the cap),
-    /// and the daemon's answer after a flood; half of it, a new host's tree under a flood.
+    /// Hostile load: the longest a kill is waited for (one past it is recorded at the cap).
     pub load_cap: Duration,
-    /// Hostile load: adoptions of a tree of `scale` processes, one kill timed during each.
+    /// Hostile load: the longest a new host's tree is waited for under a flood, and the
+    /// daemon's answer after it.
+    pub load_wait: Duration,
+    /// Hostile load: adoptions of a tree of `scale` processes, kills timed during each.
     pub load_adoptions: usize,
 }
 
@@ -86,6 +88,7 @@ impl Plan {
                 load_trials: 3,
                 load_budget: Duration::from_secs(5),
                 load_cap: Duration::from_secs(5),
+                load_wait: Duration::from_secs(2),
                 load_adoptions: 2,
             }
         } else {
@@ -100,9 +103,10 @@ impl Plan {
                 scale: 100_000,
                 load_idle_trials: 15,
                 load_trials: 7,
-                load_budget: Duration::from_secs(20),
-                load_cap: Duration::from_secs(20),
-                load_adoptions: 4,
+                load_budget: Duration::from_secs(15),
+                load_cap: Duration::from_secs(15),
+                load_wait: Duration::from_secs(5),
+                load_adoptions: 2,
             }
         }
     }

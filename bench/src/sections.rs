@@ -1,4 +1,5 @@
-//! The five benchmarks: overhead, kill latency, escapes, detection, scale.
+//! The first five benchmarks: overhead, kill latency, escapes, detection, scale (the sixth,
+//! hostile load, is in load.rs).
 
 use std::{
     fs,
@@ -16,8 +17,8 @@ use crate::{
     Plan,
     measure::{Report, f1, f2, f3, median, median_ratio, ms},
     trees::{
-        PidMax, Shape, await_reaped, await_that, cgroup_kill, fan, killpg, live_in,
-        ppid_walk_kill, reap, settle, wait_ready, wait_unpopulated,
+        PidMax, Shape, await_reaped, await_that, cgroup_kill, fan, killpg, live_in, ppid_walk_kill,
+        reap, settle, wait_ready, wait_unpopulated,
     },
 };
 
