@@ -11,6 +11,7 @@ use std::{
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
+        mpsc,
     },
     thread,
     time::{Duration, Instant},
@@ -167,7 +168,8 @@ impl Bench<'_> {
     }
 }
 
-/// Hosts registered before the load starts are killed, one by one, under it.
+/// No load, or a flood: hosts registered before the load starts are killed, one by one,
+/// under it.
 fn under(bench: &Bench, name: &str, load: Load) -> Result<Condition> {
     eprintln!("hostile load: {name}");
     let plan = bench.plan;
@@ -244,10 +246,16 @@ fn under(bench: &Bench, name: &str, load: Load) -> Result<Condition> {
 /// client (measured meanwhile).
 fn after_the_load(daemon: &Daemon, cap: Duration) -> Result<(u64, Option<f64>)> {
     let socket = daemon.socket.clone();
-    let probe = thread::spawn(move || time_to_answer(&socket, cap));
+    let (answered, answer) = mpsc::channel();
+    // Not joined: its connect could wait on a full backlog for as long as the daemon lets it.
+    thread::spawn(move || answered.send(time_to_answer(&socket, cap)));
     thread::sleep(SETTLE_AFTER);
     let after_kib = rss_kib(daemon.pid())?;
-    Ok((after_kib, probe.join().ok().flatten()))
+    let recovery = answer
+        .recv_timeout(cap.saturating_sub(SETTLE_AFTER) + Duration::from_millis(100))
+        .ok()
+        .flatten();
+    Ok((after_kib, recovery))
 }
 
 /// `count` hosts, each with its tree, from a daemon under no load.
@@ -283,8 +291,8 @@ fn time_to_answer(socket: &Path, cap: Duration) -> Option<f64> {
     line.contains("\"ok\"").then(|| ms(started.elapsed()))
 }
 
-/// 5: uid B registers an existing tree of `plan.scale` processes, then releases it, again and
-/// again; a host registered before each adoption is killed during it.
+/// uid B registers an existing tree of `plan.scale` processes, then releases it, again; hosts
+/// registered before each adoption are killed, one by one, while it is under way.
 fn adoption(bench: &Bench, baseline: usize) -> Result<Condition> {
     let n = bench.plan.scale;
     let name = format!("adoption of a {}k tree", n / 1000);
