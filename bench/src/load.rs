@@ -40,6 +40,9 @@ const LISTED_TREE: usize = 10_000;
 /// The timed host's tree: a shell with four children (six processes with the host).
 const HOST_TREE: &str = "for i in 1 2 3 4; do sleep 600 & done; exec sleep 600";
 const HOST_PROCESSES: usize = 6;
+/// The longest a host is waited for on a daemon under no load (not a measure: a bound for a
+/// shared, busy machine).
+const SETUP_CAP: Duration = Duration::from_secs(60);
 /// Between the start of a flood and the first timed kill.
 const RAMP: Duration = Duration::from_millis(500);
 /// The longest a daemon is given to stop on SIGTERM before it is SIGKILLed (one still serving
@@ -161,9 +164,9 @@ impl Bench<'_> {
         let quota = leash::Capacity::default().members.to_string();
         let daemon = Daemon::start(&["--max-members-per-uid", &quota])
             .context("the daemon cannot start without BPF")?;
-        let (host, _) = Host::start(&daemon, self.plan.load_cap)?
+        let (host, _) = Host::start(&daemon, SETUP_CAP)?
             .context("the warm-up host got no tree from an idle daemon")?;
-        host.kill_and_time(self.plan.load_cap)?;
+        host.kill_and_time(SETUP_CAP)?;
         Ok(daemon)
     }
 }
@@ -198,7 +201,7 @@ fn under(bench: &Bench, name: &str, load: Load) -> Result<Condition> {
             )
         }
     };
-    let hosts = start_hosts(&daemon, count, plan.load_cap)?;
+    let hosts = start_hosts(&daemon, count)?;
     let before_kib = rss_kib(pid)?;
     let watch = RssWatch::start(pid, flooder.as_ref())?;
     if let Some(flooder) = &mut flooder {
@@ -259,10 +262,10 @@ fn after_the_load(daemon: &Daemon, cap: Duration) -> Result<(u64, Option<f64>)> 
 }
 
 /// `count` hosts, each with its tree, from a daemon under no load.
-fn start_hosts(daemon: &Daemon, count: usize, cap: Duration) -> Result<Vec<Host>> {
+fn start_hosts(daemon: &Daemon, count: usize) -> Result<Vec<Host>> {
     (0..count)
         .map(|_| {
-            let (host, _) = Host::start(daemon, cap)?
+            let (host, _) = Host::start(daemon, SETUP_CAP)?
                 .context("a host got no tree from a daemon under no load")?;
             Ok(host)
         })
@@ -307,7 +310,7 @@ fn adoption(bench: &Bench, baseline: usize) -> Result<Condition> {
     let (mut kills, mut adoptions, mut releases) = (Kills::default(), Vec::new(), Vec::new());
     let mut notes = Vec::new();
     for _ in 0..plan.load_adoptions {
-        let hosts = start_hosts(&daemon, plan.load_trials, plan.load_cap)?;
+        let hosts = start_hosts(&daemon, plan.load_trials)?;
         flooder.send(&format!("adopt {}", tree.root.id()))?;
         flooder.expect("sent", Duration::from_secs(10))?;
         thread::sleep(ADOPTION_HEAD_START);
