@@ -17,7 +17,7 @@ use clap::{Parser, Subcommand};
 /// Runs every benchmark and writes the report.
 #[derive(Parser, Debug)]
 struct Args {
-    /// A shorter run (under 2 minutes): fewer repetitions and smaller sizes.
+    /// A shorter run (a few minutes): fewer repetitions and smaller sizes.
     #[arg(long)]
     quick: bool,
     /// Where to write the report.
