@@ -1,8 +1,13 @@
 /* The benchmarks' process maker, small so that 100k of its children fit in memory.
- *   forker fan N      fork N children that pause(); print "ready"; wait for stdin to close
+ *   forker fan N [UID]
+ *                     fork N children that pause(); then, given UID, become that user (the
+ *                     children stay root's: a user may be limited to fewer processes than N);
+ *                     print "ready"; wait for stdin to close
  *   forker storm SECS WORKERS
  *                     WORKERS processes each fork+exit+wait as fast as they can for SECS
  *                     seconds; print the total count */
+#define _GNU_SOURCE
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +24,7 @@ static double now(void) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: forker fan N | forker storm SECONDS WORKERS\n");
+        fprintf(stderr, "usage: forker fan N [UID] | forker storm SECONDS WORKERS\n");
         return 2;
     }
     long n = atol(argv[2]);
@@ -29,6 +34,14 @@ int main(int argc, char **argv) {
             if (pid < 0) { perror("fork"); return 1; }
             /* The children let go of stdout: the reader sees its end when the parent exits. */
             if (pid == 0) { close(1); for (;;) pause(); }
+        }
+        if (argc > 3) {
+            uid_t uid = (uid_t)atol(argv[3]);
+            if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 ||
+                setresuid(uid, uid, uid) < 0) {
+                perror("becoming the user");
+                return 1;
+            }
         }
         printf("ready\n");
         fflush(stdout);

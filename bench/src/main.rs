@@ -3,24 +3,49 @@
 //! to BENCHMARKS.md. Every figure is a median over repeated runs; every ratio comes from runs of
 //! the same repetition, the variants alternating. Needs root.
 
+mod flood;
+mod load;
 mod measure;
 mod sections;
 mod trees;
 
-use std::{fs, path::PathBuf, process::ExitCode};
+use std::{fs, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 /// Runs every benchmark and writes the report.
 #[derive(Parser, Debug)]
 struct Args {
-    /// A shorter run (under 2 minutes): fewer repetitions and smaller sizes.
+    /// A shorter run (a few minutes): fewer repetitions and smaller sizes.
     #[arg(long)]
     quick: bool,
     /// Where to write the report.
     #[arg(long, default_value = "BENCHMARKS.md")]
     out: PathBuf,
+    /// Run only these sections (a partial report: for working on one section).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Section>,
+    #[command(subcommand)]
+    role: Option<Role>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Section {
+    Overhead,
+    Kill,
+    Escapes,
+    Detection,
+    Scale,
+    Load,
+}
+
+/// What the benchmark runs of itself as another process.
+#[derive(Subcommand, Debug)]
+enum Role {
+    /// The flooding client of the hostile-load section, run as an unprivileged uid.
+    #[command(hide = true)]
+    Flood(flood::FloodArgs),
 }
 
 /// Sizes and repetitions of one run.
@@ -33,6 +58,18 @@ pub struct Plan {
     pub escape_trials: usize,
     pub detection_trials: usize,
     pub scale: usize,
+    /// Hostile load: kills timed with the daemon idle.
+    pub load_idle_trials: usize,
+    /// Hostile load: kills timed under each flood, as many as fit in `load_budget`.
+    pub load_trials: usize,
+    pub load_budget: Duration,
+    /// Hostile load: the longest a kill is waited for (one past it is recorded at the cap).
+    pub load_cap: Duration,
+    /// Hostile load: the longest a new host's tree is waited for under a flood, and the
+    /// daemon's answer after it.
+    pub load_wait: Duration,
+    /// Hostile load: adoptions of a tree of `scale` processes, kills timed during each.
+    pub load_adoptions: usize,
 }
 
 impl Plan {
@@ -47,6 +84,12 @@ impl Plan {
                 escape_trials: 5,
                 detection_trials: 7,
                 scale: 10_000,
+                load_idle_trials: 7,
+                load_trials: 3,
+                load_budget: Duration::from_secs(5),
+                load_cap: Duration::from_secs(5),
+                load_wait: Duration::from_secs(2),
+                load_adoptions: 2,
             }
         } else {
             Self {
@@ -58,6 +101,12 @@ impl Plan {
                 escape_trials: 20,
                 detection_trials: 21,
                 scale: 100_000,
+                load_idle_trials: 15,
+                load_trials: 7,
+                load_budget: Duration::from_secs(15),
+                load_cap: Duration::from_secs(15),
+                load_wait: Duration::from_secs(5),
+                load_adoptions: 2,
             }
         }
     }
@@ -65,7 +114,11 @@ impl Plan {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    match run(&args) {
+    let result = match &args.role {
+        Some(Role::Flood(flood)) => flood::run(flood),
+        None => run(&args),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("leash-bench: {e:#}");
@@ -79,11 +132,25 @@ fn run(args: &Args) -> Result<()> {
     let started = std::time::Instant::now();
     let forker = trees::build_forker()?;
     let mut report = measure::Report::new(&plan);
-    sections::overhead(&plan, &mut report)?;
-    sections::kill_latency(&plan, &mut report)?;
-    sections::escapes(&plan, &mut report)?;
-    sections::detection(&plan, &mut report)?;
-    sections::scale(&plan, &forker, &mut report)?;
+    let runs = |section| args.only.is_empty() || args.only.contains(&section);
+    if runs(Section::Overhead) {
+        sections::overhead(&plan, &mut report)?;
+    }
+    if runs(Section::Kill) {
+        sections::kill_latency(&plan, &mut report)?;
+    }
+    if runs(Section::Escapes) {
+        sections::escapes(&plan, &mut report)?;
+    }
+    if runs(Section::Detection) {
+        sections::detection(&plan, &mut report)?;
+    }
+    if runs(Section::Scale) {
+        sections::scale(&plan, &forker, &mut report)?;
+    }
+    if runs(Section::Load) {
+        load::hostile_load(&plan, &forker, &mut report)?;
+    }
     report.finish(started.elapsed());
     fs::write(&args.out, report.text())
         .with_context(|| format!("writing {}", args.out.display()))?;

@@ -1,8 +1,8 @@
-//! The five benchmarks: overhead, kill latency, escapes, detection, scale.
+//! The first five benchmarks: overhead, kill latency, escapes, detection, scale (the sixth,
+//! hostile load, is in load.rs).
 
 use std::{
     fs,
-    io::{BufRead, BufReader},
     path::Path,
     process::{Command, Stdio},
     thread,
@@ -17,8 +17,8 @@ use crate::{
     Plan,
     measure::{Report, f1, f2, f3, median, median_ratio, ms},
     trees::{
-        Shape, await_that, cgroup_kill, killpg, live_in, ppid_walk_kill, reap, settle,
-        wait_unpopulated,
+        PidMax, Shape, await_reaped, await_that, cgroup_kill, fan, killpg, live_in, ppid_walk_kill,
+        reap, settle, wait_ready, wait_unpopulated,
     },
 };
 
@@ -380,19 +380,8 @@ pub fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
     let baseline = leash::proc::all_processes()?.len();
     let daemon = start_daemon()?;
     let mut client = daemon.client();
-    let fan = |group: &Cgroup| {
-        let mut command = group.command(path(forker), &["fan", &n.to_string()]);
-        command.stdin(Stdio::piped()).stdout(Stdio::piped());
-        command
-    };
-    // The init here reaps slowly; the next tree needs the pids back.
-    let await_reaped = || {
-        await_that(
-            "init to reap the killed tree",
-            Duration::from_secs(120),
-            || leash::proc::all_processes().is_ok_and(|all| all.len() < baseline + 1000),
-        )
-    };
+    let fan = |group: &Cgroup| fan(forker, group, n, None);
+    let await_reaped = || await_reaped(baseline);
 
     // The first build this large after boot pays for growing the kernel's task and pid caches
     // (2-3 times as long as the next one, tracked or not), so an untimed build goes first.
@@ -541,22 +530,6 @@ pub fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
     Ok(())
 }
 
-fn path(p: &Path) -> &str {
-    p.to_str().unwrap_or_default()
-}
-
-/// Waits for the forker's "ready" line: all its children exist.
-fn wait_ready(root: &mut std::process::Child) -> Result<()> {
-    let stdout = root.stdout.take().context("the forker's stdout")?;
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    if line.trim() != "ready" {
-        bail!("the forker did not get ready: {line:?}");
-    }
-    // Its stdin stays open (piped) until reap(), so it waits there.
-    Ok(())
-}
-
 struct Footprint {
     rss_mib: f64,
     cpu_percent: f64,
@@ -599,32 +572,6 @@ fn footprint(
     })
 }
 
-/// Raises kernel.pid_max for the run when needed, and puts it back.
-struct PidMax {
-    was: Option<String>,
-}
-
-impl PidMax {
-    const PATH: &str = "/proc/sys/kernel/pid_max";
-
-    fn at_least(wanted: usize) -> Result<Self> {
-        let was = fs::read_to_string(Self::PATH)?;
-        if was.trim().parse::<usize>()? >= wanted {
-            return Ok(Self { was: None });
-        }
-        fs::write(Self::PATH, wanted.to_string()).context("raising kernel.pid_max")?;
-        Ok(Self { was: Some(was) })
-    }
-}
-
-impl Drop for PidMax {
-    fn drop(&mut self) {
-        if let Some(was) = &self.was {
-            let _ = fs::write(Self::PATH, was.trim());
-        }
-    }
-}
-
-fn verdict(met: bool) -> &'static str {
+pub fn verdict(met: bool) -> &'static str {
     if met { "(goal met)" } else { "(goal missed)" }
 }

@@ -4,8 +4,9 @@
 use std::{
     collections::BTreeSet,
     fs,
-    path::PathBuf,
-    process::{Child, Command},
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -178,5 +179,66 @@ pub fn await_that(what: &str, timeout: Duration, condition: impl FnMut() -> bool
         Ok(())
     } else {
         bail!("timed out waiting for {what}")
+    }
+}
+
+/// The forker's fan of `n` sleeping children inside `group`. Given `uid`, the fan's root runs
+/// as that user once its children exist (they stay root's: a user's process limit may be under
+/// `n`), so that the user may register it. Its stdin and stdout are piped: see [`wait_ready`].
+pub fn fan(forker: &Path, group: &Cgroup, n: usize, uid: Option<u32>) -> Command {
+    let forker = forker.to_str().unwrap_or_default();
+    let mut args = vec!["fan".to_owned(), n.to_string()];
+    args.extend(uid.map(|uid| uid.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut command = group.command(forker, &args);
+    command.stdin(Stdio::piped()).stdout(Stdio::piped());
+    command
+}
+
+/// Waits for the forker's "ready" line: all its children exist.
+pub fn wait_ready(root: &mut Child) -> Result<()> {
+    let stdout = root.stdout.take().context("the forker's stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    if line.trim() != "ready" {
+        bail!("the forker did not get ready: {line:?}");
+    }
+    // Its stdin stays open (piped) until reap(), so it waits there.
+    Ok(())
+}
+
+/// Waits until the machine has about `baseline` processes again: the init here reaps a killed
+/// tree's orphans slowly, and the next large tree needs the pids back.
+pub fn await_reaped(baseline: usize) -> Result<()> {
+    await_that(
+        "init to reap the killed tree",
+        Duration::from_secs(120),
+        || leash::proc::all_processes().is_ok_and(|all| all.len() < baseline + 1000),
+    )
+}
+
+/// Raises kernel.pid_max for the run when needed, and puts it back.
+pub struct PidMax {
+    was: Option<String>,
+}
+
+impl PidMax {
+    const PATH: &str = "/proc/sys/kernel/pid_max";
+
+    pub fn at_least(wanted: usize) -> Result<Self> {
+        let was = fs::read_to_string(Self::PATH)?;
+        if was.trim().parse::<usize>()? >= wanted {
+            return Ok(Self { was: None });
+        }
+        fs::write(Self::PATH, wanted.to_string()).context("raising kernel.pid_max")?;
+        Ok(Self { was: Some(was) })
+    }
+}
+
+impl Drop for PidMax {
+    fn drop(&mut self) {
+        if let Some(was) = &self.was {
+            let _ = fs::write(Self::PATH, was.trim());
+        }
     }
 }

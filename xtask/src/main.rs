@@ -38,7 +38,7 @@ enum Task {
     /// Set up, build with optimizations, and run every benchmark side by side with its
     /// references, writing BENCHMARKS.md (as root).
     Bench {
-        /// Under 2 minutes: fewer repetitions, smaller sizes.
+        /// A few minutes: fewer repetitions, smaller sizes.
         #[arg(long)]
         quick: bool,
     },
