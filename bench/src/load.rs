@@ -109,6 +109,9 @@ enum Load {
         mode: Mode,
         listed: bool,
     },
+    /// uid B holds a tree of [`LISTED_TREE`] and asks nothing: the baseline of the floods that
+    /// hold it (every kill walks the member map, which that tree fills).
+    Held,
 }
 
 pub fn hostile_load(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
@@ -127,6 +130,7 @@ pub fn hostile_load(plan: &Plan, forker: &Path, report: &mut Report) -> Result<(
         started = Instant::now();
     };
     measured(under(&bench, "none (idle)", Load::Idle)?);
+    measured(under(&bench, "none, a 10k tree held", Load::Held)?);
     measured(under(
         &bench,
         "`status` flood: 1000 connections",
@@ -180,7 +184,11 @@ fn under(bench: &Bench, name: &str, load: Load) -> Result<Condition> {
     let pid = daemon.pid();
     let (mut flooder, held, count, budget) = match load {
         Load::Idle => (None, None, plan.load_idle_trials, None),
-        Load::Flood { mode, listed } => {
+        Load::Flood { .. } | Load::Held => {
+            let (mode, listed, connections) = match load {
+                Load::Flood { mode, listed } => (mode, listed, CONNECTIONS),
+                _ => (Mode::Status, true, 0),
+            };
             let held = match listed {
                 true => Some(Fan::start(bench.forker, LISTED_TREE, USER_B)?),
                 false => None,
@@ -190,7 +198,7 @@ fn under(bench: &Bench, name: &str, load: Load) -> Result<Condition> {
                 &daemon.socket,
                 USER_B,
                 mode,
-                CONNECTIONS,
+                connections,
                 held.as_ref().map(|tree| tree.root.id()),
             )?;
             (
