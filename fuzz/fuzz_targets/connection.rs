@@ -6,13 +6,16 @@
 //! In an input, `$CHILD` becomes the pid of a fresh child process of the relay and `$TREE` the
 //! id of the next tree, so requests can register, list and kill real trees.
 //!
-//! Needs root and BPF (it loads the programs). Seeds: fuzz/corpus/connection/, made by
+//! Needs root and BPF (it loads the programs). Run it with `-detect_leaks=0`. Seeds: fuzz/corpus/connection/, made by
 //! fuzz/seed-corpus.sh.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(init: leash_fuzz::prepare_process(), |input: &[u8]| {
+fuzz_target!(init: {
+    leash_fuzz::prepare_process();
+    leash_fuzz::harness::advise_on_flags();
+}, |input: &[u8]| {
     leash_fuzz::harness::run(input);
 });

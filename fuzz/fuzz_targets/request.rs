@@ -20,7 +20,11 @@ fuzz_target!(|line: &[u8]| {
         .and_then(|value| value.get("id").and_then(serde_json::Value::as_u64));
     match decode_request(line) {
         Ok(request) => {
-            assert_eq!(Some(request.id), id, "a decoded request keeps its line's id");
+            assert_eq!(
+                Some(request.id),
+                id,
+                "a decoded request keeps its line's id"
+            );
             let encoded = serde_json::to_vec(&request).expect("a request always encodes");
             assert!(!encoded.contains(&b'\n'), "an encoded request is one line");
             assert_eq!(

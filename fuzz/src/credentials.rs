@@ -56,9 +56,11 @@ mod tests {
         assert!(!root.are_only(61003));
         let relay = "Uid:\t61003\t61003\t61003\t61003\nGid:\t61003\t61003\t61003\t61003\nGroups:\n";
         assert!(Credentials::parse(relay).unwrap().are_only(61003));
-        let saved_root = "Uid:\t61003\t61003\t0\t61003\nGid:\t61003\t61003\t61003\t61003\nGroups:\n";
+        let saved_root =
+            "Uid:\t61003\t61003\t0\t61003\nGid:\t61003\t61003\t61003\t61003\nGroups:\n";
         assert!(!Credentials::parse(saved_root).unwrap().are_only(61003));
-        let with_groups = "Uid:\t61003\t61003\t61003\t61003\nGid:\t61003\t61003\t61003\t61003\nGroups:\t0\n";
+        let with_groups =
+            "Uid:\t61003\t61003\t61003\t61003\nGid:\t61003\t61003\t61003\t61003\nGroups:\t0\n";
         assert!(!Credentials::parse(with_groups).unwrap().are_only(61003));
     }
 }

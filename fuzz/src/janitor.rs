@@ -71,7 +71,14 @@ mod tests {
     #[test]
     fn only_its_own_directories() {
         assert!(is_ours(Path::new("/tmp/leash-fuzz-12-34")));
-        for other in ["/tmp", "/tmp/leash-fuzz-", "/tmp/leash-fuzz-1/..", "/", "/tmp/x", ""] {
+        for other in [
+            "/tmp",
+            "/tmp/leash-fuzz-",
+            "/tmp/leash-fuzz-1/..",
+            "/",
+            "/tmp/x",
+            "",
+        ] {
             assert!(!is_ours(Path::new(other)), "{other}");
         }
     }

@@ -265,7 +265,9 @@ fn converse(socket: &Path, input: Vec<u8>) -> Conversation {
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
                 ) => {}
             Err(_) => break Ending::Reset,
         }
@@ -328,6 +330,9 @@ mod tests {
         for child in children {
             end_child(child);
         }
-        assert_eq!(with_children(b"no placeholder", &mut Vec::new()), b"no placeholder");
+        assert_eq!(
+            with_children(b"no placeholder", &mut Vec::new()),
+            b"no placeholder"
+        );
     }
 }

@@ -143,7 +143,9 @@ fn expected_ids(input: &[u8]) -> Vec<Option<u64>> {
 }
 
 pub(crate) fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|window| window == needle)
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
 }
 
 #[cfg(test)]
@@ -159,7 +161,8 @@ mod tests {
 
     #[test]
     fn a_well_answered_input_passes() {
-        let input = b"{\"id\":1,\"op\":\"list\"}\nnot json\n{\"id\":3,\"op\":\"nope\"}\nunterminated";
+        let input =
+            b"{\"id\":1,\"op\":\"list\"}\nnot json\n{\"id\":3,\"op\":\"nope\"}\nunterminated";
         let output = concat!(
             r#"{"id":1,"ok":{"trees":[]}}"#,
             "\n",
@@ -208,7 +211,10 @@ mod tests {
             line.push('\n');
             line
         };
-        assert_eq!(expected_ids(line(MAX_LINE_BYTES - 1).as_bytes()), vec![Some(5)]);
+        assert_eq!(
+            expected_ids(line(MAX_LINE_BYTES - 1).as_bytes()),
+            vec![Some(5)]
+        );
         assert_eq!(expected_ids(line(MAX_LINE_BYTES).as_bytes()), vec![None]);
     }
 }
