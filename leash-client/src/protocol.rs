@@ -325,6 +325,37 @@ impl std::fmt::Display for ErrorCode {
     }
 }
 
+/// Why a request line could not be decoded: becomes a `bad_request` error reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodeError {
+    /// The line's `id`, when it has a usable one, so the reply can name the request.
+    pub id: Option<u64>,
+    pub message: String,
+}
+
+impl DecodeError {
+    /// The reply the daemon sends for this line.
+    pub fn reply(&self) -> ServerLine {
+        ServerLine::error(self.id, ErrorCode::BadRequest, self.message.clone())
+    }
+}
+
+/// Decodes one request line (without its newline), as the daemon does with every line a client
+/// sends. Any bytes at all may come in; the result is a request or an error that still carries
+/// the `id` when the line is a JSON object with a usable one.
+pub fn decode_request(line: &[u8]) -> Result<Request, DecodeError> {
+    // Through a Value first: a line that is JSON but not a valid request still has its id read.
+    let value: serde_json::Value = serde_json::from_slice(line).map_err(|e| DecodeError {
+        id: None,
+        message: format!("not JSON: {e}"),
+    })?;
+    let id = value.get("id").and_then(serde_json::Value::as_u64);
+    serde_json::from_value(value).map_err(|e| DecodeError {
+        id,
+        message: e.to_string(),
+    })
+}
+
 /// The socket path: `LEASH_SOCKET` if set, else [`DEFAULT_SOCKET`].
 pub fn socket_path() -> std::path::PathBuf {
     std::env::var_os(SOCKET_ENV)
@@ -392,6 +423,52 @@ mod tests {
         ] {
             assert!(serde_json::from_str::<Request>(line).is_err(), "{line}");
         }
+    }
+
+    #[test]
+    fn decoding_keeps_the_id_of_a_bad_request() {
+        assert_eq!(
+            decode_request(br#"{"id":4,"op":"list"}"#),
+            Ok(Request {
+                id: 4,
+                op: Op::List
+            })
+        );
+        let error = decode_request(br#"{"id":7,"op":"reboot"}"#).unwrap_err();
+        assert_eq!(error.id, Some(7));
+        assert!(error.message.contains("reboot"), "{}", error.message);
+        for line in [
+            &b"not json"[..],
+            br#"{"id":-1,"op":"list"}"#,
+            br#"{"id":"7","op":"list"}"#,
+            br#"[{"id":7}]"#,
+            b"{\"id\":7,\"op\":\"list\"}\xff",
+            b"",
+        ] {
+            let error = decode_request(line).unwrap_err();
+            assert_eq!(error.id, None, "{}", String::from_utf8_lossy(line));
+        }
+        assert!(
+            decode_request(b"not json")
+                .unwrap_err()
+                .message
+                .starts_with("not JSON: ")
+        );
+        let reply = decode_request(br#"{"id":9}"#).unwrap_err().reply();
+        assert_eq!(reply.id, Some(9));
+        assert_eq!(reply.error.unwrap().code, ErrorCode::BadRequest);
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(decode_request(deep.as_bytes()).unwrap_err().id, None);
+        let deep_id = format!(
+            r#"{{"id":1,"op":"list","x":{}1{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        assert!(decode_request(deep_id.as_bytes()).is_err());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | test | run | bench | install`. Each installs what it needs
+//! Project tasks: `cargo xtask setup | test | run | bench | install | fuzz`. Each installs what it needs
 //! first, so a fresh clone on a fresh Debian/Ubuntu machine needs nothing else.
 
 use std::{
@@ -10,6 +10,8 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+
+mod fuzz;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// bpf-linker must be built against the LLVM major version of the nightly rustc.
@@ -58,6 +60,16 @@ enum Task {
         #[arg(long)]
         destdir: Option<PathBuf>,
     },
+    /// Set up, install cargo-fuzz if needed, build the fuzz targets in fuzz/ and run each for a
+    /// bounded time (as root: the `connection` target runs the daemon core). Fails if a target
+    /// crashes, and says where the crashing input is.
+    Fuzz {
+        /// How long each target runs.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// `request` or `connection`; both if absent.
+        target: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -67,6 +79,7 @@ fn main() -> ExitCode {
         Task::Run { args } => run(&args),
         Task::Bench { quick } => bench(quick),
         Task::Install { prefix, destdir } => install(&prefix, destdir.as_deref()),
+        Task::Fuzz { seconds, target } => fuzz::fuzz(seconds, target.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
