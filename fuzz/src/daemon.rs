@@ -9,7 +9,10 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use leash::{Capacity, daemon::Config};
+use leash::{
+    Capacity,
+    daemon::{Config, UidLimits},
+};
 
 use crate::janitor::{DIR_PREFIX, Janitor};
 
@@ -44,6 +47,11 @@ impl InProcessDaemon {
             capacity: Capacity::default(),
             default_grace: DEFAULT_GRACE,
             max_trees_per_uid: MAX_TREES_PER_UID,
+            // High enough that the fuzzer's relay is never paused: every input is served.
+            uid_limits: UidLimits {
+                connections: 1024,
+                requests_per_second: 1_000_000,
+            },
             pin_root: None,
         };
         log_if_asked();

@@ -431,7 +431,7 @@ mod tests {
             decode_request(br#"{"id":4,"op":"list"}"#),
             Ok(Request {
                 id: 4,
-                op: Op::List
+                op: Op::List { tree: None }
             })
         );
         let error = decode_request(br#"{"id":7,"op":"reboot"}"#).unwrap_err();

@@ -4,8 +4,9 @@
 use std::{collections::HashMap, rc::Rc, sync::Arc, time::Duration};
 
 use leash_client::protocol::{
-    ErrorCode, LeaseId, MAX_GRACE_MS, MAX_LISTED, MAX_LISTED_PER_TREE, MemberInfo, Op,
+    DecodeError, ErrorCode, LeaseId, MAX_GRACE_MS, MAX_LISTED, MAX_LISTED_PER_TREE, MemberInfo, Op,
     PROTOCOL_VERSION, Reply, Request, RootExitPolicy, ServerLine, StatusInfo, TreeId, TreeInfo,
+    decode_request,
 };
 use leash_common::{Holder, Member, Pid, holder_flags};
 
@@ -58,18 +59,10 @@ impl Session {
     /// empty, while the connection goes on serving. Err: the uid is over its request rate (the
     /// request was refused); the connection should read nothing more for that long.
     pub async fn handle(&mut self, daemon: &Arc<Daemon>, line: &[u8]) -> Result<(), Duration> {
-        let value: serde_json::Value = match serde_json::from_slice(line) {
-            Ok(value) => value,
-            Err(e) => {
-                self.send_error(None, ErrorCode::BadRequest, format!("not JSON: {e}"));
-                return daemon.limits.spend(self.peer.uid, 1);
-            }
-        };
-        let id = value.get("id").and_then(serde_json::Value::as_u64);
-        let Request { id, op } = match serde_json::from_value(value) {
+        let Request { id, op } = match decode_request(line) {
             Ok(request) => request,
-            Err(e) => {
-                self.send_error(id, ErrorCode::BadRequest, e.to_string());
+            Err(DecodeError { id, message }) => {
+                self.send_error(id, ErrorCode::BadRequest, message);
                 return daemon.limits.spend(self.peer.uid, 1);
             }
         };
