@@ -108,7 +108,7 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
         daemon
             .jobs
             .urgent(move |owner| super::enforcement::end_lease(owner, lease));
-        daemon.connections_ended.store(true, Ordering::Relaxed);
+        daemon.memory_freed.store(true, Ordering::Relaxed);
     }
     .instrument(span)
     .await;

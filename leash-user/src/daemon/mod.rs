@@ -123,8 +123,9 @@ pub struct Daemon {
     limits: Arc<limits::Limits>,
     /// Where the pins are, if pinned.
     pinned_at: Option<PathBuf>,
-    /// Set when a connection ends: the allocator's free memory is then given back.
-    connections_ended: AtomicBool,
+    /// Set when a connection ends or heavy work is done: the allocator's free memory is then
+    /// given back.
+    memory_freed: AtomicBool,
     /// Connections that could not be set up, for a log line at most every 10 s.
     setup_failures: Mutex<accept::RateLimit>,
     config: Config,
@@ -201,7 +202,7 @@ pub async fn run(config: Config) -> Result<()> {
         subscribers: Default::default(),
         limits: limits::Limits::new(config.uid_limits),
         pinned_at: tracker.pin_dir().map(Path::to_path_buf),
-        connections_ended: AtomicBool::new(false),
+        memory_freed: AtomicBool::new(false),
         setup_failures: Mutex::default(),
         config,
     });
@@ -252,14 +253,15 @@ pub async fn run(config: Config) -> Result<()> {
 }
 
 /// How often the allocator's free memory is given back, at most (and only after a connection
-/// ended: a flood's buffers are freed when its connections close).
+/// ended or heavy work was done: a flood's buffers are freed when its connections close, an
+/// adoption's /proc snapshots when it ends).
 const RELEASE_MEMORY_EVERY: Duration = Duration::from_secs(2);
 
 async fn release_free_memory(daemon: Arc<Daemon>) {
     let mut every = tokio::time::interval(RELEASE_MEMORY_EVERY);
     loop {
         every.tick().await;
-        if daemon.connections_ended.swap(false, Ordering::Relaxed) {
+        if daemon.memory_freed.swap(false, Ordering::Relaxed) {
             tokio::task::spawn_blocking(sys::release_free_memory);
         }
     }

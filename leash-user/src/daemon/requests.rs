@@ -1,7 +1,12 @@
 //! What each request does. A request that is malformed, not allowed or impossible gets an
 //! error reply and changes nothing.
 
-use std::{collections::HashMap, rc::Rc, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    rc::Rc,
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use leash_client::protocol::{
     DecodeError, ErrorCode, LeaseId, MAX_GRACE_MS, MAX_LISTED, MAX_LISTED_PER_TREE, MemberInfo, Op,
@@ -31,8 +36,9 @@ use super::{
 /// What a request costs of its uid's budget (see `limits`): most are map lookups; these read
 /// /proc or walk the member map.
 const HEAVY_COST: u32 = 20;
-/// Processes one owner job seeds while a tree is adopted: a short step.
-const SEED_CHUNK: usize = 512;
+/// Processes one owner job seeds while a tree is adopted: a short step (a few ms: a kill under
+/// way waits for at most one such step between its own).
+const SEED_CHUNK: usize = 64;
 
 /// One connection's side of request handling.
 pub struct Session {
@@ -229,7 +235,9 @@ impl Session {
             kill: None,
             unkillable: false,
         };
-        let tree = adopt(daemon, process, nest_in, holder, entry).await?;
+        let adopted = adopt(daemon, process, nest_in, holder, entry).await;
+        daemon.memory_freed.store(true, Ordering::Relaxed);
+        let tree = adopted?;
         let status = daemon.view.tree_status(tree).ok();
         let (members, nested_in) = (
             status.map_or(0, |s| s.members),
