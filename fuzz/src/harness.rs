@@ -14,7 +14,7 @@ use leash_client::protocol::{Reply, ServerLine, StatusInfo, TreeId};
 use crate::{
     daemon::InProcessDaemon,
     preview,
-    relay::{Conversation, Relay},
+    relay::{Conversation, Ending, Relay},
     replies,
 };
 
@@ -135,9 +135,13 @@ impl Harness {
         }
     }
 
-    /// The daemon's status, asked on a new connection; None if it did not answer.
+    /// The daemon's status, asked on a new connection; None if it did not answer or does not
+    /// listen (yet).
     fn status(&mut self) -> Option<StatusInfo> {
         let conversation = self.converse(STATUS)?;
+        if conversation.ending == Ending::ConnectFailed {
+            return None;
+        }
         let lines = replies::check(STATUS, &conversation);
         lines
             .into_iter()
