@@ -196,9 +196,17 @@ async fn serve_lease(
             break "connection error";
         }
     };
-    outbox.close();
+    // Replies still to come (a kill's) and queued ones go out for a moment, but the daemon never
+    // waits on a client that stopped reading.
+    daemon.subscribers.remove(peer.lease);
     drop(session);
-    // Let queued replies go out, but never wait on a client that stopped reading.
+    let settled = async {
+        while !outbox.is_settled() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let _ = tokio::time::timeout(FLUSH_TIMEOUT, settled).await;
+    outbox.close();
     if tokio::time::timeout(FLUSH_TIMEOUT, &mut writer_task)
         .await
         .is_err()
@@ -230,7 +238,8 @@ async fn read_line(reader: &mut (impl AsyncBufRead + Unpin), max: usize) -> io::
             None => (available.len(), false),
         };
         if !too_long {
-            if line.len() + take > max {
+            // At most `max` bytes with the newline: `max` without it is too long already.
+            if line.len() + take >= max {
                 too_long = true;
                 line = Vec::new();
             } else {

@@ -146,6 +146,12 @@ impl Outbox {
         self.0.written.notify_waiters();
     }
 
+    /// Whether nothing is queued and nobody but this handle and the writer's can queue more
+    /// (no reply is still to come).
+    pub fn is_settled(&self) -> bool {
+        self.queues().replies.is_empty() && Arc::strong_count(&self.0) <= 2
+    }
+
     pub fn is_closed(&self) -> bool {
         self.queues().closed
     }
