@@ -89,8 +89,13 @@ fn a_flood_by_one_user_delays_no_other_users_enforcement() {
 
     let flood_cgroup = Cgroup::new("flood-flooder");
     let mut flooder = start_flooder(&daemon, &flood_cgroup);
-    // The flood goes on for a while before the host dies: the daemon is at its busiest.
-    std::thread::sleep(Duration::from_secs(2));
+    // The host dies once the flood is at its height: the daemon is refusing the flooder.
+    assert!(
+        wait_for(Duration::from_secs(20), || daemon
+            .log()
+            .contains("uid over its limit")),
+        "the flood never reached the daemon's limits"
+    );
 
     signal(host.id(), "KILL");
     let _ = host.wait();

@@ -102,12 +102,7 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     });
     async move {
         tracing::info!("lease opened");
-        let ended_by = serve_lease(&daemon, stream, peer, &host).await;
-        tracing::info!(ended_by, "lease ended");
-        daemon.subscribers.remove(lease);
-        daemon
-            .jobs
-            .urgent(move |owner| super::enforcement::end_lease(owner, lease));
+        serve_lease(&daemon, stream, peer, &host).await;
         daemon.memory_freed.store(true, Ordering::Relaxed);
     }
     .instrument(span)
@@ -132,13 +127,13 @@ fn setup_failed(daemon: &Daemon, pid: i32, what: &str, error: &std::io::Error) {
     }
 }
 
-/// Serves requests until the lease ends; says why it ended.
+/// Serves requests until the lease ends, then ends it.
 async fn serve_lease(
     daemon: &Arc<Daemon>,
     stream: UnixStream,
     peer: Peer,
     host: &AsyncFd<OwnedFd>,
-) -> &'static str {
+) {
     let (reader, writer) = stream.into_split();
     let mut reader = BufReader::new(reader);
     let outbox = Outbox::default();
@@ -196,9 +191,15 @@ async fn serve_lease(
             break "connection error";
         }
     };
+    // The lease ends first: its trees' kills never wait on the connection's last replies.
+    tracing::info!(ended_by, "lease ended");
+    let lease = peer.lease;
+    daemon.subscribers.remove(lease);
+    daemon
+        .jobs
+        .urgent(move |owner| super::enforcement::end_lease(owner, lease));
     // Replies still to come (a kill's) and queued ones go out for a moment, but the daemon never
     // waits on a client that stopped reading.
-    daemon.subscribers.remove(peer.lease);
     drop(session);
     let settled = async {
         while !outbox.is_settled() {
@@ -213,7 +214,6 @@ async fn serve_lease(
     {
         writer_task.abort();
     }
-    ended_by
 }
 
 enum Line {

@@ -214,6 +214,20 @@ impl Queues {
     }
 }
 
+#[cfg(test)]
+impl Outbox {
+    /// Closes the outbox and returns all it writes.
+    pub fn written(&self) -> Vec<u8> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        self.close();
+        let mut written = Vec::new();
+        rt.block_on(self.clone().write_to(&mut written));
+        written
+    }
+}
+
 /// One line of the protocol, newline included.
 pub fn encode(line: &ServerLine) -> Vec<u8> {
     // A ServerLine is plain data: encoding it cannot fail.
@@ -228,13 +242,7 @@ mod tests {
     use leash_client::protocol::{ErrorCode, Reply};
 
     fn drain(outbox: &Outbox) -> Vec<String> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        outbox.close();
-        let mut written = Vec::new();
-        rt.block_on(outbox.clone().write_to(&mut written));
-        String::from_utf8(written)
+        String::from_utf8(outbox.written())
             .unwrap()
             .lines()
             .map(str::to_owned)
