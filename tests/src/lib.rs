@@ -24,8 +24,57 @@ pub use leash;
 
 /// The opt-out: set to 1 to skip (not fail) BPF tests where BPF cannot be loaded.
 pub const SKIP_BPF_VAR: &str = "LEASH_TEST_SKIP_BPF";
-/// Where the cgroup v2 hierarchy is mounted on these machines.
-pub const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
+/// Where the cgroup v2 hierarchy is mounted: `/sys/fs/cgroup` on pure cgroup v2 hosts,
+/// `/sys/fs/cgroup/unified` on hybrid ones, wherever /proc/self/mountinfo says.
+pub fn cgroup2_root() -> &'static Path {
+    static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_else(|e| panic!("reading /proc/self/mountinfo: {e}"));
+        cgroup2_mount(&mountinfo).unwrap_or_else(|| {
+            panic!(
+                "no cgroup2 file system is mounted (see /proc/self/mountinfo): the tests use \
+                 cgroup v2 as ground truth. Mount one: mount -t cgroup2 none /sys/fs/cgroup"
+            )
+        })
+    })
+}
+
+/// The mount point of the first cgroup2 file system in a mountinfo text. A line is
+/// `ID PARENT MAJ:MIN ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS`;
+/// the mount point escapes spaces and the like as octal (`\040`).
+fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (mount, filesystem) = line.split_once(" - ")?;
+        if filesystem.split(' ').next()? != "cgroup2" {
+            return None;
+        }
+        Some(PathBuf::from(unescape_octal(mount.split(' ').nth(4)?)))
+    })
+}
+
+fn unescape_octal(field: &str) -> String {
+    let mut out = Vec::with_capacity(field.len());
+    let bytes = field.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let code = bytes
+            .get(i + 1..i + 4)
+            .filter(|_| bytes[i] == b'\\')
+            .and_then(|digits| u8::from_str_radix(std::str::from_utf8(digits).ok()?, 8).ok());
+        match code {
+            Some(byte) => {
+                out.push(byte);
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
 
 /// Loads the programs, or fails the test saying why. Returns None only when the person running
 /// the tests opted out with `LEASH_TEST_SKIP_BPF=1`.
@@ -72,11 +121,7 @@ pub struct Cgroup {
 impl Cgroup {
     pub fn new(label: &str) -> Self {
         static NEXT: AtomicU32 = AtomicU32::new(0);
-        let root = Path::new(CGROUP2_ROOT);
-        assert!(
-            root.join("cgroup.procs").exists(),
-            "no cgroup v2 hierarchy at {CGROUP2_ROOT}: the tests use it as ground truth"
-        );
+        let root = cgroup2_root();
         let name = format!(
             "leash-test-{}-{label}-{}",
             std::process::id(),
@@ -399,4 +444,34 @@ pub fn python() -> String {
                 .to_owned()
         })
         .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cgroup2_mount_is_found_on_hybrid_and_pure_hosts() {
+        let hybrid = "\
+25 30 0:23 / /sys rw,nosuid shared:7 - sysfs sysfs rw
+34 25 0:29 / /sys/fs/cgroup ro,nosuid shared:9 - tmpfs tmpfs ro,mode=755
+35 34 0:30 / /sys/fs/cgroup/unified rw,nosuid shared:10 - cgroup2 cgroup2 rw,nsdelegate
+36 34 0:31 / /sys/fs/cgroup/systemd rw,nosuid shared:11 - cgroup cgroup rw,name=systemd
+";
+        assert_eq!(
+            cgroup2_mount(hybrid),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        let pure = "35 25 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n";
+        assert_eq!(cgroup2_mount(pure), Some(PathBuf::from("/sys/fs/cgroup")));
+        let escaped = "35 25 0:30 / /mnt/my\\040groups rw - cgroup2 none rw\n";
+        assert_eq!(
+            cgroup2_mount(escaped),
+            Some(PathBuf::from("/mnt/my groups"))
+        );
+        assert_eq!(
+            cgroup2_mount("36 34 0:31 / /x rw - cgroup cgroup rw\n"),
+            None
+        );
+    }
 }

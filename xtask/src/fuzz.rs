@@ -96,7 +96,10 @@ fn run_target(root: &Path, target: &str, seconds: u64) -> Result<()> {
         .arg(format!("-timeout={INPUT_TIMEOUT_S}"))
         .arg(format!("-max_len={}", max_len(target)))
         .arg("-print_final_stats=1")
-        .arg(format!("-dict={}", root.join("fuzz/protocol.dict").display()))
+        .arg(format!(
+            "-dict={}",
+            root.join("fuzz/protocol.dict").display()
+        ))
         // As cargo-fuzz sets it: Rust code trips the ODR check without a real violation.
         .env("ASAN_OPTIONS", asan_options())
         .current_dir(root);
