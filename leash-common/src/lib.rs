@@ -43,15 +43,15 @@ pub mod map {
 
 /// The version of this ABI (the maps' layouts and meanings). Pinned maps are kept under it, so
 /// a daemon never takes over maps it would misread.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// Names of the programs in the object.
 pub mod program {
     /// tp_btf on `sched_process_fork`: a member's child joins the member's tree.
     pub const FORK: &str = "leash_fork";
-    /// tracepoint `sched/sched_process_exit`: a member leaves when its thread group is dead.
+    /// tp_btf on `sched_process_exit`: a member leaves when its thread group is dead.
     pub const EXIT: &str = "leash_exit";
-    /// tracepoint `sched/sched_process_exec`: tells what a member runs now (an event only).
+    /// tp_btf on `sched_process_exec`: tells what a member runs now (an event only).
     pub const EXEC: &str = "leash_exec";
 }
 
@@ -66,16 +66,18 @@ pub mod global {
     /// Nanoseconds per clock tick of /proc's start times: a member entry that user space made
     /// from /proc carries a start time of that resolution.
     pub const NS_PER_TICK: &str = "NS_PER_TICK";
-    /// Members one non-root uid may have over all its trees, or [`super::NO_FIELD`] for no
+    /// Members one non-root uid may have over all its trees, or [`super::NO_LIMIT`] for no
     /// limit. A fork beyond it is refused the way a doomed tree's is, and the tree is killed.
     pub const MEMBERS_PER_UID: &str = "MEMBERS_PER_UID";
-    /// Byte offset of `group_dead` in the `sched_process_exit` record (tracefs format file), or
-    /// [`super::NO_FIELD`] on kernels whose record has no such field.
-    pub const EXIT_GROUP_DEAD_OFFSET: &str = "EXIT_GROUP_DEAD_OFFSET";
+    /// Byte offset of `task_struct.signal` (from the kernel's BTF).
+    pub const TASK_SIGNAL_OFFSET: &str = "TASK_SIGNAL_OFFSET";
+    /// Byte offset of `signal_struct.live`, the thread group's live threads (from the kernel's
+    /// BTF): 0 once the group is dead.
+    pub const SIGNAL_LIVE_OFFSET: &str = "SIGNAL_LIVE_OFFSET";
 }
 
-/// Marks an offset global whose field the running kernel does not have.
-pub const NO_FIELD: u32 = u32::MAX;
+/// The value of [`global::MEMBERS_PER_UID`] that sets no limit.
+pub const NO_LIMIT: u32 = u32::MAX;
 
 /// Indexes of the global counters in the `STATS` per-CPU array.
 pub mod stat {

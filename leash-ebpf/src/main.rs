@@ -4,9 +4,12 @@
 //!   is a member and the child is a new process (not a thread), the child joins its tree. If the
 //!   tree is doomed, the forker is sent SIGKILL (the child, already made, is tracked and killed
 //!   by user space).
-//! - exit (tracepoint `sched/sched_process_exit`): when a member's whole thread group is dead,
-//!   it leaves; if it was the root, the tree's counters record when.
-//! - exec (tracepoint `sched/sched_process_exec`): an event saying what a member runs now.
+//! - exit (tp_btf `sched_process_exit`): when a member's whole thread group is dead, it leaves;
+//!   if it was the root, the tree's counters record when.
+//! - exec (tp_btf `sched_process_exec`): an event saying what a member runs now.
+//!
+//! All three are BTF-typed tracepoints: their links can be pinned on every kernel since 5.7,
+//! they need no tracefs, and they read `task_struct` at offsets from the kernel's BTF.
 //!
 //! Events go to a ring buffer, best effort; the maps are the truth.
 #![cfg_attr(target_arch = "bpf", no_std)]

@@ -5,15 +5,15 @@ use core::{
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
-        bpf_ktime_get_boot_ns, bpf_probe_read_kernel, bpf_send_signal,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
+        bpf_probe_read_kernel, bpf_send_signal,
     },
-    macros::{btf_tracepoint, map, tracepoint},
+    macros::{btf_tracepoint, map},
     maps::{HashMap, PerCpuArray, RingBuf},
-    programs::{BtfTracePointContext, TracePointContext},
+    programs::BtfTracePointContext,
 };
 use leash_common::{
-    Event, EventKind, Member, NO_FIELD, Pid, TreeControl, TreeCounters, TreeId, flags, stat,
+    Event, EventKind, Member, NO_LIMIT, Pid, TreeControl, TreeCounters, TreeId, flags, stat,
 };
 
 // Capacities here are placeholders: user space sets the real ones at load time.
@@ -32,7 +32,8 @@ static UID_JOINED: HashMap<u32, u64> = HashMap::with_max_entries(1, 0);
 #[map]
 static UID_SEEDED: HashMap<u32, i64> = HashMap::with_max_entries(1, 0);
 
-// Offsets differ between kernels; user space finds them (BTF, tracefs) and sets these at load.
+// Offsets differ between kernels; user space finds them in the kernel's BTF and sets these at
+// load.
 // They are read through volatile loads so the compiler cannot fold the placeholder values.
 #[unsafe(no_mangle)]
 static TASK_TGID_OFFSET: u32 = 0;
@@ -41,11 +42,13 @@ static TASK_START_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TASK_GROUP_LEADER_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
-static EXIT_GROUP_DEAD_OFFSET: u32 = NO_FIELD;
+static TASK_SIGNAL_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static SIGNAL_LIVE_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static NS_PER_TICK: u64 = 10_000_000;
 #[unsafe(no_mangle)]
-static MEMBERS_PER_UID: u32 = NO_FIELD;
+static MEMBERS_PER_UID: u32 = NO_LIMIT;
 
 const SIGKILL: u32 = 9;
 const BPF_NOEXIST: u64 = 1;
@@ -125,19 +128,21 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
 }
 
 /// sched_process_exit fires in the exiting thread. A member leaves when its thread group is
-/// dead, not when one of its threads ends.
-#[tracepoint(category = "sched", name = "sched_process_exit")]
-pub fn leash_exit(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    if !group_dead(&ctx, pid_tgid as u32 == tgid) {
+/// dead, not when one of its threads ends: not when its main thread ends first (the others go
+/// on under its pid), nor when exec from another thread ends the old main thread (the process
+/// goes on under its pid, running the new program).
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
+    let task: *const u8 = ctx.arg(0);
+    if !group_dead(task) {
         return 0;
     }
+    let tgid = current_tgid();
     let Some(entry) = (unsafe { MEMBERS.get(&tgid) }).copied() else {
         return 0;
     };
     // Not this process's entry (see leash_fork): user space takes such an entry out.
-    if !is_member(unsafe { bpf_get_current_task() } as *const u8, &entry) {
+    if !is_member(task, &entry) {
         return 0;
     }
     let tree = entry.tree;
@@ -173,8 +178,8 @@ pub fn leash_exit(ctx: TracePointContext) -> u32 {
 
 /// sched_process_exec fires in the task that has just executed a new program, its comm already
 /// set to the program's name. Membership does not change; the event says what the member is now.
-#[tracepoint(category = "sched", name = "sched_process_exec")]
-pub fn leash_exec(_ctx: TracePointContext) -> u32 {
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn leash_exec(_ctx: BtfTracePointContext) -> i32 {
     let tgid = current_tgid();
     if let Some(tree) = (unsafe { MEMBERS.get(&tgid) }).map(|m| m.tree) {
         emit(EventKind::Exec, tree, tgid, 0);
@@ -186,13 +191,15 @@ fn current_tgid() -> u32 {
     (bpf_get_current_pid_tgid() >> 32) as u32
 }
 
-fn group_dead(ctx: &TracePointContext, thread_is_leader: bool) -> bool {
-    let offset = unsafe { read_volatile(&EXIT_GROUP_DEAD_OFFSET) };
-    if offset == NO_FIELD {
-        // Kernels before `group_dead` joined the record: the leader's exit stands for the group.
-        return thread_is_leader;
-    }
-    unsafe { ctx.read_at::<u8>(offset as usize) }.is_ok_and(|dead| dead != 0)
+/// Whether the thread group of `task`, an exiting thread, is dead: `task->signal->live`, the
+/// group's live threads, is 0. do_exit counts the thread out of it before this tracepoint, on
+/// every kernel; 6.16's `group_dead` argument is the same test, which older kernels lack. Two
+/// threads ending at once may both see 0: the second finds the entry gone.
+fn group_dead(task: *const u8) -> bool {
+    let Some(signal) = read_task::<*const u8>(task, &TASK_SIGNAL_OFFSET) else {
+        return false;
+    };
+    read_task::<i32>(signal, &SIGNAL_LIVE_OFFSET) == Some(0)
 }
 
 /// Whether `entry` is the entry of the process `task` (any of its threads) belongs to: the
@@ -212,7 +219,7 @@ fn is_member(task: *const u8, entry: &Member) -> bool {
 /// Whether `owner` has all the members its quota allows (root has no quota).
 fn over_quota(owner: u32) -> bool {
     let quota = unsafe { read_volatile(&MEMBERS_PER_UID) };
-    if owner == 0 || quota == NO_FIELD {
+    if owner == 0 || quota == NO_LIMIT {
         return false;
     }
     let joined = unsafe { UID_JOINED.get(&owner) }.map_or(0, |&n| n as i64);

@@ -16,13 +16,8 @@ use tokio::io::{Interest, unix::AsyncFd};
 
 pub use leash_client::sys::{SpawnHeldError, spawn_held};
 
-/// mount -t FSTYPE FSTYPE TARGET (tracefs, bpf: filesystems with no device).
-pub fn mount(fstype: &std::ffi::CStr, target: &Path) -> io::Result<()> {
-    mount_with(fstype, target, None)
-}
-
-/// mount -t FSTYPE -o OPTIONS FSTYPE TARGET: [`mount`] with the filesystem's own options
-/// (e.g. `mode=0700`).
+/// mount -t FSTYPE -o OPTIONS FSTYPE TARGET, for filesystems with no device (bpf), with the
+/// filesystem's own options (e.g. `mode=0700`).
 pub fn mount_with(
     fstype: &std::ffi::CStr,
     target: &Path,

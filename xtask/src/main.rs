@@ -16,7 +16,6 @@ mod fuzz;
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// bpf-linker must be built against the LLVM major version of the nightly rustc.
 const LLVM_MAJOR: &str = "22";
-const TRACEFS: &str = "/sys/kernel/tracing";
 
 #[derive(Parser)]
 #[command(about = "leash project tasks")]
@@ -30,8 +29,8 @@ enum Task {
     /// Install what building the eBPF programs needs: nightly rust-src, LLVM dev packages and
     /// bpf-linker. Quick when everything is present.
     Setup,
-    /// Set up, mount tracefs if needed, build, and run every test (as root: the integration
-    /// tests load the programs into the running kernel).
+    /// Set up, build, and run every test (as root: the integration tests load the programs
+    /// into the running kernel).
     Test {
         /// Passed to `cargo test` (e.g. `--test fork_chain`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -167,7 +166,6 @@ fn test(args: &[String]) -> Result<()> {
              Run as root (or set LEASH_TEST_SKIP_BPF=1 to skip them on purpose)."
         );
     }
-    ensure_tracefs()?;
     remove_stale_test_pins();
     cargo(&["build"])?;
     let mut test_args = vec!["test"];
@@ -221,7 +219,6 @@ fn count_before(result: &str, word: &str) -> u64 {
 
 fn bench(quick: bool) -> Result<()> {
     setup()?;
-    ensure_tracefs()?;
     cargo(&[
         "build",
         "--release",
@@ -241,7 +238,6 @@ fn bench(quick: bool) -> Result<()> {
 
 fn run(args: &[String]) -> Result<()> {
     setup()?;
-    ensure_tracefs()?;
     cargo(&["build", "--package", "leash-user"])?;
     let leash = workspace_root().join("target/debug/leash");
     status(Command::new(&leash).args(args))
@@ -368,15 +364,6 @@ fn install_llvm() -> Result<()> {
             .args(&packages)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
-}
-
-/// aya attaches tracepoints through tracefs, which some machines do not mount at boot.
-fn ensure_tracefs() -> Result<()> {
-    if Path::new(TRACEFS).join("events").is_dir() || !is_root() {
-        return Ok(());
-    }
-    eprintln!("xtask: mounting tracefs at {TRACEFS}");
-    status(Command::new("mount").args(["-t", "tracefs", "tracefs", TRACEFS]))
 }
 
 /// Test daemons pin under /sys/fs/bpf/leash-test-PID-N and remove that when dropped. A test

@@ -15,6 +15,7 @@ use std::{
 };
 
 use clap::{Parser, Subcommand};
+use leash::kernel::support::Unsupported;
 use leash_client::protocol::{DEFAULT_SOCKET, SOCKET_ENV};
 use tracing_subscriber::EnvFilter;
 
@@ -105,10 +106,18 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("leash: {e:#}");
+            if e.chain().any(|cause| cause.is::<Unsupported>()) {
+                // The unit does not restart a daemon that exits so: nothing would change.
+                return ExitCode::from(UNSUPPORTED_KERNEL);
+            }
             failure
         }
     }
 }
+
+/// The exit code when the kernel cannot run leash (sysexits' EX_CONFIG). dist/leash.service
+/// names it in RestartPreventExitStatus=.
+const UNSUPPORTED_KERNEL: u8 = 78;
 
 /// The exit code of `leash run` and `leash exec` when leash failed and the command never ran.
 const HOST_FAILURE: u8 = 125;

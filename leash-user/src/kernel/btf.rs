@@ -1,6 +1,7 @@
-//! Offsets of the `task_struct` fields the fork program reads, from the running kernel's BTF.
+//! Offsets of the kernel structure fields the programs read, from the running kernel's BTF.
 //! They change with every kernel build (and with structure layout randomization), so they are
-//! looked up at load time and passed to the program as globals.
+//! looked up at load time and passed to the programs as globals: one binary for every kernel,
+//! and no offset written into it.
 
 use std::path::Path;
 
@@ -9,7 +10,7 @@ use btf_rs::{Btf, Type};
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
-/// Byte offsets into `struct task_struct`.
+/// Byte offsets into `struct task_struct`, and into the `struct signal_struct` it points to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskOffsets {
     /// `pid_t tgid`
@@ -18,6 +19,10 @@ pub struct TaskOffsets {
     pub start_boottime: u32,
     /// `struct task_struct *group_leader`
     pub group_leader: u32,
+    /// `struct signal_struct *signal`: shared by the thread group.
+    pub signal: u32,
+    /// `atomic_t live` in `struct signal_struct`: the group's threads not yet exiting.
+    pub signal_live: u32,
 }
 
 impl TaskOffsets {
@@ -36,6 +41,8 @@ impl TaskOffsets {
             tgid: field_offset(&btf, "task_struct", "tgid")?,
             start_boottime: field_offset(&btf, "task_struct", "start_boottime")?,
             group_leader: field_offset(&btf, "task_struct", "group_leader")?,
+            signal: field_offset(&btf, "task_struct", "signal")?,
+            signal_live: field_offset(&btf, "signal_struct", "live")?,
         })
     }
 }
@@ -107,5 +114,10 @@ mod tests {
         );
         assert!(offsets.start_boottime.is_multiple_of(8), "{offsets:?}");
         assert_ne!(offsets.tgid, offsets.start_boottime);
+        assert!(offsets.signal.is_multiple_of(8), "a pointer: {offsets:?}");
+        assert!(
+            offsets.signal_live.is_multiple_of(4),
+            "an atomic_t: {offsets:?}"
+        );
     }
 }

@@ -6,7 +6,7 @@ pub mod btf;
 mod kill;
 mod pins;
 mod register;
-pub mod tracefs;
+pub mod support;
 mod view;
 
 use std::{fmt, mem::offset_of, ops::Deref};
@@ -15,10 +15,10 @@ use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, Map, MapData, RingBuf},
-    programs::{BtfTracePoint, TracePoint, links::FdLink},
+    programs::{BtfTracePoint, links::FdLink},
 };
 use leash_common::{
-    Event, EventKind, Holder, Member, NO_FIELD, Pid, TreeControl, TreeCounters, TreeId, global,
+    Event, EventKind, Holder, Member, NO_LIMIT, Pid, TreeControl, TreeCounters, TreeId, global,
     map, program,
 };
 
@@ -32,11 +32,11 @@ pub use view::{TrackerView, fill_comms};
 /// The compiled programs, embedded at build time by build.rs.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
 
-/// The programs `Tracker::load` attaches, and where.
+/// The programs `Tracker::load` attaches, and where: each to a BTF-typed tracepoint (tp_btf).
 pub const PROGRAMS_ATTACHED: [(&str, &str); 3] = [
     (program::FORK, "tp_btf/sched_process_fork"),
-    (program::EXIT, "tracepoint/sched/sched_process_exit"),
-    (program::EXEC, "tracepoint/sched/sched_process_exec"),
+    (program::EXIT, "tp_btf/sched_process_exit"),
+    (program::EXEC, "tp_btf/sched_process_exec"),
 ];
 
 /// Map capacities, fixed when the programs are loaded.
@@ -214,6 +214,15 @@ impl Tracker {
     /// then theirs).
     pub fn load_pinned(capacity: Capacity, root: &std::path::Path) -> Result<(Self, Origin)> {
         let mut pins = Pins::at(root)?;
+        for other in pins.other_versions() {
+            tracing::warn!(
+                pins = %other.display(),
+                "pins of another version of leash's programs and maps: this daemon cannot read \
+                 them, so their trees are followed but not enforced. An upgrade that changes \
+                 that version is not a hand-over: stop the old daemon first (its trees are \
+                 killed). Removing these pins lets their trees go"
+            );
+        }
         if pins.complete() {
             // The previous programs are still attached: loading more beside them would count
             // every fork twice, so failing here is the only safe answer.
@@ -500,39 +509,27 @@ const BPF_EXIST: u64 = 2;
 /// The programs, loaded with the kernel's offsets and attached.
 struct Attached {
     ebpf: Ebpf,
-    fork: aya::programs::tp_btf::BtfTracePointLinkId,
-    exit: aya::programs::trace_point::TracePointLinkId,
-    exec: aya::programs::trace_point::TracePointLinkId,
+    links: Vec<(&'static str, aya::programs::tp_btf::BtfTracePointLinkId)>,
 }
 
 impl Attached {
     fn load(capacity: Capacity) -> Result<Self> {
+        support::check()?;
         let task = btf::TaskOffsets::from_kernel()?;
-        // Also mounts tracefs if needed: aya attaches tracepoints through it.
-        let exit = tracefs::Format::read("sched", "sched_process_exit")?;
-        let group_dead = match exit.required_offset("group_dead", 1) {
-            Ok(offset) => offset,
-            Err(_) => {
-                tracing::warn!(
-                    "sched_process_exit has no group_dead field on this kernel: a process \
-                     leaves when its main thread exits"
-                );
-                NO_FIELD
-            }
-        };
-        tracing::debug!(?task, group_dead, ?capacity, "loading the leash programs");
+        tracing::debug!(?task, ?capacity, "loading the leash programs");
 
         let mut ebpf = EbpfLoader::new()
             .override_global(global::TASK_TGID_OFFSET, &task.tgid, true)
             .override_global(global::TASK_START_OFFSET, &task.start_boottime, true)
             .override_global(global::TASK_GROUP_LEADER_OFFSET, &task.group_leader, true)
+            .override_global(global::TASK_SIGNAL_OFFSET, &task.signal, true)
+            .override_global(global::SIGNAL_LIVE_OFFSET, &task.signal_live, true)
             .override_global(global::NS_PER_TICK, &proc::ticks_to_ns(1), true)
             .override_global(
                 global::MEMBERS_PER_UID,
-                &capacity.members_per_uid.unwrap_or(NO_FIELD),
+                &capacity.members_per_uid.unwrap_or(NO_LIMIT),
                 true,
             )
-            .override_global(global::EXIT_GROUP_DEAD_OFFSET, &group_dead, true)
             .map_max_entries(map::MEMBERS, capacity.members)
             .map_max_entries(map::TREE_COUNTERS, capacity.trees)
             .map_max_entries(map::TREE_CONTROL, capacity.trees)
@@ -544,44 +541,30 @@ impl Attached {
             .context("loading the leash eBPF object (are you root?)")?;
 
         let kernel_btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
-        let fork: &mut BtfTracePoint = program_mut(&mut ebpf, program::FORK)?.try_into()?;
-        fork.load("sched_process_fork", &kernel_btf)
-            .context("loading the fork program")?;
-        let fork = fork.attach().context("attaching to sched_process_fork")?;
-        let exit: &mut TracePoint = program_mut(&mut ebpf, program::EXIT)?.try_into()?;
-        exit.load().context("loading the exit program")?;
-        let exit = exit
-            .attach("sched", "sched_process_exit")
-            .context("attaching to sched/sched_process_exit")?;
-        let exec: &mut TracePoint = program_mut(&mut ebpf, program::EXEC)?.try_into()?;
-        exec.load().context("loading the exec program")?;
-        let exec = exec
-            .attach("sched", "sched_process_exec")
-            .context("attaching to sched/sched_process_exec")?;
-        Ok(Self {
-            ebpf,
-            fork,
-            exit,
-            exec,
-        })
+        let mut links = Vec::new();
+        for (name, attach_to) in PROGRAMS_ATTACHED {
+            let tracepoint = attach_to
+                .strip_prefix("tp_btf/")
+                .context("only tp_btf programs are attached")?;
+            let program: &mut BtfTracePoint = program_mut(&mut ebpf, name)?.try_into()?;
+            program
+                .load(tracepoint, &kernel_btf)
+                .with_context(|| format!("loading {name} for {tracepoint}"))?;
+            let link = program
+                .attach()
+                .with_context(|| format!("attaching {name} to {tracepoint}"))?;
+            links.push((name, link));
+        }
+        Ok(Self { ebpf, links })
     }
 
     /// Pins the links (taken out of their programs, they then outlive this process) and the
     /// maps; returns the programs, which hold the maps.
     fn pin(self, pins: &mut Pins) -> Result<Ebpf> {
-        let Self {
-            mut ebpf,
-            fork,
-            exit,
-            exec,
-        } = self;
-        let program: &mut BtfTracePoint = program_mut(&mut ebpf, program::FORK)?.try_into()?;
-        pins.pin_link(program::FORK, FdLink::from(program.take_link(fork)?))?;
-        for (name, link) in [(program::EXIT, exit), (program::EXEC, exec)] {
-            let program: &mut TracePoint = program_mut(&mut ebpf, name)?.try_into()?;
-            let link = FdLink::try_from(program.take_link(link)?)
-                .with_context(|| format!("the kernel attached {name} without a BPF link"))?;
-            pins.pin_link(name, link)?;
+        let Self { mut ebpf, links } = self;
+        for (name, link) in links {
+            let program: &mut BtfTracePoint = program_mut(&mut ebpf, name)?.try_into()?;
+            pins.pin_link(name, FdLink::from(program.take_link(link)?))?;
         }
         for name in map::ALL {
             let map = ebpf.map(name).context("a map missing from the object")?;

@@ -49,6 +49,25 @@ impl Pins {
         &self.dir
     }
 
+    /// Pins of other ABI versions beside these: left by a daemon of another leash release,
+    /// whose maps this one would misread. Their programs go on tracking, but nothing enforces
+    /// their trees.
+    pub fn other_versions(&self) -> Vec<PathBuf> {
+        let Some(root) = self.dir.parent() else {
+            return Vec::new();
+        };
+        let Ok(entries) = fs::read_dir(root) else {
+            return Vec::new();
+        };
+        let mut others: Vec<PathBuf> = entries
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|path| *path != self.dir && is_version_dir(path))
+            .collect();
+        others.sort();
+        others
+    }
+
     /// Whether anything is pinned here.
     pub fn exist(&self) -> bool {
         self.dir.exists()
@@ -120,6 +139,14 @@ impl Pins {
     fn map_path(&self, name: &str) -> PathBuf {
         self.dir.join("maps").join(name)
     }
+}
+
+/// `v` and a number: the directory of one ABI version's pins.
+fn is_version_dir(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|name| name.to_str())
+        .and_then(|name| name.strip_prefix('v'))
+        .is_some_and(|number| !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Makes `root` a trusted directory on a BPF filesystem, mounting bpffs at /sys/fs/bpf (root's
