@@ -145,14 +145,6 @@ fn thread_groups(cgroup: &Cgroup) -> BTreeSet<Pid> {
         .unwrap_or_default();
     threads
         .lines()
-        .filter_map(|tid| {
-            let status = fs::read_to_string(format!("/proc/{}/status", tid.trim())).ok()?;
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix("Tgid:"))?
-                .trim()
-                .parse()
-                .ok()
-        })
+        .filter_map(|tid| leash::proc::thread_group_of(tid.trim().parse().ok()?))
         .collect()
 }
