@@ -115,14 +115,22 @@ impl Apt {
                     .and_then(|n| n.to_str())
                     .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".deb"))
             })
-            .with_context(|| format!("apt-get download left no {prefix}*.deb in {}", dir.display()))
+            .with_context(|| {
+                format!(
+                    "apt-get download left no {prefix}*.deb in {}",
+                    dir.display()
+                )
+            })
     }
 
     fn command(&self, program: &str) -> Command {
         let dir = &self.dir;
         let mut command = Command::new(program);
         for option in [
-            format!("Dir::Etc::SourceList={}", dir.join("sources.list").display()),
+            format!(
+                "Dir::Etc::SourceList={}",
+                dir.join("sources.list").display()
+            ),
             "Dir::Etc::SourceParts=/dev/null".to_owned(),
             format!("Dir::State::Lists={}", dir.join("lists").display()),
             format!("Dir::Cache={}", dir.join("cache").display()),

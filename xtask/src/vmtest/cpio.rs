@@ -87,7 +87,13 @@ impl<W: Write> Writer<W> {
         self.pad()
     }
 
-    pub fn char_device(&mut self, path: &str, permissions: u32, major: u32, minor: u32) -> io::Result<()> {
+    pub fn char_device(
+        &mut self,
+        path: &str,
+        permissions: u32,
+        major: u32,
+        minor: u32,
+    ) -> io::Result<()> {
         self.header(&Header {
             name: path,
             mode: S_IFCHR | permissions,
@@ -186,7 +192,10 @@ mod tests {
         assert!(text.ends_with("TRAILER!!!\0\0\0\0"), "{text:?}");
         // The device: rdev 5:1.
         let console = text.find("dev/console").unwrap();
-        assert_eq!(&text[console - 110 + 78..console - 110 + 94], "0000000500000001");
+        assert_eq!(
+            &text[console - 110 + 78..console - 110 + 94],
+            "0000000500000001"
+        );
     }
 
     #[test]

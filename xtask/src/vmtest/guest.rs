@@ -42,8 +42,14 @@ mount -t tmpfs tmpfs /dev/shm
 mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
-mount -t bpf bpf /sys/fs/bpf
+# As systemd mounts it: root's alone (bpffs defaults to 1777).
+mount -t bpf -o mode=0700 bpf /sys/fs/bpf
 ip link set lo up
+# Every SIGKILL is recorded, so that a test binary that is SIGKILLed can be told who did it.
+T=/sys/kernel/tracing
+mount -t tracefs tracefs $T 2>/dev/null &&
+    echo 'sig == 9' > $T/events/signal/signal_generate/filter &&
+    echo 1 > $T/events/signal/signal_generate/enable
 echo "{MARKER} kernel $(uname -r)"
 cd {workdir}
 "#,
@@ -51,10 +57,16 @@ cd {workdir}
     );
     let args: String = test_args.iter().map(|a| format!(" {}", quote(a))).collect();
     for test in tests {
+        // The kernel names a process after the first 15 bytes of its file's name.
+        let file_name = test.path.file_name().unwrap_or_default().to_string_lossy();
+        let comm: String = file_name.chars().take(15).collect();
         script.push_str(&format!(
-            "echo \"{MARKER} begin {name}\"\n\
+            "echo > $T/trace 2>/dev/null\n\
+             echo \"{MARKER} begin {name}\"\n\
              timeout -s KILL {BINARY_TIMEOUT_S} {path}{args} </dev/null 2>&1\n\
-             echo \"{MARKER} end {name} $?\"\n",
+             status=$?\n\
+             [ $status = 137 ] && grep -F ' comm={comm} ' $T/trace 2>/dev/null | tail -3 | sed 's/^/SIGKILL by /'\n\
+             echo \"{MARKER} end {name} $status\"\n",
             name = test.name,
             path = quote(&test.path.to_string_lossy()),
         ));
@@ -85,14 +97,22 @@ mod tests {
     #[test]
     fn each_test_runs_between_its_markers_with_the_arguments() {
         let path = Path::new("/w/target/debug/deps/fork_chain-01");
-        let tests = [GuestTest { name: "fork_chain", path }];
-        let script = init_script(&tests, &["it's".into(), "--exact".into()], Path::new("/w/tests"));
+        let tests = [GuestTest {
+            name: "fork_chain",
+            path,
+        }];
+        let script = init_script(
+            &tests,
+            &["it's".into(), "--exact".into()],
+            Path::new("/w/tests"),
+        );
         assert!(script.starts_with("#!/vmtest/bin/busybox sh\n"));
         let begin = script.find("@@vmtest begin fork_chain\"").unwrap();
         let run = script
             .find("'/w/target/debug/deps/fork_chain-01' 'it'\\''s' '--exact' </dev/null 2>&1")
             .unwrap();
-        let end = script.find("@@vmtest end fork_chain $?").unwrap();
+        let end = script.find("@@vmtest end fork_chain $status").unwrap();
+        assert!(script.contains(" comm=fork_chain-01 "));
         assert!(begin < run && run < end);
         assert!(script.contains("cd '/w/tests'\n"));
         assert!(script.trim_end().ends_with("poweroff -f"));

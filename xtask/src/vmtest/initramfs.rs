@@ -23,9 +23,9 @@ pub const BUSYBOX_DIR: &str = "/vmtest/bin";
 
 /// Programs the tests run, by name, from the host's system directories. Each must exist.
 const PROGRAMS: &[&str] = &[
-    "sh", "bash", "sleep", "seq", "setsid", "setpriv", "prlimit", "kill", "cat", "true",
-    "false", "echo", "env", "mkfifo", "touch", "mkdir", "rm", "tail", "mount", "umount",
-    "unshare", "id", "ls", "chmod", "chown", "ln", "mv", "cp", "head", "wc", "timeout",
+    "sh", "bash", "sleep", "seq", "setsid", "setpriv", "prlimit", "kill", "cat", "true", "false",
+    "echo", "env", "mkfifo", "touch", "mkdir", "rm", "tail", "mount", "umount", "unshare", "id",
+    "ls", "chmod", "chown", "ln", "mv", "cp", "head", "wc", "timeout",
 ];
 /// Where [`PROGRAMS`] are looked for: the system's own, never a user's (pyenv shims, cargo).
 const SYSTEM_PATH: &[&str] = &["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"];
@@ -37,9 +37,15 @@ enum Entry {
     Dir,
     Symlink(PathBuf),
     /// A host file, copied as it is or with its debug information stripped.
-    File { source: PathBuf, strip: bool },
+    File {
+        source: PathBuf,
+        strip: bool,
+    },
     /// A file the image alone has.
-    Text { content: String, permissions: u32 },
+    Text {
+        content: String,
+        permissions: u32,
+    },
     CharDevice(u32, u32),
 }
 
@@ -57,11 +63,15 @@ impl Image {
             entries: BTreeMap::new(),
             stripped: stripped.to_path_buf(),
         };
-        for dir in ["/", "/dev", "/proc", "/sys", "/tmp", "/run", "/root", "/etc"] {
+        for dir in [
+            "/", "/dev", "/proc", "/sys", "/tmp", "/run", "/root", "/etc",
+        ] {
             image.entries.insert(dir.into(), Entry::Dir);
         }
         // init's stdin, stdout and stderr, before devtmpfs is mounted over /dev.
-        image.entries.insert("/dev/console".into(), Entry::CharDevice(5, 1));
+        image
+            .entries
+            .insert("/dev/console".into(), Entry::CharDevice(5, 1));
         image
     }
 
@@ -126,7 +136,10 @@ impl Image {
             .map(|dir| Path::new(dir).join(name))
             .find(|path| path.is_file())
             .with_context(|| {
-                format!("the tests run {name}, which is in none of {}", SYSTEM_PATH.join(", "))
+                format!(
+                    "the tests run {name}, which is in none of {}",
+                    SYSTEM_PATH.join(", ")
+                )
             })?;
         self.add_host_file(&path, false)
     }
@@ -164,7 +177,8 @@ impl Image {
                 .with_context(|| format!("reading {}", next.display()))?;
             if meta.file_type().is_symlink() {
                 let target = fs::read_link(&next)?;
-                self.entries.insert(next.clone(), Entry::Symlink(target.clone()));
+                self.entries
+                    .insert(next.clone(), Entry::Symlink(target.clone()));
                 let resolved = real.join(&target);
                 let canonical = fs::canonicalize(&resolved)
                     .with_context(|| format!("resolving {}", next.display()))?;
@@ -187,7 +201,9 @@ impl Image {
 
     fn add_parents(&mut self, path: &Path) {
         for parent in path.ancestors().skip(1) {
-            self.entries.entry(parent.to_path_buf()).or_insert(Entry::Dir);
+            self.entries
+                .entry(parent.to_path_buf())
+                .or_insert(Entry::Dir);
         }
     }
 
@@ -195,23 +211,40 @@ impl Image {
     /// would decompress it under emulation); returns its size.
     pub fn write(&self, to: &Path) -> Result<u64> {
         let partial = to.with_extension("partial");
-        let file = File::create(&partial).with_context(|| format!("writing {}", partial.display()))?;
+        let file =
+            File::create(&partial).with_context(|| format!("writing {}", partial.display()))?;
         let mut writer = cpio::Writer::new(BufWriter::new(file));
         for (path, entry) in &self.entries {
-            let name = path.to_str().with_context(|| format!("{} is not UTF-8", path.display()))?;
+            let name = path
+                .to_str()
+                .with_context(|| format!("{} is not UTF-8", path.display()))?;
             match entry {
                 Entry::Dir => writer.dir(name, 0o755)?,
                 Entry::Symlink(target) => writer.symlink(
                     name,
-                    target.to_str().with_context(|| format!("{} is not UTF-8", target.display()))?,
+                    target
+                        .to_str()
+                        .with_context(|| format!("{} is not UTF-8", target.display()))?,
                 )?,
-                Entry::CharDevice(major, minor) => writer.char_device(name, 0o600, *major, *minor)?,
+                Entry::CharDevice(major, minor) => {
+                    writer.char_device(name, 0o600, *major, *minor)?
+                }
                 Entry::Text {
                     content,
                     permissions,
-                } => writer.file(name, *permissions, 0, content.len() as u64, &mut content.as_bytes())?,
+                } => writer.file(
+                    name,
+                    *permissions,
+                    0,
+                    content.len() as u64,
+                    &mut content.as_bytes(),
+                )?,
                 Entry::File { source, strip } => {
-                    let copy = if *strip { self.stripped(source)? } else { source.clone() };
+                    let copy = if *strip {
+                        self.stripped(source)?
+                    } else {
+                        source.clone()
+                    };
                     let mut file =
                         File::open(&copy).with_context(|| format!("reading {}", copy.display()))?;
                     let meta = file.metadata()?;
@@ -231,7 +264,9 @@ impl Image {
     /// `source` without its debug information, from the copies kept by an earlier run when
     /// `source` has not changed since.
     fn stripped(&self, source: &Path) -> Result<PathBuf> {
-        let copy = self.stripped.join(source.strip_prefix("/").unwrap_or(source));
+        let copy = self
+            .stripped
+            .join(source.strip_prefix("/").unwrap_or(source));
         let modified = |path: &Path| fs::metadata(path).and_then(|m| m.modified()).ok();
         if let (Some(copied), Some(changed)) = (modified(&copy), modified(source))
             && copied >= changed
@@ -239,7 +274,12 @@ impl Image {
             return Ok(copy);
         }
         fs::create_dir_all(copy.parent().context("a directory")?)?;
-        crate::status(Command::new("objcopy").arg("--strip-debug").arg(source).arg(&copy))?;
+        crate::status(
+            Command::new("objcopy")
+                .arg("--strip-debug")
+                .arg(source)
+                .arg(&copy),
+        )?;
         Ok(copy)
     }
 
@@ -291,6 +331,13 @@ pub fn add_host_programs(image: &mut Image) -> Result<()> {
     for program in PROGRAMS {
         image.add_program(program)?;
     }
+    // The tests also name programs by a path of their own (/bin/true): the top-level links of a
+    // merged /usr (/bin -> usr/bin) must be there, whatever went through them.
+    for link in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
+        if fs::symlink_metadata(link).is_ok_and(|meta| meta.file_type().is_symlink()) {
+            image.add_host_path(Path::new(link))?;
+        }
+    }
     add_busybox(image)?;
     add_python(image)
 }
@@ -337,8 +384,17 @@ fn add_python(image: &mut Image) -> Result<()> {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         matches!(
             name,
-            "test" | "tests" | "idle_test" | "idlelib" | "tkinter" | "turtledemo" | "ensurepip"
-                | "lib2to3" | "pydoc_data" | "site-packages" | "dist-packages"
+            "test"
+                | "tests"
+                | "idle_test"
+                | "idlelib"
+                | "tkinter"
+                | "turtledemo"
+                | "ensurepip"
+                | "lib2to3"
+                | "pydoc_data"
+                | "site-packages"
+                | "dist-packages"
         ) || name.starts_with("config-")
             || name.contains(".opt-")
             || (name.starts_with("_test") && name.ends_with(".so"))
@@ -354,7 +410,12 @@ mod tests {
     fn ldd_lines_give_library_paths() {
         // /bin/sh is dynamic on every Debian: it needs libc and the loader.
         let needed = libraries(Path::new("/bin/sh")).unwrap();
-        assert!(needed.iter().any(|l| l.to_string_lossy().contains("libc.so")), "{needed:?}");
+        assert!(
+            needed
+                .iter()
+                .any(|l| l.to_string_lossy().contains("libc.so")),
+            "{needed:?}"
+        );
         assert!(needed.iter().all(|l| l.is_absolute()));
         assert!(libraries(Path::new("/etc/passwd")).unwrap().is_empty());
     }
@@ -368,7 +429,10 @@ mod tests {
         // Whatever the layout (merged /usr or not), each ancestor of the real file is a
         // directory of the image, and /bin/sh resolves in it.
         for parent in real.ancestors().skip(1) {
-            assert!(matches!(image.entries.get(parent), Some(Entry::Dir)), "{parent:?}");
+            assert!(
+                matches!(image.entries.get(parent), Some(Entry::Dir)),
+                "{parent:?}"
+            );
         }
         assert!(image.entries.contains_key(Path::new("/bin")));
     }

@@ -174,7 +174,10 @@ fn extract(deb: &Path, dir: &Path) -> Result<()> {
         .context("running tar")?;
     let unpacked = unpack.wait().context("waiting for dpkg-deb")?;
     if !unpacked.success() || !tar.success() {
-        bail!("extracting the kernel from {}: dpkg-deb {unpacked}, tar {tar}", deb.display());
+        bail!(
+            "extracting the kernel from {}: dpkg-deb {unpacked}, tar {tar}",
+            deb.display()
+        );
     }
     let boot = partial.join("boot");
     let release = fs::read_dir(&boot)?
@@ -184,9 +187,15 @@ fn extract(deb: &Path, dir: &Path) -> Result<()> {
             name.strip_prefix("vmlinuz-").map(str::to_owned)
         })
         .with_context(|| format!("{} holds no boot/vmlinuz-*", deb.display()))?;
-    fs::rename(boot.join(format!("vmlinuz-{release}")), partial.join("vmlinuz"))?;
+    fs::rename(
+        boot.join(format!("vmlinuz-{release}")),
+        partial.join("vmlinuz"),
+    )?;
     // The configuration is kept for whoever wonders what a kernel has built in.
-    let _ = fs::rename(boot.join(format!("config-{release}")), partial.join("config"));
+    let _ = fs::rename(
+        boot.join(format!("config-{release}")),
+        partial.join("config"),
+    );
     fs::remove_dir_all(&boot)?;
     fs::write(partial.join("release"), format!("{release}\n"))?;
     let _ = fs::remove_dir_all(dir);

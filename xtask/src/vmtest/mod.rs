@@ -20,7 +20,10 @@ use std::{
     env,
     fs::{self, File},
     io::{BufWriter, Write},
+    ops::ControlFlow,
     path::{Path, PathBuf},
+    sync::Mutex,
+    thread,
     time::{Duration, Instant},
 };
 
@@ -48,6 +51,10 @@ pub struct Options {
     /// kvm, tcg, or auto: KVM when a short probe boot works, TCG (emulation) otherwise.
     #[arg(long, default_value = "auto", value_parser = ["auto", "kvm", "tcg"])]
     accel: String,
+    /// How many kernels run at once. Each machine has 2 CPUs; under emulation one machine
+    /// keeps about 1.3 of the host's CPUs busy.
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
     /// How long one kernel's run may take, in seconds, before its machine is stopped.
     #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
     timeout: u64,
@@ -93,19 +100,48 @@ pub fn vmtest(options: &Options) -> Result<()> {
         }
     };
 
-    let mut results = Vec::new();
-    for kernel in &kernels {
-        let result = run_kernel(kernel, accel, &initrd, &out, Duration::from_secs(options.timeout))?;
+    let timeout = Duration::from_secs(options.timeout);
+    let results = run_kernels(&kernels, options.jobs.max(1), |kernel| {
+        let result = run_kernel(kernel, accel, &initrd, &out, timeout)?;
         println!("{}", result.line());
-        results.push(result);
-    }
+        Ok(result)
+    })?;
     summarize(&results)
+}
+
+/// Runs `run` on every kernel, `jobs` at a time; returns the results in the kernels' order.
+fn run_kernels<'a>(
+    kernels: &'a [kernels::Kernel],
+    jobs: usize,
+    run: impl Fn(&'a kernels::Kernel) -> Result<KernelResult<'a>> + Sync,
+) -> Result<Vec<KernelResult<'a>>> {
+    let next = Mutex::new(kernels.iter().enumerate());
+    let results = Mutex::new(Vec::new());
+    thread::scope(|scope| {
+        for _ in 0..jobs.min(kernels.len()) {
+            scope.spawn(|| {
+                loop {
+                    let Some((index, kernel)) = next.lock().unwrap().next() else {
+                        return;
+                    };
+                    let result = run(kernel);
+                    results.lock().unwrap().push((index, result));
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap();
+    results.sort_by_key(|(index, _)| *index);
+    results.into_iter().map(|(_, result)| result).collect()
 }
 
 fn list() {
     println!("kernels (xtask/src/vmtest/kernels.rs):");
     for pin in &kernels::PINS {
-        println!("  {:<14} {} {} ({})", pin.name, pin.package, pin.version, pin.suite);
+        println!(
+            "  {:<14} {} {} ({})",
+            pin.name, pin.package, pin.version, pin.suite
+        );
     }
     println!("test binaries left out (xtask/src/vmtest/suite.rs); every other one runs:");
     for (name, reason) in suite::LEFT_OUT {
@@ -174,7 +210,11 @@ fn build_initramfs(
             path: &binary.path,
         })
         .collect();
-    image.add_text("/init", guest::init_script(&tests, test_args, &workdir), 0o755);
+    image.add_text(
+        "/init",
+        guest::init_script(&tests, test_args, &workdir),
+        0o755,
+    );
     let size = image.write(to)?;
     eprintln!(
         "xtask: initramfs of {} test binaries, {} files: {} MB",
@@ -253,8 +293,8 @@ impl KernelResult<'_> {
                 "TIMED OUT{}",
                 unfinished.map(|n| format!(" in {n}")).unwrap_or_default()
             )),
-            (Ending::Exited, false, _) => Some("the guest never reached init".to_owned()),
-            (Ending::Exited, true, _) => Some(format!(
+            (_, false, _) => Some("the guest never reached init".to_owned()),
+            (_, true, _) => Some(format!(
                 "the guest stopped before the end (a kernel panic?){}",
                 unfinished.map(|n| format!(" in {n}")).unwrap_or_default()
             )),
@@ -294,10 +334,15 @@ fn run_kernel<'a>(
         if console.started || line.starts_with("qemu: ") {
             println!("{}| {line}", kernel.name);
         }
+        ControlFlow::Continue(())
     })?;
     log.flush()?;
     let took = started.elapsed();
-    eprintln!("xtask: the console of {} is in {}", kernel.name, log_path.display());
+    eprintln!(
+        "xtask: the console of {} is in {}",
+        kernel.name,
+        log_path.display()
+    );
     Ok(KernelResult {
         kernel,
         accel,
@@ -331,7 +376,11 @@ fn summarize(results: &[KernelResult]) -> Result<()> {
     if !failing.is_empty() {
         bail!(
             "the tests failed on {}",
-            failing.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+            failing
+                .iter()
+                .map(|(k, _)| *k)
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     Ok(())

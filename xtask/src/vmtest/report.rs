@@ -116,7 +116,11 @@ impl Console {
         self.binaries.iter().fold((0, 0, 0), |(p, f, i), run| {
             // A binary that failed without a libtest failure (a crash, a timeout) counts as one
             // failed test, so that no failure totals to zero.
-            let failed = if run.ok() { run.failed } else { run.failed.max(1) };
+            let failed = if run.ok() {
+                run.failed
+            } else {
+                run.failed.max(1)
+            };
             (p + run.passed, f + failed, i + run.ignored)
         })
     }
