@@ -89,12 +89,19 @@ fn a_flood_by_one_user_delays_no_other_users_enforcement() {
 
     let flood_cgroup = Cgroup::new("flood-flooder");
     let mut flooder = start_flooder(&daemon, &flood_cgroup);
-    // The host dies once the flood is at its height: the daemon is refusing the flooder.
+    // The host dies once the flood is at its height: the daemon is refusing the flooder's
+    // connections and requests both (each kind has its log line).
     assert!(
-        wait_for(Duration::from_secs(20), || daemon
-            .log()
-            .contains("uid over its limit")),
-        "the flood never reached the daemon's limits"
+        wait_for(Duration::from_secs(20), || {
+            let log = daemon.log();
+            ["connections", "requests"].iter().all(|limit| {
+                log.lines().any(|line| {
+                    line.contains("uid over its limit") && line.contains(&format!("\"{limit}\""))
+                })
+            })
+        }),
+        "the flood never reached the daemon's limits:\n{}",
+        daemon.log()
     );
 
     signal(host.id(), "KILL");

@@ -46,7 +46,16 @@ struct UidUse {
     budget: f64,
     refilled: Instant,
     heavy: Arc<Semaphore>,
-    refused: u64,
+    refused_connections: Refusals,
+    refused_requests: Refusals,
+}
+
+/// Refusals of one kind to one uid, logged at most every [`LOG_EVERY`]: one kind's lines never
+/// hide the other's.
+#[derive(Default)]
+struct Refusals {
+    /// Since the last line.
+    count: u64,
     logged: Option<Instant>,
 }
 
@@ -91,8 +100,8 @@ impl Limits {
             budget: self.burst(),
             refilled: Instant::now(),
             heavy: Arc::new(Semaphore::new(1)),
-            refused: 0,
-            logged: None,
+            refused_connections: Refusals::default(),
+            refused_requests: Refusals::default(),
         })
     }
 
@@ -101,7 +110,7 @@ impl Limits {
         let mut uids = self.uids();
         let usage = self.usage(&mut uids, uid);
         if uid != 0 && usage.connections >= self.limits.connections {
-            usage.refused("connections", uid);
+            usage.refused_connections.add("connections", uid);
             return Err(format!(
                 "uid {uid} has {} connections open, the most allowed; close some first",
                 usage.connections
@@ -127,7 +136,7 @@ impl Limits {
             usage.budget -= cost;
             return Ok(());
         }
-        usage.refused("requests", uid);
+        usage.refused_requests.add("requests", uid);
         // Until the request could be paid, and never less than OVER_RATE_PAUSE: a uid's
         // connections would otherwise all wake for each token earned, and all but one be
         // refused again.
@@ -161,10 +170,12 @@ impl UidUse {
         self.refilled = now;
         self.budget
     }
+}
 
-    /// Counts a refusal; logs at most one line per uid every [`LOG_EVERY`].
-    fn refused(&mut self, what: &'static str, uid: u32) {
-        self.refused += 1;
+impl Refusals {
+    /// Counts a refusal; logs at most one line per uid and kind every [`LOG_EVERY`].
+    fn add(&mut self, what: &'static str, uid: u32) {
+        self.count += 1;
         let now = Instant::now();
         if self
             .logged
@@ -173,65 +184,11 @@ impl UidUse {
             tracing::warn!(
                 uid,
                 limit = what,
-                refused = self.refused,
+                refused = self.count,
                 "uid over its limit: refusing (logged at most every {LOG_EVERY:?})"
             );
-            self.refused = 0;
+            self.count = 0;
             self.logged = Some(now);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn limits(connections: usize, requests_per_second: u32) -> Arc<Limits> {
-        Limits::new(UidLimits {
-            connections,
-            requests_per_second,
-        })
-    }
-
-    #[test]
-    fn connections_are_counted_per_uid_and_root_is_exempt() {
-        let limits = limits(2, 10);
-        let a = limits.open_connection(1000).unwrap();
-        let _b = limits.open_connection(1000).unwrap();
-        assert!(limits.open_connection(1000).is_err());
-        assert!(
-            limits.open_connection(1001).is_ok(),
-            "another uid is not affected"
-        );
-        let _roots: Vec<_> = (0..5).map(|_| limits.open_connection(0).unwrap()).collect();
-        drop(a);
-        assert!(
-            limits.open_connection(1000).is_ok(),
-            "a closed connection frees its slot"
-        );
-    }
-
-    #[test]
-    fn requests_are_limited_to_the_rate_with_a_second_of_burst() {
-        let limits = limits(2, 10);
-        for _ in 0..10 {
-            limits.spend(1000, 1).unwrap();
-        }
-        let wait = limits.spend(1000, 1).unwrap_err();
-        assert_eq!(
-            wait, OVER_RATE_PAUSE,
-            "at least the pause, when a token is near"
-        );
-        assert!(limits.spend(1001, 1).is_ok(), "another uid is not affected");
-        assert!(
-            (0..100).all(|_| limits.spend(0, 1).is_ok()),
-            "root is exempt"
-        );
-        // A cost over the whole budget is capped at it, so it can be paid at all.
-        let fresh = super::Limits::new(UidLimits {
-            connections: 1,
-            requests_per_second: 10,
-        });
-        assert!(fresh.spend(1000, 50).is_ok());
     }
 }

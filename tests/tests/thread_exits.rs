@@ -1,0 +1,150 @@
+//! A thread's exit is not its process's. Two processes go on under their pid after their main
+//! thread has exited, and both must stay in their tree, with all they fork afterwards, and die
+//! with it: one whose main thread exits while another thread goes on and forks, and one that
+//! calls exec from a thread other than its main one (the kernel ends the old main thread and the
+//! process runs the new program under the same pid, as Go's `syscall.Exec` does). Kernels
+//! before 6.16 tell the exit tracepoint only which thread ends.
+
+use std::{collections::BTreeSet, fs, time::Duration};
+
+use leash_common::Pid;
+use leash_tests::{Cgroup, Scenario, python, tracked, tracker, wait_for};
+
+/// What every scenario's process starts last: three sleeps, one of them in a new session.
+const FORKS: &str = "sleep 600 & setsid sleep 600 & exec sleep 600";
+
+/// A thread other than the main one execs `sh -c FORKS`; the main thread waits meanwhile.
+const EXEC_FROM_A_THREAD: &str = r#"
+import os, sys, threading, time
+threading.Thread(target=lambda: os.execv("/bin/sh", ["sh", "-c", sys.argv[1]])).start()
+time.sleep(600)
+"#;
+
+/// The main thread exits; the other thread waits until it is gone, then starts `sh -c FORKS`
+/// and stays.
+const MAIN_THREAD_EXITS_FIRST: &str = r#"
+import ctypes, os, subprocess, sys, time, threading
+def main_thread_gone():
+    with open(f"/proc/{os.getpid()}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+def work():
+    while not main_thread_gone():
+        time.sleep(0.01)
+    subprocess.Popen(["sh", "-c", sys.argv[1]])
+    while True:
+        time.sleep(60)
+threading.Thread(target=work).start()
+ctypes.CDLL(None).pthread_exit(None)
+"#;
+
+#[test]
+fn a_process_that_execs_from_a_thread_stays_in_its_tree() {
+    let Some(mut tracker) = tracker!() else {
+        return;
+    };
+    let mut scenario = Scenario::spawn(
+        &mut tracker,
+        "exec-from-thread",
+        &python(),
+        &["-c", EXEC_FROM_A_THREAD, FORKS],
+    );
+    let root = scenario.root_pid();
+    let processes = scenario.cgroup.settle_exactly(&["sleep", "sleep", "sleep"]);
+    assert!(
+        processes.contains(&root),
+        "the process that exec'd from a thread goes on under its pid: {processes:?}"
+    );
+    assert_tracked_exactly(&tracker, &scenario, &processes, "exec from a thread");
+    kill_and_await_empty(&mut tracker, &mut scenario);
+}
+
+#[test]
+fn a_process_whose_main_thread_exits_first_stays_in_its_tree() {
+    let Some(mut tracker) = tracker!() else {
+        return;
+    };
+    let mut scenario = Scenario::spawn(
+        &mut tracker,
+        "main-thread-exits",
+        &python(),
+        &["-c", MAIN_THREAD_EXITS_FIRST, FORKS],
+    );
+    let root = scenario.root_pid();
+    // Some kernels leave a process whose main thread has exited out of cgroup.procs;
+    // cgroup.threads has its other thread, which names it.
+    let mut processes = BTreeSet::new();
+    let settled = wait_for(Duration::from_secs(60), || {
+        processes = thread_groups(&scenario.cgroup);
+        processes.len() == 4
+            && processes
+                .iter()
+                .all(|&pid| pid == root || leash_tests::comm(pid).as_deref() == Some("sleep"))
+    });
+    assert!(
+        settled,
+        "expected the python process (its main thread gone) and three sleeps: {:?}",
+        processes
+            .iter()
+            .map(|&p| (p, leash_tests::comm(p)))
+            .collect::<Vec<_>>()
+    );
+    assert!(processes.contains(&root), "{processes:?}");
+    assert_tracked_exactly(&tracker, &scenario, &processes, "main thread exits first");
+    kill_and_await_empty(&mut tracker, &mut scenario);
+}
+
+/// Asserts that the tree's members are exactly `processes`, and the kernel's count agrees.
+fn assert_tracked_exactly(
+    tracker: &leash::Tracker,
+    scenario: &Scenario,
+    processes: &BTreeSet<Pid>,
+    what: &str,
+) {
+    let mut members = BTreeSet::new();
+    let mut count = 0;
+    let equal = wait_for(Duration::from_secs(5), || {
+        members = tracked(tracker, scenario.tree);
+        count = tracker.tree_status(scenario.tree).expect("status").members;
+        members == *processes && count == members.len() as u64
+    });
+    eprintln!(
+        "scenario {what}: tracked {} / ground truth {} (kernel count {count})",
+        members.len(),
+        processes.len()
+    );
+    assert!(
+        equal,
+        "{what}: tracked {members:?} (kernel count {count}), the cgroup has {processes:?}"
+    );
+}
+
+/// Kills the tree and waits for the cgroup to be empty of every thread: the tree, whole, died.
+fn kill_and_await_empty(tracker: &mut leash::Tracker, scenario: &mut Scenario) {
+    tracker
+        .kill(scenario.tree, Duration::ZERO)
+        .expect("killing the tree");
+    let events = scenario.cgroup.procs_file().with_file_name("cgroup.events");
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            fs::read_to_string(&events).is_ok_and(|e| e.contains("populated 0"))
+        }),
+        "the cgroup still has threads after the kill: {:?}",
+        fs::read_to_string(
+            scenario
+                .cgroup
+                .procs_file()
+                .with_file_name("cgroup.threads")
+        )
+    );
+}
+
+/// The processes of every thread in the cgroup, a process whose main thread has exited among
+/// them.
+fn thread_groups(cgroup: &Cgroup) -> BTreeSet<Pid> {
+    let threads = fs::read_to_string(cgroup.procs_file().with_file_name("cgroup.threads"))
+        .unwrap_or_default();
+    threads
+        .lines()
+        .filter_map(|tid| leash::proc::thread_group_of(tid.trim().parse().ok()?))
+        .collect()
+}
