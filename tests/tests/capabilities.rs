@@ -3,7 +3,8 @@
 //! others (`NoNewPrivileges=`), only the system calls of its `SystemCallFilter=` (others fail
 //! with EPERM, as `SystemCallErrorNumber=` says), and every file system read-only but
 //! /sys/fs/bpf and /tmp (`ProtectSystem=strict`, `ReadOnlyPaths=/sys`, `ReadWritePaths=`;
-//! /tmp stands for the private /tmp and /run/leash the daemon may write). So restricted, it
+//! /tmp stands for the private /tmp and /run/leash the daemon may write), with its
+//! `LimitMEMLOCK=` (kernels before 5.11 charge BPF maps to it). So restricted, it
 //! loads and pins its programs, takes a tree of another user on a leash, and kills it when
 //! the host is SIGKILLed. This is what shows the unit leaves the daemon what it needs.
 //!
@@ -72,7 +73,11 @@ fn the_daemon_keeps_another_users_tree_on_a_leash_with_only_the_units_capabiliti
         calls.into_iter().collect::<Vec<_>>().join(",")
     });
     let bounding = format!("--bounding-set=-all,{bounding}");
+    let memlock = unit_memlock();
     let mut wrapper = vec![
+        "prlimit",
+        &memlock,
+        "--",
         "unshare",
         "--mount",
         "--propagation",
@@ -246,6 +251,17 @@ fn unit_capabilities() -> Vec<String> {
         "dist/leash.service has no CapabilityBoundingSet="
     );
     capabilities
+}
+
+/// The unit's `LimitMEMLOCK=` as a prlimit option. Without CAP_SYS_RESOURCE the daemon cannot
+/// raise the limit itself, and before 5.11 its maps do not fit in the default 64 KiB.
+fn unit_memlock() -> String {
+    let limit = UNIT
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("LimitMEMLOCK="))
+        .expect("dist/leash.service has no LimitMEMLOCK=");
+    let limit = if limit == "infinity" { "unlimited" } else { limit };
+    format!("--memlock={limit}")
 }
 
 /// The bit mask of capabilities `names`: each one's number is its place in `setpriv
