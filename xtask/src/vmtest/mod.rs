@@ -22,7 +22,7 @@ use std::{
     io::{BufWriter, Write},
     ops::ControlFlow,
     path::{Path, PathBuf},
-    sync::Mutex,
+    sync::{Mutex, MutexGuard, PoisonError},
     thread,
     time::{Duration, Instant},
 };
@@ -51,8 +51,8 @@ pub struct Options {
     /// kvm, tcg, or auto: KVM when a short probe boot works, TCG (emulation) otherwise.
     #[arg(long, default_value = "auto", value_parser = ["auto", "kvm", "tcg"])]
     accel: String,
-    /// How many kernels run at once. Each machine has 2 CPUs; under emulation one machine
-    /// keeps about 1.3 of the host's CPUs busy.
+    /// How many kernels run at once. More than one helps only with CPUs to spare: on a
+    /// 2-CPU host, two machines under emulation take as long together as one after the other.
     #[arg(long, default_value_t = 1)]
     jobs: usize,
     /// How long one kernel's run may take, in seconds, before its machine is stopped.
@@ -121,18 +121,23 @@ fn run_kernels<'a>(
         for _ in 0..jobs.min(kernels.len()) {
             scope.spawn(|| {
                 loop {
-                    let Some((index, kernel)) = next.lock().unwrap().next() else {
+                    let Some((index, kernel)) = lock(&next).next() else {
                         return;
                     };
                     let result = run(kernel);
-                    results.lock().unwrap().push((index, result));
+                    lock(&results).push((index, result));
                 }
             });
         }
     });
-    let mut results = results.into_inner().unwrap();
+    let mut results = results.into_inner().unwrap_or_else(PoisonError::into_inner);
     results.sort_by_key(|(index, _)| *index);
     results.into_iter().map(|(_, result)| result).collect()
+}
+
+/// The value behind `mutex`, even if another thread panicked holding it.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn list() {

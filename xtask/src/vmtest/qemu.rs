@@ -22,8 +22,8 @@ use super::guest::MARKER;
 const MEMORY_MB: u32 = 3072;
 const CPUS: u32 = 2;
 /// How long a probe boot may take to reach init with an accelerator that works (a boot takes
-/// under a second with KVM; with nested KVM broken it hangs).
-const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
+/// about a second with KVM; with nested KVM broken it hangs or fails).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Accel {
