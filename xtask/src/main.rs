@@ -37,11 +37,13 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Run the integration tests on other kernels: Debian's cloud kernels of bullseye (5.10),
-    /// bookworm (6.1 and 6.12) and trixie (6.12), each booted under QEMU (KVM where it works,
-    /// TCG otherwise) with an initramfs of the test binaries. Prints one line per kernel and the
-    /// total; fails if a test fails on any kernel. As root: it installs QEMU and busybox when
-    /// missing, and caches the kernels in /var/cache/leash-vmtest (LEASH_VMTEST_CACHE).
+    /// Build the integration tests and run them on other kernels, under QEMU (as root).
+    ///
+    /// The kernels are Debian's cloud kernels of bullseye (5.10), bookworm (6.1 and 6.12) and
+    /// trixie (6.12), each booted under QEMU (KVM where it works, TCG otherwise) with an
+    /// initramfs of the test binaries. Prints every test's output, one line per kernel and the
+    /// total; fails if a test fails on any kernel. Installs QEMU and busybox when missing, and
+    /// caches the kernels in /var/cache/leash-vmtest (LEASH_VMTEST_CACHE=DIR to change it).
     Vmtest(vmtest::Options),
     /// Set up, build with optimizations, and run every benchmark side by side with its
     /// references, writing BENCHMARKS.md (as root).

@@ -309,6 +309,10 @@ impl KernelResult<'_> {
     fn problems(&self) -> Vec<String> {
         let mut problems = self.console.problems();
         if let Some(trouble) = self.trouble() {
+            // The trouble names the binary that did not finish.
+            if let Some(unfinished) = self.console.unfinished() {
+                problems.retain(|problem| !problem.starts_with(&format!("{} (", unfinished.name)));
+            }
             problems.push(trouble);
         }
         problems
