@@ -3,8 +3,9 @@
 //! others (`NoNewPrivileges=`), only the system calls of its `SystemCallFilter=` (others fail
 //! with EPERM, as `SystemCallErrorNumber=` says), and every file system read-only but
 //! /sys/fs/bpf and /tmp (`ProtectSystem=strict`, `ReadOnlyPaths=/sys`, `ReadWritePaths=`;
-//! /tmp stands for the private /tmp and /run/leash the daemon may write), with its
-//! `LimitMEMLOCK=` (kernels before 5.11 charge BPF maps to it). So restricted, it
+//! /tmp stands for the private /tmp and /run/leash the daemon may write), with the unit's
+//! resource limits (`LimitMEMLOCK=`, `LimitNOFILE=`: kernels before 5.11 charge BPF maps to
+//! the locked-memory limit, which the daemon cannot raise itself). So restricted, it
 //! loads and pins its programs, takes a tree of another user on a leash, and kills it when
 //! the host is SIGKILLed. This is what shows the unit leaves the daemon what it needs.
 //!
@@ -73,10 +74,19 @@ fn the_daemon_keeps_another_users_tree_on_a_leash_with_only_the_units_capabiliti
         calls.into_iter().collect::<Vec<_>>().join(",")
     });
     let bounding = format!("--bounding-set=-all,{bounding}");
-    let memlock = unit_memlock();
+    let memlock = format!(
+        "--memlock={}",
+        settable(unit_limit("LimitMEMLOCK"), libc::RLIMIT_MEMLOCK)
+    );
+    let nofile = format!(
+        "--nofile={}",
+        settable(unit_limit("LimitNOFILE"), libc::RLIMIT_NOFILE)
+    );
+    // systemd sets the limits before anything else, as root.
     let mut wrapper = vec![
         "prlimit",
         &memlock,
+        &nofile,
         "--",
         "unshare",
         "--mount",
@@ -235,6 +245,46 @@ fn expand(entry: &str, groups: &[(String, Vec<String>)], into: &mut BTreeSet<Str
 
 /// The capabilities the unit's `CapabilityBoundingSet=` lines keep, as setpriv names them
 /// (`bpf` for CAP_BPF).
+/// The value of the unit's `Limit*=` line `name` (None: infinity).
+fn unit_limit(name: &str) -> Option<u64> {
+    let value = UNIT
+        .lines()
+        .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("dist/leash.service has no {name}="));
+    match value.trim() {
+        "infinity" => None,
+        number => Some(number.parse().unwrap_or_else(|_| panic!("{name}={number}"))),
+    }
+}
+
+/// `limit` as prlimit takes it, or the hard limit now where raising it past that needs
+/// CAP_SYS_RESOURCE and the test runs without it (some sandboxes; systemd has it).
+fn settable(limit: Option<u64>, resource: libc::__rlimit_resource_t) -> String {
+    let mut now = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid resource and a valid pointer to an rlimit.
+    assert_eq!(unsafe { libc::getrlimit(resource, &mut now) }, 0);
+    let hard = (now.rlim_max != libc::RLIM_INFINITY).then_some(now.rlim_max);
+    let status = fs::read_to_string("/proc/self/status").unwrap();
+    let may_raise = capability_field(&status, "CapEff") & (1 << CAP_SYS_RESOURCE) != 0;
+    let settable = match (limit, hard) {
+        (_, None) => limit,
+        (Some(limit), Some(hard)) if limit <= hard => Some(limit),
+        _ if may_raise => limit,
+        (_, Some(hard)) => {
+            eprintln!(
+                "NOT TESTED: a resource limit of {limit:?} (without CAP_SYS_RESOURCE here: {hard})"
+            );
+            Some(hard)
+        }
+    };
+    settable.map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
+}
+
+const CAP_SYS_RESOURCE: u32 = 24;
+
 fn unit_capabilities() -> Vec<String> {
     let capabilities: Vec<String> = UNIT
         .lines()
@@ -251,17 +301,6 @@ fn unit_capabilities() -> Vec<String> {
         "dist/leash.service has no CapabilityBoundingSet="
     );
     capabilities
-}
-
-/// The unit's `LimitMEMLOCK=` as a prlimit option. Without CAP_SYS_RESOURCE the daemon cannot
-/// raise the limit itself, and before 5.11 its maps do not fit in the default 64 KiB.
-fn unit_memlock() -> String {
-    let limit = UNIT
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("LimitMEMLOCK="))
-        .expect("dist/leash.service has no LimitMEMLOCK=");
-    let limit = if limit == "infinity" { "unlimited" } else { limit };
-    format!("--memlock={limit}")
 }
 
 /// The bit mask of capabilities `names`: each one's number is its place in `setpriv
