@@ -161,8 +161,9 @@ impl Image {
         self.entries.insert(path.to_path_buf(), Entry::Dir);
     }
 
-    /// Mirrors `path`'s directories and every symlink met on the way (a symlink's target goes in
-    /// too); returns the path with no symlink in it, where the file itself goes.
+    /// Mirrors `path`'s directories and every symlink met on the way to it, and on the way to
+    /// each symlink's target; returns the path with no symlink in it, where the file or
+    /// directory itself goes (the caller adds a file: it knows whether to strip it).
     fn add_host_path(&mut self, path: &Path) -> Result<PathBuf> {
         if !path.is_absolute() {
             bail!("{} is not an absolute path", path.display());
@@ -179,16 +180,9 @@ impl Image {
                 let target = fs::read_link(&next)?;
                 self.entries
                     .insert(next.clone(), Entry::Symlink(target.clone()));
-                let resolved = real.join(&target);
-                let canonical = fs::canonicalize(&resolved)
-                    .with_context(|| format!("resolving {}", next.display()))?;
-                // The target's own path, with its symlinks (a relative target may go through
-                // one). A directory's entry is made here, a file's by the caller.
-                let reached = self.add_host_path(&canonical)?;
-                if fs::metadata(&reached)?.is_file() && !self.entries.contains_key(&reached) {
-                    self.add_host_file(&reached, false)?;
-                }
-                real = reached;
+                // An absolute target replaces `real`; a relative one is read from it. Either may
+                // go through symlinks of its own: they are mirrored too.
+                real = self.add_host_path(&lexically_normal(&real.join(&target)))?;
             } else {
                 if meta.is_dir() {
                     self.entries.entry(next.clone()).or_insert(Entry::Dir);
@@ -290,6 +284,22 @@ impl Image {
             .filter(|entry| matches!(entry, Entry::File { .. }))
             .count()
     }
+}
+
+/// `path` with its `.` and `..` taken out, without asking the file system: right for a path whose
+/// directories before a `..` are not symlinks, as the targets met here are.
+fn lexically_normal(path: &Path) -> PathBuf {
+    let mut normal = PathBuf::from("/");
+    for component in path.components() {
+        match component {
+            Component::ParentDir => {
+                normal.pop();
+            }
+            Component::Normal(name) => normal.push(name),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    normal
 }
 
 /// The libraries `ldd` says `path` loads (none for a static program or a script).
@@ -435,5 +445,14 @@ mod tests {
             );
         }
         assert!(image.entries.contains_key(Path::new("/bin")));
+    }
+
+    #[test]
+    fn dot_dot_goes_up() {
+        assert_eq!(
+            lexically_normal(Path::new("/usr/lib64/../lib/./x86_64-linux-gnu/libc.so.6")),
+            Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6")
+        );
+        assert_eq!(lexically_normal(Path::new("/../a")), Path::new("/a"));
     }
 }

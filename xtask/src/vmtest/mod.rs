@@ -150,7 +150,7 @@ fn list() {
     }
     println!("test binaries left out (xtask/src/vmtest/suite.rs); every other one runs:");
     for (name, reason) in suite::LEFT_OUT {
-        println!("  {name:<14} {reason}");
+        println!("  {name:<20} {reason}");
     }
 }
 

@@ -17,68 +17,25 @@ use crate::{cargo, workspace_root};
 /// host under emulation (TCG), and CI runs four of them: what is left out here is either
 /// impossible in a guest, a load test, or a test of user space alone, which behaves the same on
 /// every kernel and runs on the host's (`cargo xtask test`).
+#[rustfmt::skip]
 pub const LEFT_OUT: &[(&str, &str)] = &[
-    (
-        "systemd_unit",
-        "runs systemd-analyze, which the guests do not have",
-    ),
-    (
-        "watch_tmux",
-        "drives a terminal through tmux, which the guests do not have",
-    ),
-    (
-        "thousand",
-        "a load test: a 1001-process tree; fork_chain and adopt_existing take the same kernel paths",
-    ),
-    (
-        "kill_steps",
-        "a load test: 2001 members, the kill engine's step sizes (user space)",
-    ),
-    (
-        "flood",
-        "a load test of the daemon's connection limits (user space)",
-    ),
-    (
-        "fd_exhaustion",
-        "a load test of the daemon's descriptor handling (user space)",
-    ),
-    (
-        "kill_setsid_storm",
-        "a load test: 20 trials of a 300-process setsid storm, over 10 minutes under emulation; doomed_fork and setsid_chain take its kernel paths",
-    ),
-    (
-        "setsid_storm_daemon",
-        "the same storm as kill_setsid_storm, through the daemon",
-    ),
-    (
-        "slow_viewer",
-        "a load test: 3000 fork+exec, 1.5 minutes under emulation, for the daemon's event queue (user space)",
-    ),
-    (
-        "garbage",
-        "user space: the daemon's replies to malformed requests (fuzzed too)",
-    ),
+    ("systemd_unit", "runs systemd-analyze, which the guests do not have"),
+    ("watch_tmux", "drives a terminal through tmux, which the guests do not have"),
+    ("thousand", "a load test: a 1001-process tree; fork_chain and adopt_existing take the same kernel paths"),
+    ("kill_steps", "a load test: 2001 members, the kill engine's step sizes (user space)"),
+    ("flood", "a load test of the daemon's connection limits (user space)"),
+    ("fd_exhaustion", "a load test of the daemon's descriptor handling (user space)"),
+    ("kill_setsid_storm", "a load test: 20 trials of a 300-process setsid storm, over 10 minutes under emulation; doomed_fork and setsid_chain take its kernel paths"),
+    ("setsid_storm_daemon", "the same storm as kill_setsid_storm, through the daemon"),
+    ("untracked_storm", "a load test: 3000 fork+exec beside a tree, a minute under emulation; every scenario's check that its tree is exactly its cgroup sees untracked forks stay out"),
+    ("slow_viewer", "a load test: 3000 fork+exec, 1.5 minutes under emulation, for the daemon's event queue (user space)"),
+    ("garbage", "user space: the daemon's replies to malformed requests (fuzzed too)"),
     ("json_outputs", "user space: the JSON output formats"),
-    (
-        "secret_token",
-        "user space: where a lease token may appear (argv, environment, descriptors)",
-    ),
-    (
-        "token_limits",
-        "user space: per-uid accounting of registrations made with a token",
-    ),
-    (
-        "hijacked_dirs",
-        "user space: the trust checks of the socket and pin directories",
-    ),
-    (
-        "run_refused",
-        "user space: a refused `leash run` leaves nothing waiting",
-    ),
-    (
-        "grace_shortened",
-        "user space: a pending grace only gets shorter",
-    ),
+    ("secret_token", "user space: where a lease token may appear (argv, environment, descriptors)"),
+    ("token_limits", "user space: per-uid accounting of registrations made with a token"),
+    ("hijacked_dirs", "user space: the trust checks of the socket and pin directories"),
+    ("run_refused", "user space: a refused `leash run` leaves nothing waiting"),
+    ("grace_shortened", "user space: a pending grace only gets shorter"),
 ];
 
 /// A test binary to run in the guests.
