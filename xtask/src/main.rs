@@ -1,5 +1,5 @@
-//! Project tasks: `cargo xtask setup | test | run | bench | install | fuzz`. Each installs what it needs
-//! first, so a fresh clone on a fresh Debian/Ubuntu machine needs nothing else.
+//! Project tasks: `cargo xtask setup | test | vmtest | run | bench | install | fuzz`. Each installs
+//! what it needs first, so a fresh clone on a fresh Debian/Ubuntu machine needs nothing else.
 
 use std::{
     env,
@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod fuzz;
+mod vmtest;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// bpf-linker must be built against the LLVM major version of the nightly rustc.
@@ -36,6 +37,14 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Build the integration tests and run them on other kernels, under QEMU (as root).
+    ///
+    /// The kernels are Debian's cloud kernels of bullseye (5.10), bookworm (6.1 and 6.12) and
+    /// trixie (6.12), each booted under QEMU (KVM where it works, TCG otherwise) with an
+    /// initramfs of the test binaries. Prints every test's output, one line per kernel and the
+    /// total; fails if a test fails on any kernel. Installs QEMU and busybox when missing, and
+    /// caches the kernels in /var/cache/leash-vmtest (LEASH_VMTEST_CACHE=DIR to change it).
+    Vmtest(vmtest::Options),
     /// Set up, build with optimizations, and run every benchmark side by side with its
     /// references, writing BENCHMARKS.md (as root).
     Bench {
@@ -75,6 +84,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Setup => setup(),
         Task::Test { args } => test(&args),
+        Task::Vmtest(options) => vmtest::vmtest(&options),
         Task::Run { args } => run(&args),
         Task::Bench { quick } => bench(quick),
         Task::Install { prefix, destdir } => install(&prefix, destdir.as_deref()),
@@ -103,13 +113,7 @@ fn ensure_tmux() -> Result<()> {
     if !Path::new("/usr/bin/apt-get").exists() || !is_root() {
         bail!("the tests need tmux; install it (Debian/Ubuntu: apt-get install tmux)");
     }
-    eprintln!("xtask: installing tmux");
-    status(Command::new("apt-get").args(["update", "-qq"]))?;
-    status(
-        Command::new("apt-get")
-            .args(["install", "-y", "-qq", "tmux"])
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
+    apt_install(&["tmux"], true)
 }
 
 /// The tests of the systemd unit and of the daemon under its restrictions: systemd-analyze
@@ -144,14 +148,7 @@ fn ensure_unit_test_tools() -> Result<()> {
             missing.join(" ")
         );
     }
-    eprintln!("xtask: installing {}", missing.join(" "));
-    status(Command::new("apt-get").args(["update", "-qq"]))?;
-    status(
-        Command::new("apt-get")
-            .args(["install", "-y", "-qq"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
+    apt_install(&missing, true)
 }
 
 fn test(args: &[String]) -> Result<()> {
@@ -204,7 +201,7 @@ fn cargo_test_with_summary(args: &[&str]) -> Result<()> {
 }
 
 /// In "ok. 3 passed; 0 failed; ...", the number before `word`.
-fn count_before(result: &str, word: &str) -> u64 {
+pub(crate) fn count_before(result: &str, word: &str) -> u64 {
     result
         .split(';')
         .find_map(|part| {
@@ -356,12 +353,28 @@ fn install_llvm() -> Result<()> {
             packages.join(" ")
         );
     }
+    apt_install(&packages.each_ref().map(String::as_str), true)
+}
+
+/// Installs `packages` with apt (refreshing its lists first), with their recommended packages
+/// or without.
+fn apt_install(packages: &[&str], recommends: bool) -> Result<()> {
+    if !Path::new("/usr/bin/apt-get").exists() || !is_root() {
+        bail!(
+            "{} missing; install it as root (Debian/Ubuntu: apt-get install {0})",
+            packages.join(" ")
+        );
+    }
     eprintln!("xtask: installing {}", packages.join(" "));
     status(Command::new("apt-get").args(["update", "-qq"]))?;
+    let mut install = Command::new("apt-get");
+    install.args(["install", "-y", "-qq"]);
+    if !recommends {
+        install.arg("--no-install-recommends");
+    }
     status(
-        Command::new("apt-get")
-            .args(["install", "-y", "-qq"])
-            .args(&packages)
+        install
+            .args(packages)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
 }

@@ -1,0 +1,458 @@
+//! The guests' whole file system: an initramfs that mirrors the host's paths. The test binaries
+//! and `leash` sit where cargo built them (the tests find `leash` next to themselves, and other
+//! paths they know are absolute), the host programs the tests run sit where the host has them,
+//! with the libraries `ldd` names and every symlink on the way (/bin -> usr/bin...), and busybox
+//! fills in the rest (/vmtest/bin, last on PATH) and runs the init script.
+
+use std::{
+    collections::BTreeMap,
+    fs::{self, File},
+    io::{BufWriter, Read},
+    os::unix::fs::{MetadataExt, PermissionsExt},
+    path::{Component, Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::cpio;
+use crate::output;
+
+/// Where busybox and its applets go in the guest.
+pub const BUSYBOX_DIR: &str = "/vmtest/bin";
+
+/// Programs the tests run, by name, from the host's system directories. Each must exist.
+const PROGRAMS: &[&str] = &[
+    "sh", "bash", "sleep", "seq", "setsid", "setpriv", "prlimit", "kill", "cat", "true", "false",
+    "echo", "env", "mkfifo", "touch", "mkdir", "rm", "tail", "mount", "umount", "unshare", "id",
+    "ls", "chmod", "chown", "ln", "mv", "cp", "head", "wc", "timeout",
+];
+/// Where [`PROGRAMS`] are looked for: the system's own, never a user's (pyenv shims, cargo).
+const SYSTEM_PATH: &[&str] = &["/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"];
+/// Debian's interpreter: the tests ask `python3` for `sys.executable`.
+const PYTHON: &str = "/usr/bin/python3";
+
+/// An entry of the image.
+enum Entry {
+    Dir,
+    Symlink(PathBuf),
+    /// A host file, copied as it is or with its debug information stripped.
+    File {
+        source: PathBuf,
+        strip: bool,
+    },
+    /// A file the image alone has.
+    Text {
+        content: String,
+        permissions: u32,
+    },
+    CharDevice(u32, u32),
+}
+
+/// The image, path by path. A BTreeMap of paths keeps every directory before what it holds, as
+/// the kernel needs.
+pub struct Image {
+    entries: BTreeMap<PathBuf, Entry>,
+    /// Where stripped copies are kept between runs.
+    stripped: PathBuf,
+}
+
+impl Image {
+    pub fn new(stripped: &Path) -> Self {
+        let mut image = Self {
+            entries: BTreeMap::new(),
+            stripped: stripped.to_path_buf(),
+        };
+        for dir in [
+            "/", "/dev", "/proc", "/sys", "/tmp", "/run", "/root", "/etc",
+        ] {
+            image.entries.insert(dir.into(), Entry::Dir);
+        }
+        // init's stdin, stdout and stderr, before devtmpfs is mounted over /dev.
+        image
+            .entries
+            .insert("/dev/console".into(), Entry::CharDevice(5, 1));
+        image
+    }
+
+    /// The host's file at `path`, at the same path, with the symlinks on the way to it, and
+    /// (for a program or library) the libraries it needs. `strip`: copy it without its debug
+    /// information (the test binaries are ten times smaller so).
+    pub fn add_host_file(&mut self, path: &Path, strip: bool) -> Result<()> {
+        let real = self.add_host_path(path)?;
+        if self.entries.contains_key(&real) {
+            return Ok(());
+        }
+        let meta = fs::metadata(&real).with_context(|| format!("reading {}", real.display()))?;
+        if !meta.is_file() {
+            bail!("{} is not a file", real.display());
+        }
+        self.entries.insert(
+            real.clone(),
+            Entry::File {
+                source: real.clone(),
+                strip,
+            },
+        );
+        if meta.permissions().mode() & 0o111 != 0 || is_shared_library(&real) {
+            for library in libraries(&real)? {
+                self.add_host_file(&library, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The host's directory tree at `dir`, but what `skip` rejects (given each path).
+    pub fn add_host_tree(&mut self, dir: &Path, skip: &dyn Fn(&Path) -> bool) -> Result<()> {
+        let real = self.add_host_path(dir)?;
+        self.entries.insert(real.clone(), Entry::Dir);
+        let mut entries: Vec<_> = fs::read_dir(&real)
+            .with_context(|| format!("reading {}", real.display()))?
+            .flatten()
+            .map(|entry| entry.path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            if skip(&path) {
+                continue;
+            }
+            let meta = fs::symlink_metadata(&path)?;
+            if meta.is_dir() {
+                self.add_host_tree(&path, skip)?;
+            } else if (meta.is_file() || meta.file_type().is_symlink())
+                // A dangling symlink leads nowhere the guest could need.
+                && fs::metadata(&path).is_ok()
+            {
+                self.add_host_file(&path, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A program from the host's system directories, by name.
+    pub fn add_program(&mut self, name: &str) -> Result<()> {
+        let path = SYSTEM_PATH
+            .iter()
+            .map(|dir| Path::new(dir).join(name))
+            .find(|path| path.is_file())
+            .with_context(|| {
+                format!(
+                    "the tests run {name}, which is in none of {}",
+                    SYSTEM_PATH.join(", ")
+                )
+            })?;
+        self.add_host_file(&path, false)
+    }
+
+    pub fn add_text(&mut self, path: &str, content: String, permissions: u32) {
+        self.add_parents(Path::new(path));
+        self.entries.insert(
+            path.into(),
+            Entry::Text {
+                content,
+                permissions,
+            },
+        );
+    }
+
+    /// An empty directory (a working directory the guest needs).
+    pub fn add_dir(&mut self, path: &Path) {
+        self.add_parents(path);
+        self.entries.insert(path.to_path_buf(), Entry::Dir);
+    }
+
+    /// Mirrors `path`'s directories and every symlink met on the way to it, and on the way to
+    /// each symlink's target; returns the path with no symlink in it, where the file or
+    /// directory itself goes (the caller adds a file: it knows whether to strip it).
+    fn add_host_path(&mut self, path: &Path) -> Result<PathBuf> {
+        if !path.is_absolute() {
+            bail!("{} is not an absolute path", path.display());
+        }
+        let mut real = PathBuf::from("/");
+        for component in path.components().skip(1) {
+            let Component::Normal(name) = component else {
+                bail!("{}: only plain names, please", path.display());
+            };
+            let next = real.join(name);
+            let meta = fs::symlink_metadata(&next)
+                .with_context(|| format!("reading {}", next.display()))?;
+            if meta.file_type().is_symlink() {
+                let target = fs::read_link(&next)?;
+                self.entries
+                    .insert(next.clone(), Entry::Symlink(target.clone()));
+                // An absolute target replaces `real`; a relative one is read from it. Either may
+                // go through symlinks of its own: they are mirrored too.
+                real = self.add_host_path(&lexically_normal(&real.join(&target)))?;
+            } else {
+                if meta.is_dir() {
+                    self.entries.entry(next.clone()).or_insert(Entry::Dir);
+                }
+                real = next;
+            }
+        }
+        Ok(real)
+    }
+
+    fn add_parents(&mut self, path: &Path) {
+        for parent in path.ancestors().skip(1) {
+            self.entries
+                .entry(parent.to_path_buf())
+                .or_insert(Entry::Dir);
+        }
+    }
+
+    /// Writes the image as an uncompressed initramfs (the kernel unpacks it faster than it
+    /// would decompress it under emulation); returns its size.
+    pub fn write(&self, to: &Path) -> Result<u64> {
+        let partial = to.with_extension("partial");
+        let file =
+            File::create(&partial).with_context(|| format!("writing {}", partial.display()))?;
+        let mut writer = cpio::Writer::new(BufWriter::new(file));
+        for (path, entry) in &self.entries {
+            let name = path
+                .to_str()
+                .with_context(|| format!("{} is not UTF-8", path.display()))?;
+            match entry {
+                Entry::Dir => writer.dir(name, 0o755)?,
+                Entry::Symlink(target) => writer.symlink(
+                    name,
+                    target
+                        .to_str()
+                        .with_context(|| format!("{} is not UTF-8", target.display()))?,
+                )?,
+                Entry::CharDevice(major, minor) => {
+                    writer.char_device(name, 0o600, *major, *minor)?
+                }
+                Entry::Text {
+                    content,
+                    permissions,
+                } => writer.file(
+                    name,
+                    *permissions,
+                    0,
+                    content.len() as u64,
+                    &mut content.as_bytes(),
+                )?,
+                Entry::File { source, strip } => {
+                    let copy = if *strip {
+                        self.stripped(source)?
+                    } else {
+                        source.clone()
+                    };
+                    let mut file =
+                        File::open(&copy).with_context(|| format!("reading {}", copy.display()))?;
+                    let meta = file.metadata()?;
+                    // The source's own mtime: Python checks its cached bytecode against it.
+                    let mtime = fs::metadata(source)?.mtime().max(0) as u64;
+                    writer
+                        .file(name, meta.mode() & 0o7777, mtime, meta.len(), &mut file)
+                        .with_context(|| format!("archiving {}", source.display()))?;
+                }
+            }
+        }
+        let (size, _) = writer.finish()?;
+        fs::rename(&partial, to)?;
+        Ok(size)
+    }
+
+    /// `source` without its debug information, from the copies kept by an earlier run when
+    /// `source` has not changed since.
+    fn stripped(&self, source: &Path) -> Result<PathBuf> {
+        let copy = self
+            .stripped
+            .join(source.strip_prefix("/").unwrap_or(source));
+        let modified = |path: &Path| fs::metadata(path).and_then(|m| m.modified()).ok();
+        if let (Some(copied), Some(changed)) = (modified(&copy), modified(source))
+            && copied >= changed
+        {
+            return Ok(copy);
+        }
+        fs::create_dir_all(copy.parent().context("a directory")?)?;
+        crate::status(
+            Command::new("objcopy")
+                .arg("--strip-debug")
+                .arg(source)
+                .arg(&copy),
+        )?;
+        Ok(copy)
+    }
+
+    /// How many files the image holds.
+    pub fn file_count(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|entry| matches!(entry, Entry::File { .. }))
+            .count()
+    }
+}
+
+/// `path` with its `.` and `..` taken out, without asking the file system: right for a path whose
+/// directories before a `..` are not symlinks, as the targets met here are.
+fn lexically_normal(path: &Path) -> PathBuf {
+    let mut normal = PathBuf::from("/");
+    for component in path.components() {
+        match component {
+            Component::ParentDir => {
+                normal.pop();
+            }
+            Component::Normal(name) => normal.push(name),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    normal
+}
+
+/// The libraries `ldd` says `path` loads (none for a static program or a script).
+fn libraries(path: &Path) -> Result<Vec<PathBuf>> {
+    let mut magic = [0; 4];
+    let is_elf = File::open(path)
+        .and_then(|mut file| file.read_exact(&mut magic))
+        .is_ok()
+        && magic == *b"\x7fELF";
+    if !is_elf {
+        return Ok(Vec::new());
+    }
+    // ldd fails on a static binary ("not a dynamic executable"): it needs nothing.
+    let Ok(listing) = output(Command::new("ldd").arg(path)) else {
+        return Ok(Vec::new());
+    };
+    Ok(listing
+        .lines()
+        .filter_map(|line| {
+            // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
+            // "/lib64/ld-linux-x86-64.so.2 (0x...)"; vdso has no file.
+            let line = line.trim();
+            let file = line.split_once("=> ").map_or(line, |(_, file)| file);
+            let file = file.split(" (").next()?;
+            file.starts_with('/').then(|| PathBuf::from(file))
+        })
+        .collect())
+}
+
+fn is_shared_library(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| name.contains(".so"))
+}
+
+/// The host's programs the tests run, busybox, and Debian's Python with its standard library
+/// (less its test suites, the development files and the GUI and packaging modules).
+pub fn add_host_programs(image: &mut Image) -> Result<()> {
+    for program in PROGRAMS {
+        image.add_program(program)?;
+    }
+    // The tests also name programs by a path of their own (/bin/true): the top-level links of a
+    // merged /usr (/bin -> usr/bin) must be there, whatever went through them.
+    for link in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
+        if fs::symlink_metadata(link).is_ok_and(|meta| meta.file_type().is_symlink()) {
+            image.add_host_path(Path::new(link))?;
+        }
+    }
+    add_busybox(image)?;
+    add_python(image)
+}
+
+/// busybox as /vmtest/bin/busybox: a path of its own, so that its applets (installed there by
+/// init) do not shadow the host's programs.
+pub fn add_busybox(image: &mut Image) -> Result<()> {
+    let busybox = SYSTEM_PATH
+        .iter()
+        .map(|dir| Path::new(dir).join("busybox"))
+        .find(|path| path.is_file())
+        .context("busybox is missing (apt-get install busybox-static)")?;
+    let source = fs::canonicalize(&busybox)?;
+    for library in libraries(&source)? {
+        image.add_host_file(&library, false)?;
+    }
+    let guest_busybox = PathBuf::from(format!("{BUSYBOX_DIR}/busybox"));
+    image.add_parents(&guest_busybox);
+    image.entries.insert(
+        guest_busybox,
+        Entry::File {
+            source,
+            strip: false,
+        },
+    );
+    Ok(())
+}
+
+fn add_python(image: &mut Image) -> Result<()> {
+    let python = Path::new(PYTHON);
+    if !python.exists() {
+        bail!("{PYTHON} is missing (apt-get install python3)");
+    }
+    image.add_host_file(python, false)?;
+    let real = fs::canonicalize(python)?;
+    // python3 -> python3.11: the standard library is /usr/lib/python3.11.
+    let version = real
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| n.starts_with("python3."))
+        .with_context(|| format!("{PYTHON} leads to {}, not python3.X", real.display()))?;
+    let stdlib = Path::new("/usr/lib").join(version);
+    let skip = |path: &Path| {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        matches!(
+            name,
+            "test"
+                | "tests"
+                | "idle_test"
+                | "idlelib"
+                | "tkinter"
+                | "turtledemo"
+                | "ensurepip"
+                | "lib2to3"
+                | "pydoc_data"
+                | "site-packages"
+                | "dist-packages"
+        ) || name.starts_with("config-")
+            || name.contains(".opt-")
+            || (name.starts_with("_test") && name.ends_with(".so"))
+    };
+    image.add_host_tree(&stdlib, &skip)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldd_lines_give_library_paths() {
+        // /bin/sh is dynamic on every Debian: it needs libc and the loader.
+        let needed = libraries(Path::new("/bin/sh")).unwrap();
+        assert!(
+            needed
+                .iter()
+                .any(|l| l.to_string_lossy().contains("libc.so")),
+            "{needed:?}"
+        );
+        assert!(needed.iter().all(|l| l.is_absolute()));
+        assert!(libraries(Path::new("/etc/passwd")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn symlinks_on_the_way_are_mirrored() {
+        let mut image = Image::new(Path::new("/nonexistent"));
+        image.add_host_file(Path::new("/bin/sh"), false).unwrap();
+        let real = fs::canonicalize("/bin/sh").unwrap();
+        assert!(matches!(image.entries.get(&real), Some(Entry::File { .. })));
+        // Whatever the layout (merged /usr or not), each ancestor of the real file is a
+        // directory of the image, and /bin/sh resolves in it.
+        for parent in real.ancestors().skip(1) {
+            assert!(
+                matches!(image.entries.get(parent), Some(Entry::Dir)),
+                "{parent:?}"
+            );
+        }
+        assert!(image.entries.contains_key(Path::new("/bin")));
+    }
+
+    #[test]
+    fn dot_dot_goes_up() {
+        assert_eq!(
+            lexically_normal(Path::new("/usr/lib64/../lib/./x86_64-linux-gnu/libc.so.6")),
+            Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6")
+        );
+        assert_eq!(lexically_normal(Path::new("/../a")), Path::new("/a"));
+    }
+}

@@ -1,0 +1,396 @@
+//! `cargo xtask vmtest`: the integration tests on the kernels users run. Each Debian cloud
+//! kernel of [`kernels::PINS`] boots under QEMU (KVM where it works, TCG otherwise) with an
+//! initramfs that holds the test binaries, `leash` and what the tests run; init runs the test
+//! binaries one by one and powers off; the host reads the console.
+//!
+//! Kernels are cached outside the clone (/var/cache/leash-vmtest, or `LEASH_VMTEST_CACHE`);
+//! the initramfs, the stripped binaries and each kernel's console log are build output, in
+//! target/vmtest/.
+
+mod apt;
+mod cpio;
+mod guest;
+mod initramfs;
+mod kernels;
+mod qemu;
+mod report;
+mod suite;
+
+use std::{
+    env,
+    fs::{self, File},
+    io::{BufWriter, Write},
+    ops::ControlFlow,
+    path::{Path, PathBuf},
+    sync::{Mutex, MutexGuard, PoisonError},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{apt_install, is_root, setup, workspace_root};
+use guest::GuestTest;
+use initramfs::Image;
+use qemu::{Accel, Ending};
+use report::Console;
+
+pub const CACHE_VAR: &str = "LEASH_VMTEST_CACHE";
+const DEFAULT_CACHE: &str = "/var/cache/leash-vmtest";
+
+#[derive(clap::Args)]
+pub struct Options {
+    /// Boot only this kernel; repeat for more. All of them when absent: bullseye-5.10,
+    /// bookworm-6.1, bookworm-6.12, trixie-6.12.
+    #[arg(long = "kernel", value_name = "NAME")]
+    kernels: Vec<String>,
+    /// Run only this test binary (a file of tests/tests/, without .rs); repeat for more. May
+    /// name one that is left out by default.
+    #[arg(long = "test", value_name = "NAME")]
+    tests: Vec<String>,
+    /// kvm, tcg, or auto: KVM when a short probe boot works, TCG (emulation) otherwise.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "kvm", "tcg"])]
+    accel: String,
+    /// How many kernels run at once. More than one helps only with CPUs to spare: on a
+    /// 2-CPU host, two machines under emulation take as long together as one after the other.
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// How long one kernel's run may take, in seconds, before its machine is stopped.
+    #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
+    timeout: u64,
+    /// List the kernels and the test binaries left out, with why, and run nothing.
+    #[arg(long)]
+    list: bool,
+    /// After `--`: passed to every test binary, as to `cargo test -- ...` (a name filter,
+    /// `--skip NAME`, `--exact`, `--test-threads 1`).
+    #[arg(last = true, value_name = "TEST ARGS")]
+    test_args: Vec<String>,
+}
+
+pub fn vmtest(options: &Options) -> Result<()> {
+    let pins = kernels::select(&options.kernels)?;
+    if options.list {
+        list();
+        return Ok(());
+    }
+    if !is_root() {
+        eprintln!(
+            "xtask: warning: not root: installing what is missing and writing {DEFAULT_CACHE} \
+             need root (set {CACHE_VAR} to cache elsewhere)"
+        );
+    }
+    setup()?;
+    ensure_tools()?;
+    let cache = cache_dir();
+    let out = workspace_root().join("target/vmtest");
+    fs::create_dir_all(out.join("logs")).with_context(|| format!("making {}", out.display()))?;
+
+    let binaries = suite::build(&options.tests)?;
+    let kernels = kernels::resolve(&pins, &cache)?;
+
+    let initrd = out.join("initramfs.cpio");
+    build_initramfs(&binaries, &options.test_args, &out, &initrd)?;
+    let accel = match options.accel.as_str() {
+        "kvm" => Accel::Kvm,
+        "tcg" => Accel::Tcg,
+        _ => {
+            let probe = out.join("probe.cpio");
+            build_probe_initramfs(&out, &probe)?;
+            qemu::choose_accel(&kernels[0].vmlinuz, &probe)?
+        }
+    };
+
+    let timeout = Duration::from_secs(options.timeout);
+    let results = run_kernels(&kernels, options.jobs.max(1), |kernel| {
+        let result = run_kernel(kernel, accel, &initrd, &out, timeout)?;
+        println!("{}", result.line());
+        Ok(result)
+    })?;
+    summarize(&results)
+}
+
+/// Runs `run` on every kernel, `jobs` at a time; returns the results in the kernels' order.
+fn run_kernels<'a>(
+    kernels: &'a [kernels::Kernel],
+    jobs: usize,
+    run: impl Fn(&'a kernels::Kernel) -> Result<KernelResult<'a>> + Sync,
+) -> Result<Vec<KernelResult<'a>>> {
+    let next = Mutex::new(kernels.iter().enumerate());
+    let results = Mutex::new(Vec::new());
+    thread::scope(|scope| {
+        for _ in 0..jobs.min(kernels.len()) {
+            scope.spawn(|| {
+                loop {
+                    let Some((index, kernel)) = lock(&next).next() else {
+                        return;
+                    };
+                    let result = run(kernel);
+                    lock(&results).push((index, result));
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_else(PoisonError::into_inner);
+    results.sort_by_key(|(index, _)| *index);
+    results.into_iter().map(|(_, result)| result).collect()
+}
+
+/// The value behind `mutex`, even if another thread panicked holding it.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn list() {
+    println!("kernels (xtask/src/vmtest/kernels.rs):");
+    for pin in &kernels::PINS {
+        println!(
+            "  {:<14} {} {} ({})",
+            pin.name, pin.package, pin.version, pin.suite
+        );
+    }
+    println!("test binaries left out (xtask/src/vmtest/suite.rs); every other one runs:");
+    for (name, reason) in suite::LEFT_OUT {
+        println!("  {name:<20} {reason}");
+    }
+}
+
+/// QEMU, busybox, objcopy, dpkg-deb and Debian's Python, installed when missing.
+fn ensure_tools() -> Result<()> {
+    let needs = [
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("busybox", "busybox-static"),
+        ("objcopy", "binutils"),
+        ("dpkg-deb", "dpkg"),
+        ("python3", "python3"),
+    ];
+    let present = |program: &str| {
+        ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+            .iter()
+            .any(|dir| Path::new(dir).join(program).is_file())
+    };
+    let missing: Vec<&str> = needs
+        .iter()
+        .filter(|(program, _)| !present(program))
+        .map(|(_, package)| *package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    apt_install(&missing, false)
+}
+
+fn cache_dir() -> PathBuf {
+    env::var_os(CACHE_VAR).map_or_else(|| PathBuf::from(DEFAULT_CACHE), PathBuf::from)
+}
+
+/// The initramfs of the test run: see initramfs.rs. Returns its size.
+fn build_initramfs(
+    binaries: &[suite::TestBinary],
+    test_args: &[String],
+    out: &Path,
+    to: &Path,
+) -> Result<u64> {
+    let mut image = Image::new(&out.join("stripped"));
+    initramfs::add_host_programs(&mut image)?;
+    for binary in binaries {
+        image.add_host_file(&binary.path, true)?;
+    }
+    // The tests run the `leash` of their build: target/PROFILE/leash, beside their deps/.
+    let leash = binaries[0]
+        .path
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("leash"))
+        .filter(|leash| leash.is_file())
+        .context("no leash binary beside the test binaries")?;
+    image.add_host_file(&leash, true)?;
+    // cargo runs a test binary in its package's directory.
+    let workdir = workspace_root().join("tests");
+    image.add_dir(&workdir);
+    add_etc(&mut image);
+    let tests: Vec<GuestTest> = binaries
+        .iter()
+        .map(|binary| GuestTest {
+            name: &binary.name,
+            path: &binary.path,
+        })
+        .collect();
+    image.add_text(
+        "/init",
+        guest::init_script(&tests, test_args, &workdir),
+        0o755,
+    );
+    let size = image.write(to)?;
+    eprintln!(
+        "xtask: initramfs of {} test binaries, {} files: {} MB",
+        binaries.len(),
+        image.file_count(),
+        size / 1_000_000
+    );
+    Ok(size)
+}
+
+/// The initramfs of the accelerator's probe: busybox and a script that reports and powers off.
+fn build_probe_initramfs(out: &Path, to: &Path) -> Result<()> {
+    let mut image = Image::new(&out.join("stripped"));
+    initramfs::add_busybox(&mut image)?;
+    image.add_text("/init", guest::probe_script(), 0o755);
+    image.write(to)?;
+    Ok(())
+}
+
+/// The few files of /etc that programs look for.
+fn add_etc(image: &mut Image) {
+    image.add_text(
+        "/etc/passwd",
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            .to_owned(),
+        0o644,
+    );
+    image.add_text(
+        "/etc/group",
+        "root:x:0:\nnogroup:x:65534:\n".to_owned(),
+        0o644,
+    );
+    image.add_text(
+        "/etc/hosts",
+        "127.0.0.1 localhost\n::1 localhost\n".to_owned(),
+        0o644,
+    );
+}
+
+/// One kernel's run.
+struct KernelResult<'a> {
+    kernel: &'a kernels::Kernel,
+    accel: Accel,
+    console: Console,
+    ending: Ending,
+    took: Duration,
+}
+
+impl KernelResult<'_> {
+    /// `vmtest: bullseye-5.10 5.10.0-46-cloud-amd64 (5.10.262-1, tcg): 74 passed, 0 failed,
+    /// 0 skipped in 212 s`, and what went wrong besides failed tests.
+    fn line(&self) -> String {
+        let kernel = self.kernel;
+        let (passed, failed, ignored) = self.console.totals();
+        let pin = if kernel.pinned { "" } else { ", NOT THE PIN" };
+        let mut line = format!(
+            "vmtest: {} {} ({}{pin}, {}): {passed} passed, {failed} failed, {ignored} skipped in {} s",
+            kernel.name,
+            kernel.release,
+            kernel.version,
+            self.accel,
+            self.took.as_secs()
+        );
+        if let Some(trouble) = self.trouble() {
+            line.push_str(&format!("; {trouble}"));
+        }
+        line
+    }
+
+    /// What stopped the run short, if anything did.
+    fn trouble(&self) -> Option<String> {
+        let unfinished = self.console.unfinished().map(|run| run.name.as_str());
+        match (&self.ending, self.console.started, self.console.done) {
+            (_, _, true) => None,
+            (Ending::TimedOut, _, _) => Some(format!(
+                "TIMED OUT{}",
+                unfinished.map(|n| format!(" in {n}")).unwrap_or_default()
+            )),
+            (_, false, _) => Some("the guest never reached init".to_owned()),
+            (_, true, _) => Some(format!(
+                "the guest stopped before the end (a kernel panic?){}",
+                unfinished.map(|n| format!(" in {n}")).unwrap_or_default()
+            )),
+        }
+    }
+
+    fn problems(&self) -> Vec<String> {
+        let mut problems = self.console.problems();
+        if let Some(trouble) = self.trouble() {
+            // The trouble names the binary that did not finish.
+            if let Some(unfinished) = self.console.unfinished() {
+                problems.retain(|problem| !problem.starts_with(&format!("{} (", unfinished.name)));
+            }
+            problems.push(trouble);
+        }
+        problems
+    }
+}
+
+fn run_kernel<'a>(
+    kernel: &'a kernels::Kernel,
+    accel: Accel,
+    initrd: &Path,
+    out: &Path,
+    timeout: Duration,
+) -> Result<KernelResult<'a>> {
+    let log_path = out.join("logs").join(format!("{}.log", kernel.name));
+    let mut log = BufWriter::new(
+        File::create(&log_path).with_context(|| format!("writing {}", log_path.display()))?,
+    );
+    println!(
+        "vmtest: booting {} {} ({} {}) under {accel}",
+        kernel.name, kernel.release, kernel.package, kernel.version
+    );
+    let started = Instant::now();
+    let mut console = Console::default();
+    let ending = qemu::boot(accel, &kernel.vmlinuz, initrd, timeout, |line| {
+        let _ = writeln!(log, "{line}");
+        console.read(line);
+        // The firmware's and the boot's noise only go to the log.
+        if console.started || line.starts_with("qemu: ") {
+            println!("{}| {line}", kernel.name);
+        }
+        ControlFlow::Continue(())
+    })?;
+    log.flush()?;
+    let took = started.elapsed();
+    eprintln!(
+        "xtask: the console of {} is in {}",
+        kernel.name,
+        log_path.display()
+    );
+    Ok(KernelResult {
+        kernel,
+        accel,
+        console,
+        ending,
+        took,
+    })
+}
+
+/// The per-kernel lines again, the failures by kernel, and the total: `tests: N passed, M
+/// failed, K skipped`, as `cargo xtask test` ends.
+fn summarize(results: &[KernelResult]) -> Result<()> {
+    println!();
+    let (mut passed, mut failed, mut ignored) = (0, 0, 0);
+    let mut failing = Vec::new();
+    for result in results {
+        println!("{}", result.line());
+        let (p, f, i) = result.console.totals();
+        passed += p;
+        failed += f;
+        ignored += i;
+        let problems = result.problems();
+        if !problems.is_empty() {
+            failing.push((result.kernel.name, problems));
+        }
+    }
+    for (kernel, problems) in &failing {
+        println!("vmtest: {kernel} failed: {}", problems.join(", "));
+    }
+    println!("tests: {passed} passed, {failed} failed, {ignored} skipped");
+    if !failing.is_empty() {
+        bail!(
+            "the tests failed on {}",
+            failing
+                .iter()
+                .map(|(k, _)| *k)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(())
+}

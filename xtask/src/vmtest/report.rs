@@ -1,0 +1,179 @@
+//! Reading a guest's console: init's markers and libtest's own lines, into what each test binary
+//! did on one kernel.
+
+use std::time::{Duration, Instant};
+
+use super::guest::MARKER;
+use crate::count_before;
+
+/// One test binary's run in a guest.
+#[derive(Default)]
+pub struct BinaryRun {
+    pub name: String,
+    /// Its exit status, once init reported it.
+    pub status: Option<i32>,
+    /// From libtest's `test result:` line.
+    pub passed: u64,
+    pub failed: u64,
+    pub ignored: u64,
+    pub had_result: bool,
+    /// Tests libtest reported `FAILED`.
+    pub failures: Vec<String>,
+    pub took: Duration,
+    started: Option<Instant>,
+}
+
+impl BinaryRun {
+    /// Whether the binary ran to the end and nothing in it failed.
+    pub fn ok(&self) -> bool {
+        self.status == Some(0) && self.failed == 0
+    }
+
+    /// What went wrong, for the list of failures: failed tests by name, or how the binary ended
+    /// when libtest could not say.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems: Vec<String> = self
+            .failures
+            .iter()
+            .map(|test| format!("{}::{test}", self.name))
+            .collect();
+        if problems.is_empty() && !self.ok() {
+            problems.push(match self.status {
+                None => format!("{} (did not finish)", self.name),
+                // timeout -s KILL: 128 + 9.
+                Some(137) => format!("{} (killed after its timeout)", self.name),
+                Some(status) if !self.had_result => {
+                    format!("{} (exit status {status}, no test result)", self.name)
+                }
+                Some(status) => format!("{} (exit status {status})", self.name),
+            });
+        }
+        problems
+    }
+}
+
+/// What the console of one kernel's run said so far.
+#[derive(Default)]
+pub struct Console {
+    /// As init printed it (`uname -r`), once it did.
+    pub release: Option<String>,
+    pub binaries: Vec<BinaryRun>,
+    /// Init reported it was done.
+    pub done: bool,
+    /// Set up and ran: everything after init's first marker is the tests' output.
+    pub started: bool,
+}
+
+impl Console {
+    /// Takes one line of the console into account.
+    pub fn read(&mut self, line: &str) {
+        let now = Instant::now();
+        if let Some(marker) = line.strip_prefix(MARKER) {
+            let mut words = marker.split_whitespace();
+            match (words.next(), words.next(), words.next()) {
+                (Some("kernel"), Some(release), _) => {
+                    self.release = Some(release.to_owned());
+                    self.started = true;
+                }
+                (Some("begin"), Some(name), _) => self.binaries.push(BinaryRun {
+                    name: name.to_owned(),
+                    started: Some(now),
+                    ..BinaryRun::default()
+                }),
+                (Some("end"), Some(name), Some(status)) => {
+                    if let Some(run) = self.binaries.last_mut().filter(|run| run.name == name) {
+                        run.status = status.parse().ok();
+                        run.took = run.started.map_or(Duration::ZERO, |s| now - s);
+                    }
+                }
+                (Some("done"), _, _) => self.done = true,
+                _ => {}
+            }
+            return;
+        }
+        let Some(run) = self.binaries.last_mut().filter(|run| run.status.is_none()) else {
+            return;
+        };
+        if let Some(result) = line.strip_prefix("test result: ") {
+            run.passed += count_before(result, " passed");
+            run.failed += count_before(result, " failed");
+            run.ignored += count_before(result, " ignored");
+            run.had_result = true;
+        } else if let Some(test) = line
+            .strip_prefix("test ")
+            .and_then(|rest| rest.strip_suffix(" ... FAILED"))
+        {
+            run.failures.push(test.to_owned());
+        }
+    }
+
+    /// The binary still running when the console stopped, if any.
+    pub fn unfinished(&self) -> Option<&BinaryRun> {
+        self.binaries.last().filter(|run| run.status.is_none())
+    }
+
+    pub fn totals(&self) -> (u64, u64, u64) {
+        self.binaries.iter().fold((0, 0, 0), |(p, f, i), run| {
+            // A binary that failed without a libtest failure (a crash, a timeout) counts as one
+            // failed test, so that no failure totals to zero.
+            let failed = if run.ok() {
+                run.failed
+            } else {
+                run.failed.max(1)
+            };
+            (p + run.passed, f + failed, i + run.ignored)
+        })
+    }
+
+    pub fn problems(&self) -> Vec<String> {
+        self.binaries.iter().flat_map(BinaryRun::problems).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(lines: &[&str]) -> Console {
+        let mut console = Console::default();
+        for line in lines {
+            console.read(line);
+        }
+        console
+    }
+
+    #[test]
+    fn markers_and_libtest_lines_make_each_binarys_result() {
+        let console = read(&[
+            "SeaBIOS (version 1.16.2)",
+            "@@vmtest kernel 5.10.0-46-cloud-amd64",
+            "@@vmtest begin fork_chain",
+            "running 1 test",
+            "test a_fork_chain_is_tracked_hop_by_hop ... ok",
+            "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 2.01s",
+            "@@vmtest end fork_chain 0",
+            "@@vmtest begin threads",
+            "test fifty_threads_are_one_member ... FAILED",
+            "test a_fork_from_a_thread_is_a_member ... ok",
+            "test result: FAILED. 1 passed; 1 failed; 2 ignored; 0 measured; 0 filtered out",
+            "@@vmtest end threads 101",
+            "@@vmtest begin daemon_restart",
+            "@@vmtest end daemon_restart 137",
+            "@@vmtest begin pinned_tracker",
+        ]);
+        assert_eq!(console.release.as_deref(), Some("5.10.0-46-cloud-amd64"));
+        assert!(console.started && !console.done);
+        assert_eq!(console.binaries.len(), 4);
+        assert!(console.binaries[0].ok());
+        assert_eq!(console.totals(), (2, 3, 2));
+        assert_eq!(
+            console.problems(),
+            [
+                "threads::fifty_threads_are_one_member",
+                "daemon_restart (killed after its timeout)",
+                "pinned_tracker (did not finish)",
+            ]
+        );
+        assert_eq!(console.unfinished().unwrap().name, "pinned_tracker");
+    }
+}
