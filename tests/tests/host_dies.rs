@@ -2,7 +2,10 @@
 //! session of its own. SIGKILL the host (`leash run`): the agent is killed anyway, once the
 //! grace period is over.
 
-use std::{process::Stdio, time::Duration};
+use std::{
+    process::Stdio,
+    time::{Duration, Instant},
+};
 
 use leash_tests::{Cgroup, daemon::Daemon};
 
@@ -29,8 +32,13 @@ fn sigkilling_the_host_kills_its_stubborn_agent() {
         // The agent has read stdin's end and become a TERM-ignoring sleep, beside another one.
         cgroup.settle_exactly(&["sleep", "sleep"]);
 
+        // Timed from before the kill: the daemon may see the host die, and start the grace,
+        // before kill() has returned here (on a busy machine, by more than a millisecond).
+        let killed = Instant::now();
         host.kill().unwrap();
-        let emptied = cgroup.wait_empty(Duration::from_secs(10));
+        let emptied = cgroup
+            .wait_empty(Duration::from_secs(10))
+            .map(|_| killed.elapsed());
         let _ = host.wait();
         eprintln!(
             "trial {trial}: host SIGKILLed, agent ignores SIGTERM, grace 300 ms: empty after {emptied:?}"
