@@ -133,14 +133,16 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
 /// goes on under its pid, running the new program).
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
+    let tgid = current_tgid();
+    // The hot path for every thread's exit on the machine: one lookup, and out for
+    // non-members, before any read of the task.
+    let Some(entry) = (unsafe { MEMBERS.get(&tgid) }).copied() else {
+        return 0;
+    };
     let task: *const u8 = ctx.arg(0);
     if !group_dead(task) {
         return 0;
     }
-    let tgid = current_tgid();
-    let Some(entry) = (unsafe { MEMBERS.get(&tgid) }).copied() else {
-        return 0;
-    };
     // Not this process's entry (see leash_fork): user space takes such an entry out.
     if !is_member(task, &entry) {
         return 0;

@@ -141,6 +141,22 @@ impl Cgroup {
         read_pids(&self.procs_file())
     }
 
+    /// Every process with a thread in the group: cgroup.procs, and those some kernels leave
+    /// out of it, whose main thread has exited while others run (cgroup.threads names them).
+    pub fn processes(&self) -> BTreeSet<Pid> {
+        let threads = read_pids(&self.path.join("cgroup.threads"));
+        let mut processes = self.procs();
+        processes.extend(threads.into_iter().filter_map(leash::proc::thread_group_of));
+        processes
+    }
+
+    /// Whether any thread is left in the group (cgroup.events; a dying main thread counts).
+    pub fn populated(&self) -> bool {
+        fs::read_to_string(self.path.join("cgroup.events"))
+            .map(|events| !events.contains("populated 0"))
+            .unwrap_or(false)
+    }
+
     /// A command that moves itself into this group, then execs `program args...`. Nothing of
     /// `program` runs outside the group.
     pub fn command(&self, program: &str, args: &[&str]) -> Command {
@@ -214,11 +230,7 @@ impl Cgroup {
                 .stderr(Stdio::null())
                 .status();
         }
-        wait_for(Duration::from_secs(10), || {
-            fs::read_to_string(self.path.join("cgroup.events"))
-                .map(|events| events.contains("populated 0"))
-                .unwrap_or(true)
-        });
+        wait_for(Duration::from_secs(10), || !self.populated());
     }
 }
 
@@ -288,14 +300,14 @@ pub fn assert_tracks_cgroup(
     cgroup: &Cgroup,
     scenario: &str,
 ) -> usize {
-    let truth = cgroup.procs();
+    let truth = cgroup.processes();
     let (mut members, mut count) = (BTreeSet::new(), 0);
     // Members are added at fork and removed at exit synchronously; a short wait only covers
     // exits still in flight when the cgroup was read.
     let equal = wait_for(Duration::from_secs(5), || {
         members = tracked(tracker, tree);
         count = tracker.tree_status(tree).expect("tree status").members;
-        members == cgroup.procs() && count == members.len() as u64
+        members == cgroup.processes() && count == members.len() as u64
     });
     let status = tracker.tree_status(tree).expect("tree status");
     eprintln!(

@@ -7,8 +7,7 @@
 
 use std::{collections::BTreeSet, fs, time::Duration};
 
-use leash_common::Pid;
-use leash_tests::{Cgroup, Scenario, python, tracked, tracker, wait_for};
+use leash_tests::{Scenario, assert_tracks_cgroup, python, tracker, wait_for};
 
 /// What every scenario's process starts last: three sleeps, one of them in a new session.
 const FORKS: &str = "sleep 600 & setsid sleep 600 & exec sleep 600";
@@ -54,7 +53,15 @@ fn a_process_that_execs_from_a_thread_stays_in_its_tree() {
         processes.contains(&root),
         "the process that exec'd from a thread goes on under its pid: {processes:?}"
     );
-    assert_tracked_exactly(&tracker, &scenario, &processes, "exec from a thread");
+    assert_eq!(
+        assert_tracks_cgroup(
+            &tracker,
+            scenario.tree,
+            &scenario.cgroup,
+            "exec from a thread"
+        ),
+        processes.len()
+    );
     kill_and_await_empty(&mut tracker, &mut scenario);
 }
 
@@ -74,7 +81,7 @@ fn a_process_whose_main_thread_exits_first_stays_in_its_tree() {
     // cgroup.threads has its other thread, which names it.
     let mut processes = BTreeSet::new();
     let settled = wait_for(Duration::from_secs(60), || {
-        processes = thread_groups(&scenario.cgroup);
+        processes = scenario.cgroup.processes();
         processes.len() == 4
             && processes
                 .iter()
@@ -89,33 +96,16 @@ fn a_process_whose_main_thread_exits_first_stays_in_its_tree() {
             .collect::<Vec<_>>()
     );
     assert!(processes.contains(&root), "{processes:?}");
-    assert_tracked_exactly(&tracker, &scenario, &processes, "main thread exits first");
-    kill_and_await_empty(&mut tracker, &mut scenario);
-}
-
-/// Asserts that the tree's members are exactly `processes`, and the kernel's count agrees.
-fn assert_tracked_exactly(
-    tracker: &leash::Tracker,
-    scenario: &Scenario,
-    processes: &BTreeSet<Pid>,
-    what: &str,
-) {
-    let mut members = BTreeSet::new();
-    let mut count = 0;
-    let equal = wait_for(Duration::from_secs(5), || {
-        members = tracked(tracker, scenario.tree);
-        count = tracker.tree_status(scenario.tree).expect("status").members;
-        members == *processes && count == members.len() as u64
-    });
-    eprintln!(
-        "scenario {what}: tracked {} / ground truth {} (kernel count {count})",
-        members.len(),
+    assert_eq!(
+        assert_tracks_cgroup(
+            &tracker,
+            scenario.tree,
+            &scenario.cgroup,
+            "main thread exits first"
+        ),
         processes.len()
     );
-    assert!(
-        equal,
-        "{what}: tracked {members:?} (kernel count {count}), the cgroup has {processes:?}"
-    );
+    kill_and_await_empty(&mut tracker, &mut scenario);
 }
 
 /// Kills the tree and waits for the cgroup to be empty of every thread: the tree, whole, died.
@@ -123,11 +113,8 @@ fn kill_and_await_empty(tracker: &mut leash::Tracker, scenario: &mut Scenario) {
     tracker
         .kill(scenario.tree, Duration::ZERO)
         .expect("killing the tree");
-    let events = scenario.cgroup.procs_file().with_file_name("cgroup.events");
     assert!(
-        wait_for(Duration::from_secs(10), || {
-            fs::read_to_string(&events).is_ok_and(|e| e.contains("populated 0"))
-        }),
+        wait_for(Duration::from_secs(10), || !scenario.cgroup.populated()),
         "the cgroup still has threads after the kill: {:?}",
         fs::read_to_string(
             scenario
@@ -136,15 +123,4 @@ fn kill_and_await_empty(tracker: &mut leash::Tracker, scenario: &mut Scenario) {
                 .with_file_name("cgroup.threads")
         )
     );
-}
-
-/// The processes of every thread in the cgroup, a process whose main thread has exited among
-/// them.
-fn thread_groups(cgroup: &Cgroup) -> BTreeSet<Pid> {
-    let threads = fs::read_to_string(cgroup.procs_file().with_file_name("cgroup.threads"))
-        .unwrap_or_default();
-    threads
-        .lines()
-        .filter_map(|tid| leash::proc::thread_group_of(tid.trim().parse().ok()?))
-        .collect()
 }
