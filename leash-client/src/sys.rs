@@ -129,13 +129,7 @@ pub enum SpawnHeldError<E> {
 pub fn pass_fd(command: &mut Command, fd: OwnedFd) -> io::Result<RawFd> {
     // A standard stream's number would be replaced by the child's stdin, stdout or stderr.
     let fd = if fd.as_raw_fd() <= 2 {
-        // SAFETY: F_DUPFD_CLOEXEC creates a new descriptor (3 or above), owned by the OwnedFd.
-        let copy = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
-        if copy == -1 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `copy` is a new, open descriptor nothing else owns.
-        unsafe { OwnedFd::from_raw_fd(copy) }
+        duplicate_fd(fd.as_raw_fd())?
     } else {
         fd
     };
@@ -178,6 +172,27 @@ pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: fd is open (checked above) and, per this function's contract, an inherited
     // descriptor nothing else in this process owns or will close.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A close-on-exec copy of descriptor `fd`, numbered 3 or above.
+pub fn duplicate_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC only creates a new descriptor; it fails with EBADF if fd is not
+    // open.
+    let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    if copy == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `copy` is a new, open descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(copy) })
+}
+
+/// Marks `fd` close-on-exec, so that a program this process execs does not inherit it.
+pub fn set_cloexec(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: F_SETFD only sets the flags of a descriptor `fd` keeps open.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -129,3 +129,122 @@ fn a_shim_takes_its_token_from_exactly_one_place_never_argv() {
     assert_eq!(code, Some(125), "{stderr}");
     assert!(stderr.contains("LEASH_LEASE is empty"), "{stderr}");
 }
+
+/// Runs `leash --socket SOCKET exec --lease-fd N --status-fd M EXTRA -- COMMAND` with `token` on a pipe, and
+/// returns what the shim wrote on M (to its end: M closes as the command starts), its exit code
+/// and its stderr.
+fn exec_with_status(
+    socket: &Path,
+    token: &str,
+    extra: &[&str],
+    command: &[&str],
+) -> (Vec<serde_json::Value>, Option<i32>, String) {
+    use std::io::{Read, Write};
+    let (token_reader, mut token_writer) = std::io::pipe().unwrap();
+    writeln!(token_writer, "{token}").unwrap();
+    drop(token_writer);
+    let (mut status_reader, status_writer) = std::io::pipe().unwrap();
+    let mut shim = Command::new(leash_binary());
+    shim.arg("--socket").arg(socket);
+    let lease_fd = leash_client::sys::pass_fd(&mut shim, token_reader.into()).unwrap();
+    let status_fd = leash_client::sys::pass_fd(&mut shim, status_writer.into()).unwrap();
+    shim.arg("exec")
+        .args(["--lease-fd", &lease_fd.to_string()])
+        .args(["--status-fd", &status_fd.to_string()])
+        .args(extra)
+        .arg("--")
+        .args(command)
+        .stderr(std::process::Stdio::piped());
+    let child = shim.spawn().unwrap();
+    // The parent's ends, held by `shim`'s pre-exec closures, close with it: the read below
+    // ends when the shim's copy closes.
+    drop(shim);
+    let mut report = String::new();
+    status_reader.read_to_string(&mut report).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let lines = report
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    (
+        lines,
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_shim_reports_to_its_host_on_the_status_descriptor() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let host = daemon.client();
+    let token = host.lease().token.clone();
+
+    // Registered, then the command runs (its own argv[0] if asked): the report is one line.
+    let (report, code, stderr) = exec_with_status(
+        &daemon.socket,
+        &token,
+        &["--argv0", "renamed"],
+        &["sh", "-c", r#"[ "$0" = renamed ]"#],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(report.len(), 1, "{report:?}");
+    assert!(
+        report[0]["registered"]["tree"].as_u64().is_some(),
+        "{report:?}"
+    );
+    assert!(
+        report[0]["registered"]["root"].as_u64().is_some(),
+        "{report:?}"
+    );
+
+    // Refused: the daemon's code and words, nothing on stderr, and no command.
+    let marker = daemon.dir.join("ran");
+    let marker_path = marker.to_str().unwrap();
+    let (report, code, stderr) = exec_with_status(
+        &daemon.socket,
+        "0123456789abcdef0123456789abcdef",
+        &[],
+        &["touch", marker_path],
+    );
+    assert_eq!(code, Some(125));
+    assert_eq!(report.len(), 1, "{report:?}");
+    assert_eq!(report[0]["error"]["code"], "not_found", "{report:?}");
+    assert_eq!(
+        report[0]["error"]["message"],
+        "no live lease has that token"
+    );
+    assert_eq!(stderr, "", "the host reports the refusal, not the shim");
+    assert!(!marker.exists(), "the command must not run unregistered");
+
+    // Registered, but the command cannot be executed: errno as exec(2) gave it.
+    let (report, code, _) = exec_with_status(&daemon.socket, &token, &[], &["/nonexistent/agent"]);
+    assert_eq!(code, Some(127));
+    assert_eq!(report.len(), 2, "{report:?}");
+    assert!(report[0].get("registered").is_some(), "{report:?}");
+    assert_eq!(
+        report[1]["exec_failed"]["errno"],
+        libc::ENOENT,
+        "{report:?}"
+    );
+}
+
+#[test]
+fn a_shim_says_when_there_is_no_daemon() {
+    let dir = std::env::temp_dir().join(format!("leash-no-daemon-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _removed = leash_tests::Removed(dir.clone());
+    let (report, code, stderr) = exec_with_status(
+        &dir.join("leash.sock"),
+        "0123456789abcdef0123456789abcdef",
+        &[],
+        &["true"],
+    );
+    assert_eq!(code, Some(125));
+    assert_eq!(stderr, "");
+    assert_eq!(report.len(), 1, "{report:?}");
+    assert_eq!(report[0]["error"]["code"], "unavailable", "{report:?}");
+    let message = report[0]["error"]["message"].as_str().unwrap();
+    assert!(message.contains("is `leash daemon` running?"), "{message}");
+}

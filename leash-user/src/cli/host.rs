@@ -2,6 +2,7 @@
 
 use std::{
     fs::File,
+    io::Write,
     os::unix::process::CommandExt,
     path::Path,
     process::{Command, ExitCode},
@@ -60,6 +61,17 @@ pub struct ExecArgs {
     /// own environment is readable by the same user until it execs).
     #[arg(long, value_name = "N")]
     lease_fd: Option<i32>,
+    /// Report the outcome to the host on file descriptor M (3 or above; the same as N when
+    /// that is a socket), one JSON line: {"registered":{"tree":T,"root":PID}} before CMD runs,
+    /// or {"error":{"code":C,"message":M}} if the command was not registered (CMD never runs;
+    /// nothing is written to stderr), then {"exec_failed":{"errno":E,"message":M}} if CMD
+    /// could not be executed. M is closed as CMD starts: end of file after "registered" means
+    /// CMD runs. `code` is the daemon's error code, `unavailable` (no daemon) or `failed`.
+    #[arg(long, value_name = "M")]
+    status_fd: Option<i32>,
+    /// CMD's argv[0], if not CMD itself (CMD is still the program executed).
+    #[arg(long, value_name = "NAME")]
+    argv0: Option<String>,
     #[command(flatten)]
     enforcement: EnforcementArgs,
     /// The command to exec once registered.
@@ -110,25 +122,98 @@ pub fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
 pub fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {
     // First, before this process opens anything that could take the number of a descriptor
     // that was not inherited after all.
-    let token = lease_token(args.lease_fd)?;
-    let mut client = Client::connect_to(socket)?;
-    client.register(
-        std::process::id(),
-        Some(&token),
-        &args.enforcement.options(),
-    )?;
-    // This connection's own lease holds nothing; closing it changes nothing.
-    drop(client);
+    let mut status = args
+        .status_fd
+        .map(|fd| ExecStatus::take(fd, args.lease_fd))
+        .transpose()?;
+    let registered = lease_token(args.lease_fd).and_then(|token| {
+        let mut client = Client::connect_to(socket)?;
+        let tree = client.register(
+            std::process::id(),
+            Some(&token),
+            &args.enforcement.options(),
+        )?;
+        // This connection's own lease holds nothing; closing it changes nothing.
+        drop(client);
+        Ok(tree)
+    });
+    let tree = match (registered, &mut status) {
+        (Ok(tree), _) => tree,
+        (Err(error), None) => return Err(error),
+        (Err(error), Some(status)) => {
+            status.refused(&error);
+            return Ok(ExitCode::from(super::HOST_FAILURE));
+        }
+    };
+    if let Some(status) = &mut status {
+        status.registered(tree);
+    }
     let (program, rest) = args.command.split_first().context("no command")?;
-    let error = Command::new(program)
-        .args(rest)
-        .env_remove(LEASE_ENV)
-        .exec();
-    eprintln!(
-        "leash: {:#}",
-        anyhow!(error).context(format!("executing {program}"))
-    );
+    let mut command = Command::new(program);
+    command.args(rest).env_remove(LEASE_ENV);
+    if let Some(argv0) = &args.argv0 {
+        command.arg0(argv0);
+    }
+    let error = command.exec();
+    let error = anyhow!(error).context(format!("executing {program}"));
+    match &mut status {
+        Some(status) => status.exec_failed(&error),
+        None => eprintln!("leash: {error:#}"),
+    }
     Ok(ExitCode::from(127))
+}
+
+/// `leash exec --status-fd`: where the shim tells the host library what became of the command,
+/// so that a refusal is an error at spawn time, in the daemon's words, and not a child that
+/// exits 125. The descriptor is close-on-exec: it reads as closed once the command runs.
+struct ExecStatus(File);
+
+impl ExecStatus {
+    /// Takes descriptor `fd`; a copy when it is also the lease descriptor, which is read and
+    /// closed first (a socket serves both ways).
+    fn take(fd: i32, lease_fd: Option<i32>) -> Result<Self> {
+        let context = || format!("--status-fd {fd}");
+        let owned = if lease_fd == Some(fd) {
+            sys::duplicate_fd(fd).with_context(context)?
+        } else {
+            sys::take_inherited_fd(fd).with_context(context)?
+        };
+        sys::set_cloexec(&owned).with_context(context)?;
+        Ok(Self(File::from(owned)))
+    }
+
+    fn registered(&mut self, tree: u32) {
+        self.write(serde_json::json!({
+            "registered": {"tree": tree, "root": std::process::id()}
+        }));
+    }
+
+    fn refused(&mut self, error: &anyhow::Error) {
+        let (code, message) = match error.downcast_ref::<leash_client::Error>() {
+            Some(leash_client::Error::Daemon { code, message }) => {
+                (code.to_string(), message.clone())
+            }
+            Some(leash_client::Error::Connect { .. }) => ("unavailable".into(), error.to_string()),
+            _ => ("failed".into(), format!("{error:#}")),
+        };
+        self.write(serde_json::json!({"error": {"code": code, "message": message}}));
+    }
+
+    fn exec_failed(&mut self, error: &anyhow::Error) {
+        let errno = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error);
+        self.write(serde_json::json!({
+            "exec_failed": {"errno": errno, "message": format!("{error:#}")}
+        }));
+    }
+
+    /// A host that is gone cannot be told; its lease has ended and the tree dies with it.
+    fn write(&mut self, line: serde_json::Value) {
+        if let Err(error) = writeln!(self.0, "{line}") {
+            tracing::debug!("could not write the status line: {error}");
+        }
+    }
 }
 
 /// The lease token, from descriptor `fd` (closed once read) or from LEASH_LEASE: exactly one.

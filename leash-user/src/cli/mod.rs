@@ -59,7 +59,9 @@ enum Commands {
     /// whoever holds the token can put processes under the host's lease. The descriptor is
     /// closed and LEASH_LEASE removed before CMD runs, so neither CMD nor anything it starts
     /// inherits the token. Exits 125 if leash failed and CMD never ran, 127 if CMD could not
-    /// be executed.
+    /// be executed. With `--status-fd M` the host is told on descriptor M, one JSON line each,
+    /// whether CMD was registered (and its tree), refused (and why), or could not be executed:
+    /// what the Python and Node host libraries spawn with (docs/HOSTS.md).
     Exec(host::ExecArgs),
     /// Kill a tree (SIGTERM, the grace period, then SIGKILL until it is empty).
     Kill(host::KillArgs),
@@ -120,7 +122,7 @@ pub fn main() -> ExitCode {
 const UNSUPPORTED_KERNEL: u8 = 78;
 
 /// The exit code of `leash run` and `leash exec` when leash failed and the command never ran.
-const HOST_FAILURE: u8 = 125;
+pub(super) const HOST_FAILURE: u8 = 125;
 
 /// A child's status as a shell reports it: its exit code, or 128+N for signal N.
 fn exit_code(status: ExitStatus) -> ExitCode {
