@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod fuzz;
+mod hosts;
 mod vmtest;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -31,7 +32,10 @@ enum Task {
     /// bpf-linker. Quick when everything is present.
     Setup,
     /// Set up, build, and run every test (as root: the integration tests load the programs
-    /// into the running kernel).
+    /// into the running kernel), the host libraries' among them: installs pytest into
+    /// target/hosts/python, Node.js if missing, and the Claude Agent SDK from npm into
+    /// /var/cache/leash-hosts (LEASH_HOSTS_CACHE=DIR to change it; LEASH_TEST_SKIP_HOSTS=1
+    /// leaves those tests out).
     Test {
         /// Passed to `cargo test` (e.g. `--test fork_chain`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -157,6 +161,7 @@ fn test(args: &[String]) -> Result<()> {
     if !env::var("LEASH_TEST_SKIP_SYSTEMD").is_ok_and(|v| v == "1") {
         ensure_unit_test_tools()?;
     }
+    hosts::prepare()?;
     if !is_root() {
         eprintln!(
             "xtask: warning: not root; the integration tests will fail to load BPF. \

@@ -1,0 +1,138 @@
+//! What the tests of the host libraries need: a Python virtual environment with pytest and the
+//! Python package installed from clients/python, Node.js 18 or later, and the Claude Agent SDK
+//! with the Claude Code CLI from npm, in a cache outside the clone (it is about 250 MB).
+
+use std::{
+    env, fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{apt_install, is_root, output, status, workspace_root};
+
+/// Set to 1 to leave out the tests of the host libraries (a machine with neither Node.js nor
+/// the npm registry): the Rust tests that drive them then say so and pass.
+pub const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
+
+const PYTEST: &str = "pytest==8.3.5";
+
+/// The npm packages the Claude Agent SDK test runs, at the versions it was written against.
+const NPM_PACKAGES: &[&str] = &[
+    "@anthropic-ai/claude-agent-sdk@0.1.0",
+    "@anthropic-ai/claude-code@2.0.0",
+];
+
+/// Where the npm packages are installed, unless LEASH_HOSTS_CACHE says otherwise. The tests
+/// find them in its node_modules, which every user may read (the hosts run unprivileged).
+const DEFAULT_CACHE: &str = "/var/cache/leash-hosts";
+
+/// The virtual environment the Python tests run in, under target/.
+pub fn python_venv() -> PathBuf {
+    workspace_root().join("target/hosts/python")
+}
+
+pub fn cache_dir() -> PathBuf {
+    env::var_os("LEASH_HOSTS_CACHE").map_or_else(|| PathBuf::from(DEFAULT_CACHE), PathBuf::from)
+}
+
+/// Installs what the host libraries' tests need, each part only when missing.
+pub fn prepare() -> Result<()> {
+    if env::var(SKIP_VAR).is_ok_and(|v| v == "1") {
+        eprintln!("xtask: {SKIP_VAR}=1: the host libraries' tests are left out");
+        return Ok(());
+    }
+    prepare_python().context("preparing the Python tests")?;
+    ensure_node().context("preparing the Node tests")?;
+    install_npm_packages(&cache_dir()).context("installing the Claude Agent SDK for its test")
+}
+
+/// A virtual environment with pytest, and the package installed from the clone afresh each
+/// time (so it is the source under test, installed the way its README says).
+fn prepare_python() -> Result<()> {
+    let venv = python_venv();
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        status(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
+    }
+    let pip = |args: &[&str]| {
+        status(
+            Command::new(&python)
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                ])
+                .args(args),
+        )
+    };
+    if output(Command::new(&python).args(["-m", "pytest", "--version"])).is_err() {
+        pip(&[PYTEST])?;
+    }
+    let package = workspace_root().join("clients/python");
+    pip(&[
+        "--force-reinstall",
+        "--no-deps",
+        package.to_str().context("a UTF-8 path")?,
+    ])
+}
+
+fn node_major() -> Option<u32> {
+    let version = output(Command::new("node").arg("--version")).ok()?;
+    version
+        .trim()
+        .trim_start_matches('v')
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn ensure_node() -> Result<()> {
+    if node_major().is_some_and(|major| major >= 18) {
+        return Ok(());
+    }
+    if !Path::new("/usr/bin/apt-get").exists() || !is_root() {
+        bail!(
+            "the host library tests need Node.js 18 or later and npm (Debian/Ubuntu: apt-get \
+             install nodejs npm), or set {SKIP_VAR}=1 to leave them out"
+        );
+    }
+    apt_install(&["nodejs", "npm"], false)?;
+    match node_major() {
+        Some(major) if major >= 18 => Ok(()),
+        found => bail!("Node.js 18 or later is needed; the system's is {found:?}"),
+    }
+}
+
+/// `npm install` into `cache` unless it holds exactly these versions already (a stamp file
+/// names them).
+fn install_npm_packages(cache: &Path) -> Result<()> {
+    let stamp = cache.join("installed");
+    let wanted = NPM_PACKAGES.join("\n");
+    if fs::read_to_string(&stamp).is_ok_and(|found| found == wanted) {
+        return Ok(());
+    }
+    fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
+    eprintln!(
+        "xtask: installing {} into {} (once; about 250 MB)",
+        NPM_PACKAGES.join(" "),
+        cache.display()
+    );
+    status(
+        Command::new("npm")
+            .args([
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--no-save",
+                "--prefix",
+            ])
+            .arg(cache)
+            .args(NPM_PACKAGES),
+    )?;
+    fs::write(&stamp, wanted).with_context(|| format!("writing {}", stamp.display()))
+}
