@@ -43,7 +43,7 @@ pub mod map {
 
 /// The version of this ABI (the maps' layouts and meanings). Pinned maps are kept under it, so
 /// a daemon never takes over maps it would misread.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 /// Names of the programs in the object.
 pub mod program {

@@ -3,10 +3,11 @@
 //! - fork (tp_btf `sched_process_fork`, before the child first runs): if the forking process
 //!   is a member and the child is a new process (not a thread), the child joins its tree. If the
 //!   tree is doomed, the forker is sent SIGKILL (the child, already made, is tracked and killed
-//!   by user space).
+//!   by user space, or as it execs).
 //! - exit (tp_btf `sched_process_exit`): when a member's whole thread group is dead, it leaves;
 //!   if it was the root, the tree's counters record when.
-//! - exec (tp_btf `sched_process_exec`): an event saying what a member runs now.
+//! - exec (tp_btf `sched_process_exec`): an event saying what a member runs now; a member of a
+//!   doomed tree is sent SIGKILL before the new program runs.
 //!
 //! All three are BTF-typed tracepoints: their links can be pinned on every kernel since 5.7,
 //! they need no tracefs, and they read `task_struct` at offsets from the kernel's BTF.

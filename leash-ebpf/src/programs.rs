@@ -119,8 +119,8 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
     }
     if control.flags & flags::DOOMED != 0 || quota_spent || !joined {
         // The forker dies before it returns to user space; the child is tracked and killed by
-        // user space (or, untracked, killed by user space on the ForkFailed event). A fork
-        // storm cannot outrun that.
+        // user space (or, untracked, killed by user space on the ForkFailed event), and if it
+        // execs first, it dies as it execs (leash_exec). A fork storm cannot outrun that.
         let _ = unsafe { bpf_send_signal(SIGKILL) };
         emit(EventKind::ForkKilled, tree, parent, 0);
     }
@@ -179,12 +179,26 @@ pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
 }
 
 /// sched_process_exec fires in the task that has just executed a new program, its comm already
-/// set to the program's name. Membership does not change; the event says what the member is now.
+/// set to the program's name, before the program runs an instruction. Membership does not
+/// change; the event says what the member is now. A member of a doomed tree is sent SIGKILL
+/// here, so the new program never runs: a doomed tree starts nothing new, not by fork (see
+/// leash_fork) and not by exec, not even in the child of a fork that killed its parent, in the
+/// moment before user space kills it.
 #[btf_tracepoint(function = "sched_process_exec")]
-pub fn leash_exec(_ctx: BtfTracePointContext) -> i32 {
+pub fn leash_exec(ctx: BtfTracePointContext) -> i32 {
     let tgid = current_tgid();
-    if let Some(tree) = (unsafe { MEMBERS.get(&tgid) }).map(|m| m.tree) {
-        emit(EventKind::Exec, tree, tgid, 0);
+    let Some(entry) = (unsafe { MEMBERS.get(&tgid) }).copied() else {
+        return 0;
+    };
+    let task: *const u8 = ctx.arg(0);
+    if !is_member(task, &entry) {
+        return 0;
+    }
+    emit(EventKind::Exec, entry.tree, tgid, 0);
+    let doomed = unsafe { TREE_CONTROL.get(&entry.tree) }
+        .is_some_and(|control| control.flags & flags::DOOMED != 0);
+    if doomed {
+        let _ = unsafe { bpf_send_signal(SIGKILL) };
     }
     0
 }

@@ -2,6 +2,8 @@
 //! users' end-of-session hooks does) dies in the kernel as it forks; the child it made was born
 //! into a doomed tree and is SIGKILLed at once, not given the grace period meant for existing
 //! members' own cleanup. Here the child would act one second after its birth; the grace is 30 s.
+//! And a child born after the doom cannot start a program, not even in its first
+//! microseconds, before user space has seen it: it dies in the kernel as it execs.
 
 use std::{fs, time::Duration};
 
@@ -60,5 +62,51 @@ fn a_child_born_after_the_doom_is_killed_before_it_acts() {
     assert!(
         !fs::exists(&marker.0).unwrap(),
         "the child born after the doom acted"
+    );
+}
+
+/// The root: on SIGTERM, write (in the shell itself: the grace period is for this), then fork a
+/// subshell that at once execs a program that writes. Beside it, a member that ignores SIGTERM
+/// keeps the kill in its grace period.
+const QUICK_CHILD: &str = r#"
+trap 'echo handler >> "$LOG"; ( exec /bin/echo child >> "$LOG" ); echo forked >> "$LOG"' TERM
+(trap '' TERM; exec sleep 600) &
+while :; do sleep 600 & wait $!; done
+"#;
+
+#[test]
+fn a_child_born_after_the_doom_cannot_exec() {
+    let Some(mut tracker) = tracker!() else {
+        return;
+    };
+    let log = Removed(
+        std::env::temp_dir().join(format!("leash-test-{}-newborn-log", std::process::id())),
+    );
+    let cgroup = Cgroup::new("doomed-exec");
+    let mut command = cgroup.command("sh", &["-c", QUICK_CHILD]);
+    command.env("LOG", &log.0);
+    let scenario = Scenario::spawn_command(&mut tracker, cgroup, command);
+    scenario.cgroup.settle_exactly(&["sh", "sleep", "sleep"]);
+    let tree = scenario.tree;
+
+    let mut kill = Kill::new(tree, Duration::from_secs(30));
+    // Until the root has run its handler and died forking, its child is gone, and only the
+    // member that ignores SIGTERM is left.
+    let settled = wait_for(Duration::from_secs(10), || {
+        match kill.step(&mut tracker).expect("a kill step") {
+            KillStep::Wait(_) => {}
+            KillStep::Done(report) => panic!("the kill ended early: {report:?}"),
+        }
+        let written = fs::read_to_string(&log.0).unwrap_or_default();
+        written.contains("handler") && scenario.cgroup.procs().len() == 1
+    });
+    let written = fs::read_to_string(&log.0).unwrap_or_default();
+    assert!(
+        settled,
+        "the handler did not run, or the tree did not shrink: {written:?}"
+    );
+    assert_eq!(
+        written, "handler\n",
+        "the root died as it forked, and its child as it executed a program"
     );
 }
