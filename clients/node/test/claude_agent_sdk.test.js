@@ -68,11 +68,6 @@ test('the real Claude Agent SDK under leash: the host SIGKILLed mid-tool leaves 
     );
     assert.deepEqual(r.survivors, [], `${trial}: processes outlived the host by ${EMPTY_DEADLINE_MS} ms`);
     assert.equal(r.acted, false, `${trial}: the agent acted (ACTED exists) after its host was killed`);
-    assert.equal(
-      r.modelToldLoopEnded,
-      false,
-      `${trial}: the CLI reported the loop's end to the model after its host was killed`,
-    );
   }
 });
 
@@ -156,7 +151,6 @@ async function runTrial(setup, { leashed }) {
       doomReason: null,
       emptyMs: null,
       actedMs: null,
-      modelToldLoopEnded: false,
     };
 
     const killedAt = performance.now();
@@ -196,7 +190,6 @@ async function runTrial(setup, { leashed }) {
     // Read once the cgroup is empty (leash) or the agent acted (baseline): in the first case
     // nothing is left that could still write ACTED.
     result.acted = fs.existsSync(file('ACTED'));
-    result.modelToldLoopEnded = fake.hasServed(2);
     return result;
   } finally {
     try {
