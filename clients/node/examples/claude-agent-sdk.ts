@@ -3,16 +3,15 @@
 // and everything it started die with it: shells, dev servers, `setsid` and double-forked
 // background tools included. The one change to an SDK host is `spawnClaudeCodeProcess`.
 //
-//   npm install @anthropic-ai/claude-agent-sdk ./clients/node
+//   npm install @anthropic-ai/claude-agent-sdk ./clients/node     # leash-client, from a clone
 //   node claude-agent-sdk.ts "Run the tests"      # Node 22.18 or later runs TypeScript as is;
 //                                                 # older: compile it with tsc first
 //
 // It needs the leash daemon (sudo systemctl start leash); LEASH_SOCKET names another socket.
 // LEASH_OPTIONAL=1 runs Claude Code without a leash, with a warning, when no daemon is there.
 
-import type { SpawnOptions } from '@anthropic-ai/claude-agent-sdk';
 import { query } from '@anthropic-ai/claude-agent-sdk';
-import { Lease } from 'leash';
+import { Lease, type TreeId } from 'leash-client';
 
 // The lease must exist before query(): the SDK calls spawnClaudeCodeProcess synchronously. It
 // ends when this process does, and the daemon then kills every tree spawned under it.
@@ -25,27 +24,28 @@ const lease = await Lease.connect({
   graceMs: 2000,
 });
 
-const spawnOnLeash = lease.claudeCodeSpawner();
-let claudeTree: Promise<number | null> | undefined;
+// The tree Claude Code runs in, to stop or inspect this agent (null when running unleashed).
+let claudeTree: TreeId | null = null;
 
 const conversation = query({
   prompt: process.argv[2] ?? 'List the files in this directory.',
   options: {
     cwd: process.cwd(),
-    spawnClaudeCodeProcess: (options: SpawnOptions) => {
-      const child = spawnOnLeash(options);
-      // The tree's id, to stop or inspect this agent (null when running unleashed).
-      claudeTree = lease.treeOf(child);
-      return child;
-    },
+    // MCP servers' env and headers go over stdin, not on Claude Code's command line (which
+    // every local user can read); the SDK asks hosts with their own spawner to choose.
+    mcpServersDelivery: 'initialize',
+    spawnClaudeCodeProcess: lease.claudeCodeSpawner({
+      onTree: (tree) => {
+        claudeTree = tree;
+      },
+    }),
   },
 });
 
 // Ctrl-C stops the agent and everything it started, not only the Claude Code process.
 process.once('SIGINT', async () => {
-  const tree = await claudeTree?.catch(() => null);
-  if (tree != null) {
-    const { terminated, killed, elapsedMs } = await lease.kill(tree, { graceMs: 500 });
+  if (claudeTree !== null) {
+    const { terminated, killed, elapsedMs } = await lease.kill(claudeTree, { graceMs: 500 });
     console.error(`stopped: ${terminated} processes ended at SIGTERM, ${killed} at SIGKILL, in ${elapsedMs} ms`);
   }
   process.exit(130);

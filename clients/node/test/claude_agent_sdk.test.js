@@ -20,7 +20,7 @@
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -92,6 +92,50 @@ if (process.env.LEASH_SDK_BASELINE === '1') {
     t.diagnostic(summary);
   });
 }
+
+test('the TypeScript example type-checks against the SDK and leash-client declarations', (t) => {
+  const tsc = path.join(config.nodeModules, 'typescript', 'bin', 'tsc');
+  const nodeTypes = path.join(config.nodeModules, '@types', 'node');
+  for (const needed of [tsc, nodeTypes]) {
+    if (!fs.existsSync(needed)) {
+      throw new Error(`${needed} is missing (typescript and @types/node): ${INSTALL_HINT}`);
+    }
+  }
+  // A project as an app would have it: the example beside a node_modules with the SDK and
+  // leash-client. The SDK's optional peers (@anthropic-ai/sdk, MCP, zod) are not installed,
+  // so skipLibCheck lets the types that come from them be `any`; the spawner's contract with
+  // the SDK (SpawnOptions in, SpawnedProcess out) is checked in full.
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leash-sdk-example-'));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const modules = path.join(dir, 'node_modules');
+  fs.mkdirSync(path.join(modules, '@anthropic-ai'), { recursive: true });
+  fs.mkdirSync(path.join(modules, '@types'), { recursive: true });
+  fs.symlinkSync(config.sdkDir, path.join(modules, '@anthropic-ai', 'claude-agent-sdk'));
+  fs.symlinkSync(nodeTypes, path.join(modules, '@types', 'node'));
+  fs.symlinkSync(config.clientDir, path.join(modules, ...config.clientName.split('/')));
+  fs.copyFileSync(path.join(config.clientDir, 'examples', 'claude-agent-sdk.ts'), path.join(dir, 'claude-agent-sdk.ts'));
+  fs.writeFileSync(path.join(dir, 'package.json'), JSON.stringify({ type: 'module' }));
+  fs.writeFileSync(
+    path.join(dir, 'tsconfig.json'),
+    JSON.stringify({
+      compilerOptions: {
+        target: 'es2022',
+        module: 'nodenext',
+        moduleResolution: 'nodenext',
+        strict: true,
+        noEmit: true,
+        skipLibCheck: true,
+        // What Node's own type stripping can run as is.
+        verbatimModuleSyntax: true,
+        erasableSyntaxOnly: true,
+        types: ['node'],
+      },
+      files: ['claude-agent-sdk.ts'],
+    }),
+  );
+  const run = spawnSync(process.execPath, [tsc, '-p', dir], { encoding: 'utf8', timeout: 120_000 });
+  assert.equal(run.status, 0, `tsc found errors in examples/claude-agent-sdk.ts:\n${run.stdout}${run.stderr}`);
+});
 
 /** The scenario once: start the host in a cgroup of its own, kill it mid-tool, watch. */
 async function runTrial(setup, { leashed }) {
@@ -292,7 +336,7 @@ if (process.env.HOST_MODE === 'leash') {
   spawnClaudeCodeProcess = lease.claudeCodeSpawner();
 } else {
   spawnClaudeCodeProcess = (o) =>
-    spawn(o.command, o.args, { cwd: o.cwd, env: o.env, signal: o.signal, stdio: ['pipe', 'pipe', 'pipe'] });
+    spawn(o.command, o.args, { cwd: o.cwd, env: o.env, signal: o.signal, stdio: ['pipe', 'pipe', 'inherit'] });
 }
 
 const conversation = query({
@@ -304,7 +348,7 @@ const conversation = query({
     allowDangerouslySkipPermissions: true,
     settingSources: [],
     persistSession: false,
-    stderr: (text) => process.stderr.write(text),
+    mcpServersDelivery: 'initialize',
     spawnClaudeCodeProcess,
   },
 });
@@ -341,6 +385,7 @@ function readConfig() {
   const clientName = JSON.parse(fs.readFileSync(path.join(clientDir, 'package.json'), 'utf8')).name;
   return {
     uid,
+    nodeModules,
     socket: process.env.LEASH_SOCKET,
     leashBin: process.env.LEASH_BIN,
     sdkDir,
