@@ -10,15 +10,15 @@
 // It needs the leash daemon (sudo systemctl start leash); LEASH_SOCKET names another socket.
 // LEASH_OPTIONAL=1 runs Claude Code without a leash, with a warning, when no daemon is there.
 
-import { query } from '@anthropic-ai/claude-agent-sdk';
-import { Lease, type TreeId } from 'leash-client';
+import { query } from "@anthropic-ai/claude-agent-sdk";
+import { Lease, type TreeId } from "leash-client";
 
 // The lease must exist before query(): the SDK calls spawnClaudeCodeProcess synchronously. It
 // ends when this process does, and the daemon then kills every tree spawned under it.
 const lease = await Lease.connect({
   // A refused connection is an error with the daemon's words (how to start it), not a Claude
   // Code that exits 1 later. Running unleashed is an explicit choice, and it is warned about.
-  optional: process.env.LEASH_OPTIONAL === '1',
+  optional: process.env.LEASH_OPTIONAL === "1",
   // On the host's death the agent gets SIGTERM, then SIGKILL after this grace: long enough for
   // Claude Code's SessionEnd hooks to run (its own children die at the SIGKILL all the same).
   graceMs: 2000,
@@ -28,12 +28,12 @@ const lease = await Lease.connect({
 let claudeTree: TreeId | null = null;
 
 const conversation = query({
-  prompt: process.argv[2] ?? 'List the files in this directory.',
+  prompt: process.argv[2] ?? "List the files in this directory.",
   options: {
     cwd: process.cwd(),
     // MCP servers' env and headers go over stdin, not on Claude Code's command line (which
     // every local user can read); the SDK asks hosts with their own spawner to choose.
-    mcpServersDelivery: 'initialize',
+    mcpServersDelivery: "initialize",
     spawnClaudeCodeProcess: lease.claudeCodeSpawner({
       onTree: (tree) => {
         claudeTree = tree;
@@ -43,7 +43,7 @@ const conversation = query({
 });
 
 // Ctrl-C stops the agent and everything it started, not only the Claude Code process.
-process.once('SIGINT', async () => {
+process.once("SIGINT", async () => {
   if (claudeTree !== null) {
     const { terminated, killed, elapsedMs } = await lease.kill(claudeTree, { graceMs: 500 });
     console.error(`stopped: ${terminated} processes ended at SIGTERM, ${killed} at SIGKILL, in ${elapsedMs} ms`);
@@ -53,13 +53,13 @@ process.once('SIGINT', async () => {
 
 try {
   for await (const message of conversation) {
-    if (message.type === 'assistant') {
+    if (message.type === "assistant") {
       for (const block of message.message.content) {
-        if (block.type === 'text') console.log(block.text);
-        if (block.type === 'tool_use') console.log(`[${block.name}]`, JSON.stringify(block.input));
+        if (block.type === "text") console.log(block.text);
+        if (block.type === "tool_use") console.log(`[${block.name}]`, JSON.stringify(block.input));
       }
-    } else if (message.type === 'result') {
-      console.log(message.subtype === 'success' ? message.result : `ended: ${message.subtype}`);
+    } else if (message.type === "result") {
+      console.log(message.subtype === "success" ? message.result : `ended: ${message.subtype}`);
     }
   }
 } finally {

@@ -1,6 +1,6 @@
 // The real Claude Agent SDK and Claude Code CLI from npm, run by a host that spawns the CLI
 // through `lease.claudeCodeSpawner()`: when the host is SIGKILLed in the middle of a tool call,
-// nothing the agent started may live on, and nothing may act afterwards.
+// nothing the agent started may live on, and nothing may act once leash has started the kill.
 //
 // The model is played by fake-anthropic.js on 127.0.0.1. It makes the agent start a background
 // writer with `setsid` (which outlives its host without leash), then run a foreground loop that
@@ -8,29 +8,26 @@
 // creates RELEASE, and asks the host's cgroup, which the kernel keeps exact, whether every
 // process of the tree is gone.
 //
-// Environment (the Rust driver tests/tests/host_node.rs sets the first four):
-//   LEASH_SOCKET             the daemon's socket
-//   LEASH_BIN                a leash binary every user may execute (the shim)
-//   LEASH_TEST_USER          the unprivileged uid the host runs as (as root the CLI refuses to
-//                            skip permission prompts, and a desktop host is no root either)
-//   LEASH_TEST_NODE_MODULES  node_modules holding the SDK and the CLI (`cargo xtask test`)
-//   LEASH_SDK_TRIALS=N       how many times to run the scenario (default 1)
-//   LEASH_SDK_BASELINE=1     also run the same scenario without leash: a measurement, in which
-//                            the agent is expected to survive its host and act
+// Environment: what tests/tests/host_node.rs sets (helpers.js, testEnv), with
+// LEASH_TEST_NODE_MODULES holding the SDK, the CLI, typescript and @types/node (`cargo xtask
+// test` installs them), and for measurements:
+//   LEASH_SDK_TRIALS=N     how many times to run the scenario (default 1)
+//   LEASH_SDK_BASELINE=1   also run the same scenario without leash: a measurement, in which the
+//                          agent is expected to outlive its host and act
 
-import { test } from 'node:test';
-import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
-import fs from 'node:fs';
-import net from 'node:net';
-import os from 'node:os';
-import path from 'node:path';
-import { performance } from 'node:perf_hooks';
-import { fileURLToPath } from 'node:url';
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import net from "node:net";
+import path from "node:path";
+import { performance } from "node:perf_hooks";
+import { test } from "node:test";
+import { fileURLToPath } from "node:url";
 
-import { startFakeAnthropic } from './fake-anthropic.js';
+import { startFakeAnthropic } from "./fake-anthropic.js";
+import { Cgroup, comm, runAs, stop, tempDir, testEnv, waitFor } from "./helpers.js";
 
-const INSTALL_HINT = 'run `cargo xtask test`, which installs them';
+const INSTALL_HINT = "run `cargo xtask test`, which installs them";
 // Generous: the first start of the CLI (a 400 MB binary) on a loaded 2-core machine is slow.
 const SCENARIO_READY_MS = 120_000;
 // The daemon's default grace is 2 s; the tree must be empty well within this.
@@ -38,112 +35,106 @@ const EMPTY_DEADLINE_MS = 30_000;
 // How long the baseline waits for the unleashed agent to act.
 const BASELINE_ACT_DEADLINE_MS = 30_000;
 
-const config = readConfig();
-
-test('the real Claude Agent SDK under leash: the host SIGKILLed mid-tool leaves no process and no action', async (t) => {
+test("the real Claude Agent SDK under leash: the host SIGKILLed mid-tool leaves no process and no action", async (t) => {
+  const config = readConfig();
   const trials = trialCount();
   const setup = prepareHostDir(config);
-  t.after(() => fs.rmSync(setup.dir, { recursive: true, force: true }));
+  t.after(setup.remove);
 
   const results = [];
   for (let i = 1; i <= trials; i++) {
-    const result = await runTrial(setup, { leashed: true });
+    const result = await runTrial(config, setup, { leashed: true });
     results.push(result);
     console.log(
       `leash trial ${i}/${trials}: ${result.processesBeforeKill} processes before the host's SIGKILL; ` +
         `tree doomed after ${formatMs(result.doomMs)} (${result.doomReason}), empty after ` +
-        `${formatMs(result.emptyMs)}; ${result.survivors.length} survivors; ${result.acted ? 'ACTED' : 'no action'}`,
+        `${formatMs(result.emptyMs)}; ${result.acted ? "ACTED" : "no action"}`,
     );
+    // Every trial must hold; the figures of those before a failure are printed above.
+    const trial = `trial ${i}`;
+    assert.ok(result.writerInCgroup, `${trial}: the setsid background writer was not in the host's cgroup`);
+    assert.ok(
+      ["lease_ended", "root_exited"].includes(result.doomReason),
+      `${trial}: the tree was killed for ${result.doomReason}, not for its host's death`,
+    );
+    assert.equal(result.acted, false, `${trial}: the agent acted (ACTED exists) after leash started the kill`);
   }
-  const summary = summarize('leash', results);
+  const summary = summarize("leash", results);
   console.log(summary);
   t.diagnostic(summary);
-
-  for (const [i, r] of results.entries()) {
-    const trial = `trial ${i + 1}`;
-    assert.ok(r.writerInCgroup, `${trial}: the setsid background writer was not in the host's cgroup before the kill`);
-    assert.ok(
-      ['lease_ended', 'root_exited'].includes(r.doomReason),
-      `${trial}: the tree was killed for ${r.doomReason}, not for its host's death`,
-    );
-    assert.deepEqual(r.survivors, [], `${trial}: processes outlived the host by ${EMPTY_DEADLINE_MS} ms`);
-    assert.equal(r.acted, false, `${trial}: the agent acted (ACTED exists) after its host was killed`);
-  }
 });
 
-if (process.env.LEASH_SDK_BASELINE === '1') {
-  test('baseline (measurement): the same scenario without leash', async (t) => {
+if (process.env.LEASH_SDK_BASELINE === "1") {
+  test("baseline (a measurement): the same scenario without leash", async (t) => {
+    const config = readConfig();
     const trials = trialCount();
     const setup = prepareHostDir(config);
-    t.after(() => fs.rmSync(setup.dir, { recursive: true, force: true }));
+    t.after(setup.remove);
 
     const results = [];
     for (let i = 1; i <= trials; i++) {
-      const result = await runTrial(setup, { leashed: false });
+      const result = await runTrial(config, setup, { leashed: false });
       results.push(result);
       console.log(
-        `baseline trial ${i}/${trials}: ${result.processesBeforeKill} processes before the host's SIGKILL, ` +
-          `${result.survivors.length} survivors (${result.survivors.join(', ')}), ` +
-          `${result.acted ? `ACTED after ${formatMs(result.actedMs)}` : 'no action'}`,
+        `baseline trial ${i}/${trials}: ${result.processesBeforeKill} processes before the host's SIGKILL; ` +
+          `${result.acted ? `ACTED after ${formatMs(result.actedMs)}` : "no action"}; ` +
+          `survivors then: ${result.survivors.join(", ") || "none"}`,
       );
     }
-    const summary = summarize('baseline (no leash)', results);
+    const summary = summarize("baseline (no leash)", results);
     console.log(summary);
     t.diagnostic(summary);
   });
 }
 
-test('the TypeScript example type-checks against the SDK and leash-client declarations', (t) => {
-  const tsc = path.join(config.nodeModules, 'typescript', 'bin', 'tsc');
-  const nodeTypes = path.join(config.nodeModules, '@types', 'node');
+test("the TypeScript example type-checks against the SDK's and leash-client's declarations", (t) => {
+  const config = readConfig();
+  const tsc = path.join(config.nodeModules, "typescript", "bin", "tsc");
+  const nodeTypes = path.join(config.nodeModules, "@types", "node");
   for (const needed of [tsc, nodeTypes]) {
     if (!fs.existsSync(needed)) {
       throw new Error(`${needed} is missing (typescript and @types/node): ${INSTALL_HINT}`);
     }
   }
   // A project as an app would have it: the example beside a node_modules with the SDK and
-  // leash-client. The SDK's optional peers (@anthropic-ai/sdk, MCP, zod) are not installed,
-  // so skipLibCheck lets the types that come from them be `any`; the spawner's contract with
-  // the SDK (SpawnOptions in, SpawnedProcess out) is checked in full.
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leash-sdk-example-'));
-  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
-  const modules = path.join(dir, 'node_modules');
-  fs.mkdirSync(path.join(modules, '@anthropic-ai'), { recursive: true });
-  fs.mkdirSync(path.join(modules, '@types'), { recursive: true });
-  fs.symlinkSync(config.sdkDir, path.join(modules, '@anthropic-ai', 'claude-agent-sdk'));
-  fs.symlinkSync(nodeTypes, path.join(modules, '@types', 'node'));
-  fs.symlinkSync(config.clientDir, path.join(modules, ...config.clientName.split('/')));
-  fs.copyFileSync(path.join(config.clientDir, 'examples', 'claude-agent-sdk.ts'), path.join(dir, 'claude-agent-sdk.ts'));
-  fs.writeFileSync(path.join(dir, 'package.json'), JSON.stringify({ type: 'module' }));
-  fs.writeFileSync(
-    path.join(dir, 'tsconfig.json'),
-    JSON.stringify({
-      compilerOptions: {
-        target: 'es2022',
-        module: 'nodenext',
-        moduleResolution: 'nodenext',
-        strict: true,
-        noEmit: true,
-        skipLibCheck: true,
-        // What Node's own type stripping can run as is.
-        verbatimModuleSyntax: true,
-        erasableSyntaxOnly: true,
-        types: ['node'],
-      },
-      files: ['claude-agent-sdk.ts'],
-    }),
-  );
-  const run = spawnSync(process.execPath, [tsc, '-p', dir], { encoding: 'utf8', timeout: 120_000 });
-  assert.equal(run.status, 0, `tsc found errors in examples/claude-agent-sdk.ts:\n${run.stdout}${run.stderr}`);
+  // leash-client. The SDK's optional peers (@anthropic-ai/sdk, MCP, zod) are not installed, so
+  // skipLibCheck lets the types that come from them be `any`; the spawner's contract with the
+  // SDK (SpawnOptions in, SpawnedProcess out) is checked in full.
+  const project = tempDir("sdk-example");
+  t.after(project.remove);
+  const modules = path.join(project.path, "node_modules");
+  fs.mkdirSync(path.join(modules, "@anthropic-ai"), { recursive: true });
+  fs.mkdirSync(path.join(modules, "@types"));
+  fs.symlinkSync(config.sdkDir, path.join(modules, "@anthropic-ai", "claude-agent-sdk"));
+  fs.symlinkSync(nodeTypes, path.join(modules, "@types", "node"));
+  fs.symlinkSync(config.clientDir, path.join(modules, config.clientName));
+  const example = "claude-agent-sdk.ts";
+  fs.copyFileSync(path.join(config.clientDir, "examples", example), path.join(project.path, example));
+  fs.writeFileSync(path.join(project.path, "package.json"), JSON.stringify({ type: "module" }));
+  const compilerOptions = {
+    target: "es2022",
+    module: "nodenext",
+    moduleResolution: "nodenext",
+    strict: true,
+    noEmit: true,
+    skipLibCheck: true,
+    // What Node's own type stripping runs as is.
+    verbatimModuleSyntax: true,
+    erasableSyntaxOnly: true,
+    types: ["node"],
+  };
+  fs.writeFileSync(path.join(project.path, "tsconfig.json"), JSON.stringify({ compilerOptions, files: [example] }));
+  const run = spawnSync(process.execPath, [tsc, "-p", project.path], { encoding: "utf8", timeout: 120_000 });
+  assert.equal(run.status, 0, `tsc on examples/${example}:\n${run.stdout}${run.stderr}${run.error ?? ""}`);
 });
 
 /** The scenario once: start the host in a cgroup of its own, kill it mid-tool, watch. */
-async function runTrial(setup, { leashed }) {
-  const scratch = fs.mkdtempSync(path.join(setup.dir, 'trial-'));
+async function runTrial(config, setup, { leashed }) {
+  const scratch = fs.mkdtempSync(path.join(setup.path, "trial-"));
   fs.chmodSync(scratch, 0o755);
-  const work = path.join(scratch, 'work');
-  const home = path.join(scratch, 'home');
-  const tmp = path.join(home, 'tmp');
+  const work = path.join(scratch, "work");
+  const home = path.join(scratch, "home");
+  const tmp = path.join(home, "tmp");
   for (const dir of [work, home, tmp]) {
     fs.mkdirSync(dir, { mode: 0o755 });
     fs.chownSync(dir, config.uid, config.uid);
@@ -151,44 +142,64 @@ async function runTrial(setup, { leashed }) {
   const file = (name) => path.join(work, name);
   const fake = await startFakeAnthropic({
     script: [
-      // Detached from the agent's session and process group, with its own stdio: what a
+      // Detached from the agent's session and process group, with stdio of its own: what a
       // background tool looks like, and what nothing but leash follows.
-      { bash: `setsid sh -c 'while :; do date +%s%N >> ${file('BG')}; sleep 0.2; done' >/dev/null 2>&1 </dev/null &` },
-      { bash: `touch ${file('WAITING')}; until [ -e ${file('RELEASE')} ]; do sleep 0.2; done; touch ${file('ACTED')}` },
-      { text: 'The loop ended.' },
+      { bash: `setsid sh -c 'while :; do date +%s%N >> ${file("BG")}; sleep 0.2; done' >/dev/null 2>&1 </dev/null &` },
+      { bash: `touch ${file("WAITING")}; until [ -e ${file("RELEASE")} ]; do sleep 0.2; done; touch ${file("ACTED")}` },
+      { text: "The loop ended." },
     ],
   });
   let cgroup;
   let host;
   let daemon;
+  let output = "";
+  const hostSaid = () => `the host's output (last 8 KB):\n${output}`;
   try {
-    cgroup = Cgroup.create(`leash-test-sdk-${process.pid}-${path.basename(scratch)}`);
+    cgroup = new Cgroup("sdk");
     // The daemon's events say when it dooms the host's tree (root sees every tree's).
     daemon = leashed ? await DaemonEvents.subscribe(config.socket) : null;
-    host = startHost(setup, cgroup, {
-      leashed,
+    host = runAs(config.uid, cgroup, process.execPath, [setup.hostScript], {
+      cwd: setup.path,
       env: {
+        PATH: process.env.PATH ?? "/usr/local/bin:/usr/bin:/bin",
+        LEASH_SOCKET: config.socket,
+        LEASH_BIN: config.leash,
+        HOST_MODE: leashed ? "leash" : "plain",
+        CLAUDE_CODE_EXECUTABLE: config.cli,
+        AGENT_WORKDIR: work,
         HOME: home,
+        // Claude Code's scratch files, in the trial's directory rather than /tmp.
         TMPDIR: tmp,
         CLAUDE_CODE_TMPDIR: tmp,
-        AGENT_WORKDIR: work,
         ANTHROPIC_BASE_URL: fake.url,
-        ANTHROPIC_API_KEY: 'not-a-real-key',
-        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1',
+        ANTHROPIC_API_KEY: "not-a-real-key",
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: "1",
       },
+      stdio: ["ignore", "pipe", "pipe"],
     });
+    const keep = (chunk) => {
+      output = (output + chunk).slice(-8192);
+    };
+    host.stdout.on("data", keep);
+    host.stderr.on("data", keep);
 
     await waitFor(
-      () => fake.hasServed(1) && fs.existsSync(file('WAITING')) && lineCount(file('BG')) >= 2,
-      SCENARIO_READY_MS,
-      () => `the agent to be running the loop with the background writer alive (${host.describe()})`,
-      () => host.exited,
+      () => {
+        if (host.exitCode !== null || host.signalCode !== null) {
+          throw new Error(`the host ended (${host.signalCode ?? `exit code ${host.exitCode}`}) early; ${hostSaid()}`);
+        }
+        return fake.hasServed(1) && fs.existsSync(file("WAITING")) && lineCount(file("BG")) >= 2;
+      },
+      {
+        what: "the agent to run the loop, with the background writer running",
+        timeoutMs: SCENARIO_READY_MS,
+        detail: hostSaid,
+      },
     );
-    const before = cgroup.processes();
-    const writerInCgroup = before.some((p) => p.cmdline.includes(file('BG')));
+    const before = cgroup.procs();
     const result = {
       processesBeforeKill: before.length,
-      writerInCgroup,
+      writerInCgroup: before.some((pid) => cmdline(pid).includes(file("BG"))),
       survivors: [],
       acted: false,
       doomMs: null,
@@ -198,196 +209,115 @@ async function runTrial(setup, { leashed }) {
     };
 
     const killedAt = performance.now();
-    process.kill(host.pid, 'SIGKILL');
+    process.kill(host.pid, "SIGKILL");
     if (leashed) {
       // RELEASE appears once the daemon has started killing the tree on its own (the host's
-      // death is all it is told): from then on nothing in the tree may act. Before that, an
-      // agent may act in the few milliseconds the daemon takes to notice, which no test can
-      // tell from a failure.
-      const trees = new Set();
-      const pids = new Set(before.map((p) => p.pid));
-      let doom;
-      await waitFor(
-        () => {
-          for (const e of daemon.events) {
-            if (e.kind === 'registered' && pids.has(e.pid)) trees.add(e.tree);
-          }
-          doom = daemon.events.find((e) => e.kind === 'kill_started' && trees.has(e.tree));
-          return doom !== undefined;
-        },
-        EMPTY_DEADLINE_MS,
-        () =>
-          `the daemon to start killing the host's tree (trees registered from the host's cgroup: ` +
-          `${[...trees].join(', ') || 'none'}; events: ${JSON.stringify(daemon.events.slice(-20))})`,
-      );
+      // death is all it is told): from then on nothing in the tree may act. In the few
+      // milliseconds before, while the daemon learns of the death, an agent can still act,
+      // and no test could tell that from a failure.
+      const doom = await waitFor(() => daemon.killStarted(before), {
+        what: "the daemon to start killing the host's tree",
+        timeoutMs: EMPTY_DEADLINE_MS,
+        intervalMs: 1,
+        detail: () => `its events: ${JSON.stringify(daemon.events.slice(-20))}`,
+      });
       result.doomMs = doom.at - killedAt;
       result.doomReason = doom.reason;
-      fs.writeFileSync(file('RELEASE'), '');
-      const emptied = await waitUntil(() => !cgroup.populated(), EMPTY_DEADLINE_MS, 2);
-      if (emptied) result.emptyMs = performance.now() - killedAt;
+      fs.writeFileSync(file("RELEASE"), "");
+      await cgroup.waitEmpty({ timeoutMs: EMPTY_DEADLINE_MS, intervalMs: 2 });
+      result.emptyMs = performance.now() - killedAt;
     } else {
-      fs.writeFileSync(file('RELEASE'), '');
-      const acted = await waitUntil(() => fs.existsSync(file('ACTED')), BASELINE_ACT_DEADLINE_MS, 5);
+      fs.writeFileSync(file("RELEASE"), "");
+      const acted = await waitFor(() => fs.existsSync(file("ACTED")), {
+        timeoutMs: BASELINE_ACT_DEADLINE_MS,
+        intervalMs: 2,
+      }).catch(() => false);
       if (acted) result.actedMs = performance.now() - killedAt;
+      result.survivors = cgroup.procs().map((pid) => `${pid} ${comm(pid)}`);
     }
-    result.survivors = cgroup.processes().map(describeProcess);
-    // Read once the cgroup is empty (leash) or the agent acted (baseline): in the first case
-    // nothing is left that could still write ACTED.
-    result.acted = fs.existsSync(file('ACTED'));
+    // Read once the cgroup is empty (with leash): nothing is left that could still write it.
+    result.acted = fs.existsSync(file("ACTED"));
     return result;
   } finally {
-    try {
-      daemon?.close();
-      if (host && !host.exited) host.kill();
-      await cgroup?.destroy();
-    } finally {
-      await fake.close();
-      fs.rmSync(scratch, { recursive: true, force: true });
-    }
+    daemon?.close();
+    if (host) await stop(host);
+    await cgroup?.remove();
+    await fake.close();
+    fs.rmSync(scratch, { recursive: true, force: true });
   }
 }
 
-/** Starts the host as the test user inside `cgroup`: in it before it runs anything. */
-function startHost(setup, cgroup, { leashed, env }) {
-  const child = spawn(
-    '/bin/sh',
-    [
-      '-c',
-      'echo $$ > "$1" && shift && exec "$@"',
-      'sh',
-      cgroup.procsFile,
-      'setpriv',
-      `--reuid=${config.uid}`,
-      `--regid=${config.uid}`,
-      '--clear-groups',
-      '--',
-      process.execPath,
-      setup.hostScript,
-    ],
-    {
-      cwd: setup.dir,
-      env: {
-        PATH: process.env.PATH ?? '/usr/local/bin:/usr/bin:/bin',
-        LEASH_SOCKET: config.socket,
-        LEASH_BIN: config.leashBin,
-        HOST_MODE: leashed ? 'leash' : 'plain',
-        CLAUDE_CODE_EXECUTABLE: config.cli,
-        ...env,
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    },
-  );
-  let output = '';
-  const keep = (chunk) => {
-    // The last few KB are enough to say what went wrong.
-    output = (output + chunk.toString()).slice(-8192);
-  };
-  child.stdout.on('data', keep);
-  child.stderr.on('data', keep);
-  const host = {
-    pid: child.pid,
-    exited: false,
-    exitStatus: null,
-    kill: () => child.kill('SIGKILL'),
-    describe: () =>
-      host.exited
-        ? `the host exited early with ${host.exitStatus}; its output:\n${output}`
-        : `the host is running; its output so far:\n${output}`,
-  };
-  child.on('exit', (code, signal) => {
-    host.exited = true;
-    host.exitStatus = signal ?? `code ${code}`;
-  });
-  return host;
-}
-
 /**
- * A directory every user may read, holding the host script, a copy of the library (the test user
- * cannot read the clone) and a link to the SDK, laid out as an app's node_modules would be.
+ * A directory every user may read, holding the host script, a copy of the library (the test
+ * user may not read where it is) and a link to the SDK, laid out as an app's node_modules.
  */
 function prepareHostDir({ sdkDir, clientDir, clientName }) {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'leash-sdk-test-'));
-  fs.chmodSync(dir, 0o755);
-  const modules = path.join(dir, 'node_modules');
-  const client = path.join(modules, ...clientName.split('/'));
-  fs.mkdirSync(path.dirname(client), { recursive: true });
-  fs.cpSync(clientDir, client, {
+  const dir = tempDir("sdk-host");
+  const modules = path.join(dir.path, "node_modules");
+  fs.mkdirSync(path.join(modules, "@anthropic-ai"), { recursive: true });
+  fs.cpSync(clientDir, path.join(modules, clientName), {
     recursive: true,
-    filter: (src) => !src.split(path.sep).includes('node_modules'),
+    filter: (source) => !source.split(path.sep).includes("node_modules"),
   });
-  fs.mkdirSync(path.join(modules, '@anthropic-ai'), { recursive: true });
-  fs.symlinkSync(sdkDir, path.join(modules, '@anthropic-ai', 'claude-agent-sdk'));
-  const hostScript = path.join(dir, 'host.mjs');
+  fs.symlinkSync(sdkDir, path.join(modules, "@anthropic-ai", "claude-agent-sdk"));
+  const hostScript = path.join(dir.path, "host.mjs");
   fs.writeFileSync(hostScript, hostSource(clientName));
-  makeWorldReadable(dir);
-  return { dir, hostScript };
+  makeWorldReadable(dir.path);
+  return { ...dir, hostScript };
 }
 
-// The host: what a desktop app that opens Claude Code through the SDK does, with the one-line
+// The host: what a desktop app that opens Claude Code through the SDK does, with the one
 // change leash asks for (HOST_MODE=plain is the same app without it, for the baseline).
 function hostSource(clientName) {
-  return `import { spawn } from 'node:child_process';
-import { query } from '@anthropic-ai/claude-agent-sdk';
+  return `import { spawn } from "node:child_process";
+import { query } from "@anthropic-ai/claude-agent-sdk";
 
 let spawnClaudeCodeProcess;
-if (process.env.HOST_MODE === 'leash') {
+if (process.env.HOST_MODE === "leash") {
   const { Lease } = await import(${JSON.stringify(clientName)});
   const lease = await Lease.connect();
   spawnClaudeCodeProcess = lease.claudeCodeSpawner();
 } else {
   spawnClaudeCodeProcess = (o) =>
-    spawn(o.command, o.args, { cwd: o.cwd, env: o.env, signal: o.signal, stdio: ['pipe', 'pipe', 'inherit'] });
+    spawn(o.command, o.args, { cwd: o.cwd, env: o.env, signal: o.signal, stdio: ["pipe", "pipe", "inherit"] });
 }
 
 const conversation = query({
-  prompt: 'Run the two steps of the test script.',
+  prompt: "Run the two steps of the test script.",
   options: {
     pathToClaudeCodeExecutable: process.env.CLAUDE_CODE_EXECUTABLE,
     cwd: process.env.AGENT_WORKDIR,
-    permissionMode: 'bypassPermissions',
+    permissionMode: "bypassPermissions",
     allowDangerouslySkipPermissions: true,
     settingSources: [],
     persistSession: false,
-    mcpServersDelivery: 'initialize',
+    mcpServersDelivery: "initialize",
     spawnClaudeCodeProcess,
   },
 });
 for await (const message of conversation) {
-  console.log('host: message', message.type, message.subtype ?? '');
+  console.log("host: message", message.type, message.subtype ?? "");
 }
-console.log('host: the conversation ended');
+console.log("host: the conversation ended");
 `;
 }
 
 function readConfig() {
-  const missing = ['LEASH_SOCKET', 'LEASH_BIN', 'LEASH_TEST_USER', 'LEASH_TEST_NODE_MODULES'].filter(
-    (name) => !process.env[name],
-  );
-  if (missing.length > 0) {
-    throw new Error(
-      `${missing.join(', ')} not set: this test runs under tests/tests/host_node.rs ` +
-        `(cargo test -p leash-tests --test host_node); for the SDK and the CLI, ${INSTALL_HINT}`,
-    );
-  }
   if (process.getuid() !== 0) {
-    throw new Error('this test runs as root: it makes cgroups and runs the host as LEASH_TEST_USER');
+    throw new Error("this test runs as root: it makes cgroups and runs the host as LEASH_TEST_USER");
   }
-  const uid = Number(process.env.LEASH_TEST_USER);
-  if (!Number.isInteger(uid) || uid <= 0) {
-    throw new Error(`LEASH_TEST_USER must be a non-root uid, not ${process.env.LEASH_TEST_USER}`);
-  }
-  const nodeModules = process.env.LEASH_TEST_NODE_MODULES;
-  const sdkDir = path.join(nodeModules, '@anthropic-ai', 'claude-agent-sdk');
-  if (!fs.existsSync(path.join(sdkDir, 'package.json'))) {
+  const nodeModules = testEnv.nodeModules;
+  const sdkDir = path.join(nodeModules, "@anthropic-ai", "claude-agent-sdk");
+  if (!fs.existsSync(path.join(sdkDir, "package.json"))) {
     throw new Error(`the Claude Agent SDK is not in ${nodeModules} (no ${sdkDir}): ${INSTALL_HINT}`);
   }
-  const clientDir = fileURLToPath(new URL('..', import.meta.url));
-  const clientName = JSON.parse(fs.readFileSync(path.join(clientDir, 'package.json'), 'utf8')).name;
+  const clientDir = fileURLToPath(new URL("..", import.meta.url));
+  const clientName = JSON.parse(fs.readFileSync(path.join(clientDir, "package.json"), "utf8")).name;
   return {
-    uid,
+    uid: testEnv.user,
+    socket: testEnv.socket,
+    leash: testEnv.leash,
     nodeModules,
-    socket: process.env.LEASH_SOCKET,
-    leashBin: process.env.LEASH_BIN,
     sdkDir,
     cli: claudeCodeExecutable(nodeModules),
     clientDir,
@@ -396,27 +326,25 @@ function readConfig() {
 }
 
 /**
- * The CLI's native binary: @anthropic-ai/claude-code's bin/claude.exe once its install script has
- * put the binary there, else the platform package's `claude` it would have copied.
+ * The CLI's native binary: @anthropic-ai/claude-code's bin/claude.exe once its install script
+ * has put the binary there, else the platform package's `claude` that it copies.
  */
 function claudeCodeExecutable(nodeModules) {
-  const stub = path.join(nodeModules, '@anthropic-ai', 'claude-code', 'bin', 'claude.exe');
+  const scope = path.join(nodeModules, "@anthropic-ai");
   const candidates = [
-    stub,
-    path.join(nodeModules, '@anthropic-ai', `claude-code-linux-${process.arch}`, 'claude'),
-    path.join(nodeModules, '@anthropic-ai', `claude-code-linux-${process.arch}-musl`, 'claude'),
+    path.join(scope, "claude-code", "bin", "claude.exe"),
+    path.join(scope, `claude-code-linux-${process.arch}`, "claude"),
+    path.join(scope, `claude-code-linux-${process.arch}-musl`, "claude"),
   ];
   for (const candidate of candidates) {
-    // The placeholder bin/claude.exe is a short shell script; the binary is hundreds of MB.
+    // Until the install script runs, bin/claude.exe is a short shell script saying so.
     if (fs.statSync(candidate, { throwIfNoEntry: false })?.size > 1_000_000) return candidate;
   }
-  throw new Error(
-    `the Claude Code CLI binary is not in ${nodeModules} (looked for ${candidates.join(', ')}): ${INSTALL_HINT}`,
-  );
+  throw new Error(`the Claude Code CLI is not in ${nodeModules} (none of ${candidates.join(", ")}): ${INSTALL_HINT}`);
 }
 
 function trialCount() {
-  const raw = process.env.LEASH_SDK_TRIALS ?? '1';
+  const raw = process.env.LEASH_SDK_TRIALS ?? "1";
   const trials = Number(raw);
   if (!Number.isInteger(trials) || trials < 1) {
     throw new Error(`LEASH_SDK_TRIALS must be a positive integer, not ${raw}`);
@@ -434,9 +362,9 @@ function summarize(label, results) {
     line += `; ${what}: median ${formatMs(median(times))}, max ${formatMs(times[times.length - 1])}`;
     if (times.length < results.length) line += ` (${results.length - times.length} never)`;
   };
-  spread("host's SIGKILL to the tree doomed", 'doomMs');
-  spread("host's SIGKILL to an empty cgroup", 'emptyMs');
-  spread("host's SIGKILL to ACTED", 'actedMs');
+  spread("from the host's SIGKILL to the tree doomed", "doomMs");
+  spread("to an empty cgroup", "emptyMs");
+  spread("to ACTED", "actedMs");
   return line;
 }
 
@@ -446,19 +374,23 @@ function median(sorted) {
 }
 
 function formatMs(ms) {
-  return ms === null ? 'never' : `${ms.toFixed(1)} ms`;
+  return ms === null ? "never" : `${ms.toFixed(1)} ms`;
 }
 
 function lineCount(file) {
   try {
-    return fs.readFileSync(file, 'utf8').split('\n').filter(Boolean).length;
+    return fs.readFileSync(file, "utf8").split("\n").filter(Boolean).length;
   } catch {
     return 0;
   }
 }
 
-function describeProcess(p) {
-  return `${p.pid} ${p.comm}`;
+function cmdline(pid) {
+  try {
+    return fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").join(" ");
+  } catch {
+    return "";
+  }
 }
 
 function makeWorldReadable(dir) {
@@ -474,152 +406,58 @@ function makeWorldReadable(dir) {
   }
 }
 
-/** Polls `condition` every `intervalMs` until it holds (true) or `timeoutMs` passes (false). */
-async function waitUntil(condition, timeoutMs, intervalMs = 20) {
-  const deadline = performance.now() + timeoutMs;
-  for (;;) {
-    if (condition()) return true;
-    if (performance.now() > deadline) return false;
-    await new Promise((resolve) => setTimeout(resolve, intervalMs));
-  }
-}
-
-/** Like waitUntil, but throws saying what it waited for; `gaveUp` ends the wait early. */
-async function waitFor(condition, timeoutMs, what, gaveUp = () => false) {
-  const met = await waitUntil(() => condition() || gaveUp(), timeoutMs);
-  if (!met || !condition()) {
-    throw new Error(`gave up waiting for ${what()}`);
-  }
-}
-
 /**
- * A subscription to the daemon's events, read with a client of the test's own (JSON lines, as in
- * docs/PROTOCOL.md), so that the referee does not depend on the library under test.
+ * The daemon's events, read with a client of the test's own (JSON lines, docs/PROTOCOL.md) so
+ * that the referee does not depend on the library under test.
  */
 class DaemonEvents {
   static async subscribe(socket) {
     const conn = net.createConnection(socket);
     await new Promise((resolve, reject) => {
-      conn.once('connect', resolve);
-      conn.once('error', (err) => reject(new Error(`connecting to the daemon at ${socket}: ${err.message}`)));
+      conn.once("connect", resolve);
+      conn.once("error", (error) => reject(new Error(`connecting to the daemon at ${socket}: ${error.message}`)));
     });
     const events = new DaemonEvents(conn);
-    conn.write(`${JSON.stringify({ id: 1, op: 'subscribe' })}\n`);
-    await waitFor(() => events.replies.length > 0, 10_000, () => `the daemon's answer to subscribe`);
-    if (!events.replies[0].ok) {
+    conn.write(`${JSON.stringify({ id: 1, op: "subscribe" })}\n`);
+    const reply = await waitFor(() => events.replies[0], { what: "the daemon's answer to subscribe" });
+    if (!reply.ok) {
       conn.destroy();
-      throw new Error(`the daemon refused subscribe: ${JSON.stringify(events.replies[0])}`);
+      throw new Error(`the daemon refused to subscribe: ${JSON.stringify(reply)}`);
     }
     return events;
   }
 
   constructor(conn) {
     this.conn = conn;
-    /** Events in arrival order, each with `at` (performance.now() when it was read). */
+    /** Events in arrival order, each with `at`: performance.now() when it was read. */
     this.events = [];
     this.replies = [];
-    let buffered = '';
-    conn.setEncoding('utf8');
-    conn.on('data', (chunk) => {
+    let buffered = "";
+    conn.setEncoding("utf8");
+    conn.on("data", (chunk) => {
       const at = performance.now();
       buffered += chunk;
       let newline;
-      while ((newline = buffered.indexOf('\n')) >= 0) {
+      while ((newline = buffered.indexOf("\n")) >= 0) {
         const message = JSON.parse(buffered.slice(0, newline));
         buffered = buffered.slice(newline + 1);
         if (message.event) this.events.push({ at, ...message.event });
         else this.replies.push(message);
       }
     });
-    conn.on('error', () => {}); // a lost connection shows as missing events, which the test names
+    // A lost connection shows as a missing event, which the wait for it names.
+    conn.on("error", () => {});
+  }
+
+  /** The `kill_started` event of a tree whose root is one of `pids`, if it came. */
+  killStarted(pids) {
+    const trees = new Set(
+      this.events.filter((e) => e.kind === "registered" && pids.includes(e.pid)).map((e) => e.tree),
+    );
+    return this.events.find((e) => e.kind === "kill_started" && trees.has(e.tree));
   }
 
   close() {
     this.conn.destroy();
   }
-}
-
-/** A cgroup v2 group of the test's own: the kernel's exact list of the host's processes. */
-class Cgroup {
-  static create(name) {
-    const dir = path.join(cgroup2Root(), name);
-    fs.mkdirSync(dir);
-    return new Cgroup(dir);
-  }
-
-  constructor(dir) {
-    this.dir = dir;
-    this.procsFile = path.join(dir, 'cgroup.procs');
-  }
-
-  /** Whether any thread is left (cgroup.events; a process whose main thread exited counts). */
-  populated() {
-    return /^populated 1$/m.test(fs.readFileSync(path.join(this.dir, 'cgroup.events'), 'utf8'));
-  }
-
-  /**
-   * The processes in the group, with their command lines: cgroup.procs, and the processes of the
-   * threads in cgroup.threads (some kernels leave a process whose main thread has exited out of
-   * cgroup.procs while its other threads run).
-   */
-  processes() {
-    const pids = new Set(readPids(path.join(this.dir, 'cgroup.procs')));
-    for (const tid of readPids(path.join(this.dir, 'cgroup.threads'))) {
-      pids.add(processOfThread(tid) ?? tid);
-    }
-    return [...pids].map((pid) => ({ pid, comm: readComm(pid), cmdline: readCmdline(pid) }));
-  }
-
-  /** Kills whatever is left and removes the group. */
-  async destroy() {
-    if (!fs.existsSync(this.dir)) return;
-    fs.writeFileSync(path.join(this.dir, 'cgroup.kill'), '1');
-    // cgroup.kill is asynchronous: the group can be removed once its last task has gone.
-    if (!(await waitUntil(() => !this.populated(), 10_000))) {
-      throw new Error(`cgroup ${this.dir} still has ${JSON.stringify(this.processes())} after cgroup.kill`);
-    }
-    fs.rmdirSync(this.dir);
-  }
-}
-
-function readPids(file) {
-  return fs
-    .readFileSync(file, 'utf8')
-    .split('\n')
-    .filter(Boolean)
-    .map(Number);
-}
-
-function processOfThread(tid) {
-  try {
-    const match = /^Tgid:\s+(\d+)$/m.exec(fs.readFileSync(`/proc/${tid}/status`, 'utf8'));
-    return match ? Number(match[1]) : null;
-  } catch {
-    return null; // gone meanwhile
-  }
-}
-
-function readComm(pid) {
-  try {
-    return fs.readFileSync(`/proc/${pid}/comm`, 'utf8').trim();
-  } catch {
-    return '(gone)';
-  }
-}
-
-function readCmdline(pid) {
-  try {
-    return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').filter(Boolean).join(' ');
-  } catch {
-    return '';
-  }
-}
-
-/** Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid hosts). */
-function cgroup2Root() {
-  for (const line of fs.readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
-    const [before, after] = line.split(' - ');
-    if (after && after.split(' ')[0] === 'cgroup2') return before.split(' ')[4];
-  }
-  throw new Error('no cgroup2 file system is mounted: the test uses cgroup v2 as its referee');
 }

@@ -8,11 +8,11 @@
 // Requests whose `tools` carry no `Bash` tool are side requests (a session title, a summary):
 // they get a short text and never advance the script.
 
-import http from 'node:http';
+import http from "node:http";
 
 // Tool-use ids are ours and numbered by step, so a tool_result in a later request says which
 // step the agent has finished, whatever else the conversation holds.
-const TOOL_USE_PREFIX = 'toolu_leash_step_';
+const TOOL_USE_PREFIX = "toolu_leash_step_";
 
 // A request body larger than this is refused: the test's conversations are a few hundred KB.
 const MAX_BODY_BYTES = 16 * 1024 * 1024;
@@ -29,7 +29,7 @@ const MAX_BODY_BYTES = 16 * 1024 * 1024;
  */
 export async function startFakeAnthropic({ script }) {
   if (!Array.isArray(script) || script.length === 0) {
-    throw new Error('startFakeAnthropic needs a non-empty script of turns');
+    throw new Error("startFakeAnthropic needs a non-empty script of turns");
   }
   const fake = new FakeAnthropic(script);
   await fake.listen();
@@ -47,17 +47,17 @@ class FakeAnthropic {
     this.server = http.createServer((req, res) => this.handle(req, res));
     // The CLI keeps connections alive; close() must not wait for them.
     this.sockets = new Set();
-    this.server.on('connection', (socket) => {
+    this.server.on("connection", (socket) => {
       this.sockets.add(socket);
-      socket.on('close', () => this.sockets.delete(socket));
+      socket.on("close", () => this.sockets.delete(socket));
     });
   }
 
   listen() {
     return new Promise((resolve, reject) => {
-      this.server.once('error', reject);
-      this.server.listen(0, '127.0.0.1', () => {
-        this.server.off('error', reject);
+      this.server.once("error", reject);
+      this.server.listen(0, "127.0.0.1", () => {
+        this.server.off("error", reject);
         const { port } = this.server.address();
         this.url = `http://127.0.0.1:${port}`;
         resolve();
@@ -83,7 +83,7 @@ class FakeAnthropic {
   handle(req, res) {
     const chunks = [];
     let size = 0;
-    req.on('data', (chunk) => {
+    req.on("data", (chunk) => {
       size += chunk.length;
       if (size > MAX_BODY_BYTES) {
         req.destroy();
@@ -91,8 +91,8 @@ class FakeAnthropic {
       }
       chunks.push(chunk);
     });
-    req.on('end', () => {
-      const text = Buffer.concat(chunks).toString('utf8');
+    req.on("end", () => {
+      const text = Buffer.concat(chunks).toString("utf8");
       let body = text;
       try {
         body = text ? JSON.parse(text) : null;
@@ -105,45 +105,45 @@ class FakeAnthropic {
   }
 
   respond(req, res, body) {
-    const path = req.url.split('?')[0];
-    if (req.method === 'HEAD' || (req.method === 'GET' && path === '/')) {
-      res.writeHead(200, { 'content-type': 'text/plain' });
+    const path = req.url.split("?")[0];
+    if (req.method === "HEAD" || (req.method === "GET" && path === "/")) {
+      res.writeHead(200, { "content-type": "text/plain" });
       res.end();
       return;
     }
-    if (req.method === 'POST' && path === '/v1/messages/count_tokens') {
+    if (req.method === "POST" && path === "/v1/messages/count_tokens") {
       sendJson(res, 200, { input_tokens: 1 });
       return;
     }
-    if (req.method !== 'POST' || path !== '/v1/messages' || typeof body !== 'object' || !body) {
+    if (req.method !== "POST" || path !== "/v1/messages" || typeof body !== "object" || !body) {
       sendJson(res, 404, {
-        type: 'error',
-        error: { type: 'not_found_error', message: `the fake serves no ${req.method} ${path}` },
+        type: "error",
+        error: { type: "not_found_error", message: `the fake serves no ${req.method} ${path}` },
       });
       return;
     }
-    const model = typeof body.model === 'string' ? body.model : 'claude-fake';
+    const model = typeof body.model === "string" ? body.model : "claude-fake";
     let content;
     let stopReason;
     if (offersBash(body)) {
       const step = stepsFinished(body.messages);
       const turn = this.script[Math.min(step, this.script.length - 1)];
       this.served.push(step);
-      if ('bash' in turn && step < this.script.length) {
+      if ("bash" in turn && step < this.script.length) {
         content = {
-          type: 'tool_use',
+          type: "tool_use",
           id: `${TOOL_USE_PREFIX}${step}`,
-          name: 'Bash',
+          name: "Bash",
           input: { command: turn.bash, description: `Step ${step} of the test's script` },
         };
-        stopReason = 'tool_use';
+        stopReason = "tool_use";
       } else {
-        content = { type: 'text', text: 'text' in turn ? turn.text : 'Done.' };
-        stopReason = 'end_turn';
+        content = { type: "text", text: "text" in turn ? turn.text : "Done." };
+        stopReason = "end_turn";
       }
     } else {
-      content = { type: 'text', text: 'Leash test' };
-      stopReason = 'end_turn';
+      content = { type: "text", text: "Leash test" };
+      stopReason = "end_turn";
     }
     if (body.stream) {
       streamMessage(res, model, content, stopReason);
@@ -155,10 +155,10 @@ class FakeAnthropic {
 
 function offersBash(body) {
   return (
-    typeof body === 'object' &&
+    typeof body === "object" &&
     body !== null &&
     Array.isArray(body.tools) &&
-    body.tools.some((tool) => tool && tool.name === 'Bash')
+    body.tools.some((tool) => tool && tool.name === "Bash")
   );
 }
 
@@ -166,12 +166,12 @@ function offersBash(body) {
 function stepsFinished(messages) {
   const answered = new Set();
   for (const msg of Array.isArray(messages) ? messages : []) {
-    if (!msg || msg.role !== 'user' || !Array.isArray(msg.content)) continue;
+    if (!msg || msg.role !== "user" || !Array.isArray(msg.content)) continue;
     for (const block of msg.content) {
       if (
         block &&
-        block.type === 'tool_result' &&
-        typeof block.tool_use_id === 'string' &&
+        block.type === "tool_result" &&
+        typeof block.tool_use_id === "string" &&
         block.tool_use_id.startsWith(TOOL_USE_PREFIX)
       ) {
         answered.add(block.tool_use_id);
@@ -187,8 +187,8 @@ function message(model, content, stopReason) {
   messageCount += 1;
   return {
     id: `msg_leash_${messageCount}`,
-    type: 'message',
-    role: 'assistant',
+    type: "message",
+    role: "assistant",
     model,
     content,
     stop_reason: stopReason,
@@ -199,38 +199,38 @@ function message(model, content, stopReason) {
 
 function streamMessage(res, model, block, stopReason) {
   res.writeHead(200, {
-    'content-type': 'text/event-stream',
-    'cache-control': 'no-cache',
-    connection: 'keep-alive',
+    "content-type": "text/event-stream",
+    "cache-control": "no-cache",
+    connection: "keep-alive",
   });
   const send = (type, data) => res.write(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
   const start = message(model, [], null);
   start.stop_reason = null;
-  send('message_start', { message: start });
-  if (block.type === 'tool_use') {
-    send('content_block_start', {
+  send("message_start", { message: start });
+  if (block.type === "tool_use") {
+    send("content_block_start", {
       index: 0,
-      content_block: { type: 'tool_use', id: block.id, name: block.name, input: {} },
+      content_block: { type: "tool_use", id: block.id, name: block.name, input: {} },
     });
-    send('content_block_delta', {
+    send("content_block_delta", {
       index: 0,
-      delta: { type: 'input_json_delta', partial_json: JSON.stringify(block.input) },
+      delta: { type: "input_json_delta", partial_json: JSON.stringify(block.input) },
     });
   } else {
-    send('content_block_start', { index: 0, content_block: { type: 'text', text: '' } });
-    send('content_block_delta', { index: 0, delta: { type: 'text_delta', text: block.text } });
+    send("content_block_start", { index: 0, content_block: { type: "text", text: "" } });
+    send("content_block_delta", { index: 0, delta: { type: "text_delta", text: block.text } });
   }
-  send('content_block_stop', { index: 0 });
-  send('message_delta', {
+  send("content_block_stop", { index: 0 });
+  send("message_delta", {
     delta: { stop_reason: stopReason, stop_sequence: null },
     usage: { output_tokens: 1 },
   });
-  send('message_stop', {});
+  send("message_stop", {});
   res.end();
 }
 
 function sendJson(res, status, value) {
   const text = JSON.stringify(value);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+  res.writeHead(status, { "content-type": "application/json", "content-length": Buffer.byteLength(text) });
   res.end(text);
 }
