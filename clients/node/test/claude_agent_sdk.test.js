@@ -50,18 +50,28 @@ test("the real Claude Agent SDK under leash: the host SIGKILLed mid-tool leaves 
         `tree doomed after ${formatMs(result.doomMs)} (${result.doomReason}), empty after ` +
         `${formatMs(result.emptyMs)}; ${result.acted ? "ACTED" : "no action"}`,
     );
-    // Every trial must hold; the figures of those before a failure are printed above.
-    const trial = `trial ${i}`;
+    if (result.acted) console.log(`  what the tree did once doomed: ${result.afterDoom}`);
+  }
+  const summary = summarize("leash", results);
+  console.log(summary);
+  t.diagnostic(summary);
+
+  // Asserted once every trial has run, so that a measurement (LEASH_SDK_TRIALS) reports them
+  // all; a trial whose cgroup never emptied has failed the test already.
+  for (const [i, result] of results.entries()) {
+    const trial = `trial ${i + 1}`;
     assert.ok(result.writerInCgroup, `${trial}: the setsid background writer was not in the host's cgroup`);
     assert.ok(
       ["lease_ended", "root_exited"].includes(result.doomReason),
       `${trial}: the tree was killed for ${result.doomReason}, not for its host's death`,
     );
-    assert.equal(result.acted, false, `${trial}: the agent acted (ACTED exists) after leash started the kill`);
+    assert.equal(
+      result.acted,
+      false,
+      `${trial}: the agent acted (ACTED exists) after leash had started the kill; the tree's ` +
+        `events from then on: ${result.afterDoom}`,
+    );
   }
-  const summary = summarize("leash", results);
-  console.log(summary);
-  t.diagnostic(summary);
 });
 
 if (process.env.LEASH_SDK_BASELINE === "1") {
@@ -206,6 +216,7 @@ async function runTrial(config, setup, { leashed }) {
       doomReason: null,
       emptyMs: null,
       actedMs: null,
+      afterDoom: null,
     };
 
     const killedAt = performance.now();
@@ -226,6 +237,7 @@ async function runTrial(config, setup, { leashed }) {
       fs.writeFileSync(file("RELEASE"), "");
       await cgroup.waitEmpty({ timeoutMs: EMPTY_DEADLINE_MS, intervalMs: 2 });
       result.emptyMs = performance.now() - killedAt;
+      result.afterDoom = daemon.describeFrom(doom);
     } else {
       fs.writeFileSync(file("RELEASE"), "");
       const acted = await waitFor(() => fs.existsSync(file("ACTED")), {
@@ -455,6 +467,16 @@ class DaemonEvents {
       this.events.filter((e) => e.kind === "registered" && pids.includes(e.pid)).map((e) => e.tree),
     );
     return this.events.find((e) => e.kind === "kill_started" && trees.has(e.tree));
+  }
+
+  /** The events of `from`'s tree from `from` on, briefly, for a failure's message. */
+  describeFrom(from) {
+    const start = this.events.indexOf(from);
+    return this.events
+      .slice(start)
+      .filter((e) => e.tree === from.tree)
+      .map((e) => [e.kind, e.pid, e.comm].filter((field) => field != null).join(" "))
+      .join(", ");
   }
 
   close() {
