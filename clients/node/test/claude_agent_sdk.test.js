@@ -5,8 +5,9 @@
 // The model is played by fake-anthropic.js on 127.0.0.1. It makes the agent start a background
 // writer with `setsid` (which outlives its host without leash), then run a foreground loop that
 // acts (touches ACTED) once RELEASE exists. The test SIGKILLs the host while the loop waits,
-// creates RELEASE, and asks the host's cgroup, which the kernel keeps exact, whether every
-// process of the tree is gone.
+// creates RELEASE as soon as the daemon has started killing the tree (on its own: the host's
+// death is all it is told), and asks the host's cgroup, which the kernel keeps exact, whether
+// every process of the tree is gone.
 //
 // Environment: what tests/tests/host_node.rs sets (helpers.js, testEnv), with
 // LEASH_TEST_NODE_MODULES holding the SDK, the CLI, typescript and @types/node (`cargo xtask
