@@ -3,6 +3,7 @@
 
 import assert from "node:assert/strict";
 import { spawn as nodeSpawn } from "node:child_process";
+import { once } from "node:events";
 import { readFileSync, readdirSync, readlinkSync, writeFileSync } from "node:fs";
 import { after, before, test } from "node:test";
 import { Lease, LeashError } from "../src/index.js";
@@ -127,6 +128,17 @@ test("stdio 'ignore', 'inherit' and extra entries", async () => {
   assert.equal(four, "done\n");
 });
 
+test("stdio 'ipc': messages pass through the shim, as with fork", async () => {
+  const script = 'process.on("message", (m) => { process.send(`echo ${m}`); process.disconnect(); })';
+  const child = lease.spawn(process.execPath, ["-e", script], { stdio: ["ignore", "ignore", "inherit", "ipc"] });
+  const reply = once(child, "message");
+  child.send("hi");
+  const [message] = await reply;
+  assert.equal(message, "echo hi");
+  assert.equal(typeof (await lease.treeOf(child)), "number");
+  assert.deepEqual(await exited(child), [0, null]);
+});
+
 test("shell, as node runs it (/bin/sh -c, argv[0] the shell)", async () => {
   const { stdout, code } = await outcome(lease.spawn('echo $((6 * 7)) "$0"', { shell: true }));
   assert.equal(stdout, "42 /bin/sh\n");
@@ -153,9 +165,11 @@ test("a command that cannot be executed: node's 'error' (ENOENT, EACCES), before
   const child = lease.spawn(missing, ["a", "b"]);
   const ours = await outcome(child);
   assert.deepEqual(ours.events, ["error", "close"]);
-  for (const key of ["message", "code", "errno", "syscall", "path", "spawnargs"]) {
-    assert.deepEqual(ours.error[key], theirs.error[key], `err.${key} as node's own`);
+  for (const key of ["code", "errno", "syscall", "path", "spawnargs"]) {
+    assert.deepEqual(ours.error[key], theirs.error[key], `err.${key} as the runtime's own`);
   }
+  // Node's words (Bun words its own error differently).
+  assert.equal(ours.error.message, `spawn ${missing} ENOENT`);
   assert.equal(ours.error.code, "ENOENT");
   await assert.rejects(lease.treeOf(child), (e) => e === ours.error);
 
