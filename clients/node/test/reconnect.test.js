@@ -9,7 +9,7 @@ import { rmSync } from "node:fs";
 import { createConnection } from "node:net";
 import { test } from "node:test";
 import { Lease, LeashError } from "../src/index.js";
-import { alive, exited, stop, tempDir, testEnv, waitFor } from "./helpers.js";
+import { alive, comm, exited, stop, tempDir, testEnv, waitFor } from "./helpers.js";
 
 /** `leash daemon` on `socket` and `pins`, serving once this resolves. */
 async function startDaemon(socket, pins, log) {
@@ -60,6 +60,8 @@ test("a daemon hand-over: pending calls reject as unavailable, the next reconnec
   });
   t.after(() => stop(deaf));
   const [sleeperTree, deafTree] = await Promise.all([lease.treeOf(sleeper), lease.treeOf(deaf)]);
+  // Once it runs sleep, it ignores SIGTERM.
+  await waitFor(() => comm(deaf.pid) === "sleep", { what: "the TERM-deaf shell to exec sleep" });
   const events = lease.events();
   const pendingKill = lease.kill(deafTree);
   // Handled from now on: they reject as soon as the daemon goes.
