@@ -65,11 +65,12 @@ export interface LeashSpawnOptions extends NodeSpawnOptions, TreeOptions {}
 
 export interface KillSummary {
   tree: TreeId;
-  /** Members that exited after SIGTERM. */
+  /** Members sent SIGTERM. */
   terminated: number;
-  /** Members SIGKILLed. */
+  /** SIGKILLs sent, over all rounds. */
   killed: number;
   rounds: number;
+  /** From the start of the kill to an empty tree. */
   elapsedMs: number;
   reason:
     | "request"

@@ -13,7 +13,7 @@ use std::{
 };
 
 use leash_tests::{
-    cgroup2_root,
+    Removed, cgroup2_root,
     daemon::{Daemon, USER_A},
     wait_for,
 };
@@ -27,11 +27,58 @@ const SUITE_DEADLINE: Duration = Duration::from_secs(20 * 60);
 
 #[test]
 fn the_node_host_library_passes_its_tests_against_the_real_daemon() {
-    if std::env::var(SKIP_VAR).is_ok_and(|v| v == "1") {
-        eprintln!("SKIPPED: {SKIP_VAR}=1: the Node.js host library's tests are left out");
+    if skipped() {
         return;
     }
     let node = Node::find();
+    let mut command = Command::new(&node.path);
+    command.arg("--test");
+    if node.major >= 20 {
+        command.arg("--test-reporter=spec");
+    }
+    run_suites("node", &node.version, command, |_| true);
+}
+
+/// The same suites on Bun (`bun test` runs node:test suites), when Bun is there: the npm
+/// package `bun` in the hosts' cache, LEASH_TEST_BUN, or `bun` on PATH. The Claude Agent SDK's
+/// test runs on Node only.
+#[test]
+fn the_node_host_library_passes_its_tests_on_bun() {
+    if skipped() {
+        return;
+    }
+    let Some(bun) = find_bun() else {
+        println!(
+            "NOT RUN: no Bun (LEASH_TEST_BUN, {}, or `bun` on PATH); `npm install bun` into \
+             the hosts' cache runs these suites on Bun too",
+            hosts_cache().join("node_modules/.bin/bun").display()
+        );
+        return;
+    };
+    let version = Command::new(&bun)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|e| panic!("running {} --version: {e}", bun.display()));
+    let mut command = Command::new(&bun);
+    // Bun's default is 5 s a test; the tests keep deadlines of their own.
+    command.args(["test", "--timeout", "300000"]);
+    run_suites("bun", &format!("Bun {version}"), command, |name| {
+        !name.starts_with("claude")
+    });
+}
+
+fn skipped() -> bool {
+    let skip = std::env::var(SKIP_VAR).is_ok_and(|v| v == "1");
+    if skip {
+        eprintln!("SKIPPED: {SKIP_VAR}=1: the Node.js host library's tests are left out");
+    }
+    skip
+}
+
+/// Runs `runner` on the test files `wanted` keeps, against fresh daemons, inside a cgroup of
+/// its own, and asserts that they pass.
+fn run_suites(label: &str, version: &str, runner: Command, wanted: impl Fn(&str) -> bool) {
     let Some(daemon) = Daemon::start(&[]) else {
         return;
     };
@@ -41,17 +88,19 @@ fn the_node_host_library_passes_its_tests_against_the_real_daemon() {
     // The hosts run as USER_A, who may not read the clone.
     let package = daemon.dir.join("clients-node");
     copy_readable(&workspace().join("clients/node"), &package);
-    let tests = test_files(&package.join("test"));
-    let groups = CgroupTree::new();
+    let tests = test_files(&package.join("test"), wanted);
+    // Where the tests pin the daemons they run themselves; declared first, so removed last,
+    // after the cgroups (and whatever was left in them).
+    let pins = Removed(PathBuf::from(format!(
+        "/sys/fs/bpf/leash-node-tests-{label}-{}",
+        std::process::id()
+    )));
+    let groups = CgroupTree::new(label);
     let log = daemon.dir.join("node-test.log");
-
-    let mut command = groups.command(&node.path);
-    command.arg("--test");
-    if node.major >= 20 {
-        command.arg("--test-reporter=spec");
-    }
     let log_file = fs::File::create(&log).unwrap();
+    let mut command = groups.command(runner.get_program());
     command
+        .args(runner.get_args())
         .args(&tests)
         .current_dir(&package)
         .env("LEASH_SOCKET", &daemon.socket)
@@ -59,8 +108,12 @@ fn the_node_host_library_passes_its_tests_against_the_real_daemon() {
         .env("LEASH_TEST_USER", USER_A.to_string())
         .env("LEASH_TEST_LIMITED_SOCKET", &limited.socket)
         .env("LEASH_TEST_MAX_TREES", MAX_TREES)
-        .env("LEASH_TEST_NODE_MODULES", node_modules())
+        .env(
+            "LEASH_TEST_NODE_MODULES",
+            hosts_cache().join("node_modules"),
+        )
         .env("LEASH_TEST_CGROUP_PARENT", &groups.path)
+        .env("LEASH_TEST_PIN_ROOT", &pins.0)
         .env_remove("LEASH_LEASE")
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().unwrap())
@@ -68,29 +121,49 @@ fn the_node_host_library_passes_its_tests_against_the_real_daemon() {
         // A group of its own, to stop the runner and its per-file processes if time runs out.
         .process_group(0);
     let started = Instant::now();
-    let mut runner = command.spawn().expect("starting node --test");
-    let finished = wait_for(SUITE_DEADLINE, || runner.try_wait().unwrap().is_some());
+    let mut child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {label}: {e}"));
+    let finished = wait_for(SUITE_DEADLINE, || child.try_wait().unwrap().is_some());
     if !finished {
         let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", runner.id())])
+            .args(["-KILL", "--", &format!("-{}", child.id())])
             .status();
     }
-    let status = runner.wait().unwrap();
+    let status = child.wait().unwrap();
     let output = fs::read_to_string(&log).unwrap_or_default();
     println!(
-        "node --test {} ({}, {:.1} s):\n{output}",
+        "{label}: {} suites ({version}, {:.1} s):\n{output}",
         tests.len(),
-        node.version,
         started.elapsed().as_secs_f64()
     );
     assert!(
         finished,
-        "the Node tests did not finish in {SUITE_DEADLINE:?}:\n{output}"
+        "the {label} tests did not finish in {SUITE_DEADLINE:?}:\n{output}"
     );
     assert!(
         status.success(),
-        "the Node tests failed ({status}):\n{output}"
+        "the {label} tests failed ({status}):\n{output}"
     );
+}
+
+fn find_bun() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("LEASH_TEST_BUN") {
+        return Some(path.into());
+    }
+    let cached = hosts_cache().join("node_modules/.bin/bun");
+    if cached.is_file() {
+        return Some(cached);
+    }
+    on_path("bun")
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
 }
 
 struct Node {
@@ -106,12 +179,7 @@ impl Node {
             "the Node.js host library's tests need Node.js 18 or later: `cargo xtask test` \
              installs it (apt-get install nodejs), or set {SKIP_VAR}=1 to leave them out"
         );
-        let path = std::env::var_os("PATH")
-            .iter()
-            .flat_map(std::env::split_paths)
-            .map(|dir| dir.join("node"))
-            .find(|p| p.is_file())
-            .unwrap_or_else(|| panic!("no `node` on PATH: {how}"));
+        let path = on_path("node").unwrap_or_else(|| panic!("no `node` on PATH: {how}"));
         let output = Command::new(&path)
             .arg("--version")
             .output()
@@ -123,7 +191,11 @@ impl Node {
             .next()
             .and_then(|m| m.parse().ok())
             .unwrap_or(0);
-        assert!(major >= 18, "{} is Node.js {version}: {how}", path.display());
+        assert!(
+            major >= 18,
+            "{} is Node.js {version}: {how}",
+            path.display()
+        );
         Self {
             path,
             version,
@@ -139,15 +211,11 @@ fn workspace() -> PathBuf {
         .to_owned()
 }
 
-/// Where `cargo xtask test` installs the Claude Agent SDK (LEASH_HOSTS_CACHE, or
-/// /var/cache/leash-hosts), for the test that runs it.
-fn node_modules() -> PathBuf {
-    if let Some(dir) = std::env::var_os("LEASH_TEST_NODE_MODULES") {
-        return dir.into();
-    }
+/// Where `cargo xtask test` installs the npm packages of the hosts' tests (the Claude Agent
+/// SDK): LEASH_HOSTS_CACHE, or /var/cache/leash-hosts.
+fn hosts_cache() -> PathBuf {
     std::env::var_os("LEASH_HOSTS_CACHE")
         .map_or_else(|| PathBuf::from("/var/cache/leash-hosts"), PathBuf::from)
-        .join("node_modules")
 }
 
 /// Copies the package (without any node_modules) where every user may read it.
@@ -170,14 +238,14 @@ fn copy_readable(from: &Path, to: &Path) {
 }
 
 /// The suites, listed (node 18 and 20 take no glob, and differ on directories).
-fn test_files(dir: &Path) -> Vec<PathBuf> {
+fn test_files(dir: &Path, wanted: impl Fn(&str) -> bool) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = fs::read_dir(dir)
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .filter(|path| {
             path.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.ends_with(".test.js"))
+                .is_some_and(|n| n.ends_with(".test.js") && wanted(n))
         })
         .collect();
     files.sort();
@@ -193,15 +261,15 @@ struct CgroupTree {
 }
 
 impl CgroupTree {
-    fn new() -> Self {
-        let path = cgroup2_root().join(format!("leash-node-tests-{}", std::process::id()));
+    fn new(label: &str) -> Self {
+        let path = cgroup2_root().join(format!("leash-node-tests-{label}-{}", std::process::id()));
         fs::create_dir_all(&path)
             .unwrap_or_else(|e| panic!("creating the cgroup {}: {e}", path.display()));
         Self { path }
     }
 
     /// A command that joins the group, then execs `program`.
-    fn command(&self, program: &Path) -> Command {
+    fn command(&self, program: &std::ffi::OsStr) -> Command {
         let mut command = Command::new("sh");
         command
             .args(["-c", r#"echo $$ > "$0" && exec "$@""#])

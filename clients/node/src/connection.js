@@ -38,8 +38,13 @@ export class Connection {
       socket.once("error", (error) => reject(daemonUnavailable(path, error)));
     });
     const connection = new Connection(socket, path, handlers);
-    const reply = await connection.request({ op: "hello", protocol: PROTOCOL_VERSION });
-    return [connection, reply.hello];
+    try {
+      const reply = await connection.request({ op: "hello", protocol: PROTOCOL_VERSION });
+      return [connection, reply.hello];
+    } catch (error) {
+      socket.destroy();
+      throw error;
+    }
   }
 
   constructor(socket, path, { onEvent, onClose }) {

@@ -176,7 +176,11 @@ export class Lease {
   async trees() {
     if (!this.#leashed) return [];
     const reply = await this.#request({ op: "list" });
-    return camelCase(reply.trees.filter((t) => this.#isMine(t)));
+    const mine = reply.trees.filter((t) => this.#isMine(t));
+    // Forget the trees that are gone (an adopted root exited, a kept tree emptied).
+    const listed = new Set(mine.map((t) => t.tree));
+    for (const tree of this.#trees) if (!listed.has(tree)) this.#trees.delete(tree);
+    return camelCase(mine);
   }
 
   /**

@@ -29,6 +29,8 @@ function required(name, what) {
  * (LEASH_BIN), an unprivileged uid (LEASH_TEST_USER), a second daemon with a small tree limit
  * (LEASH_TEST_LIMITED_SOCKET, LEASH_TEST_MAX_TREES), and where the npm packages of the SDK
  * test are (LEASH_TEST_NODE_MODULES). Each is read when asked for, and fails saying so.
+ * Optional: LEASH_TEST_CGROUP_PARENT (where Cgroup makes its groups) and LEASH_TEST_PIN_ROOT
+ * (where a test pins a daemon it runs itself), both removed by the driver however tests end.
  */
 export const testEnv = {
   get socket() {
@@ -286,10 +288,10 @@ export function exited(child) {
   });
 }
 
-/** SIGKILLs `child` if it still runs and waits for its exit: for t.after. */
-export async function stop(child) {
+/** Sends `signal` (SIGKILL) to `child` if it still runs and waits for its exit: for t.after. */
+export async function stop(child, signal = "SIGKILL") {
   if (child.exitCode === null && child.signalCode === null && child.pid) {
-    child.kill("SIGKILL");
+    child.kill(signal);
     await exited(child);
   }
 }
