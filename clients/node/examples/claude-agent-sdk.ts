@@ -45,8 +45,8 @@ const conversation = query({
 // Ctrl-C stops the agent and everything it started, not only the Claude Code process.
 process.once("SIGINT", async () => {
   if (claudeTree !== null) {
-    const { terminated, killed, elapsedMs } = await lease.kill(claudeTree, { graceMs: 500 });
-    console.error(`stopped: ${terminated} processes ended at SIGTERM, ${killed} at SIGKILL, in ${elapsedMs} ms`);
+    const { terminated, elapsedMs } = await lease.kill(claudeTree, { graceMs: 500 });
+    console.error(`stopped Claude Code and everything it started (${terminated} processes) in ${elapsedMs} ms`);
   }
   process.exit(130);
 });
