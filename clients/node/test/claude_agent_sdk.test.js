@@ -49,7 +49,8 @@ test("the real Claude Agent SDK under leash: the host SIGKILLed mid-tool leaves 
     console.log(
       `leash trial ${i}/${trials}: ${result.processesBeforeKill} processes before the host's SIGKILL; ` +
         `tree doomed after ${formatMs(result.doomMs)} (${result.doomReason}), empty after ` +
-        `${formatMs(result.emptyMs)}; ${result.acted ? "ACTED" : "no action"}`,
+        `${formatMs(result.emptyMs)} (the daemon: ${result.kill.terminated} sent SIGTERM, ` +
+        `${result.kill.killed} SIGKILL); ${result.acted ? "ACTED" : "no action"}`,
     );
     if (result.acted) console.log(`  what the tree did once doomed: ${result.afterDoom}`);
   }
@@ -218,6 +219,7 @@ async function runTrial(config, setup, { leashed }) {
       emptyMs: null,
       actedMs: null,
       afterDoom: null,
+      kill: null,
     };
 
     const killedAt = performance.now();
@@ -239,6 +241,13 @@ async function runTrial(config, setup, { leashed }) {
       await cgroup.waitEmpty({ timeoutMs: EMPTY_DEADLINE_MS, intervalMs: 2 });
       result.emptyMs = performance.now() - killedAt;
       result.afterDoom = daemon.describeFrom(doom);
+      // The daemon's account of the kill: how many got SIGTERM, and SIGKILL once the grace ended.
+      const empty = await waitFor(() => daemon.treeEmpty(doom.tree), {
+        what: "the daemon's tree_empty event for the host's tree",
+        timeoutMs: EMPTY_DEADLINE_MS,
+        detail: () => `its events: ${JSON.stringify(daemon.events.slice(-20))}`,
+      });
+      result.kill = empty.kill;
     } else {
       fs.writeFileSync(file("RELEASE"), "");
       const acted = await waitFor(() => fs.existsSync(file("ACTED")), {
@@ -468,6 +477,11 @@ class DaemonEvents {
       this.events.filter((e) => e.kind === "registered" && pids.includes(e.pid)).map((e) => e.tree),
     );
     return this.events.find((e) => e.kind === "kill_started" && trees.has(e.tree));
+  }
+
+  /** The `tree_empty` event of `tree`, if it came. */
+  treeEmpty(tree) {
+    return this.events.find((e) => e.kind === "tree_empty" && e.tree === tree);
   }
 
   /** The events of `from`'s tree from `from` on, briefly, for a failure's message. */
