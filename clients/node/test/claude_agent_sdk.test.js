@@ -241,7 +241,8 @@ async function runTrial(config, setup, { leashed }) {
       await cgroup.waitEmpty({ timeoutMs: EMPTY_DEADLINE_MS, intervalMs: 2 });
       result.emptyMs = performance.now() - killedAt;
       result.afterDoom = daemon.describeFrom(doom);
-      // The daemon's account of the kill: how many got SIGTERM, and SIGKILL once the grace ended.
+      // The daemon's account of the kill: how many members got SIGTERM, and how many SIGKILL
+      // (those born after the doom at once, the others if the grace ran out).
       const empty = await waitFor(() => daemon.treeEmpty(doom.tree), {
         what: "the daemon's tree_empty event for the host's tree",
         timeoutMs: EMPTY_DEADLINE_MS,
