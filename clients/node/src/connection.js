@@ -1,0 +1,137 @@
+// One connection to the daemon: JSON lines both ways, replies matched to their requests by id
+// (they may come out of order: a kill is answered only when its tree is empty), events handed
+// to a listener. The connection is the lease; it ends when the socket closes.
+
+import { createConnection } from "node:net";
+import { LeashError, connectionLost, daemonUnavailable } from "./errors.js";
+
+export const PROTOCOL_VERSION = 1;
+
+/** No reply is near this (a `list` is at most about 250 KB): a longer line is not the daemon. */
+const MAX_LINE_CHARS = 16 * 1024 * 1024;
+
+export class Connection {
+  #socket;
+  #path;
+  #pending = new Map();
+  #nextId = 1;
+  #partial = "";
+  #closed = false;
+  /** Why the daemon closed the connection, when it said so (a line without an id). */
+  #closeReason = null;
+  #onEvent;
+  #onClose;
+  #whenClosed;
+
+  /**
+   * Connects to `path` and says hello. Resolves to [connection, hello reply].
+   * @param {string} path
+   * @param {{ onEvent: (event: object) => void, onClose: (error: LeashError) => void }} handlers
+   */
+  static async open(path, handlers) {
+    const socket = await new Promise((resolve, reject) => {
+      const socket = createConnection({ path });
+      socket.once("connect", () => {
+        socket.off("error", reject);
+        resolve(socket);
+      });
+      socket.once("error", (error) => reject(daemonUnavailable(path, error)));
+    });
+    const connection = new Connection(socket, path, handlers);
+    try {
+      const reply = await connection.request({ op: "hello", protocol: PROTOCOL_VERSION });
+      return [connection, reply.hello];
+    } catch (error) {
+      socket.destroy();
+      throw error;
+    }
+  }
+
+  constructor(socket, path, { onEvent, onClose }) {
+    this.#socket = socket;
+    this.#path = path;
+    this.#onEvent = onEvent;
+    this.#onClose = onClose;
+    socket.setEncoding("utf8");
+    socket.on("data", (chunk) => this.#receive(chunk));
+    // A reset or a broken pipe: 'close' follows and says the rest.
+    socket.on("error", (error) => {
+      this.#closeReason ??= connectionLost(path, error.code ?? error.message);
+    });
+    this.#whenClosed = new Promise((resolve) => socket.once("close", resolve));
+    socket.once("close", () => this.#closedNow());
+  }
+
+  get closed() {
+    return this.#closed;
+  }
+
+  /** Sends one request; resolves to the reply's `ok` value, rejects with its error. */
+  request(body) {
+    if (this.#closed) {
+      return Promise.reject(this.#closeReason ?? connectionLost(this.#path));
+    }
+    const id = this.#nextId++;
+    return new Promise((resolve, reject) => {
+      this.#pending.set(id, { resolve, reject });
+      this.#socket.write(`${JSON.stringify({ id, ...body })}\n`);
+    });
+  }
+
+  /** Closes the connection (which ends the lease) and waits until it is closed. */
+  async close() {
+    if (!this.#closed) this.#socket.end();
+    await this.#whenClosed;
+  }
+
+  #receive(chunk) {
+    this.#partial += chunk;
+    let newline;
+    while ((newline = this.#partial.indexOf("\n")) !== -1) {
+      const line = this.#partial.slice(0, newline);
+      this.#partial = this.#partial.slice(newline + 1);
+      if (line.trim()) this.#line(line);
+    }
+    if (this.#partial.length > MAX_LINE_CHARS) {
+      this.#fail(`a line longer than ${MAX_LINE_CHARS} characters`);
+    }
+  }
+
+  #line(line) {
+    let message;
+    try {
+      message = JSON.parse(line);
+    } catch {
+      return this.#fail(`not JSON: ${line.slice(0, 200)}`);
+    }
+    if (message?.event) return this.#onEvent(message.event);
+    const waiter = typeof message?.id === "number" ? this.#pending.get(message.id) : undefined;
+    if (waiter) {
+      this.#pending.delete(message.id);
+      if (message.error) waiter.reject(new LeashError(message.error.code, message.error.message));
+      else waiter.resolve(message.ok);
+    } else if (message?.error && message.id == null) {
+      // The daemon says why before it closes (e.g. too many connections for this uid); a bad
+      // line of ours would get the same, but this library sends none.
+      this.#closeReason = new LeashError(message.error.code, message.error.message);
+    } else {
+      this.#fail(`a reply to no request: ${line.slice(0, 200)}`);
+    }
+  }
+
+  #fail(what) {
+    this.#closeReason ??= new LeashError(
+      "protocol",
+      `the leash daemon at ${this.#path} sent something unexpected: ${what}`,
+    );
+    this.#socket.destroy();
+  }
+
+  #closedNow() {
+    this.#closed = true;
+    const error = this.#closeReason ?? connectionLost(this.#path);
+    for (const { reject } of this.#pending.values()) reject(error);
+    this.#pending.clear();
+    this.#onClose(error);
+  }
+}

@@ -1,0 +1,308 @@
+// A lease: the host's connection to the daemon. Every tree registered under it is killed when
+// the host dies or the connection closes, unless released. Requests go over the connection;
+// commands are spawned through the `leash exec` shim with the lease's token.
+
+import { spawn as nodeSpawn } from "node:child_process";
+import { camelCase } from "./camel.js";
+import { claudeCodeSpawner } from "./claude.js";
+import { Connection } from "./connection.js";
+import { LeashError, connectionLost } from "./errors.js";
+import { EventReader } from "./events.js";
+import { leashBinary, socketPath } from "./locate.js";
+import { spawnArguments, spawnLeashed, validGrace } from "./spawn.js";
+
+const noop = () => {};
+const CONNECT = Symbol("Lease.connect");
+
+const closedError = () =>
+  new LeashError("closed", "this lease is closed: connect a new one (Lease.connect())");
+const unleashedError = () =>
+  new LeashError(
+    "unavailable",
+    "this lease is not on a leash (Lease.connect({ optional: true }) found no daemon): " +
+      "it has no trees",
+  );
+
+export class Lease {
+  #socket;
+  #leash = null;
+  #graceMs;
+  #leashed = true;
+  /** "open", "closing" (killing its trees) or "closed". */
+  #state = "open";
+  #closing = null;
+  #connection = null;
+  #connecting = null;
+  #token = null;
+  #id = null;
+  #daemonVersion = null;
+  /** Trees registered here and not yet released, killed or seen to die with their root. */
+  #trees = new Set();
+  /** child -> Promise of its tree id (null when unleashed). */
+  #registrations = new WeakMap();
+  #readers = new Set();
+  #subscription = null;
+
+  /**
+   * Connects to the daemon and opens a lease.
+   * @param {{ socket?: string, graceMs?: number, leash?: string, optional?: boolean }} [options]
+   */
+  static async connect(options = {}) {
+    const { socket, graceMs, leash, optional = false } = options;
+    const lease = new Lease(CONNECT, socketPath(socket), validGrace(graceMs));
+    try {
+      lease.#leash = leashBinary(leash);
+      await lease.#connect();
+    } catch (error) {
+      if (!optional || !(error instanceof LeashError) || error.code !== "unavailable") throw error;
+      process.emitWarning(
+        `leash is unavailable, so processes spawned through this lease are NOT on a leash: ` +
+          `they can outlive this host. ${error.message}`,
+        { type: "LeashWarning", code: "LEASH_UNLEASHED" },
+      );
+      lease.#leashed = false;
+    }
+    return lease;
+  }
+
+  constructor(key, socket, graceMs) {
+    if (key !== CONNECT) throw new TypeError("use `await Lease.connect(options)`");
+    this.#socket = socket;
+    this.#graceMs = graceMs;
+  }
+
+  /** False when `optional: true` found no daemon: spawns then run unleashed. */
+  get leashed() {
+    return this.#leashed;
+  }
+  /** The lease's id (the daemon's; a new one after a reconnection), or null. */
+  get id() {
+    return this.#id;
+  }
+  get socket() {
+    return this.#socket;
+  }
+  /** The absolute path of the `leash` binary spawns go through, or null if none was found. */
+  get leash() {
+    return this.#leash;
+  }
+  get daemonVersion() {
+    return this.#daemonVersion;
+  }
+
+  /**
+   * child_process.spawn on the leash: same arguments and result, plus the options `graceMs`
+   * and `keepOnRootExit`. A refusal is an 'error' event on the child.
+   */
+  spawn(command, args, options) {
+    [args, options] = spawnArguments(args, options);
+    if (this.#state !== "open") throw closedError();
+    const { graceMs, keepOnRootExit, ...nodeOptions } = options;
+    validGrace(graceMs);
+    if (!this.#leashed) {
+      const child = nodeSpawn(command, args, nodeOptions);
+      this.#registrations.set(child, Promise.resolve(null));
+      return child;
+    }
+    // After a lost connection, this spawn fails (its token is gone); the next one finds the
+    // lease reconnected.
+    if (!this.#connection) this.#connected().catch(noop);
+    const token = this.#token;
+    const { child, registration } = spawnLeashed(
+      {
+        leash: this.#leash,
+        socket: this.#socket,
+        token,
+        refusal: (code, message) => this.#refusal(token, code, message),
+      },
+      command,
+      args,
+      { ...options, graceMs: graceMs ?? this.#graceMs },
+    );
+    let tree = null;
+    let rootExited = false;
+    child.once("exit", () => {
+      rootExited = true;
+      // The daemon kills the rest of the tree with its root: nothing left to kill at close.
+      if (tree !== null && !keepOnRootExit) this.#trees.delete(tree);
+    });
+    const treeId = registration.then((registered) => {
+      tree = registered.tree;
+      if (keepOnRootExit || !rootExited) this.#trees.add(tree);
+      return tree;
+    });
+    treeId.catch(noop);
+    this.#registrations.set(child, treeId);
+    return child;
+  }
+
+  /** The tree id of a child this lease spawned (null when unleashed); rejects as it failed. */
+  treeOf(child) {
+    return (
+      this.#registrations.get(child) ??
+      Promise.reject(new TypeError("treeOf: this child was not spawned by this lease"))
+    );
+  }
+
+  /** Registers a running process, with the descendants it has, as the root of a new tree. */
+  async adopt(pid, options = {}) {
+    if (!this.#leashed) return null;
+    const grace = validGrace(options.graceMs) ?? this.#graceMs;
+    const request = { op: "register", pid };
+    if (grace !== undefined) request.grace_ms = grace;
+    if (options.keepOnRootExit) request.on_root_exit = "keep";
+    const reply = await this.#request(request);
+    this.#trees.add(reply.registered.tree);
+    return reply.registered.tree;
+  }
+
+  /** Kills a tree; resolves, with the daemon's summary, once it is empty. */
+  async kill(tree, options = {}) {
+    const grace = validGrace(options.graceMs);
+    const request = { op: "kill", tree };
+    if (grace !== undefined) request.grace_ms = grace;
+    const reply = await this.#request(request);
+    this.#trees.delete(tree);
+    return camelCase(reply.killed);
+  }
+
+  /** Stops enforcing a tree: it is left alone from now on, even when this lease ends. */
+  async release(tree) {
+    await this.#request({ op: "release", tree });
+    this.#trees.delete(tree);
+  }
+
+  /** This lease's trees, with their members, as the daemon lists them. */
+  async trees() {
+    if (!this.#leashed) return [];
+    const reply = await this.#request({ op: "list" });
+    const mine = reply.trees.filter((t) => this.#isMine(t));
+    // Forget the trees that are gone (an adopted root exited, a kept tree emptied).
+    const listed = new Set(mine.map((t) => t.tree));
+    for (const tree of this.#trees) if (!listed.has(tree)) this.#trees.delete(tree);
+    return camelCase(mine);
+  }
+
+  /**
+   * The daemon's events for the trees this host may see, as an async iterable (subscribes on
+   * first use). At most `maxBuffered` wait unread; past that they are counted in a `dropped`
+   * event. A lost connection ends it with the error.
+   */
+  events(options = {}) {
+    const reader = new EventReader(options.maxBuffered, (r) => this.#readers.delete(r));
+    if (!this.#leashed || this.#state !== "open") {
+      reader.end();
+      return reader;
+    }
+    this.#readers.add(reader);
+    this.#subscription ??= this.#request({ op: "subscribe" });
+    this.#subscription.catch((error) => {
+      this.#subscription = null;
+      this.#readers.delete(reader);
+      reader.end(error);
+    });
+    return reader;
+  }
+
+  /**
+   * Kills every tree of this lease that was not released, waits until they are empty, then
+   * closes the connection (which ends the lease).
+   */
+  close() {
+    this.#closing ??= this.#close();
+    return this.#closing;
+  }
+
+  /** A function for the Claude Agent SDK's `spawnClaudeCodeProcess` option. */
+  claudeCodeSpawner(options = {}) {
+    return claudeCodeSpawner(this, options);
+  }
+
+  async #close() {
+    if (this.#state !== "open") return;
+    this.#state = "closing";
+    const failures = [];
+    try {
+      if (this.#leashed && (this.#connection || this.#trees.size)) {
+        const connection = await this.#connected();
+        const { trees } = await connection.request({ op: "list" });
+        const doomed = new Set(trees.filter((t) => this.#isMine(t)).map((t) => t.tree));
+        const kills = [...doomed].map((tree) => connection.request({ op: "kill", tree }));
+        for (const result of await Promise.allSettled(kills)) {
+          if (result.status === "rejected" && result.reason?.code !== "not_found") {
+            failures.push(result.reason);
+          }
+        }
+        this.#trees.clear();
+      }
+    } catch (error) {
+      failures.push(error);
+    } finally {
+      this.#state = "closed";
+      await this.#connection?.close();
+      for (const reader of this.#readers) reader.end();
+      this.#readers.clear();
+    }
+    if (failures.length) throw failures[0];
+  }
+
+  #isMine(tree) {
+    return tree.lease === this.#id || this.#trees.has(tree.tree);
+  }
+
+  async #request(body) {
+    const connection = await this.#connected();
+    return connection.request(body);
+  }
+
+  /** The connection, reconnecting (a new lease) if it was lost. */
+  async #connected() {
+    if (this.#state === "closed") throw closedError();
+    if (!this.#leashed) throw unleashedError();
+    if (this.#connection) return this.#connection;
+    this.#connecting ??= this.#connect().finally(() => {
+      this.#connecting = null;
+    });
+    await this.#connecting;
+    return this.#connection ?? Promise.reject(connectionLost(this.#socket));
+  }
+
+  async #connect() {
+    const state = { connection: null };
+    const [connection, hello] = await Connection.open(this.#socket, {
+      onEvent: (event) => this.#event(event),
+      onClose: (error) => this.#lost(state, error),
+    });
+    state.connection = connection;
+    if (this.#state === "closed") {
+      await connection.close();
+      throw closedError();
+    }
+    this.#connection = connection;
+    this.#token = hello.lease.token;
+    this.#id = hello.lease.id;
+    this.#daemonVersion = hello.daemon_version;
+  }
+
+  #lost(state, error) {
+    if (state.connection === null || this.#connection !== state.connection) return;
+    this.#connection = null;
+    this.#subscription = null;
+    for (const reader of this.#readers) reader.end(this.#state === "open" ? error : null);
+    this.#readers.clear();
+  }
+
+  #event(event) {
+    const converted = camelCase(event);
+    for (const reader of this.#readers) reader.push(converted);
+  }
+
+  /** A refusal reported by the shim, as an error; one due to a lost connection says so. */
+  #refusal(token, code, message) {
+    const stale = token !== this.#token || !this.#connection;
+    if (stale && ["not_found", "unavailable", "failed"].includes(code)) {
+      return connectionLost(this.#socket, `${code}: ${message}`);
+    }
+    return new LeashError(code, message);
+  }
+}

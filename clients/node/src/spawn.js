@@ -1,0 +1,131 @@
+// child_process.spawn through the `leash exec` shim: the shim registers itself under the
+// host's lease and execs the command, so the command's pid is the shim's and it is on the
+// leash before it runs a single instruction. The lease token goes to the shim on a descriptor
+// of its own, never on argv or in the environment; the shim reports on another descriptor.
+
+import { spawn as nodeSpawn } from "node:child_process";
+import { LeashError, execFailed } from "./errors.js";
+import { holdLifecycle } from "./lifecycle.js";
+import { outcomeOf, readReport } from "./status.js";
+
+const noop = () => {};
+
+/** child_process.spawn's arguments as node reads them: (command, [args], [options]). */
+export function spawnArguments(args, options) {
+  if (args != null && !Array.isArray(args)) return [[], args];
+  return [args ? [...args] : [], options ?? {}];
+}
+
+/** The `stdio` option as an array of at least 3 entries, as node expands it. */
+export function stdioEntries(stdio = "pipe") {
+  if (typeof stdio === "string") {
+    const entry = stdio === "overlapped" ? "pipe" : stdio;
+    return [entry, entry, entry];
+  }
+  if (!Array.isArray(stdio)) {
+    throw new TypeError(`The "options.stdio" property must be a string or an array: ${stdio}`);
+  }
+  const entries = [...stdio];
+  while (entries.length < 3) entries.push(undefined);
+  return entries.map((entry, i) => entry ?? (i < 3 ? "pipe" : "ignore"));
+}
+
+/** The program and its arguments, with `shell` applied as node applies it. */
+export function shellApplied(command, args, shell) {
+  if (!shell) return [command, args];
+  const line = [command, ...args].join(" ");
+  return [typeof shell === "string" ? shell : "/bin/sh", ["-c", line]];
+}
+
+export function validGrace(graceMs, what = "graceMs") {
+  if (graceMs == null) return undefined;
+  if (!Number.isInteger(graceMs) || graceMs < 0) {
+    throw new RangeError(`${what} must be a whole number of milliseconds, 0 or more: ${graceMs}`);
+  }
+  return graceMs;
+}
+
+/**
+ * Spawns `command` on the leash.
+ * @param {object} shim `{ leash, socket, token, refusal(code, message) }`: the binary, the
+ *   daemon's socket, the lease token, and how to turn a refusal into an error
+ * @returns {{ child: import("node:child_process").ChildProcess, registration: Promise<{tree: number, root: number}> }}
+ */
+export function spawnLeashed(shim, command, args, options) {
+  const { graceMs, keepOnRootExit, argv0, shell, stdio, ...nodeOptions } = options;
+  const grace = validGrace(graceMs);
+  const [file, fileArgs] = shellApplied(command, args, shell);
+  const entries = [...stdioEntries(stdio), "pipe", "pipe"];
+  const leaseFd = entries.length - 2;
+  const statusFd = entries.length - 1;
+  const shimArgs = ["--socket", shim.socket, "exec", "--lease-fd", `${leaseFd}`];
+  shimArgs.push("--status-fd", `${statusFd}`);
+  if (typeof argv0 === "string") shimArgs.push("--argv0", argv0);
+  if (grace !== undefined) shimArgs.push("--grace", `${grace}ms`);
+  if (keepOnRootExit) shimArgs.push("--keep-on-root-exit");
+  shimArgs.push("--", file, ...fileArgs);
+
+  const child = nodeSpawn(shim.leash, shimArgs, { ...nodeOptions, stdio: entries });
+  const tokenStream = child.stdio[leaseFd];
+  const statusStream = child.stdio[statusFd];
+  // The host sees the stdio it asked for; these two are the shim's business.
+  child.stdio.length = leaseFd;
+  const done = () => {
+    tokenStream?.destroy();
+    statusStream?.destroy();
+  };
+
+  let registration;
+  if (!child.pid || !tokenStream || !statusStream) {
+    // The shim itself could not be started (node emits its own 'error', e.g. ENOENT for a
+    // leash binary removed since connect).
+    done();
+    registration = new Promise((_, reject) => child.once("error", reject));
+  } else {
+    const lifecycle = holdLifecycle(child);
+    tokenStream.on("error", noop);
+    tokenStream.end(`${shim.token}\n`);
+    registration = readReport(statusStream).then(async (lines) => {
+      done();
+      const outcome = outcomeOf(lines);
+      if (outcome.kind === "running") {
+        lifecycle.run();
+        return { tree: outcome.tree, root: outcome.root };
+      }
+      if (outcome.kind === "silent" && (child.killed || options.signal?.aborted)) {
+        // Stopped by the host (kill(), signal, timeout) before the shim could register it:
+        // what the host did, not a failure to report.
+        lifecycle.run();
+        throw new LeashError("failed", "the command was stopped before it was registered");
+      }
+      const error = await failure(outcome, lifecycle, shim, file, fileArgs);
+      lifecycle.fail(error);
+      throw error;
+    });
+  }
+  registration.catch(noop);
+  return { child, registration };
+}
+
+async function failure(outcome, lifecycle, shim, file, fileArgs) {
+  switch (outcome.kind) {
+    case "exec_failed":
+      return execFailed(file, fileArgs, outcome.errno, outcome.message);
+    case "refused":
+      return shim.refusal(outcome.code, outcome.message);
+    case "unreadable":
+      return new LeashError(
+        "failed",
+        `leash exec (${shim.leash}) reported something unexpected: ${outcome.line}`,
+      );
+    default: {
+      const [code, signal] = await lifecycle.exit;
+      return new LeashError(
+        "failed",
+        `leash exec (${shim.leash}) ended (${signal ? `signal ${signal}` : `exit code ${code}`}) ` +
+          "before saying whether the command was registered, so the command did not run; " +
+          "its standard error may say why (a leash older than `exec --status-fd` exits 2)",
+      );
+    }
+  }
+}

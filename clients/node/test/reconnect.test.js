@@ -1,0 +1,103 @@
+// A lease whose daemon hands over (SIGHUP: it exits and leaves every tree tracked in its pins)
+// and comes back: pending requests reject with 'unavailable', saying the trees stay enforced;
+// the next call reconnects with a new lease, and the trees registered before are still on the
+// leash. This suite runs a daemon of its own, on a socket and pins of its own.
+
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { rmSync } from "node:fs";
+import { createConnection } from "node:net";
+import { test } from "node:test";
+import { Lease, LeashError } from "../src/index.js";
+import { alive, comm, exited, stop, tempDir, testEnv, waitFor } from "./helpers.js";
+
+/** `leash daemon` on `socket` and `pins`, serving once this resolves. */
+async function startDaemon(socket, pins, log) {
+  const daemon = spawn(testEnv.leash, ["daemon", "--socket", socket, "--pin-dir", pins], {
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  daemon.stderr.setEncoding("utf8").on("data", (d) => log.push(d));
+  const accepts = () =>
+    new Promise((resolve) => {
+      const probe = createConnection({ path: socket });
+      probe.once("connect", () => resolve(probe.destroy() || true));
+      probe.once("error", () => resolve(false));
+    });
+  await waitFor(async () => daemon.exitCode !== null || (await accepts()), {
+    what: "the daemon to serve",
+    detail: () => log.join(""),
+  });
+  assert.equal(daemon.exitCode, null, `the daemon exited: ${log.join("")}`);
+  return daemon;
+}
+
+const isLost = (error) =>
+  error instanceof LeashError && error.code === "unavailable" && /stay enforced/.test(error.message);
+
+test("a daemon hand-over: pending calls reject as unavailable, the next reconnects, trees stay on the leash", async (t) => {
+  const dir = tempDir("handover", 0o700);
+  t.after(dir.remove);
+  const socket = `${dir.path}/leash.sock`;
+  // Under the driver's pin root when it names one, so that it removes them however this ends.
+  const pins = `${process.env.LEASH_TEST_PIN_ROOT || "/sys/fs/bpf"}/leash-node-test-${process.pid}`;
+  const log = [];
+  let daemon = await startDaemon(socket, pins, log);
+  t.after(async () => {
+    await stop(daemon, "SIGTERM");
+    rmSync(pins, { recursive: true, force: true });
+  });
+
+  const lease = await Lease.connect({ socket });
+  t.after(() => lease.close().catch(() => {}));
+  const firstId = lease.id;
+  const sleeper = lease.spawn("sleep", ["600"], { stdio: "ignore" });
+  t.after(() => stop(sleeper));
+  // A member deaf to SIGTERM (ignored across exec) with a long grace: its kill is still
+  // pending at the hand-over. It forks nothing: a doomed tree's members die as they fork.
+  const deaf = lease.spawn("sh", ["-c", 'trap "" TERM; exec sleep 600'], {
+    stdio: "ignore",
+    graceMs: 600_000,
+  });
+  t.after(() => stop(deaf));
+  const [sleeperTree, deafTree] = await Promise.all([lease.treeOf(sleeper), lease.treeOf(deaf)]);
+  // Once it runs sleep, it ignores SIGTERM.
+  await waitFor(() => comm(deaf.pid) === "sleep", { what: "the TERM-deaf shell to exec sleep" });
+  const events = lease.events();
+  const pendingKill = lease.kill(deafTree);
+  // Handled from now on: they reject as soon as the daemon goes.
+  const killLost = assert.rejects(pendingKill, isLost);
+  const eventsLost = assert.rejects(async () => {
+    for (;;) assert.ok(!(await events.next()).done, "the events ended without saying why");
+  }, isLost);
+  await waitFor(async () => (await lease.trees()).some((i) => i.tree === deafTree && i.state === "killing"), {
+    what: "the kill to be under way",
+  });
+
+  daemon.kill("SIGHUP");
+  assert.deepEqual(await exited(daemon), [0, null], log.join(""));
+  await killLost;
+  await eventsLost;
+
+  // No daemon: a spawn fails (an 'error' event), and so does a call.
+  const refused = lease.spawn("true");
+  const [error] = await new Promise((resolve) => refused.once("error", (...args) => resolve(args)));
+  assert.ok(isLost(error), `${error}`);
+  await assert.rejects(lease.trees(), (e) => e.code === "unavailable");
+  assert.ok(alive(sleeper.pid), "the daemon's absence kills nothing");
+  assert.ok(alive(deaf.pid), "nor does it end the grace of a kill under way");
+
+  daemon = await startDaemon(socket, pins, log);
+  const trees = await lease.trees();
+  assert.notEqual(lease.id, firstId, "a new lease");
+  assert.deepEqual(trees.map((i) => i.tree).sort(), [sleeperTree, deafTree].sort(), "still on the leash");
+  // The new daemon resumed the kill; asking again with no grace finishes it.
+  const summary = await lease.kill(deafTree, { graceMs: 0 });
+  assert.equal(summary.tree, deafTree);
+  assert.deepEqual(await exited(deaf), [null, "SIGKILL"]);
+
+  const after = lease.spawn("sleep", ["600"], { stdio: "ignore" });
+  t.after(() => stop(after));
+  assert.equal(typeof (await lease.treeOf(after)), "number", "spawns work again");
+  await lease.close();
+  assert.ok(!alive(sleeper.pid) && !alive(after.pid), "close killed the trees of both leases");
+});

@@ -1,0 +1,314 @@
+//! The Node.js host library (clients/node) against the real daemon: runs its node:test suites,
+//! clients/node/test/*.test.js, with `node --test`, as root. They get a daemon of their own, a
+//! second one with a small tree limit, an unprivileged uid to run hosts as, and a copy of the
+//! package that every user may read. Everything they start runs inside a cgroup of this test's,
+//! killed and removed however they end.
+
+use std::{
+    fs,
+    os::unix::{fs::PermissionsExt, process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use leash_tests::{
+    Removed, cgroup2_root,
+    daemon::{Daemon, USER_A},
+    wait_for,
+};
+
+/// Set to 1 (by `cargo xtask test` on a machine without Node.js) to leave these tests out.
+const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
+/// The tree limit of the second daemon, for the tests of a refused spawn.
+const MAX_TREES: &str = "2";
+/// For the whole suite: each test awaits its conditions with deadlines of its own.
+const SUITE_DEADLINE: Duration = Duration::from_secs(20 * 60);
+
+#[test]
+fn the_node_host_library_passes_its_tests_against_the_real_daemon() {
+    if skipped() {
+        return;
+    }
+    let node = Node::find();
+    let mut command = Command::new(&node.path);
+    command.arg("--test");
+    if node.major >= 20 {
+        command.arg("--test-reporter=spec");
+    }
+    run_suites("node", &node.version, command, |_| true);
+}
+
+/// The same suites on Bun (`bun test` runs node:test suites), when Bun is there: the npm
+/// package `bun` in the hosts' cache, LEASH_TEST_BUN, or `bun` on PATH. The Claude Agent SDK's
+/// test runs on Node only.
+#[test]
+fn the_node_host_library_passes_its_tests_on_bun() {
+    if skipped() {
+        return;
+    }
+    let Some(bun) = find_bun() else {
+        println!(
+            "NOT RUN: no Bun (LEASH_TEST_BUN, {}, or `bun` on PATH); `npm install bun` into \
+             the hosts' cache runs these suites on Bun too",
+            hosts_cache().join("node_modules/.bin/bun").display()
+        );
+        return;
+    };
+    let version = Command::new(&bun)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|e| panic!("running {} --version: {e}", bun.display()));
+    let mut command = Command::new(&bun);
+    // Bun's default is 5 s a test; the tests keep deadlines of their own.
+    command.args(["test", "--timeout", "300000"]);
+    run_suites("bun", &format!("Bun {version}"), command, |name| {
+        !name.starts_with("claude")
+    });
+}
+
+fn skipped() -> bool {
+    let skip = std::env::var(SKIP_VAR).is_ok_and(|v| v == "1");
+    if skip {
+        eprintln!("SKIPPED: {SKIP_VAR}=1: the Node.js host library's tests are left out");
+    }
+    skip
+}
+
+/// Runs `runner` on the test files `wanted` keeps, against fresh daemons, inside a cgroup of
+/// its own, and asserts that they pass.
+fn run_suites(label: &str, version: &str, runner: Command, wanted: impl Fn(&str) -> bool) {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let Some(limited) = Daemon::start(&["--max-trees-per-uid", MAX_TREES]) else {
+        return;
+    };
+    // The hosts run as USER_A, who may not read the clone.
+    let package = daemon.dir.join("clients-node");
+    copy_readable(&workspace().join("clients/node"), &package);
+    let tests = test_files(&package.join("test"), wanted);
+    // Where the tests pin the daemons they run themselves; declared first, so removed last,
+    // after the cgroups (and whatever was left in them).
+    let pins = Removed(PathBuf::from(format!(
+        "/sys/fs/bpf/leash-node-tests-{label}-{}",
+        std::process::id()
+    )));
+    let groups = CgroupTree::new(label);
+    let log = daemon.dir.join("node-test.log");
+    let log_file = fs::File::create(&log).unwrap();
+    let mut command = groups.command(runner.get_program());
+    command
+        .args(runner.get_args())
+        .args(&tests)
+        .current_dir(&package)
+        .env("LEASH_SOCKET", &daemon.socket)
+        .env("LEASH_BIN", daemon.leash_for_anyone())
+        .env("LEASH_TEST_USER", USER_A.to_string())
+        .env("LEASH_TEST_LIMITED_SOCKET", &limited.socket)
+        .env("LEASH_TEST_MAX_TREES", MAX_TREES)
+        .env(
+            "LEASH_TEST_NODE_MODULES",
+            hosts_cache().join("node_modules"),
+        )
+        .env("LEASH_TEST_CGROUP_PARENT", &groups.path)
+        .env("LEASH_TEST_PIN_ROOT", &pins.0)
+        .env_remove("LEASH_LEASE")
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().unwrap())
+        .stderr(log_file)
+        // A group of its own, to stop the runner and its per-file processes if time runs out.
+        .process_group(0);
+    let started = Instant::now();
+    let mut child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {label}: {e}"));
+    let finished = wait_for(SUITE_DEADLINE, || child.try_wait().unwrap().is_some());
+    if !finished {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", child.id())])
+            .status();
+    }
+    let status = child.wait().unwrap();
+    let output = fs::read_to_string(&log).unwrap_or_default();
+    println!(
+        "{label}: {} suites ({version}, {:.1} s):\n{output}",
+        tests.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        finished,
+        "the {label} tests did not finish in {SUITE_DEADLINE:?}:\n{output}"
+    );
+    assert!(
+        status.success(),
+        "the {label} tests failed ({status}):\n{output}"
+    );
+}
+
+fn find_bun() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("LEASH_TEST_BUN") {
+        return Some(path.into());
+    }
+    let cached = hosts_cache().join("node_modules/.bin/bun");
+    if cached.is_file() {
+        return Some(cached);
+    }
+    on_path("bun")
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+struct Node {
+    path: PathBuf,
+    version: String,
+    major: u32,
+}
+
+impl Node {
+    /// `node` on PATH, 18 or later, or a failure that says how to get it.
+    fn find() -> Self {
+        let how = format!(
+            "the Node.js host library's tests need Node.js 18 or later: `cargo xtask test` \
+             installs it (apt-get install nodejs), or set {SKIP_VAR}=1 to leave them out"
+        );
+        let path = on_path("node").unwrap_or_else(|| panic!("no `node` on PATH: {how}"));
+        let output = Command::new(&path)
+            .arg("--version")
+            .output()
+            .unwrap_or_else(|e| panic!("running {} --version: {e}: {how}", path.display()));
+        let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        let major = version
+            .trim_start_matches('v')
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        assert!(
+            major >= 18,
+            "{} is Node.js {version}: {how}",
+            path.display()
+        );
+        Self {
+            path,
+            version,
+            major,
+        }
+    }
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace")
+        .to_owned()
+}
+
+/// Where `cargo xtask test` installs the npm packages of the hosts' tests (the Claude Agent
+/// SDK): LEASH_HOSTS_CACHE, or /var/cache/leash-hosts.
+fn hosts_cache() -> PathBuf {
+    std::env::var_os("LEASH_HOSTS_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/leash-hosts"), PathBuf::from)
+}
+
+/// Copies the package (without any node_modules) where every user may read it.
+fn copy_readable(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    fs::set_permissions(to, fs::Permissions::from_mode(0o755)).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let (source, target) = (entry.path(), to.join(entry.file_name()));
+        let kind = entry.file_type().unwrap();
+        if kind.is_dir() && entry.file_name() != "node_modules" {
+            copy_readable(&source, &target);
+        } else if kind.is_file() {
+            fs::copy(&source, &target).unwrap();
+            let executable = entry.metadata().unwrap().permissions().mode() & 0o111 != 0;
+            let mode = if executable { 0o755 } else { 0o644 };
+            fs::set_permissions(&target, fs::Permissions::from_mode(mode)).unwrap();
+        }
+    }
+}
+
+/// The suites, listed (node 18 and 20 take no glob, and differ on directories).
+fn test_files(dir: &Path, wanted: impl Fn(&str) -> bool) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(".test.js") && wanted(n))
+        })
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no *.test.js in {}", dir.display());
+    files
+}
+
+/// A cgroup that holds the test runner, and under which the tests make their own groups
+/// (LEASH_TEST_CGROUP_PARENT). Dropping it kills everything in it, however the tests ended,
+/// and removes it with every group below it.
+struct CgroupTree {
+    path: PathBuf,
+}
+
+impl CgroupTree {
+    fn new(label: &str) -> Self {
+        let path = cgroup2_root().join(format!("leash-node-tests-{label}-{}", std::process::id()));
+        fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("creating the cgroup {}: {e}", path.display()));
+        Self { path }
+    }
+
+    /// A command that joins the group, then execs `program`.
+    fn command(&self, program: &std::ffi::OsStr) -> Command {
+        let mut command = Command::new("sh");
+        command
+            .args(["-c", r#"echo $$ > "$0" && exec "$@""#])
+            .arg(self.path.join("cgroup.procs"))
+            .arg(program);
+        command
+    }
+
+    fn populated(&self) -> bool {
+        fs::read_to_string(self.path.join("cgroup.events"))
+            .map(|events| !events.contains("populated 0"))
+            .unwrap_or(false)
+    }
+}
+
+/// The groups below `dir`, deepest first.
+fn groups_below(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            groups_below(&entry.path(), out);
+            out.push(entry.path());
+        }
+    }
+}
+
+impl Drop for CgroupTree {
+    fn drop(&mut self) {
+        // cgroup.kill kills the whole subtree.
+        let _ = fs::write(self.path.join("cgroup.kill"), "1");
+        if !wait_for(Duration::from_secs(30), || !self.populated()) {
+            eprintln!("processes are left in {}", self.path.display());
+        }
+        let mut groups = Vec::new();
+        groups_below(&self.path, &mut groups);
+        groups.push(self.path.clone());
+        for group in groups {
+            if let Err(e) = fs::remove_dir(&group) {
+                eprintln!("could not remove {}: {e}", group.display());
+            }
+        }
+    }
+}
