@@ -205,8 +205,11 @@ export declare class Lease {
   trees(): Promise<TreeInfo[]>;
   /** The daemon's events (subscribes on first use). */
   events(options?: EventsOptions): AsyncIterableIterator<LeashEvent>;
-  /** Kills every tree not released, waits until they are empty, and ends the lease. */
-  close(): Promise<void>;
+  /**
+   * Kills every tree not released (with `graceMs`, else each tree's own grace), waits until
+   * they are empty, and ends the lease.
+   */
+  close(options?: { graceMs?: number }): Promise<void>;
   /** A `spawnClaudeCodeProcess` for the Claude Agent SDK's query() options. */
   claudeCodeSpawner(
     options?: ClaudeCodeSpawnerOptions,

@@ -15,7 +15,10 @@ export class EventReader {
   #onReturn;
 
   constructor(maxBuffered = DEFAULT_MAX_BUFFERED, onReturn = () => {}) {
-    this.#max = Math.max(1, maxBuffered);
+    if (!Number.isInteger(maxBuffered) || maxBuffered < 1) {
+      throw new RangeError(`maxBuffered must be a whole number, 1 or more: ${maxBuffered}`);
+    }
+    this.#max = maxBuffered;
     this.#onReturn = onReturn;
   }
 

@@ -205,11 +205,12 @@ export class Lease {
   }
 
   /**
-   * Kills every tree of this lease that was not released, waits until they are empty, then
-   * closes the connection (which ends the lease).
+   * Kills every tree of this lease that was not released (with `graceMs`, else each tree's
+   * own), waits until they are empty, then closes the connection (which ends the lease).
    */
-  close() {
-    this.#closing ??= this.#close();
+  async close(options = {}) {
+    const grace = validGrace(options.graceMs);
+    this.#closing ??= this.#close(grace);
     return this.#closing;
   }
 
@@ -218,7 +219,7 @@ export class Lease {
     return claudeCodeSpawner(this, options);
   }
 
-  async #close() {
+  async #close(grace) {
     if (this.#state !== "open") return;
     this.#state = "closing";
     const failures = [];
@@ -227,7 +228,8 @@ export class Lease {
         const connection = await this.#connected();
         const { trees } = await connection.request({ op: "list" });
         const doomed = new Set(trees.filter((t) => this.#isMine(t)).map((t) => t.tree));
-        const kills = [...doomed].map((tree) => connection.request({ op: "kill", tree }));
+        const kill = (tree) => ({ op: "kill", tree, ...(grace !== undefined && { grace_ms: grace }) });
+        const kills = [...doomed].map((tree) => connection.request(kill(tree)));
         for (const result of await Promise.allSettled(kills)) {
           if (result.status === "rejected" && result.reason?.code !== "not_found") {
             failures.push(result.reason);
@@ -246,8 +248,15 @@ export class Lease {
     if (failures.length) throw failures[0];
   }
 
+  /**
+   * Whether a listed tree is this lease's: registered under this connection, or before a
+   * reconnection by this host (the daemon that took over holds those under a lease of its
+   * own, with this process as host; ids of leases are a daemon's, not kept across daemons).
+   */
   #isMine(tree) {
-    return tree.lease === this.#id || this.#trees.has(tree.tree);
+    return (
+      tree.lease === this.#id || (this.#trees.has(tree.tree) && tree.host_pid === process.pid)
+    );
   }
 
   async #request(body) {

@@ -48,8 +48,7 @@ test("a daemon hand-over: pending calls reject as unavailable, the next reconnec
   });
 
   const lease = await Lease.connect({ socket });
-  t.after(() => lease.close().catch(() => {}));
-  const firstId = lease.id;
+  t.after(() => lease.close({ graceMs: 0 }).catch(() => {}));
   const sleeper = lease.spawn("sleep", ["600"], { stdio: "ignore" });
   t.after(() => stop(sleeper));
   // A member deaf to SIGTERM (ignored across exec) with a long grace: its kill is still
@@ -88,8 +87,11 @@ test("a daemon hand-over: pending calls reject as unavailable, the next reconnec
 
   daemon = await startDaemon(socket, pins, log);
   const trees = await lease.trees();
-  assert.notEqual(lease.id, firstId, "a new lease");
   assert.deepEqual(trees.map((i) => i.tree).sort(), [sleeperTree, deafTree].sort(), "still on the leash");
+  for (const info of trees) {
+    assert.equal(info.hostPid, process.pid, "held for this host by the daemon that took over");
+    assert.notEqual(info.lease, lease.id, "under a lease of that daemon's, not the new connection's");
+  }
   // The new daemon resumed the kill; asking again with no grace finishes it.
   const summary = await lease.kill(deafTree, { graceMs: 0 });
   assert.equal(summary.tree, deafTree);
