@@ -1,6 +1,6 @@
 //! What the tests of the host libraries need: a Python virtual environment with pytest and the
 //! Python package installed from clients/python, Node.js 18 or later, and the Claude Agent SDK
-//! with the Claude Code CLI from npm, in a cache outside the clone (it is about 250 MB).
+//! with the Claude Code CLI and Bun from npm, in a cache outside the clone (a 230 MB download).
 
 use std::{
     env, fs,
@@ -18,11 +18,36 @@ pub const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
 
 const PYTEST: &str = "pytest==8.3.5";
 
-/// The npm packages the Claude Agent SDK test runs, at the versions it was written against.
+/// The npm packages the host libraries' tests run, at the versions they were written against:
+/// the Claude Agent SDK and the Claude Code CLI, TypeScript and Node's types (to type-check the
+/// SDK example), and Bun (the Node suites run on it too). Optional dependencies are left out
+/// (the SDK's own copy of the CLI is another 400 MB), so the native builds of the CLI and of Bun
+/// are named (see [`npm_packages`]); the SDK's peers are types only.
 const NPM_PACKAGES: &[&str] = &[
-    "@anthropic-ai/claude-agent-sdk@0.1.0",
-    "@anthropic-ai/claude-code@2.0.0",
+    "@anthropic-ai/claude-agent-sdk@0.3.332",
+    "typescript@5.9.3",
+    "@types/node@20.19.43",
 ];
+const CLAUDE_CODE_VERSION: &str = "2.1.332";
+const BUN_VERSION: &str = "1.4.5";
+
+/// [`NPM_PACKAGES`], and the Claude Code CLI and Bun with their native builds for this machine.
+fn npm_packages() -> Result<Vec<String>> {
+    // How each names the architecture.
+    let (claude_arch, bun_arch) = match env::consts::ARCH {
+        "x86_64" => ("x64", "x64"),
+        "aarch64" => ("arm64", "aarch64"),
+        other => bail!("the Claude Code CLI has no build for {other}; set {SKIP_VAR}=1"),
+    };
+    let mut packages: Vec<String> = NPM_PACKAGES.iter().map(|p| p.to_string()).collect();
+    packages.extend([
+        format!("@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}"),
+        format!("@anthropic-ai/claude-code-linux-{claude_arch}@{CLAUDE_CODE_VERSION}"),
+        format!("bun@{BUN_VERSION}"),
+        format!("@oven/bun-linux-{bun_arch}@{BUN_VERSION}"),
+    ]);
+    Ok(packages)
+}
 
 /// Where the npm packages are installed, unless LEASH_HOSTS_CACHE says otherwise. The tests
 /// find them in its node_modules, which every user may read (the hosts run unprivileged).
@@ -112,14 +137,15 @@ fn ensure_node() -> Result<()> {
 /// names them).
 fn install_npm_packages(cache: &Path) -> Result<()> {
     let stamp = cache.join("installed");
-    let wanted = NPM_PACKAGES.join("\n");
+    let packages = npm_packages()?;
+    let wanted = packages.join("\n");
     if fs::read_to_string(&stamp).is_ok_and(|found| found == wanted) {
         return Ok(());
     }
     fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
     eprintln!(
-        "xtask: installing {} into {} (once; about 250 MB)",
-        NPM_PACKAGES.join(" "),
+        "xtask: installing {} into {} (once; about 230 MB)",
+        packages.join(" "),
         cache.display()
     );
     status(
@@ -132,7 +158,7 @@ fn install_npm_packages(cache: &Path) -> Result<()> {
                 "--prefix",
             ])
             .arg(cache)
-            .args(NPM_PACKAGES),
+            .args(&packages),
     )?;
     fs::write(&stamp, wanted).with_context(|| format!("writing {}", stamp.display()))
 }
