@@ -88,7 +88,8 @@ def test_kill_release_and_events(cgroups: Callable[[str], Cgroup]) -> None:
             assert killed_group.procs() == set(), "kill returned before the tree was empty"
             assert summary.terminated == 3 and summary.killed >= 1, summary
             assert summary.reason == "request"
-            assert await doomed.wait() == -9
+            # SIGKILLed (-9), or it saw the sleep it waits for SIGKILLed first (128 + 9).
+            assert await doomed.wait() in (-9, 128 + 9)
             seen: List[leash.Event] = []
             async for event in events:
                 seen.append(event)
@@ -101,6 +102,21 @@ def test_kill_release_and_events(cgroups: Callable[[str], Cgroup]) -> None:
     kept_pid = run(host())
     # The lease is closed; the released tree runs on.
     assert kept_group.procs() == {kept_pid}
+
+
+def test_events_subscribe_when_first_read() -> None:
+    async def host() -> None:
+        async with leash.AsyncLease() as lease:
+            events = lease.events()
+            assert await events.get(timeout=0) is None  # read once: subscribed from now on
+            proc = await lease.create_subprocess_exec("true")
+            async for event in events:
+                if event.kind == "tree_empty" and event.tree == leash.tree_of(proc):
+                    assert event.kill is not None and event.kill.reason == "root_exited"
+                    break
+            assert await proc.wait() == 0
+
+    run(host())
 
 
 def test_optional_falls_back_loudly(tmp_path: Path) -> None:
@@ -157,8 +173,9 @@ def test_a_sigkilled_acp_host_takes_its_stubborn_agent_and_its_setsid_tool_along
             lines.until(lambda line: "tool_call" in line and "in_progress" in line)
             # Both are at work: the agent (in a session of its own) and its setsid tool.
             assert wait_until(lambda: len(beats(agent_beat)) >= 3 and len(beats(tool_beat)) >= 3)
+            # The agent, its tool, and the tool's `sleep` now and then.
             members = cgroup.procs() - {host.pid}
-            assert len(members) >= 3, f"the agent and its tool are not all there: {members}"
+            assert len(members) >= 2, f"the agent and its tool are not both there: {members}"
 
             killed_at = time.time()
             host.kill()

@@ -19,7 +19,7 @@ CHAIN = (
 )
 
 
-def start_chain(lease: leash.Lease, cgroup: Cgroup, depth: int) -> subprocess.Popen:  # type: ignore[type-arg]
+def start_chain(lease: leash.Lease, cgroup: Cgroup, depth: int) -> leash.LeashedPopen:
     proc = lease.popen(cgroup.wrap(["sh", "-c", CHAIN, CHAIN, str(depth)]))
     assert wait_until(lambda: len(cgroup.procs()) == depth + 1), cgroup.procs()
     return proc

@@ -35,6 +35,10 @@ class HeldTrees:
         with self._lock:
             self._held.pop(tree, None)
 
+    def __contains__(self, tree: object) -> bool:
+        with self._lock:
+            return tree in self._held
+
     def snapshot(self) -> Dict[int, Held]:
         with self._lock:
             return dict(self._held)

@@ -223,17 +223,17 @@ def exec_error(report: Mapping[str, Any], program: StrOrBytesPath) -> OSError:
     return OSError(str(report.get("message", f"could not execute {os.fsdecode(program)}")))
 
 
-def no_word(returncode: Optional[int], stderr: Optional[bytes]) -> LeashError:
+def no_word(leash: str, returncode: Optional[int], stderr: Optional[bytes]) -> LeashError:
     """The shim ended before it could say anything: killed, or a leash too old to know
-    --status-fd."""
+    --status-fd (which then says so on stderr and exits 2)."""
     said = (
-        f"; it said: {stderr.decode(errors='replace').strip()}"
+        f": it said {stderr.decode(errors='replace').strip()!r}"
         if stderr
         else "; its standard error says why"
     )
     return LeashError(
-        f"leash exec ended without a word (exit status {returncode}){said}. A leash binary "
-        "older than the --status-fd option cannot serve this library: upgrade leash"
+        f"leash exec ended without a word (exit status {returncode}){said}. It was killed, "
+        f"or {leash} is older than its --status-fd option: then upgrade leash"
     )
 
 

@@ -10,7 +10,19 @@ import logging
 import os
 from asyncio.subprocess import Process
 from types import TracebackType
-from typing import Any, Awaitable, Callable, Deque, Dict, List, Optional, Tuple, Type
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Deque,
+    Dict,
+    Generator,
+    List,
+    Optional,
+    Tuple,
+    Type,
+    Union,
+)
 
 from . import _shim
 from ._fallback import warn_unleashed
@@ -41,16 +53,22 @@ log = logging.getLogger("leash")
 
 class AsyncEventStream:
     """The events of a lease's trees, as they happen: `async for event in stream`, or `await
-    stream.get(timeout)`. It ends when the lease is closed (or the stream is), and raises
-    Unavailable once the events received before the connection was lost are read."""
+    stream.get(timeout)`. It subscribes when first read, or when awaited (`stream = await
+    lease.events()`: events from then on). It ends when the lease is closed (or the stream
+    is), and raises Unavailable once the events received before the connection was lost are
+    read."""
 
     def __init__(
-        self, wanted: Callable[[Event], bool], capacity: int = EVENT_QUEUE_CAPACITY
+        self,
+        subscribe: Callable[[AsyncEventStream], Awaitable[None]],
+        capacity: int = EVENT_QUEUE_CAPACITY,
     ) -> None:
-        self._wanted = wanted
+        self._subscribe: Optional[Callable[[AsyncEventStream], Awaitable[None]]] = subscribe
+        self._wanted: Callable[[Event], bool] = lambda event: False
         self._capacity = capacity
         self._events: Deque[Event] = collections.deque()
-        self._changed = asyncio.Event()
+        # Made once a loop runs it (an asyncio.Event of Python 3.9 binds to a loop when made).
+        self._changed: Optional[asyncio.Event] = None
         self._dropped = 0
         self._ended = False
         self._error: Optional[LeashError] = None
@@ -66,18 +84,33 @@ class AsyncEventStream:
             self._events.append(Event.dropped(self._dropped))
             self._dropped = 0
         self._events.append(event)
-        self._changed.set()
+        if self._changed is not None:
+            self._changed.set()
 
     def _end(self, error: Optional[LeashError]) -> None:
         if not self._ended:
             self._ended = True
             self._error = error
-        self._changed.set()
+        if self._changed is not None:
+            self._changed.set()
+
+    async def _subscribed(self) -> AsyncEventStream:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        subscribe, self._subscribe = self._subscribe, None
+        if subscribe is not None:
+            await subscribe(self)
+        return self
+
+    def __await__(self) -> Generator[Any, None, AsyncEventStream]:
+        return self._subscribed().__await__()
 
     async def get(self, timeout: Optional[float] = None) -> Optional[Event]:
         """The next event; None if `timeout` seconds pass first or the stream has ended (see
         `ended`). Raises Unavailable when the connection was lost."""
+        await self._subscribed()
         if not self._events and not self._ended:
+            assert self._changed is not None
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout)
@@ -106,6 +139,7 @@ class AsyncEventStream:
 
     def close(self) -> None:
         """Stops receiving; events already queued can still be read."""
+        self._subscribe = None
         if self._on_close is not None:
             self._on_close(self)
         self._end(None)
@@ -392,7 +426,7 @@ class AsyncLease:
 
     async def create_subprocess_shell(
         self,
-        cmd: _shim.StrOrBytesPath,
+        cmd: Union[str, bytes],
         grace: Optional[float] = None,
         keep_on_root_exit: bool = False,
         **kwds: Any,
@@ -463,7 +497,7 @@ class AsyncLease:
             self._held.add(status.tree, proc.pid, generation)
             return proc
         if status.error is None:
-            error: BaseException = _shim.no_word(*await _reap(proc, read_stderr=True))
+            error: BaseException = _shim.no_word(leash, *await _reap(proc, read_stderr=True))
         else:
             error = status.error
             await _reap(proc, read_stderr=False)
@@ -521,16 +555,18 @@ class AsyncLease:
         listing = parse_trees(await connection.request("list"))
         return [t for t in listing if self._held.is_mine(t, connection.lease.id)]
 
-    async def events(self) -> AsyncEventStream:
-        """A stream of this lease's events from now on (subscribes the first time):
-        `async for event in await lease.events()`."""
-        connection = await self._connect()
-        lease_id = connection.lease.id
-        stream = AsyncEventStream(
-            lambda e: e.lease == lease_id or e.tree in self._held.snapshot()
-        )
-        await connection.subscribe(stream)
-        return stream
+    def events(self) -> AsyncEventStream:
+        """A stream of this lease's events: `async for event in lease.events()`. It subscribes
+        when first read; `stream = await lease.events()` subscribes at once, for the events
+        of what is spawned next."""
+
+        async def subscribe(stream: AsyncEventStream) -> None:
+            connection = await self._connect()
+            lease_id = connection.lease.id
+            stream._wanted = lambda e: e.lease == lease_id or e.tree in self._held
+            await connection.subscribe(stream)
+
+        return AsyncEventStream(subscribe)
 
     # -- the end ---------------------------------------------------------------------------
 

@@ -185,11 +185,13 @@ class Lease:
         finally:
             pipes.close()
         if status.tree is not None and status.error is None:
+            # What the caller asked to run, as Popen keeps it (CalledProcessError shows it).
+            proc.args = args
             proc.leash_tree = status.tree
             self._held.add(status.tree, proc.pid, generation)
             return proc
         if status.error is None:
-            error: BaseException = _shim.no_word(*_reap(proc, read_stderr=True))
+            error: BaseException = _shim.no_word(leash, *_reap(proc, read_stderr=True))
         else:
             error = status.error
             _reap(proc, read_stderr=False)
@@ -251,7 +253,7 @@ class Lease:
         connection = self._connect()
         lease_id = connection.lease.id
         stream = EventStream(
-            lambda e: e.lease == lease_id or e.tree in self._held.snapshot()
+            lambda e: e.lease == lease_id or e.tree in self._held
         )
         connection.subscribe(stream)
         return stream
@@ -319,7 +321,7 @@ class Lease:
 def _read_to_end(fd: int) -> bytes:
     """What the shim writes on its status descriptor, up to its end of file (the command runs,
     or the shim is gone)."""
-    chunks = []
+    chunks: List[bytes] = []
     size = 0
     while True:
         chunk = os.read(fd, 4096)
