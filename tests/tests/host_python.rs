@@ -8,10 +8,13 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
 };
 
-use leash_tests::daemon::{Daemon, USER_A};
+use leash_tests::{
+    Cgroup,
+    daemon::{Daemon, USER_A},
+};
 
 /// Trees per non-root uid: small, so that a host reaches the limit at once.
 const MAX_TREES: &str = "3";
@@ -22,12 +25,7 @@ fn python_host_library() {
         return;
     };
     let workspace = workspace();
-    let python = workspace.join("target/hosts/python/bin/python");
-    assert!(
-        python.is_file(),
-        "no Python environment at {}: run `cargo xtask test`, which creates it",
-        python.display()
-    );
+    let python = venv_python();
     let output = Command::new(&python)
         .args([
             "-m",
@@ -39,7 +37,10 @@ fn python_host_library() {
             "no:cacheprovider",
         ])
         // pytest's temporary directories go with the daemon's, which is removed on drop.
-        .arg(format!("--basetemp={}", daemon.dir.join("pytest").display()))
+        .arg(format!(
+            "--basetemp={}",
+            daemon.dir.join("pytest").display()
+        ))
         .current_dir(&workspace)
         .env("LEASH_SOCKET", &daemon.socket)
         .env("LEASH_BIN", daemon.leash_for_anyone())
@@ -63,6 +64,79 @@ fn python_host_library() {
         stdout.contains(" passed"),
         "pytest ran no test; its output is above"
     );
+}
+
+/// A Python host through a hand-over: its connection is lost; the next calls connect again
+/// (a new lease, a new token for the shim), and the tree it started before is still its own,
+/// listed by `trees()` and killed by `close()` with the one started after.
+const HOST_THROUGH_A_HAND_OVER: &str = r#"
+import json, sys, leash
+lease = leash.Lease()
+before = lease.popen(sys.argv[1:])
+print(json.dumps({"tree": before.leash_tree}), flush=True)
+sys.stdin.readline()  # the daemon hands over, and the next one starts
+after = lease.popen(sys.argv[1:])
+trees = sorted(t.tree for t in lease.trees())
+print(json.dumps({"trees": trees, "after": after.leash_tree}), flush=True)
+lease.close()
+print(json.dumps({"exits": [before.wait(), after.wait()]}), flush=True)
+"#;
+
+#[test]
+fn a_python_host_keeps_its_trees_through_a_daemon_hand_over() {
+    use std::io::{BufRead, BufReader, Write};
+    let Some(mut daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let cgroup = Cgroup::new("python-hand-over");
+    let mut host = Command::new(venv_python())
+        .args(["-c", HOST_THROUGH_A_HAND_OVER])
+        .args(cgroup.argv("sleep", &["600"]))
+        .env("LEASH_SOCKET", &daemon.socket)
+        .env("LEASH_BIN", leash_tests::leash_binary())
+        .env("PYTHONPATH", workspace().join("clients/python/src"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = host.stdin.take().unwrap();
+    let mut lines = BufReader::new(host.stdout.take().unwrap()).lines();
+    let mut next = move || -> serde_json::Value {
+        let line = lines
+            .next()
+            .expect("the host ended early (its stderr is above)")
+            .unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    };
+    let before = next()["tree"].as_u64().expect("a tree");
+    cgroup.settle_exactly(&["sleep"]);
+
+    assert!(daemon.hand_over(), "the daemon exits cleanly on SIGHUP");
+    daemon.restart();
+    writeln!(stdin, "go").unwrap();
+    let listed = next();
+    let after = listed["after"].as_u64().expect("a tree");
+    assert_eq!(
+        listed["trees"],
+        serde_json::json!([before, after]),
+        "{listed}"
+    );
+    let exits = next();
+    // close() has returned: both trees are empty.
+    assert!(cgroup.procs().is_empty(), "left: {:?}", cgroup.procs());
+    assert_eq!(exits["exits"], serde_json::json!([-15, -15]), "{exits}");
+    assert!(host.wait().unwrap().success());
+}
+
+fn venv_python() -> PathBuf {
+    let python = workspace().join("target/hosts/python/bin/python");
+    assert!(
+        python.is_file(),
+        "no Python environment at {}: run `cargo xtask test`, which creates it",
+        python.display()
+    );
+    python
 }
 
 fn workspace() -> PathBuf {

@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import threading
+import time
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Dict, Iterator, List
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -190,3 +192,85 @@ def test_asyncio_a_lost_connection_and_out_of_order_replies(
             assert await lease.trees() == [] and lease.lease_id == 2
 
     asyncio.run(host())
+
+
+FAKE_SHIM = """#!{python}
+# leash exec as a stand-in: refuses the first lease's token as unknown (as a daemon that
+# restarted does), registers under any other.
+import json, os, sys
+args = sys.argv[1:]
+lease_fd = int(args[args.index("--lease-fd") + 1])
+status_fd = int(args[args.index("--status-fd") + 1])
+command = args[args.index("--") + 1:]
+token = os.read(lease_fd, 256).decode().strip()
+os.close(lease_fd)
+with open(os.environ["FAKE_SHIM_LOG"], "a") as log:
+    log.write(token + "\\n")
+if token == "token1":
+    refusal = {{"error": {{"code": "not_found", "message": "no lease with that token"}}}}
+    os.write(status_fd, json.dumps(refusal).encode() + b"\\n")
+    sys.exit(125)
+os.write(status_fd, json.dumps({{"registered": {{"tree": 8, "root": os.getpid()}}}}).encode() + b"\\n")
+os.execvp(command[0], command)
+"""
+
+
+def restarted_daemon(shim_log: Path) -> List[Handler]:
+    """A daemon whose first connection ends once the shim has been refused on its token (the
+    host's connection to the old daemon, found closed a moment late), and whose second one
+    takes the kill of tree 8 when the lease closes."""
+
+    def first(reader: BinaryIO, writer: BinaryIO) -> None:
+        hello(reader, writer, 1)
+        deadline = time.monotonic() + 60
+        while "token1" not in (shim_log.read_text() if shim_log.exists() else ""):
+            assert time.monotonic() < deadline, "the shim never ran"
+            time.sleep(0.01)
+
+    def second(reader: BinaryIO, writer: BinaryIO) -> None:
+        hello(reader, writer, 2)
+        kill = receive(reader)
+        assert kill["op"] == "kill" and kill["tree"] == 8, kill
+        summary = {"tree": 8, "terminated": 0, "killed": 0, "rounds": 0, "elapsed_ms": 0, "reason": "request"}
+        send(writer, {"id": kill["id"], "ok": {"killed": summary}})
+        reader.read()
+
+    return [first, second]
+
+
+@pytest.fixture
+def fake_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Tuple[str, Path]:
+    shim = tmp_path / "leash"
+    shim.write_text(FAKE_SHIM.format(python=sys.executable))
+    shim.chmod(0o755)
+    log = tmp_path / "shim.log"
+    monkeypatch.setenv("FAKE_SHIM_LOG", str(log))
+    return str(shim), log
+
+
+def test_a_spawn_refused_for_a_stale_token_goes_again_on_a_new_lease(
+    fake: Callable[[List[Handler]], FakeDaemon], fake_shim: Tuple[str, Path]
+) -> None:
+    shim, log = fake_shim
+    daemon = fake(restarted_daemon(log))
+    with leash.Lease(socket=daemon.path, leash=shim) as lease:
+        proc = lease.popen(["true"])
+        assert proc.leash_tree == 8 and lease.lease_id == 2
+        assert proc.wait(timeout=60) == 0
+    assert log.read_text().split() == ["token1", "token2"]
+
+
+def test_asyncio_a_spawn_refused_for_a_stale_token_goes_again_on_a_new_lease(
+    fake: Callable[[List[Handler]], FakeDaemon], fake_shim: Tuple[str, Path]
+) -> None:
+    shim, log = fake_shim
+    daemon = fake(restarted_daemon(log))
+
+    async def host() -> None:
+        async with leash.AsyncLease(socket=daemon.path, leash=shim) as lease:
+            proc = await lease.create_subprocess_exec("true")
+            assert leash.tree_of(proc) == 8 and lease.lease_id == 2
+            assert await proc.wait() == 0
+
+    asyncio.run(host())
+    assert log.read_text().split() == ["token1", "token2"]

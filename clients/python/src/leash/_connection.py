@@ -32,6 +32,18 @@ log = logging.getLogger("leash")
 EVENT_QUEUE_CAPACITY = 10_000
 # How long a request that could not be sent waits for the reader to find out why.
 SEND_FAILED_READ_TIMEOUT = 5.0
+# How long a spawn refused for an unknown lease token waits to see its connection lost (the
+# daemon restarted), before it tries once more on a new one.
+LOSS_NOTICE = 5.0
+
+
+class NotSent(Exception):
+    """A request was not sent: the connection was lost before (`error` says why). Nothing is
+    pending at any daemon, so it may be sent again on a new connection."""
+
+    def __init__(self, error: LeashError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class EventStream:
@@ -127,6 +139,7 @@ class Connection:
         self._pending: Dict[int, Future[Any]] = {}
         self._next_id = 1
         self._lost: Optional[LeashError] = None
+        self._lost_event = threading.Event()
         # An error the daemon sent for no request: why it is about to close the connection.
         self._last_word: Optional[LeashError] = None
         self._closing = False
@@ -139,6 +152,9 @@ class Connection:
         self._reader.start()
         try:
             self.lease: LeaseInfo = parse_hello(self.request("hello", protocol=PROTOCOL_VERSION))
+        except NotSent as e:
+            self.close()
+            raise e.error from None
         except BaseException:
             self.close()
             raise
@@ -147,12 +163,17 @@ class Connection:
     def lost(self) -> bool:
         return self._lost is not None
 
+    def wait_lost(self, timeout: float) -> bool:
+        """Whether the connection is found lost within `timeout` seconds."""
+        return self._lost_event.wait(timeout)
+
     def submit(self, op: str, **fields: Any) -> Future[Any]:
-        """Sends a request; the future holds its `ok` value, or raises its error."""
+        """Sends a request; the future holds its `ok` value, or raises its error. Raises
+        NotSent if the connection was lost before the request could be sent."""
         future: Future[Any] = Future()
         with self._lock:
             if self._lost is not None:
-                raise self._lost
+                raise NotSent(self._lost)
             request_id = self._next_id
             self._next_id += 1
             self._pending[request_id] = future
@@ -165,6 +186,8 @@ class Connection:
             if threading.current_thread() is not self._reader:
                 self._reader.join(SEND_FAILED_READ_TIMEOUT)
             self._fail(connection_lost(self.path, f"sending: {e}"))
+            assert self._lost is not None
+            raise NotSent(self._lost) from None
         return future
 
     def request(self, op: str, **fields: Any) -> Any:
@@ -175,8 +198,7 @@ class Connection:
         stream._on_close = self._remove_stream
         with self._lock:
             if self._lost is not None:
-                stream._end(self._lost)
-                raise self._lost
+                raise NotSent(self._lost)
             self._streams.append(stream)
         with self._subscribe_lock:
             if not self._subscribed:
@@ -253,6 +275,7 @@ class Connection:
                 self._lost = error
             pending, self._pending = self._pending, {}
             streams, self._streams = self._streams, []
+        self._lost_event.set()
         if not ended_by_us:
             log.warning("%s", error)
         for future in pending.values():

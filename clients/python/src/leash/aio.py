@@ -27,7 +27,12 @@ from typing import (
 from . import _shim
 from ._fallback import warn_unleashed
 from ._held import HeldTrees
-from ._connection import EVENT_QUEUE_CAPACITY, SEND_FAILED_READ_TIMEOUT
+from ._connection import (
+    EVENT_QUEUE_CAPACITY,
+    LOSS_NOTICE,
+    SEND_FAILED_READ_TIMEOUT,
+    NotSent,
+)
 from .errors import LeashError, NotFound, Unavailable, cannot_connect, connection_lost
 from .protocol import (
     MAX_LINE_BYTES,
@@ -177,6 +182,9 @@ class _Connection:
             connection.lease = parse_hello(
                 await connection.request("hello", protocol=PROTOCOL_VERSION)
             )
+        except NotSent as e:
+            await connection.close()
+            raise e.error from None
         except BaseException:
             await connection.close()
             raise
@@ -186,10 +194,19 @@ class _Connection:
     def lost(self) -> bool:
         return self._lost is not None
 
+    async def wait_lost(self, timeout: float) -> bool:
+        """Whether the connection is found lost within `timeout` seconds."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except asyncio.TimeoutError:
+            pass
+        return self._lost is not None
+
     async def submit(self, op: str, **fields: Any) -> asyncio.Future[Any]:
-        """Sends a request; the future holds its `ok` value, or raises its error."""
+        """Sends a request; the future holds its `ok` value, or raises its error. Raises
+        NotSent if the connection was lost before the request could be sent."""
         if self._lost is not None:
-            raise self._lost
+            raise NotSent(self._lost)
         request_id = self._next_id
         self._next_id += 1
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -201,11 +218,10 @@ class _Connection:
         except (OSError, RuntimeError) as e:
             # The daemon closed the connection; what it said last, if anything, is still to
             # be read: the reader tells why.
-            try:
-                await asyncio.wait_for(asyncio.shield(self._task), SEND_FAILED_READ_TIMEOUT)
-            except asyncio.TimeoutError:
-                pass
+            await self.wait_lost(SEND_FAILED_READ_TIMEOUT)
             self._fail(connection_lost(self.path, f"sending: {e}"))
+            assert self._lost is not None
+            raise NotSent(self._lost) from None
         return future
 
     async def request(self, op: str, **fields: Any) -> Any:
@@ -214,8 +230,7 @@ class _Connection:
     async def subscribe(self, stream: AsyncEventStream) -> None:
         stream._on_close = self._remove_stream
         if self._lost is not None:
-            stream._end(self._lost)
-            raise self._lost
+            raise NotSent(self._lost)
         self._streams.append(stream)
         try:
             if self._subscribed is None:
@@ -336,6 +351,7 @@ class AsyncLease:
         self._held = HeldTrees()
         self._opened = False
         self._closed = False
+        self._closing: Optional[asyncio.Future[None]] = None
 
     @classmethod
     async def connect(
@@ -362,6 +378,11 @@ class AsyncLease:
             warn_unleashed(e, "every command of this lease")
 
     async def _connect(self) -> _Connection:
+        return (await self._connect_counted())[0]
+
+    async def _connect_counted(self) -> Tuple[_Connection, int]:
+        """The live connection, made anew if there is none (or it was lost), and how many
+        connections the lease has made."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
@@ -377,7 +398,7 @@ class AsyncLease:
                 connection = await _Connection.open(self.socket)
                 self._connection = connection
                 self._generation += 1
-            return connection
+            return connection, self._generation
 
     @property
     def leashed(self) -> bool:
@@ -393,7 +414,20 @@ class AsyncLease:
         return None if connection is None else connection.lease.id
 
     async def _request(self, op: str, **fields: Any) -> Any:
-        return await (await self._connect()).request(op, **fields)
+        return (await self._call(op, **fields))[0]
+
+    async def _call(self, op: str, **fields: Any) -> Tuple[Any, _Connection, int]:
+        """A request's `ok` value, the connection that answered and its generation. A request
+        that could not be sent (the connection was found lost) is sent once more, on a new
+        connection: the next call connects again."""
+        for attempt in range(2):
+            connection, generation = await self._connect_counted()
+            try:
+                return await connection.request(op, **fields), connection, generation
+            except NotSent as e:
+                if attempt == 1:
+                    raise e.error from None
+        raise AssertionError("unreachable")
 
     # -- spawning --------------------------------------------------------------------------
 
@@ -451,16 +485,53 @@ class AsyncLease:
         unleashed: Callable[[], Awaitable[Process]],
     ) -> Process:
         grace_in_ms = grace_ms(self.grace if grace is None else grace)
-        try:
-            connection = await self._connect()
-        except Unavailable as e:
-            if not self.optional:
-                raise
-            return await self._spawn_unleashed(unleashed, e, command)
-        generation = self._generation
+        kwds["env"] = _shim.environment_without_token(kwds.get("env"))
+        for attempt in range(2):
+            try:
+                connection, generation = await self._connect_counted()
+            except Unavailable as e:
+                if not self.optional:
+                    raise
+                return await self._spawn_unleashed(unleashed, e, command)
+            proc, status = await self._spawn_shim(
+                connection, command, argv0, grace_in_ms, keep_on_root_exit, kwds
+            )
+            if status.tree is not None and status.error is None:
+                setattr(proc, "leash_tree", status.tree)
+                self._held.add(status.tree, proc.pid, generation)
+                return proc
+            if status.error is None:
+                reaped = await _reap(proc, read_stderr=True)
+                error: BaseException = _shim.no_word(self._leash or "leash", *reaped)
+            else:
+                error = status.error
+                await _reap(proc, read_stderr=False)
+            # An unknown token: the daemon that answered the shim is not the one this lease
+            # was made with (it restarted). The command never ran: once more, on a new lease.
+            if (
+                attempt == 0
+                and isinstance(error, NotFound)
+                and await connection.wait_lost(LOSS_NOTICE)
+            ):
+                continue
+            if isinstance(error, Unavailable) and self.optional and status.tree is None:
+                return await self._spawn_unleashed(unleashed, error, command)
+            raise error
+        raise AssertionError("unreachable")
+
+    async def _spawn_shim(
+        self,
+        connection: _Connection,
+        command: List[_shim.StrOrBytesPath],
+        argv0: Optional[_shim.StrOrBytesPath],
+        grace_in_ms: Optional[int],
+        keep_on_root_exit: bool,
+        kwds: Dict[str, Any],
+    ) -> Tuple[Process, _shim.Status]:
+        """Starts `leash exec ... -- command` and reads what it says, without blocking the
+        loop."""
         assert self._leash is not None
         leash = self._leash
-        kwds["env"] = _shim.environment_without_token(kwds.get("env"))
         pipes = _shim.ShimPipes(connection.lease.token)
         try:
             argv = _shim.shim_argv(
@@ -492,18 +563,7 @@ class AsyncLease:
                 raise
         finally:
             pipes.close()
-        if status.tree is not None and status.error is None:
-            setattr(proc, "leash_tree", status.tree)
-            self._held.add(status.tree, proc.pid, generation)
-            return proc
-        if status.error is None:
-            error: BaseException = _shim.no_word(leash, *await _reap(proc, read_stderr=True))
-        else:
-            error = status.error
-            await _reap(proc, read_stderr=False)
-        if isinstance(error, Unavailable) and self.optional and status.tree is None:
-            return await self._spawn_unleashed(unleashed, error, command)
-        raise error
+        return proc, status
 
     async def _spawn_unleashed(
         self,
@@ -524,11 +584,9 @@ class AsyncLease:
         """Registers a running process, with the descendants it has, as a new tree of this
         lease; returns the tree. What it forks from then on is in the tree too."""
         grace = self.grace if grace is None else grace
-        connection = await self._connect()
-        generation = self._generation
-        tree = parse_registered(
-            await connection.request("register", **register_fields(pid, grace, keep_on_root_exit))
-        )
+        fields = register_fields(pid, grace, keep_on_root_exit)
+        ok, _, generation = await self._call("register", **fields)
+        tree = parse_registered(ok)
         self._held.add(tree, pid, generation)
         return tree
 
@@ -551,9 +609,8 @@ class AsyncLease:
     async def trees(self) -> List[Tree]:
         """This lease's trees, as the daemon lists them (with trees it holds from before the
         connection was lost)."""
-        connection = await self._connect()
-        listing = parse_trees(await connection.request("list"))
-        return [t for t in listing if self._held.is_mine(t, connection.lease.id)]
+        ok, connection, _ = await self._call("list")
+        return [t for t in parse_trees(ok) if self._held.is_mine(t, connection.lease.id)]
 
     def events(self) -> AsyncEventStream:
         """A stream of this lease's events: `async for event in lease.events()`. It subscribes
@@ -561,10 +618,16 @@ class AsyncLease:
         of what is spawned next."""
 
         async def subscribe(stream: AsyncEventStream) -> None:
-            connection = await self._connect()
-            lease_id = connection.lease.id
-            stream._wanted = lambda e: e.lease == lease_id or e.tree in self._held
-            await connection.subscribe(stream)
+            for attempt in range(2):
+                connection = await self._connect()
+                lease_id = connection.lease.id
+                stream._wanted = lambda e: e.lease == lease_id or e.tree in self._held
+                try:
+                    await connection.subscribe(stream)
+                    return
+                except NotSent as e:
+                    if attempt == 1:
+                        raise e.error from None
 
         return AsyncEventStream(subscribe)
 
@@ -574,31 +637,23 @@ class AsyncLease:
         """Kills every tree of this lease that was not released, waits until they are empty,
         and closes the connection. Raises LeashError if a tree could not be killed (the
         daemon then kills it as the lease ends)."""
-        if self._closed:
-            return
-        connection = self._connection
-        generation = self._generation
-        errors: List[BaseException] = []
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        # Shielded: a caller cancelled meanwhile does not stop the kills under way.
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        errors: List[LeashError] = []
         try:
-            if self._held.snapshot():
-                if connection is None or connection.lost:
-                    connection = await self._connect()
-                    generation = self._generation
-                trees = self._held.current(generation)
-                if self._held.from_earlier_connections(generation):
-                    listing = parse_trees(await connection.request("list"))
-                    trees += self._held.earlier_still_listed(listing, generation)
-                kills: List[Tuple[int, asyncio.Future[Any]]] = [
-                    (t, await connection.submit("kill", tree=t)) for t in trees
-                ]
-                for tree, kill in kills:
-                    try:
-                        await kill
-                    except NotFound:
-                        pass
-                    except LeashError as e:
-                        errors.append(e)
-                    self._held.discard(tree)
+            for attempt in range(2):
+                try:
+                    if self._held.snapshot():
+                        errors += await self._kill_held(*await self._connect_counted())
+                    break
+                except NotSent as e:
+                    # Found lost as it was used: once more, on a new connection.
+                    if attempt == 1:
+                        errors.append(e.error)
         except LeashError as e:
             errors.append(e)
         finally:
@@ -608,6 +663,25 @@ class AsyncLease:
                 await connection.close()
         if errors:
             raise errors[0]
+
+    async def _kill_held(self, connection: _Connection, generation: int) -> List[LeashError]:
+        """Kills every tree held, all at once; returns the errors (a tree that is gone already
+        is none)."""
+        trees = self._held.current(generation)
+        if self._held.from_earlier_connections(generation):
+            listing = parse_trees(await connection.request("list"))
+            trees += self._held.earlier_still_listed(listing, generation)
+        kills = [(t, await connection.submit("kill", tree=t)) for t in trees]
+        errors: List[LeashError] = []
+        for tree, kill in kills:
+            try:
+                await kill
+            except NotFound:
+                pass
+            except LeashError as e:
+                errors.append(e)
+            self._held.discard(tree)
+        return errors
 
     async def __aenter__(self) -> AsyncLease:
         await self._open()

@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
 
 from . import _shim
-from ._connection import Connection, EventStream
+from ._connection import LOSS_NOTICE, Connection, EventStream, NotSent
 from ._fallback import warn_unleashed
 from ._held import HeldTrees
 from .errors import LeashError, NotFound, Unavailable
@@ -72,6 +72,8 @@ class Lease:
         self._leash_arg = leash
         self._leash: Optional[str] = None
         self._lock = threading.Lock()
+        # Held through close(): a second caller returns when the first is done.
+        self._close_lock = threading.Lock()
         self._connection: Optional[Connection] = None
         self._generation = 0
         self._held = HeldTrees()
@@ -120,7 +122,20 @@ class Lease:
         return None if connection is None else connection.lease.id
 
     def _request(self, op: str, **fields: Any) -> Any:
-        return self._connect().request(op, **fields)
+        return self._call(op, **fields)[0]
+
+    def _call(self, op: str, **fields: Any) -> Tuple[Any, Connection, int]:
+        """A request's `ok` value, the connection that answered and its generation. A request
+        that could not be sent (the connection was found lost) is sent once more, on a new
+        connection: the next call connects again."""
+        for attempt in range(2):
+            connection, generation = self._connect_counted()
+            try:
+                return connection.request(op, **fields), connection, generation
+            except NotSent as e:
+                if attempt == 1:
+                    raise e.error from None
+        raise AssertionError("unreachable")
 
     # -- spawning --------------------------------------------------------------------------
 
@@ -141,19 +156,55 @@ class Lease:
         Unavailable, PermissionDenied, LimitReached or LeashError when leash refuses it: then
         nothing of the command ever ran."""
         grace_in_ms = grace_ms(self.grace if grace is None else grace)
-        original_kwargs = dict(popen_kwargs)
-        try:
-            connection, generation = self._connect_counted()
-        except Unavailable as e:
-            if not self.optional:
-                raise
-            return self._popen_unleashed(args, e, original_kwargs)
+        command, argv0 = _shim.command_line(
+            args, popen_kwargs.get("shell", False), popen_kwargs.get("executable")
+        )
+        shim_kwargs = {k: v for k, v in popen_kwargs.items() if k not in ("shell", "executable")}
+        shim_kwargs["env"] = _shim.environment_without_token(popen_kwargs.get("env"))
+        for attempt in range(2):
+            try:
+                connection, generation = self._connect_counted()
+            except Unavailable as e:
+                if not self.optional:
+                    raise
+                return self._popen_unleashed(args, e, popen_kwargs)
+            proc, status = self._spawn_shim(
+                connection, command, argv0, grace_in_ms, keep_on_root_exit, shim_kwargs
+            )
+            if status.tree is not None and status.error is None:
+                # What the caller asked to run, as Popen keeps it (CalledProcessError shows it).
+                proc.args = args
+                proc.leash_tree = status.tree
+                self._held.add(status.tree, proc.pid, generation)
+                return proc
+            if status.error is None:
+                error: BaseException = _shim.no_word(
+                    self._leash or "leash", *_reap(proc, read_stderr=True)
+                )
+            else:
+                error = status.error
+                _reap(proc, read_stderr=False)
+            # An unknown token: the daemon that answered the shim is not the one this lease
+            # was made with (it restarted). The command never ran: once more, on a new lease.
+            if attempt == 0 and isinstance(error, NotFound) and connection.wait_lost(LOSS_NOTICE):
+                continue
+            if isinstance(error, Unavailable) and self.optional and status.tree is None:
+                return self._popen_unleashed(args, error, popen_kwargs)
+            raise error
+        raise AssertionError("unreachable")
+
+    def _spawn_shim(
+        self,
+        connection: Connection,
+        command: List[_shim.StrOrBytesPath],
+        argv0: Optional[_shim.StrOrBytesPath],
+        grace_in_ms: Optional[int],
+        keep_on_root_exit: bool,
+        popen_kwargs: Dict[str, Any],
+    ) -> Tuple[LeashedPopen, _shim.Status]:
+        """Starts `leash exec ... -- command` and reads what it says."""
         assert self._leash is not None
         leash = self._leash
-        command, argv0 = _shim.command_line(
-            args, popen_kwargs.pop("shell", False), popen_kwargs.pop("executable", None)
-        )
-        popen_kwargs["env"] = _shim.environment_without_token(popen_kwargs.get("env"))
         pipes = _shim.ShimPipes(connection.lease.token)
         try:
             argv = _shim.shim_argv(
@@ -184,24 +235,7 @@ class Lease:
                 raise
         finally:
             pipes.close()
-        if status.tree is not None and status.error is None:
-            # What the caller asked to run, as Popen keeps it (CalledProcessError shows it).
-            proc.args = args
-            proc.leash_tree = status.tree
-            self._held.add(status.tree, proc.pid, generation)
-            return proc
-        if status.error is None:
-            error: BaseException = _shim.no_word(leash, *_reap(proc, read_stderr=True))
-        else:
-            error = status.error
-            _reap(proc, read_stderr=False)
-        if (
-            isinstance(error, Unavailable)
-            and self.optional
-            and status.tree is None
-        ):
-            return self._popen_unleashed(args, error, original_kwargs)
-        raise error
+        return proc, status
 
     def _popen_unleashed(
         self, args: _shim.Args, reason: Unavailable, popen_kwargs: Dict[str, Any]
@@ -218,10 +252,8 @@ class Lease:
         """Registers a running process, with the descendants it has, as a new tree of this
         lease; returns the tree. What it forks from then on is in the tree too."""
         grace = self.grace if grace is None else grace
-        connection, generation = self._connect_counted()
-        tree = parse_registered(
-            connection.request("register", **register_fields(pid, grace, keep_on_root_exit))
-        )
+        ok, _, generation = self._call("register", **register_fields(pid, grace, keep_on_root_exit))
+        tree = parse_registered(ok)
         self._held.add(tree, pid, generation)
         return tree
 
@@ -244,19 +276,22 @@ class Lease:
     def trees(self) -> List[Tree]:
         """This lease's trees, as the daemon lists them (with trees it holds from before the
         connection was lost)."""
-        connection = self._connect()
-        listing = parse_trees(connection.request("list"))
-        return [t for t in listing if self._held.is_mine(t, connection.lease.id)]
+        ok, connection, _ = self._call("list")
+        return [t for t in parse_trees(ok) if self._held.is_mine(t, connection.lease.id)]
 
     def events(self) -> EventStream:
         """A stream of this lease's events from now on (subscribes the first time)."""
-        connection = self._connect()
-        lease_id = connection.lease.id
-        stream = EventStream(
-            lambda e: e.lease == lease_id or e.tree in self._held
-        )
-        connection.subscribe(stream)
-        return stream
+        for attempt in range(2):
+            connection = self._connect()
+            lease_id = connection.lease.id
+            stream = EventStream(lambda e: e.lease == lease_id or e.tree in self._held)
+            try:
+                connection.subscribe(stream)
+                return stream
+            except NotSent as e:
+                if attempt == 1:
+                    raise e.error from None
+        raise AssertionError("unreachable")
 
     # -- the end ---------------------------------------------------------------------------
 
@@ -264,29 +299,24 @@ class Lease:
         """Kills every tree of this lease that was not released, waits until they are empty,
         and closes the connection. Raises LeashError if a tree could not be killed (the
         daemon then kills it as the lease ends)."""
+        with self._close_lock:
+            self._close()
+
+    def _close(self) -> None:
         with self._lock:
             if self._closed:
                 return
-            connection = self._connection
-            generation = self._generation
         errors: List[LeashError] = []
         try:
-            if self._held.snapshot():
-                if connection is None or connection.lost:
-                    connection, generation = self._connect_counted()
-                trees = self._held.current(generation)
-                if self._held.from_earlier_connections(generation):
-                    listing = parse_trees(connection.request("list"))
-                    trees += self._held.earlier_still_listed(listing, generation)
-                kills = [(t, connection.submit("kill", tree=t)) for t in trees]
-                for tree, kill in kills:
-                    try:
-                        kill.result()
-                    except NotFound:
-                        pass
-                    except LeashError as e:
-                        errors.append(e)
-                    self._held.discard(tree)
+            for attempt in range(2):
+                try:
+                    if self._held.snapshot():
+                        errors += self._kill_held(*self._connect_counted())
+                    break
+                except NotSent as e:
+                    # Found lost as it was used: once more, on a new connection.
+                    if attempt == 1:
+                        errors.append(e.error)
         except LeashError as e:
             errors.append(e)
         finally:
@@ -298,6 +328,25 @@ class Lease:
                 connection.close()
         if errors:
             raise errors[0]
+
+    def _kill_held(self, connection: Connection, generation: int) -> List[LeashError]:
+        """Kills every tree held, all at once; returns the errors (a tree that is gone already
+        is none)."""
+        trees = self._held.current(generation)
+        if self._held.from_earlier_connections(generation):
+            listing = parse_trees(connection.request("list"))
+            trees += self._held.earlier_still_listed(listing, generation)
+        kills = [(t, connection.submit("kill", tree=t)) for t in trees]
+        errors: List[LeashError] = []
+        for tree, kill in kills:
+            try:
+                kill.result()
+            except NotFound:
+                pass
+            except LeashError as e:
+                errors.append(e)
+            self._held.discard(tree)
+        return errors
 
     def __enter__(self) -> Lease:
         return self
