@@ -12,7 +12,6 @@ import itertools
 import os
 import select
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 import pytest
+from conftest import SYSTEM_PYTHON, Cgroup, Lines, user_env, wait_until
 
 import leash
-from conftest import SYSTEM_PYTHON, Cgroup, Lines, user_env, wait_until
 
 
 def run(coroutine):  # type: ignore[no-untyped-def]
@@ -122,7 +122,9 @@ def test_events_subscribe_when_first_read() -> None:
 def test_optional_falls_back_loudly(tmp_path: Path) -> None:
     async def host() -> None:
         with pytest.warns(leash.UnleashedWarning):
-            lease = await leash.AsyncLease.connect(socket=str(tmp_path / "none.sock"), optional=True)
+            lease = await leash.AsyncLease.connect(
+                socket=str(tmp_path / "none.sock"), optional=True
+            )
         assert not lease.leashed
         with pytest.warns(leash.UnleashedWarning, match="UNLEASHED"):
             proc = await lease.create_subprocess_exec("true")

@@ -93,7 +93,9 @@ def fake(tmp_path: Path) -> Iterator[Callable[[List[Handler]], FakeDaemon]]:
         daemon.close()
 
 
-def test_replies_out_of_order_reach_their_requests(fake: Callable[[List[Handler]], FakeDaemon]) -> None:
+def test_replies_out_of_order_reach_their_requests(
+    fake: Callable[[List[Handler]], FakeDaemon],
+) -> None:
     kill_received = threading.Event()
 
     def serve(reader: BinaryIO, writer: BinaryIO) -> None:
@@ -104,7 +106,14 @@ def test_replies_out_of_order_reach_their_requests(fake: Callable[[List[Handler]
         listing = receive(reader)
         assert listing["op"] == "list"
         send(writer, {"id": listing["id"], "ok": {"trees": []}})
-        summary = {"tree": 5, "terminated": 1, "killed": 0, "rounds": 0, "elapsed_ms": 3, "reason": "request"}
+        summary = {
+            "tree": 5,
+            "terminated": 1,
+            "killed": 0,
+            "rounds": 0,
+            "elapsed_ms": 3,
+            "reason": "request",
+        }
         send(writer, {"id": kill["id"], "ok": {"killed": summary}})
         reader.read()  # until the client closes
 
@@ -120,7 +129,7 @@ def test_replies_out_of_order_reach_their_requests(fake: Callable[[List[Handler]
 
 
 def test_a_lost_connection_fails_what_waits_and_the_next_call_connects_again(
-    fake: Callable[[List[Handler]], FakeDaemon]
+    fake: Callable[[List[Handler]], FakeDaemon],
 ) -> None:
     def first(reader: BinaryIO, writer: BinaryIO) -> None:
         hello(reader, writer, 1)
@@ -158,7 +167,7 @@ def test_the_daemons_last_word_is_the_error(fake: Callable[[List[Handler]], Fake
 
 
 def test_asyncio_a_lost_connection_and_out_of_order_replies(
-    fake: Callable[[List[Handler]], FakeDaemon]
+    fake: Callable[[List[Handler]], FakeDaemon],
 ) -> None:
     kill_received = threading.Event()
 
@@ -168,7 +177,14 @@ def test_asyncio_a_lost_connection_and_out_of_order_replies(
         kill_received.set()
         listing = receive(reader)
         send(writer, {"id": listing["id"], "ok": {"trees": []}})
-        summary = {"tree": 9, "terminated": 0, "killed": 1, "rounds": 1, "elapsed_ms": 1, "reason": "request"}
+        summary = {
+            "tree": 9,
+            "terminated": 0,
+            "killed": 1,
+            "rounds": 1,
+            "elapsed_ms": 1,
+            "reason": "request",
+        }
         send(writer, {"id": kill["id"], "ok": {"killed": summary}})
         receive(reader)  # never answered: the daemon goes away
 
@@ -210,7 +226,8 @@ if token == "token1":
     refusal = {{"error": {{"code": "not_found", "message": "no lease with that token"}}}}
     os.write(status_fd, json.dumps(refusal).encode() + b"\\n")
     sys.exit(125)
-os.write(status_fd, json.dumps({{"registered": {{"tree": 8, "root": os.getpid()}}}}).encode() + b"\\n")
+registered = {{"registered": {{"tree": 8, "root": os.getpid()}}}}
+os.write(status_fd, json.dumps(registered).encode() + b"\\n")
 os.execvp(command[0], command)
 """
 
@@ -231,7 +248,14 @@ def restarted_daemon(shim_log: Path) -> List[Handler]:
         hello(reader, writer, 2)
         kill = receive(reader)
         assert kill["op"] == "kill" and kill["tree"] == 8, kill
-        summary = {"tree": 8, "terminated": 0, "killed": 0, "rounds": 0, "elapsed_ms": 0, "reason": "request"}
+        summary = {
+            "tree": 8,
+            "terminated": 0,
+            "killed": 0,
+            "rounds": 0,
+            "elapsed_ms": 0,
+            "reason": "request",
+        }
         send(writer, {"id": kill["id"], "ok": {"killed": summary}})
         reader.read()
 

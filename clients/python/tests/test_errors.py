@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from conftest import SYSTEM_PYTHON, Cgroup, Lines, required_env, user_env
 
 import leash
-from conftest import SYSTEM_PYTHON, Cgroup, Lines, required_env, user_env, wait_until
 
 
 def assert_says_how_to_start(error: leash.Unavailable) -> None:
@@ -44,9 +44,7 @@ def test_a_socket_nobody_listens_on_is_unavailable(tmp_path: Path) -> None:
     assert_says_how_to_start(raised.value)
 
 
-def test_no_leash_binary_is_unavailable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_no_leash_binary_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(leash.Unavailable) as raised:
         leash.Lease(leash=str(tmp_path / "leash"))
     assert "not an executable leash binary" in str(raised.value)
@@ -115,7 +113,8 @@ try:
         procs.append(lease.popen(["sleep", "600"]))
     print(json.dumps({"error": "no limit"}), flush=True)
 except leash.LimitReached as e:
-    print(json.dumps({"started": [p.pid for p in procs], "code": e.code, "message": e.message}), flush=True)
+    started = [p.pid for p in procs]
+    print(json.dumps({"started": started, "code": e.code, "message": e.message}), flush=True)
 try:
     lease.adopt(int(sys.argv[1]))  # a root process: not this user's to register
 except leash.PermissionDenied as e:
@@ -132,7 +131,9 @@ def test_at_the_tree_limit_popen_raises_limit_reached_and_nothing_runs(
     limit = int(required_env("LEASH_TEST_MAX_TREES"))
     cgroup = cgroups("limit")
     with subprocess.Popen(
-        cgroup.wrap([SYSTEM_PYTHON, "-s", "-c", HOST_AT_THE_LIMIT, str(os.getpid())], uid=test_user),
+        cgroup.wrap(
+            [SYSTEM_PYTHON, "-s", "-c", HOST_AT_THE_LIMIT, str(os.getpid())], uid=test_user
+        ),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=user_env(for_anyone, user_dir),

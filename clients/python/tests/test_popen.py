@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import Cgroup, alive, wait_until
 
 import leash
-from conftest import Cgroup, alive, wait_until
 
 
 def tree_of(lease: leash.Lease, tree: int) -> leash.Tree:
@@ -67,7 +67,9 @@ def test_a_missing_cwd_raises_as_popen_does(lease: leash.Lease, tmp_path: Path) 
     assert os.fspath(raised.value.filename) == str(missing)
 
 
-def test_env_and_the_token_stays_out_of_it(lease: leash.Lease, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_and_the_token_stays_out_of_it(
+    lease: leash.Lease, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A host that itself was given a token in LEASH_LEASE must not hand it on.
     monkeypatch.setenv("LEASH_LEASE", "0123456789abcdef")
     proc = lease.popen(
@@ -83,7 +85,9 @@ def test_env_and_the_token_stays_out_of_it(lease: leash.Lease, monkeypatch: pyte
     # stdin, stdout, stderr and ls's own directory: the token and status pipes are closed.
     assert int(fds) == 4, f"the command holds {fds} descriptors"
 
-    inherited = lease.popen(["sh", "-c", 'echo "${LEASH_LEASE-unset}"'], stdout=subprocess.PIPE, text=True)
+    inherited = lease.popen(
+        ["sh", "-c", 'echo "${LEASH_LEASE-unset}"'], stdout=subprocess.PIPE, text=True
+    )
     assert inherited.communicate(timeout=60)[0].strip() == "unset"
 
 
@@ -117,7 +121,9 @@ def test_shell(lease: leash.Lease) -> None:
 
 
 def test_executable_sets_the_program_and_args_0_stays_argv0(lease: leash.Lease) -> None:
-    proc = lease.popen(["my-agent", "-c", 'echo "$0"'], executable="sh", stdout=subprocess.PIPE, text=True)
+    proc = lease.popen(
+        ["my-agent", "-c", 'echo "$0"'], executable="sh", stdout=subprocess.PIPE, text=True
+    )
     assert proc.communicate(timeout=60)[0].strip() == "my-agent"
 
 

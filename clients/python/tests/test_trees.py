@@ -7,9 +7,9 @@ import threading
 from typing import Callable, List
 
 import pytest
+from conftest import Cgroup, alive, wait_until
 
 import leash
-from conftest import Cgroup, alive, wait_until
 
 # A chain of processes, each hop in a session of its own, each ignoring SIGTERM: what an agent
 # leaves behind when it starts tools with setsid.
@@ -49,7 +49,9 @@ def test_kills_from_threads_are_answered_each_when_its_tree_is_empty(
     quick = lease.popen(quick_group.wrap(["sleep", "600"]))
     assert wait_until(lambda: len(quick_group.procs()) == 1)
     results: List[leash.KillSummary] = []
-    slow_kill = threading.Thread(target=lambda: results.append(lease.kill(slow.leash_tree, grace=30)))
+    slow_kill = threading.Thread(
+        target=lambda: results.append(lease.kill(slow.leash_tree, grace=30))
+    )
     slow_kill.start()
     try:
         assert wait_until(lambda: any(t.state == "killing" for t in lease.trees()))

@@ -17,9 +17,10 @@ class UnleashedWarning(UserWarning):
 
 
 def warn_unleashed(reason: Unavailable, what: str) -> None:
+    """Says that `what` (e.g. "'my-agent' (pid 4242) runs") goes without leash, and why."""
     message = (
-        f"leash is unavailable, so {what} runs UNLEASHED: its processes will outlive this "
-        f"host if it dies. {reason}"
+        f"leash is unavailable, so {what} UNLEASHED: if this host dies, what it started lives "
+        f"on. {reason}"
     )
     log.warning("%s", message)
     warnings.warn(message, UnleashedWarning, stacklevel=3)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Dict, Iterable, List
+from typing import Callable, Dict, Iterable, List
 
-from .protocol import Tree
+from .protocol import Event, Tree
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,14 @@ class HeldTrees:
 
     def current(self, generation: int) -> List[int]:
         return [t for t, h in self.snapshot().items() if h.generation == generation]
+
+    def events_of(self, lease_id: int) -> Callable[[Event], bool]:
+        """Which events a lease's stream shows: its own, and its trees' from before."""
+
+        def wanted(event: Event) -> bool:
+            return event.lease == lease_id or event.tree in self
+
+        return wanted
 
     def is_mine(self, tree: Tree, lease_id: int) -> bool:
         if tree.lease == lease_id:

@@ -169,9 +169,7 @@ class ShimPipes:
             self.status_read = -1
 
 
-def popen_fd_kwargs(
-    kwargs: Dict[str, Any], pipes: ShimPipes
-) -> Dict[str, Any]:
+def popen_fd_kwargs(kwargs: Dict[str, Any], pipes: ShimPipes) -> Dict[str, Any]:
     """`kwargs` for Popen, with the shim's descriptors passed. Popen turns close_fds=False into
     True when pass_fds is given; so close_fds=False is kept by passing every descriptor the
     child would have inherited."""
@@ -210,7 +208,9 @@ def parse_status(data: bytes, program: StrOrBytesPath) -> Status:
         return Status(tree=tree)
     except (ValueError, KeyError, TypeError) as e:
         return Status(
-            error=LeashError(f"leash exec wrote what this library cannot read ({e!r}): {data[:500]!r}")
+            error=LeashError(
+                f"leash exec wrote what this library cannot read ({e!r}): {data[:500]!r}"
+            )
         )
 
 

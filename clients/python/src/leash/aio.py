@@ -25,14 +25,14 @@ from typing import (
 )
 
 from . import _shim
-from ._fallback import warn_unleashed
-from ._held import HeldTrees
 from ._connection import (
     EVENT_QUEUE_CAPACITY,
     LOSS_NOTICE,
     SEND_FAILED_READ_TIMEOUT,
     NotSent,
 )
+from ._fallback import warn_unleashed
+from ._held import HeldTrees
 from .errors import LeashError, NotFound, Unavailable, cannot_connect, connection_lost
 from .protocol import (
     MAX_LINE_BYTES,
@@ -375,7 +375,7 @@ class AsyncLease:
         except Unavailable as e:
             if not self.optional:
                 raise
-            warn_unleashed(e, "every command of this lease")
+            warn_unleashed(e, "the commands of this lease run")
 
     async def _connect(self) -> _Connection:
         return (await self._connect_counted())[0]
@@ -453,9 +453,7 @@ class AsyncLease:
         def unleashed() -> Awaitable[Process]:
             return asyncio.create_subprocess_exec(program, *args, **original)
 
-        command, argv0 = _shim.command_line(
-            [program, *args], False, kwds.pop("executable", None)
-        )
+        command, argv0 = _shim.command_line([program, *args], False, kwds.pop("executable", None))
         return await self._spawn(command, argv0, grace, keep_on_root_exit, kwds, unleashed)
 
     async def create_subprocess_shell(
@@ -497,7 +495,7 @@ class AsyncLease:
                 connection, command, argv0, grace_in_ms, keep_on_root_exit, kwds
             )
             if status.tree is not None and status.error is None:
-                setattr(proc, "leash_tree", status.tree)
+                proc.leash_tree = status.tree  # type: ignore[attr-defined]
                 self._held.add(status.tree, proc.pid, generation)
                 return proc
             if status.error is None:
@@ -572,8 +570,8 @@ class AsyncLease:
         command: List[_shim.StrOrBytesPath],
     ) -> Process:
         proc = await unleashed()
-        setattr(proc, "leash_tree", None)
-        warn_unleashed(reason, f"{_shim.describe(command)} (pid {proc.pid})")
+        proc.leash_tree = None  # type: ignore[attr-defined]
+        warn_unleashed(reason, f"{_shim.describe(command)} (pid {proc.pid}) runs")
         return proc
 
     # -- trees -----------------------------------------------------------------------------
@@ -621,7 +619,7 @@ class AsyncLease:
             for attempt in range(2):
                 connection = await self._connect()
                 lease_id = connection.lease.id
-                stream._wanted = lambda e: e.lease == lease_id or e.tree in self._held
+                stream._wanted = self._held.events_of(lease_id)
                 try:
                     await connection.subscribe(stream)
                     return

@@ -16,7 +16,6 @@ from ._fallback import warn_unleashed
 from ._held import HeldTrees
 from .errors import LeashError, NotFound, Unavailable
 from .protocol import (
-    Event,
     KillSummary,
     Tree,
     grace_ms,
@@ -83,7 +82,7 @@ class Lease:
         except Unavailable as e:
             if not optional:
                 raise
-            warn_unleashed(e, "every command of this lease")
+            warn_unleashed(e, "the commands of this lease run")
 
     # -- the connection --------------------------------------------------------------------
 
@@ -241,7 +240,7 @@ class Lease:
         self, args: _shim.Args, reason: Unavailable, popen_kwargs: Dict[str, Any]
     ) -> LeashedPopen:
         proc = LeashedPopen(args, **popen_kwargs)
-        warn_unleashed(reason, f"{_shim.describe(args)} (pid {proc.pid})")
+        warn_unleashed(reason, f"{_shim.describe(args)} (pid {proc.pid}) runs")
         return proc
 
     # -- trees -----------------------------------------------------------------------------
@@ -284,7 +283,7 @@ class Lease:
         for attempt in range(2):
             connection = self._connect()
             lease_id = connection.lease.id
-            stream = EventStream(lambda e: e.lease == lease_id or e.tree in self._held)
+            stream = EventStream(self._held.events_of(lease_id))
             try:
                 connection.subscribe(stream)
                 return stream
@@ -384,8 +383,8 @@ def _read_to_end(fd: int) -> bytes:
 
 def _reap(proc: LeashedPopen, read_stderr: bool) -> Tuple[Optional[int], Optional[bytes]]:
     """Waits for a shim that did not run its command; returns its exit status and, if asked
-    and its stderr is a pipe of ours, what it said there (the user's own stderr is never
-    read: it got the shim's words itself)."""
+    and its stderr is a pipe (nobody will read it now: this child is never handed back), what
+    it said there. A stderr that is not a pipe got the shim's words itself."""
     stderr = None
     if read_stderr and proc.stderr is not None:
         data = proc.stderr.read(_shim.MAX_STATUS_BYTES)

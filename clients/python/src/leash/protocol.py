@@ -22,7 +22,7 @@ MAX_GRACE_MS = 600_000
 Json = Dict[str, Any]
 
 
-def socket_path(socket: Union[str, "os.PathLike[str]", None]) -> str:
+def socket_path(socket: Union[str, os.PathLike[str], None]) -> str:
     """The socket to use: the argument, else LEASH_SOCKET, else the default; absolute, since
     the exec shim may run in another directory."""
     chosen = os.fspath(socket) if socket is not None else os.environ.get(SOCKET_ENV) or ""
@@ -245,9 +245,7 @@ def parse_trees(ok: Any) -> List[Tree]:
         raise ProtocolError(f"a malformed list reply ({e!r}): {ok!r:.200}") from None
 
 
-def register_fields(
-    pid: int, grace: Optional[float], keep_on_root_exit: bool
-) -> Dict[str, Any]:
+def register_fields(pid: int, grace: Optional[float], keep_on_root_exit: bool) -> Dict[str, Any]:
     return {
         "pid": pid,
         "grace_ms": grace_ms(grace),

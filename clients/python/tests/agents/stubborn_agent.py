@@ -46,7 +46,9 @@ def main() -> None:
         elif method == "session/new":
             send({"jsonrpc": "2.0", "id": request_id, "result": {"sessionId": "s1"}})
         elif method == "session/prompt":
-            tool = subprocess.Popen(["setsid", "sh", "-c", TOOL, os.path.join(beat_dir, "tool.beat")])
+            tool = subprocess.Popen(
+                ["setsid", "sh", "-c", TOOL, os.path.join(beat_dir, "tool.beat")]
+            )
             threading.Thread(
                 target=heartbeat, args=(os.path.join(beat_dir, "agent.beat"),), daemon=True
             ).start()
