@@ -104,7 +104,11 @@ class AsyncEventStream:
             self._changed = asyncio.Event()
         subscribe, self._subscribe = self._subscribe, None
         if subscribe is not None:
-            await subscribe(self)
+            try:
+                await subscribe(self)
+            except LeashError as e:
+                self._end(e)  # every later read says it too
+                raise
         return self
 
     def __await__(self) -> Generator[Any, None, AsyncEventStream]:
@@ -271,13 +275,17 @@ class _Connection:
             reason = str(e)
         except (OSError, RuntimeError) as e:
             reason = f"reading: {e}"
-        finally:
-            if self._closing:
-                self._fail(LeashError("the lease is closed", "closed"), ended_by_us=True)
-            elif self._last_word is not None:
-                self._fail(self._last_word)
-            else:
-                self._fail(connection_lost(self.path, reason))
+        except asyncio.CancelledError:
+            # The event loop is shutting down with the lease open: the process is ending,
+            # and the daemon ends the lease with it.
+            self._fail(LeashError("the event loop stopped", "closed"), ended_by_us=True)
+            raise
+        if self._closing:
+            self._fail(LeashError("the lease is closed", "closed"), ended_by_us=True)
+        elif self._last_word is not None:
+            self._fail(self._last_word)
+        else:
+            self._fail(connection_lost(self.path, reason))
 
     def _dispatch(self, line: bytes) -> None:
         decoded = decode_line(line)
@@ -408,7 +416,7 @@ class AsyncLease:
 
     @property
     def lease_id(self) -> Optional[int]:
-        """The daemon's id of this lease (it changes when the lease connects again); None
+        """The daemon's id of this lease (a new lease's once it connects again); None
         while unleashed."""
         connection = self._connection
         return None if connection is None else connection.lease.id

@@ -115,7 +115,7 @@ class Lease:
 
     @property
     def lease_id(self) -> Optional[int]:
-        """The daemon's id of this lease (it changes when the lease connects again); None
+        """The daemon's id of this lease (a new lease's once it connects again); None
         while unleashed."""
         connection = self._connection
         return None if connection is None else connection.lease.id
