@@ -1,0 +1,289 @@
+"""One connection to the daemon, shared by threads: requests are sent under a lock, and a
+background reader thread hands each reply to the request waiting for it (replies may come out of
+order: a `kill` is answered when its tree is empty) and each event to the subscribed streams."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import socket
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, Deque, Dict, List, Optional
+
+from .errors import LeashError, cannot_connect, connection_lost
+from .protocol import (
+    MAX_LINE_BYTES,
+    PROTOCOL_VERSION,
+    Event,
+    LeaseInfo,
+    ProtocolError,
+    decode_line,
+    encode,
+    parse_hello,
+)
+
+log = logging.getLogger("leash")
+
+# Events a stream holds for a reader that is behind. The daemon already drops events for a
+# subscriber that leaves 128 KiB unread; this bound keeps a host that never reads its stream
+# from growing without end. Past it, new events are dropped and counted, and the reader gets a
+# `dropped` event where they were lost, as the daemon does.
+EVENT_QUEUE_CAPACITY = 10_000
+# How long a request that could not be sent waits for the reader to find out why.
+SEND_FAILED_READ_TIMEOUT = 5.0
+# How long a spawn refused for an unknown lease token waits to see its connection lost (the
+# daemon restarted), before it tries once more on a new one.
+LOSS_NOTICE = 5.0
+
+
+class NotSent(Exception):
+    """A request was not sent: the connection was lost before (`error` says why). Nothing is
+    pending at any daemon, so it may be sent again on a new connection."""
+
+    def __init__(self, error: LeashError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class EventStream:
+    """The events of a lease's trees, as they happen: iterate over it (it blocks), or `get`
+    with a timeout. It ends when the lease is closed (or the stream is), and raises Unavailable
+    once the events received before the connection was lost are read."""
+
+    def __init__(
+        self, wanted: Callable[[Event], bool], capacity: int = EVENT_QUEUE_CAPACITY
+    ) -> None:
+        self._wanted = wanted
+        self._capacity = capacity
+        self._ready = threading.Condition()
+        self._events: Deque[Event] = collections.deque()
+        self._dropped = 0
+        self._ended = False
+        self._error: Optional[LeashError] = None
+        self._on_close: Optional[Callable[[EventStream], None]] = None
+
+    def _push(self, event: Event) -> None:
+        if not (event.kind == "dropped" or self._wanted(event)):
+            return
+        with self._ready:
+            if self._ended:
+                return
+            if len(self._events) >= self._capacity:
+                self._dropped += 1
+                return
+            if self._dropped:
+                self._events.append(Event.dropped(self._dropped))
+                self._dropped = 0
+            self._events.append(event)
+            self._ready.notify_all()
+
+    def _end(self, error: Optional[LeashError]) -> None:
+        with self._ready:
+            if not self._ended:
+                self._ended = True
+                self._error = error
+            self._ready.notify_all()
+
+    def get(self, timeout: Optional[float] = None) -> Optional[Event]:
+        """The next event; None if `timeout` seconds pass first or the stream has ended (see
+        `ended`). Raises Unavailable when the connection was lost."""
+        with self._ready:
+            self._ready.wait_for(lambda: self._events or self._ended, timeout)
+            if self._events:
+                return self._events.popleft()
+            if self._ended and self._error is not None:
+                raise self._error
+            return None
+
+    @property
+    def ended(self) -> bool:
+        with self._ready:
+            return self._ended and not self._events
+
+    def __iter__(self) -> EventStream:
+        return self
+
+    def __next__(self) -> Event:
+        event = self.get()
+        if event is None:
+            raise StopIteration
+        return event
+
+    def close(self) -> None:
+        """Stops receiving; events already queued can still be read."""
+        if self._on_close is not None:
+            self._on_close(self)
+        self._end(None)
+
+    def __enter__(self) -> EventStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Connection:
+    """A connection and its lease. Raises Unavailable when the daemon cannot be reached."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(path)
+        except OSError as e:
+            self._sock.close()
+            raise cannot_connect(path, e) from None
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._pending: Dict[int, Future[Any]] = {}
+        self._next_id = 1
+        self._lost: Optional[LeashError] = None
+        self._lost_event = threading.Event()
+        # An error the daemon sent for no request: why it is about to close the connection.
+        self._last_word: Optional[LeashError] = None
+        self._closing = False
+        self._streams: List[EventStream] = []
+        self._subscribe_lock = threading.Lock()
+        self._subscribed = False
+        self._reader = threading.Thread(
+            target=self._read_loop, name=f"leash-reader {path}", daemon=True
+        )
+        self._reader.start()
+        try:
+            self.lease: LeaseInfo = parse_hello(self.request("hello", protocol=PROTOCOL_VERSION))
+        except NotSent as e:
+            self.close()
+            raise e.error from None
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def lost(self) -> bool:
+        return self._lost is not None
+
+    def wait_lost(self, timeout: float) -> bool:
+        """Whether the connection is found lost within `timeout` seconds."""
+        return self._lost_event.wait(timeout)
+
+    def submit(self, op: str, **fields: Any) -> Future[Any]:
+        """Sends a request; the future holds its `ok` value, or raises its error. Raises
+        NotSent if the connection was lost before the request could be sent."""
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._lost is not None:
+                raise NotSent(self._lost)
+            request_id = self._next_id
+            self._next_id += 1
+            self._pending[request_id] = future
+        try:
+            with self._send_lock:
+                self._sock.sendall(encode(request_id, op, **fields))
+        except OSError as e:
+            # The daemon closed the connection; what it said last, if anything, is still to
+            # be read: the reader tells why.
+            if threading.current_thread() is not self._reader:
+                self._reader.join(SEND_FAILED_READ_TIMEOUT)
+            self._fail(connection_lost(self.path, f"sending: {e}"))
+            assert self._lost is not None
+            raise NotSent(self._lost) from None
+        return future
+
+    def request(self, op: str, **fields: Any) -> Any:
+        return self.submit(op, **fields).result()
+
+    def subscribe(self, stream: EventStream) -> None:
+        """Adds `stream`, and subscribes the connection the first time: events from then on."""
+        stream._on_close = self._remove_stream
+        with self._lock:
+            if self._lost is not None:
+                raise NotSent(self._lost)
+            self._streams.append(stream)
+        with self._subscribe_lock:
+            if not self._subscribed:
+                try:
+                    self.request("subscribe")
+                except BaseException:
+                    self._remove_stream(stream)
+                    raise
+                self._subscribed = True
+
+    def _remove_stream(self, stream: EventStream) -> None:
+        with self._lock:
+            if stream in self._streams:
+                self._streams.remove(stream)
+
+    def close(self) -> None:
+        """Closes the connection (which ends the lease: the daemon kills every tree of it not
+        released). Pending requests raise LeashError."""
+        self._closing = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if threading.current_thread() is not self._reader:
+            self._reader.join()
+        self._sock.close()
+
+    def _read_loop(self) -> None:
+        reason = "the daemon closed the connection"
+        try:
+            with self._sock.makefile("rb") as lines:
+                while True:
+                    line = lines.readline(MAX_LINE_BYTES + 1)
+                    if not line.endswith(b"\n"):
+                        if len(line) > MAX_LINE_BYTES:
+                            raise ProtocolError(f"a line longer than {MAX_LINE_BYTES} bytes")
+                        break
+                    self._dispatch(line)
+        except ProtocolError as e:
+            reason = str(e)
+        except OSError as e:
+            reason = f"reading: {e}"
+        if self._closing:
+            self._fail(LeashError("the lease is closed", "closed"), ended_by_us=True)
+        elif self._last_word is not None:
+            self._fail(self._last_word)
+        else:
+            self._fail(connection_lost(self.path, reason))
+
+    def _dispatch(self, line: bytes) -> None:
+        decoded = decode_line(line)
+        if isinstance(decoded, Event):
+            with self._lock:
+                streams = list(self._streams)
+            for stream in streams:
+                stream._push(decoded)
+        elif isinstance(decoded, LeashError):
+            # Said when the connection closes, as the reason.
+            self._last_word = decoded
+        else:
+            request_id, value = decoded
+            with self._lock:
+                future = self._pending.pop(request_id, None)
+            if future is None:
+                raise ProtocolError(f"a reply to request {request_id}, which is not pending")
+            if isinstance(value, LeashError):
+                future.set_exception(value)
+            else:
+                future.set_result(value)
+
+    def _fail(self, error: LeashError, ended_by_us: bool = False) -> None:
+        with self._lock:
+            if self._lost is None:
+                self._lost = error
+            pending, self._pending = self._pending, {}
+            streams, self._streams = self._streams, []
+        self._lost_event.set()
+        if not ended_by_us:
+            log.warning("%s", error)
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+        for stream in streams:
+            stream._end(None if ended_by_us else error)
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass

@@ -1,0 +1,255 @@
+"""Spawning through `leash exec`, the same for threads and asyncio.
+
+The host starts `leash exec --lease-fd N --status-fd M -- CMD`: the shim reads the lease token
+from a pipe (never argv, never CMD's environment), registers its own pid under the host's lease
+and execs CMD, so CMD's pid is the shim's and nothing of CMD runs before it is on the leash. On
+descriptor M it writes one JSON line: registered (and the tree), refused (the daemon's words),
+then exec_failed if CMD could not be executed. M is close-on-exec: its end of file means CMD
+runs. See `leash exec --help`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from .errors import LeashError, Unavailable, from_daemon
+
+LEASH_BIN_ENV = "LEASH_BIN"
+# The shim takes the token from here when it is given no descriptor, and refuses both: a host
+# that itself runs with it set must not pass it on.
+LEASE_ENV = "LEASH_LEASE"
+# A status report is one short line or two; anything longer is not the shim talking.
+MAX_STATUS_BYTES = 64 * 1024
+
+StrPath = Union[str, "os.PathLike[str]"]
+StrOrBytesPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+Args = Union[StrOrBytesPath, Sequence[StrOrBytesPath]]
+
+
+def find_leash(explicit: Optional[StrPath]) -> str:
+    """The leash binary as an absolute path: `explicit`, else LEASH_BIN, else `leash` on PATH.
+    Resolved once, so that a later change of directory or PATH changes nothing."""
+    chosen = os.fspath(explicit) if explicit is not None else os.environ.get(LEASH_BIN_ENV)
+    if chosen:
+        found = shutil.which(chosen) if os.sep not in chosen else chosen
+        if found and os.access(found, os.X_OK) and os.path.isfile(found):
+            return os.path.abspath(found)
+        origin = "LEASH_BIN" if explicit is None else "the leash argument"
+        raise Unavailable(f"{chosen} ({origin}) is not an executable leash binary")
+    found = shutil.which("leash")
+    if found is None:
+        raise Unavailable(
+            "no `leash` binary on PATH: install leash, or name the binary with LEASH_BIN "
+            "(or Lease(leash=PATH))"
+        )
+    return os.path.abspath(found)
+
+
+def command_line(
+    args: Args, shell: bool, executable: Optional[StrOrBytesPath]
+) -> Tuple[List[StrOrBytesPath], Optional[StrOrBytesPath]]:
+    """What subprocess.Popen would execute: the command (program first) and, when the program
+    is not its own argv[0] (`executable=`), the argv[0] to give it."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        argv: List[StrOrBytesPath] = [args]
+    else:
+        argv = list(args)
+    if shell:
+        # As Popen: the shell (or `executable`, which then is argv[0] too) runs the string.
+        return [executable if executable is not None else "/bin/sh", "-c", *argv], None
+    if not argv:
+        raise ValueError("an empty command: args must name a program")
+    if executable is not None:
+        return [executable, *argv[1:]], argv[0]
+    return argv, None
+
+
+def shim_argv(
+    leash: str,
+    socket: str,
+    lease_fd: int,
+    status_fd: int,
+    grace_ms: Optional[int],
+    keep_on_root_exit: bool,
+    argv0: Optional[StrOrBytesPath],
+    command: Sequence[StrOrBytesPath],
+) -> List[StrOrBytesPath]:
+    argv: List[StrOrBytesPath] = [leash, "--socket", socket, "exec"]
+    argv += ["--lease-fd", str(lease_fd), "--status-fd", str(status_fd)]
+    if grace_ms is not None:
+        argv += ["--grace", f"{grace_ms}ms"]
+    if keep_on_root_exit:
+        argv.append("--keep-on-root-exit")
+    if argv0 is not None:
+        argv += ["--argv0", argv0]
+    return [*argv, "--", *command]
+
+
+def environment_without_token(env: Optional[Mapping[Any, Any]]) -> Optional[Mapping[Any, Any]]:
+    """The environment for the shim: the caller's, less a LEASH_LEASE it may hold."""
+    if env is None:
+        if LEASE_ENV not in os.environ:
+            return None
+        env = os.environ
+    if LEASE_ENV not in env and LEASE_ENV.encode() not in env:
+        return env
+    return {k: v for k, v in env.items() if k not in (LEASE_ENV, LEASE_ENV.encode())}
+
+
+def _above_stdio(fd: int) -> int:
+    """`fd` moved to 3 or above (the shim refuses 0-2: they are the command's stdio)."""
+    if fd >= 3:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return moved
+
+
+def inheritable_fds() -> List[int]:
+    """The descriptors a child inherits with close_fds=False, from 3 up."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        names = os.listdir("/dev/fd")
+    fds = []
+    for name in names:
+        fd = int(name)
+        try:
+            if fd >= 3 and os.get_inheritable(fd):
+                fds.append(fd)
+        except OSError:  # the directory's own descriptor, closed by now
+            pass
+    return fds
+
+
+class ShimPipes:
+    """The token pipe (its write end already written and closed) and the status pipe. The
+    parent's ends are close-on-exec, so no other child inherits them; the child gets its ends
+    through pass_fds."""
+
+    def __init__(self, token: str) -> None:
+        self.lease_fd = -1
+        self.status_read = -1
+        self.status_write = -1
+        try:
+            lease_read, lease_write = os.pipe()
+            self.lease_fd = _above_stdio(lease_read)
+            try:
+                # A token is 32 bytes: far below a pipe's buffer, so this never blocks.
+                os.write(lease_write, token.encode() + b"\n")
+            finally:
+                os.close(lease_write)
+            status_read, status_write = os.pipe()
+            self.status_read = status_read
+            self.status_write = _above_stdio(status_write)
+        except BaseException:
+            self.close()
+            raise
+
+    def child_fds(self) -> Tuple[int, int]:
+        return self.lease_fd, self.status_write
+
+    def close_child_ends(self) -> None:
+        """Once the child is started: the status pipe then reads its end of file when the shim
+        has written and the command runs (or the shim is gone)."""
+        for fd in (self.lease_fd, self.status_write):
+            if fd >= 0:
+                os.close(fd)
+        self.lease_fd = self.status_write = -1
+
+    def close(self) -> None:
+        self.close_child_ends()
+        if self.status_read >= 0:
+            os.close(self.status_read)
+            self.status_read = -1
+
+
+def popen_fd_kwargs(kwargs: Dict[str, Any], pipes: ShimPipes) -> Dict[str, Any]:
+    """`kwargs` for Popen, with the shim's descriptors passed. Popen turns close_fds=False into
+    True when pass_fds is given; so close_fds=False is kept by passing every descriptor the
+    child would have inherited."""
+    kwargs = dict(kwargs)
+    passed = list(kwargs.pop("pass_fds", ()))
+    if not kwargs.pop("close_fds", True):
+        passed += inheritable_fds()
+    kwargs["pass_fds"] = (*passed, *pipes.child_fds())
+    kwargs["close_fds"] = True
+    return kwargs
+
+
+@dataclass
+class Status:
+    """What the shim said: the tree it registered, or why nothing runs (`error`: the
+    exception to raise once the shim is reaped). Neither: it ended without a word."""
+
+    tree: Optional[int] = None
+    error: Optional[BaseException] = None
+
+
+def parse_status(data: bytes, program: StrOrBytesPath) -> Status:
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    if not lines:
+        return Status()
+    try:
+        reports = [json.loads(line) for line in lines]
+        first = reports[0]
+        if "error" in first:
+            error = first["error"]
+            return Status(error=from_daemon(str(error["code"]), str(error["message"])))
+        tree = int(first["registered"]["tree"])
+        for report in reports[1:]:
+            if "exec_failed" in report:
+                return Status(tree=tree, error=exec_error(report["exec_failed"], program))
+        return Status(tree=tree)
+    except (ValueError, KeyError, TypeError) as e:
+        return Status(
+            error=LeashError(
+                f"leash exec wrote what this library cannot read ({e!r}): {data[:500]!r}"
+            )
+        )
+
+
+def exec_error(report: Mapping[str, Any], program: StrOrBytesPath) -> OSError:
+    """The OSError Popen raises when it cannot execute a program (FileNotFoundError for
+    ENOENT...), with the program as its filename."""
+    errno = report.get("errno")
+    if isinstance(errno, int) and errno > 0:
+        return OSError(errno, os.strerror(errno), os.fsdecode(program))
+    return OSError(str(report.get("message", f"could not execute {os.fsdecode(program)}")))
+
+
+def no_word(leash: str, returncode: Optional[int], stderr: Optional[bytes]) -> LeashError:
+    """The shim ended before it could say anything: killed, or a leash too old to know
+    --status-fd (which then says so on stderr and exits 2)."""
+    said = (
+        f": it said {stderr.decode(errors='replace').strip()!r}"
+        if stderr
+        else "; its standard error says why"
+    )
+    return LeashError(
+        f"leash exec ended without a word (exit status {returncode}){said}. It was killed, "
+        f"or {leash} is older than its --status-fd option: then upgrade leash"
+    )
+
+
+def status_read_error(error: OSError) -> LeashError:
+    return LeashError(f"reading the status of leash exec: {error}")
+
+
+def is_leash_missing(error: OSError, leash: str) -> bool:
+    """Whether Popen failed to execute the shim itself (a binary removed since it was found)."""
+    return error.filename is not None and os.fsdecode(error.filename) == leash
+
+
+def describe(args: Args) -> str:
+    """A command, shortly, for messages."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        text = os.fsdecode(args)
+    else:
+        text = " ".join(os.fsdecode(a) for a in args)
+    return repr(text if len(text) <= 80 else text[:77] + "...")

@@ -1,0 +1,757 @@
+"""`leash.AsyncLease`: a host's lease for asyncio, with `create_subprocess_exec` and
+`create_subprocess_shell` that start the command on the leash before it runs. No thread: the
+connection is an asyncio stream read by a task of the lease's own."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+from asyncio.subprocess import Process
+from types import TracebackType
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Deque,
+    Dict,
+    Generator,
+    List,
+    Optional,
+    Tuple,
+    Type,
+    Union,
+)
+
+from . import _shim
+from ._connection import (
+    EVENT_QUEUE_CAPACITY,
+    LOSS_NOTICE,
+    SEND_FAILED_READ_TIMEOUT,
+    NotSent,
+)
+from ._fallback import warn_unleashed
+from ._held import HeldTrees
+from .errors import LeashError, NotFound, Unavailable, cannot_connect, connection_lost
+from .protocol import (
+    MAX_LINE_BYTES,
+    PROTOCOL_VERSION,
+    Event,
+    KillSummary,
+    LeaseInfo,
+    ProtocolError,
+    Tree,
+    decode_line,
+    encode,
+    grace_ms,
+    parse_hello,
+    parse_killed,
+    parse_registered,
+    parse_trees,
+    register_fields,
+    socket_path,
+)
+
+log = logging.getLogger("leash")
+
+
+class AsyncEventStream:
+    """The events of a lease's trees, as they happen: `async for event in stream`, or `await
+    stream.get(timeout)`. It subscribes when first read, or when awaited (`stream = await
+    lease.events()`: events from then on). It ends when the lease is closed (or the stream
+    is), and raises Unavailable once the events received before the connection was lost are
+    read."""
+
+    def __init__(
+        self,
+        subscribe: Callable[[AsyncEventStream], Awaitable[None]],
+        capacity: int = EVENT_QUEUE_CAPACITY,
+    ) -> None:
+        self._subscribe: Optional[Callable[[AsyncEventStream], Awaitable[None]]] = subscribe
+        self._wanted: Callable[[Event], bool] = lambda event: False
+        self._capacity = capacity
+        self._events: Deque[Event] = collections.deque()
+        # Made once a loop runs it (an asyncio.Event of Python 3.9 binds to a loop when made).
+        self._changed: Optional[asyncio.Event] = None
+        self._dropped = 0
+        self._ended = False
+        self._error: Optional[LeashError] = None
+        self._on_close: Optional[Callable[[AsyncEventStream], None]] = None
+
+    def _push(self, event: Event) -> None:
+        if self._ended or not (event.kind == "dropped" or self._wanted(event)):
+            return
+        if len(self._events) >= self._capacity:
+            self._dropped += 1
+            return
+        if self._dropped:
+            self._events.append(Event.dropped(self._dropped))
+            self._dropped = 0
+        self._events.append(event)
+        if self._changed is not None:
+            self._changed.set()
+
+    def _end(self, error: Optional[LeashError]) -> None:
+        if not self._ended:
+            self._ended = True
+            self._error = error
+        if self._changed is not None:
+            self._changed.set()
+
+    async def _subscribed(self) -> AsyncEventStream:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        subscribe, self._subscribe = self._subscribe, None
+        if subscribe is not None:
+            try:
+                await subscribe(self)
+            except LeashError as e:
+                self._end(e)  # every later read says it too
+                raise
+        return self
+
+    def __await__(self) -> Generator[Any, None, AsyncEventStream]:
+        return self._subscribed().__await__()
+
+    async def get(self, timeout: Optional[float] = None) -> Optional[Event]:
+        """The next event; None if `timeout` seconds pass first or the stream has ended (see
+        `ended`). Raises Unavailable when the connection was lost."""
+        await self._subscribed()
+        if not self._events and not self._ended:
+            assert self._changed is not None
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except asyncio.TimeoutError:
+                return None
+        if self._events:
+            return self._events.popleft()
+        if self._error is not None:
+            raise self._error
+        return None
+
+    @property
+    def ended(self) -> bool:
+        return self._ended and not self._events
+
+    def __aiter__(self) -> AsyncEventStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        while True:
+            event = await self.get()
+            if event is not None:
+                return event
+            if self._ended:
+                raise StopAsyncIteration
+
+    def close(self) -> None:
+        """Stops receiving; events already queued can still be read."""
+        self._subscribe = None
+        if self._on_close is not None:
+            self._on_close(self)
+        self._end(None)
+
+
+class _Connection:
+    """A connection and its lease, read by a task that hands each reply to its request (out of
+    order: a `kill` is answered when its tree is empty) and each event to the streams."""
+
+    def __init__(
+        self, path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.path = path
+        self._reader = reader
+        self._writer = writer
+        self._send_lock = asyncio.Lock()
+        self._pending: Dict[int, asyncio.Future[Any]] = {}
+        self._next_id = 1
+        self._lost: Optional[LeashError] = None
+        self._last_word: Optional[LeashError] = None
+        self._closing = False
+        self._streams: List[AsyncEventStream] = []
+        self._subscribed: Optional[asyncio.Future[None]] = None
+        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+        self.lease = LeaseInfo(0, "")
+
+    @classmethod
+    async def open(cls, path: str) -> _Connection:
+        try:
+            reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE_BYTES)
+        except OSError as e:
+            raise cannot_connect(path, e) from None
+        connection = cls(path, reader, writer)
+        try:
+            connection.lease = parse_hello(
+                await connection.request("hello", protocol=PROTOCOL_VERSION)
+            )
+        except NotSent as e:
+            await connection.close()
+            raise e.error from None
+        except BaseException:
+            await connection.close()
+            raise
+        return connection
+
+    @property
+    def lost(self) -> bool:
+        return self._lost is not None
+
+    async def wait_lost(self, timeout: float) -> bool:
+        """Whether the connection is found lost within `timeout` seconds."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except asyncio.TimeoutError:
+            pass
+        return self._lost is not None
+
+    async def submit(self, op: str, **fields: Any) -> asyncio.Future[Any]:
+        """Sends a request; the future holds its `ok` value, or raises its error. Raises
+        NotSent if the connection was lost before the request could be sent."""
+        if self._lost is not None:
+            raise NotSent(self._lost)
+        request_id = self._next_id
+        self._next_id += 1
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            async with self._send_lock:
+                self._writer.write(encode(request_id, op, **fields))
+                await self._writer.drain()
+        except (OSError, RuntimeError) as e:
+            # The daemon closed the connection; what it said last, if anything, is still to
+            # be read: the reader tells why.
+            await self.wait_lost(SEND_FAILED_READ_TIMEOUT)
+            self._fail(connection_lost(self.path, f"sending: {e}"))
+            assert self._lost is not None
+            raise NotSent(self._lost) from None
+        return future
+
+    async def request(self, op: str, **fields: Any) -> Any:
+        return await (await self.submit(op, **fields))
+
+    async def subscribe(self, stream: AsyncEventStream) -> None:
+        stream._on_close = self._remove_stream
+        if self._lost is not None:
+            raise NotSent(self._lost)
+        self._streams.append(stream)
+        try:
+            if self._subscribed is None:
+                self._subscribed = await self.submit("subscribe")
+            await asyncio.shield(self._subscribed)
+        except BaseException:
+            self._remove_stream(stream)
+            raise
+
+    def _remove_stream(self, stream: AsyncEventStream) -> None:
+        if stream in self._streams:
+            self._streams.remove(stream)
+
+    async def close(self) -> None:
+        self._closing = True
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except (OSError, RuntimeError):
+            pass
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+
+    async def _read_loop(self) -> None:
+        reason = "the daemon closed the connection"
+        try:
+            while True:
+                try:
+                    line = await self._reader.readuntil(b"\n")
+                except asyncio.IncompleteReadError:
+                    break
+                except asyncio.LimitOverrunError:
+                    raise ProtocolError(f"a line longer than {MAX_LINE_BYTES} bytes") from None
+                self._dispatch(line)
+        except ProtocolError as e:
+            reason = str(e)
+        except (OSError, RuntimeError) as e:
+            reason = f"reading: {e}"
+        except asyncio.CancelledError:
+            # The event loop is shutting down with the lease open: the process is ending,
+            # and the daemon ends the lease with it.
+            self._fail(LeashError("the event loop stopped", "closed"), ended_by_us=True)
+            raise
+        if self._closing:
+            self._fail(LeashError("the lease is closed", "closed"), ended_by_us=True)
+        elif self._last_word is not None:
+            self._fail(self._last_word)
+        else:
+            self._fail(connection_lost(self.path, reason))
+
+    def _dispatch(self, line: bytes) -> None:
+        decoded = decode_line(line)
+        if isinstance(decoded, Event):
+            for stream in list(self._streams):
+                stream._push(decoded)
+        elif isinstance(decoded, LeashError):
+            # Said when the connection closes, as the reason.
+            self._last_word = decoded
+        else:
+            request_id, value = decoded
+            future = self._pending.pop(request_id, None)
+            if future is None:
+                raise ProtocolError(f"a reply to request {request_id}, which is not pending")
+            if future.done():  # its caller was cancelled
+                return
+            if isinstance(value, LeashError):
+                future.set_exception(value)
+            else:
+                future.set_result(value)
+
+    def _fail(self, error: LeashError, ended_by_us: bool = False) -> None:
+        if self._lost is None:
+            self._lost = error
+            if not ended_by_us:
+                log.warning("%s", error)
+        pending, self._pending = self._pending, {}
+        streams, self._streams = self._streams, []
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+                # Retrieved or not, it is said in the log: no "never retrieved" noise.
+                future.exception()
+        for stream in streams:
+            stream._end(None if ended_by_us else error)
+        if not self._writer.is_closing():
+            self._writer.close()
+
+
+class AsyncLease:
+    """A connection to the leash daemon, and so a lease, for asyncio: every tree started under
+    it is killed when this process dies, or the lease is closed, unless it was released.
+
+        async with AsyncLease() as lease:            # or: lease = await AsyncLease.connect()
+            agent = await lease.create_subprocess_exec("my-agent", "--acp", stdin=PIPE,
+                                                       stdout=PIPE, start_new_session=True)
+
+    The arguments are those of `leash.Lease`. If the connection is lost (the daemon restarted
+    or handed over), what waits for a reply raises Unavailable, and the next call connects
+    again, with a new lease: the trees registered before stay enforced by the daemon that takes
+    over. Use it from one event loop.
+    """
+
+    def __init__(
+        self,
+        socket: Optional[_shim.StrPath] = None,
+        grace: Optional[float] = None,
+        *,
+        leash: Optional[_shim.StrPath] = None,
+        optional: bool = False,
+    ) -> None:
+        self.socket = socket_path(socket)
+        grace_ms(grace)
+        self.grace = grace
+        self.optional = optional
+        self._leash_arg = leash
+        self._leash: Optional[str] = None
+        self._lock: Optional[asyncio.Lock] = None
+        self._connection: Optional[_Connection] = None
+        self._generation = 0
+        self._held = HeldTrees()
+        self._opened = False
+        self._closed = False
+        self._closing: Optional[asyncio.Future[None]] = None
+
+    @classmethod
+    async def connect(
+        cls,
+        socket: Optional[_shim.StrPath] = None,
+        grace: Optional[float] = None,
+        *,
+        leash: Optional[_shim.StrPath] = None,
+        optional: bool = False,
+    ) -> AsyncLease:
+        lease = cls(socket, grace, leash=leash, optional=optional)
+        await lease._open()
+        return lease
+
+    async def _open(self) -> None:
+        if self._opened:
+            return
+        self._opened = True
+        try:
+            await self._connect()
+        except Unavailable as e:
+            if not self.optional:
+                raise
+            warn_unleashed(e, "the commands of this lease run")
+
+    async def _connect(self) -> _Connection:
+        return (await self._connect_counted())[0]
+
+    async def _connect_counted(self) -> Tuple[_Connection, int]:
+        """The live connection, made anew if there is none (or it was lost), and how many
+        connections the lease has made."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._closed:
+                raise LeashError("this lease is closed", "closed")
+            if self._leash is None:
+                self._leash = _shim.find_leash(self._leash_arg)
+            connection = self._connection
+            if connection is None or connection.lost:
+                if connection is not None:
+                    await connection.close()
+                    log.info("connecting to the leash daemon again at %s", self.socket)
+                connection = await _Connection.open(self.socket)
+                self._connection = connection
+                self._generation += 1
+            return connection, self._generation
+
+    @property
+    def leashed(self) -> bool:
+        """Whether the lease holds a live connection to the daemon."""
+        connection = self._connection
+        return connection is not None and not connection.lost
+
+    @property
+    def lease_id(self) -> Optional[int]:
+        """The daemon's id of this lease (a new lease's once it connects again); None
+        while unleashed."""
+        connection = self._connection
+        return None if connection is None else connection.lease.id
+
+    async def _request(self, op: str, **fields: Any) -> Any:
+        return (await self._call(op, **fields))[0]
+
+    async def _call(self, op: str, **fields: Any) -> Tuple[Any, _Connection, int]:
+        """A request's `ok` value, the connection that answered and its generation. A request
+        that could not be sent (the connection was found lost) is sent once more, on a new
+        connection: the next call connects again."""
+        for attempt in range(2):
+            connection, generation = await self._connect_counted()
+            try:
+                return await connection.request(op, **fields), connection, generation
+            except NotSent as e:
+                if attempt == 1:
+                    raise e.error from None
+        raise AssertionError("unreachable")
+
+    # -- spawning --------------------------------------------------------------------------
+
+    async def create_subprocess_exec(
+        self,
+        program: _shim.StrOrBytesPath,
+        *args: _shim.StrOrBytesPath,
+        grace: Optional[float] = None,
+        keep_on_root_exit: bool = False,
+        **kwds: Any,
+    ) -> Process:
+        """asyncio.create_subprocess_exec(program, *args, **kwds), the command on the leash
+        before it runs: a tree of its own (`process.leash_tree`), killed with its
+        SIGTERM-to-SIGKILL `grace` (else the lease's) when this host dies, the lease closes,
+        or (unless `keep_on_root_exit`) the command exits while processes it started remain.
+
+        Raises as asyncio does when the command cannot be executed (FileNotFoundError...), and
+        Unavailable, PermissionDenied, LimitReached or LeashError when leash refuses it: then
+        nothing of the command ever ran."""
+
+        original = dict(kwds)
+
+        def unleashed() -> Awaitable[Process]:
+            return asyncio.create_subprocess_exec(program, *args, **original)
+
+        command, argv0 = _shim.command_line([program, *args], False, kwds.pop("executable", None))
+        return await self._spawn(command, argv0, grace, keep_on_root_exit, kwds, unleashed)
+
+    async def create_subprocess_shell(
+        self,
+        cmd: Union[str, bytes],
+        grace: Optional[float] = None,
+        keep_on_root_exit: bool = False,
+        **kwds: Any,
+    ) -> Process:
+        """asyncio.create_subprocess_shell(cmd, **kwds) on the leash: `/bin/sh -c cmd`."""
+
+        original = dict(kwds)
+
+        def unleashed() -> Awaitable[Process]:
+            return asyncio.create_subprocess_shell(cmd, **original)
+
+        command, argv0 = _shim.command_line(cmd, True, kwds.pop("executable", None))
+        return await self._spawn(command, argv0, grace, keep_on_root_exit, kwds, unleashed)
+
+    async def _spawn(
+        self,
+        command: List[_shim.StrOrBytesPath],
+        argv0: Optional[_shim.StrOrBytesPath],
+        grace: Optional[float],
+        keep_on_root_exit: bool,
+        kwds: Dict[str, Any],
+        unleashed: Callable[[], Awaitable[Process]],
+    ) -> Process:
+        grace_in_ms = grace_ms(self.grace if grace is None else grace)
+        kwds["env"] = _shim.environment_without_token(kwds.get("env"))
+        for attempt in range(2):
+            try:
+                connection, generation = await self._connect_counted()
+            except Unavailable as e:
+                if not self.optional:
+                    raise
+                return await self._spawn_unleashed(unleashed, e, command)
+            proc, status = await self._spawn_shim(
+                connection, command, argv0, grace_in_ms, keep_on_root_exit, kwds
+            )
+            if status.tree is not None and status.error is None:
+                proc.leash_tree = status.tree  # type: ignore[attr-defined]
+                self._held.add(status.tree, proc.pid, generation)
+                return proc
+            if status.error is None:
+                reaped = await _reap(proc, read_stderr=True)
+                error: BaseException = _shim.no_word(self._leash or "leash", *reaped)
+            else:
+                error = status.error
+                await _reap(proc, read_stderr=False)
+            # An unknown token: the daemon that answered the shim is not the one this lease
+            # was made with (it restarted). The command never ran: once more, on a new lease.
+            if (
+                attempt == 0
+                and isinstance(error, NotFound)
+                and await connection.wait_lost(LOSS_NOTICE)
+            ):
+                continue
+            if isinstance(error, Unavailable) and self.optional and status.tree is None:
+                return await self._spawn_unleashed(unleashed, error, command)
+            raise error
+        raise AssertionError("unreachable")
+
+    async def _spawn_shim(
+        self,
+        connection: _Connection,
+        command: List[_shim.StrOrBytesPath],
+        argv0: Optional[_shim.StrOrBytesPath],
+        grace_in_ms: Optional[int],
+        keep_on_root_exit: bool,
+        kwds: Dict[str, Any],
+    ) -> Tuple[Process, _shim.Status]:
+        """Starts `leash exec ... -- command` and reads what it says, without blocking the
+        loop."""
+        assert self._leash is not None
+        leash = self._leash
+        pipes = _shim.ShimPipes(connection.lease.token)
+        try:
+            argv = _shim.shim_argv(
+                leash,
+                connection.path,
+                pipes.lease_fd,
+                pipes.status_write,
+                grace_in_ms,
+                keep_on_root_exit,
+                argv0,
+                command,
+            )
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, **_shim.popen_fd_kwargs(kwds, pipes)
+                )
+            except OSError as e:
+                if _shim.is_leash_missing(e, leash):
+                    raise Unavailable(f"cannot execute leash at {leash}: {e}") from e
+                raise
+            pipes.close_child_ends()
+            try:
+                status = _shim.parse_status(await _read_to_end(pipes.status_read), command[0])
+            except OSError as e:
+                status = _shim.Status(error=_shim.status_read_error(e))
+            except BaseException:
+                # Cancelled while the shim starts: what it runs is nobody's to wait for.
+                proc.kill()
+                raise
+        finally:
+            pipes.close()
+        return proc, status
+
+    async def _spawn_unleashed(
+        self,
+        unleashed: Callable[[], Awaitable[Process]],
+        reason: Unavailable,
+        command: List[_shim.StrOrBytesPath],
+    ) -> Process:
+        proc = await unleashed()
+        proc.leash_tree = None  # type: ignore[attr-defined]
+        warn_unleashed(reason, f"{_shim.describe(command)} (pid {proc.pid}) runs")
+        return proc
+
+    # -- trees -----------------------------------------------------------------------------
+
+    async def adopt(
+        self, pid: int, grace: Optional[float] = None, keep_on_root_exit: bool = False
+    ) -> int:
+        """Registers a running process, with the descendants it has, as a new tree of this
+        lease; returns the tree. What it forks from then on is in the tree too."""
+        grace = self.grace if grace is None else grace
+        fields = register_fields(pid, grace, keep_on_root_exit)
+        ok, _, generation = await self._call("register", **fields)
+        tree = parse_registered(ok)
+        self._held.add(tree, pid, generation)
+        return tree
+
+    async def kill(self, tree: int, grace: Optional[float] = None) -> KillSummary:
+        """Kills a tree: SIGTERM, then after `grace` seconds (else the tree's own) SIGKILL until
+        none is left. Returns when the tree is empty."""
+        try:
+            reply = await self._request("kill", tree=tree, grace_ms=grace_ms(grace))
+        except NotFound:
+            self._held.discard(tree)
+            raise
+        self._held.discard(tree)
+        return parse_killed(reply)
+
+    async def release(self, tree: int) -> None:
+        """Stops enforcing a tree: its processes are left alone from now on."""
+        await self._request("release", tree=tree)
+        self._held.discard(tree)
+
+    async def trees(self) -> List[Tree]:
+        """This lease's trees, as the daemon lists them (with trees it holds from before the
+        connection was lost)."""
+        ok, connection, _ = await self._call("list")
+        return [t for t in parse_trees(ok) if self._held.is_mine(t, connection.lease.id)]
+
+    def events(self) -> AsyncEventStream:
+        """A stream of this lease's events: `async for event in lease.events()`. It subscribes
+        when first read; `stream = await lease.events()` subscribes at once, for the events
+        of what is spawned next."""
+
+        async def subscribe(stream: AsyncEventStream) -> None:
+            for attempt in range(2):
+                connection = await self._connect()
+                lease_id = connection.lease.id
+                stream._wanted = self._held.events_of(lease_id)
+                try:
+                    await connection.subscribe(stream)
+                    return
+                except NotSent as e:
+                    if attempt == 1:
+                        raise e.error from None
+
+        return AsyncEventStream(subscribe)
+
+    # -- the end ---------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Kills every tree of this lease that was not released, waits until they are empty,
+        and closes the connection. Raises LeashError if a tree could not be killed (the
+        daemon then kills it as the lease ends)."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        # Shielded: a caller cancelled meanwhile does not stop the kills under way.
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        errors: List[LeashError] = []
+        try:
+            for attempt in range(2):
+                try:
+                    if self._held.snapshot():
+                        errors += await self._kill_held(*await self._connect_counted())
+                    break
+                except NotSent as e:
+                    # Found lost as it was used: once more, on a new connection.
+                    if attempt == 1:
+                        errors.append(e.error)
+        except LeashError as e:
+            errors.append(e)
+        finally:
+            self._closed = True
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                await connection.close()
+        if errors:
+            raise errors[0]
+
+    async def _kill_held(self, connection: _Connection, generation: int) -> List[LeashError]:
+        """Kills every tree held, all at once; returns the errors (a tree that is gone already
+        is none)."""
+        trees = self._held.current(generation)
+        if self._held.from_earlier_connections(generation):
+            listing = parse_trees(await connection.request("list"))
+            trees += self._held.earlier_still_listed(listing, generation)
+        kills = [(t, await connection.submit("kill", tree=t)) for t in trees]
+        errors: List[LeashError] = []
+        for tree, kill in kills:
+            try:
+                await kill
+            except NotFound:
+                pass
+            except LeashError as e:
+                errors.append(e)
+            self._held.discard(tree)
+        return errors
+
+    async def __aenter__(self) -> AsyncLease:
+        await self._open()
+        return self
+
+    async def __aexit__(
+        self,
+        kind: Optional[Type[BaseException]],
+        value: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        if kind is None:
+            await self.aclose()
+            return
+        try:
+            await self.aclose()
+        except LeashError as e:
+            log.warning("closing the lease: %s", e)
+
+
+def tree_of(process: Any) -> Optional[int]:
+    """The leash tree of a process a lease started (None if it runs unleashed)."""
+    tree = getattr(process, "leash_tree", None)
+    return tree if isinstance(tree, int) else None
+
+
+async def _read_to_end(fd: int) -> bytes:
+    """What the shim writes on its status descriptor, up to its end of file, without blocking
+    the event loop."""
+    loop = asyncio.get_running_loop()
+    os.set_blocking(fd, False)
+    done: asyncio.Future[bytes] = loop.create_future()
+    chunks: List[bytes] = []
+
+    def readable() -> None:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            if not done.done():
+                done.set_exception(e)
+            return
+        if not chunk:
+            if not done.done():
+                done.set_result(b"".join(chunks))
+            return
+        chunks.append(chunk)
+        if sum(map(len, chunks)) > _shim.MAX_STATUS_BYTES and not done.done():
+            done.set_exception(OSError(f"more than {_shim.MAX_STATUS_BYTES} bytes of status"))
+
+    loop.add_reader(fd, readable)
+    try:
+        return await done
+    finally:
+        loop.remove_reader(fd)
+
+
+async def _reap(proc: Process, read_stderr: bool) -> Tuple[Optional[int], Optional[bytes]]:
+    """Waits for a shim that did not run its command; returns its exit status and, if asked
+    and its stderr is a pipe of ours, what it said there."""
+    stderr = None
+    if proc.stdin is not None:
+        proc.stdin.close()
+    if read_stderr and proc.stderr is not None:
+        stderr = await proc.stderr.read(_shim.MAX_STATUS_BYTES)
+    return await proc.wait(), stderr

@@ -1,0 +1,395 @@
+"""`leash.Lease`: a host's lease for threaded code, with `popen`, a drop-in for
+subprocess.Popen whose command is on the leash before it runs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
+
+from . import _shim
+from ._connection import LOSS_NOTICE, Connection, EventStream, NotSent
+from ._fallback import warn_unleashed
+from ._held import HeldTrees
+from .errors import LeashError, NotFound, Unavailable
+from .protocol import (
+    KillSummary,
+    Tree,
+    grace_ms,
+    parse_killed,
+    parse_registered,
+    parse_trees,
+    register_fields,
+    socket_path,
+)
+
+log = logging.getLogger("leash")
+
+if TYPE_CHECKING:
+    _Popen = subprocess.Popen[Any]
+else:
+    _Popen = subprocess.Popen
+
+
+class LeashedPopen(_Popen):
+    """A subprocess.Popen, whose `pid` is the command's own, and `leash_tree` its tree (None if
+    it was started unleashed, with `optional=True`)."""
+
+    leash_tree: Optional[int] = None
+
+
+class Lease:
+    """A connection to the leash daemon, and so a lease: every tree started under it is killed
+    when this process dies, or the lease is closed, unless it was released.
+
+    `socket`: the daemon's socket (else LEASH_SOCKET, else /run/leash/leash.sock). `grace`: the
+    seconds between SIGTERM and SIGKILL for the trees it starts (else the daemon's, 2 s).
+    `leash`: the leash binary to spawn through (else LEASH_BIN, else `leash` on PATH).
+    `optional=True`: if leash is unavailable, start commands unleashed, with a warning, instead
+    of raising Unavailable.
+
+    Thread-safe. If the connection is lost (the daemon restarted or handed over), what waits for
+    a reply raises Unavailable, and the next call connects again, with a new lease: the trees
+    registered before stay enforced by the daemon that takes over.
+    """
+
+    def __init__(
+        self,
+        socket: Optional[_shim.StrPath] = None,
+        grace: Optional[float] = None,
+        *,
+        leash: Optional[_shim.StrPath] = None,
+        optional: bool = False,
+    ) -> None:
+        self.socket = socket_path(socket)
+        grace_ms(grace)  # checked now, not at the first spawn
+        self.grace = grace
+        self.optional = optional
+        self._leash_arg = leash
+        self._leash: Optional[str] = None
+        self._lock = threading.Lock()
+        # Held through close(): a second caller returns when the first is done.
+        self._close_lock = threading.Lock()
+        self._connection: Optional[Connection] = None
+        self._generation = 0
+        self._held = HeldTrees()
+        self._closed = False
+        try:
+            self._connect()
+        except Unavailable as e:
+            if not optional:
+                raise
+            warn_unleashed(e, "the commands of this lease run")
+
+    # -- the connection --------------------------------------------------------------------
+
+    def _connect(self) -> Connection:
+        """The live connection, made anew if there is none (or it was lost)."""
+        return self._connect_counted()[0]
+
+    def _connect_counted(self) -> Tuple[Connection, int]:
+        """The live connection, and how many connections the lease has made."""
+        with self._lock:
+            if self._closed:
+                raise LeashError("this lease is closed", "closed")
+            if self._leash is None:
+                self._leash = _shim.find_leash(self._leash_arg)
+            connection = self._connection
+            if connection is None or connection.lost:
+                if connection is not None:
+                    connection.close()
+                    log.info("connecting to the leash daemon again at %s", self.socket)
+                connection = Connection(self.socket)
+                self._connection = connection
+                self._generation += 1
+            return connection, self._generation
+
+    @property
+    def leashed(self) -> bool:
+        """Whether the lease holds a live connection to the daemon."""
+        connection = self._connection
+        return connection is not None and not connection.lost
+
+    @property
+    def lease_id(self) -> Optional[int]:
+        """The daemon's id of this lease (a new lease's once it connects again); None
+        while unleashed."""
+        connection = self._connection
+        return None if connection is None else connection.lease.id
+
+    def _request(self, op: str, **fields: Any) -> Any:
+        return self._call(op, **fields)[0]
+
+    def _call(self, op: str, **fields: Any) -> Tuple[Any, Connection, int]:
+        """A request's `ok` value, the connection that answered and its generation. A request
+        that could not be sent (the connection was found lost) is sent once more, on a new
+        connection: the next call connects again."""
+        for attempt in range(2):
+            connection, generation = self._connect_counted()
+            try:
+                return connection.request(op, **fields), connection, generation
+            except NotSent as e:
+                if attempt == 1:
+                    raise e.error from None
+        raise AssertionError("unreachable")
+
+    # -- spawning --------------------------------------------------------------------------
+
+    def popen(
+        self,
+        args: _shim.Args,
+        *,
+        grace: Optional[float] = None,
+        keep_on_root_exit: bool = False,
+        **popen_kwargs: Any,
+    ) -> LeashedPopen:
+        """subprocess.Popen(args, **popen_kwargs), its command on the leash before it runs: a
+        tree of its own (`proc.leash_tree`), killed with its SIGTERM-to-SIGKILL `grace` (else
+        the lease's) when this host dies, the lease closes, or (unless `keep_on_root_exit`) the
+        command itself exits while processes it started remain.
+
+        Raises as Popen does when the command cannot be executed (FileNotFoundError...), and
+        Unavailable, PermissionDenied, LimitReached or LeashError when leash refuses it: then
+        nothing of the command ever ran."""
+        grace_in_ms = grace_ms(self.grace if grace is None else grace)
+        command, argv0 = _shim.command_line(
+            args, popen_kwargs.get("shell", False), popen_kwargs.get("executable")
+        )
+        shim_kwargs = {k: v for k, v in popen_kwargs.items() if k not in ("shell", "executable")}
+        shim_kwargs["env"] = _shim.environment_without_token(popen_kwargs.get("env"))
+        for attempt in range(2):
+            try:
+                connection, generation = self._connect_counted()
+            except Unavailable as e:
+                if not self.optional:
+                    raise
+                return self._popen_unleashed(args, e, popen_kwargs)
+            proc, status = self._spawn_shim(
+                connection, command, argv0, grace_in_ms, keep_on_root_exit, shim_kwargs
+            )
+            if status.tree is not None and status.error is None:
+                # What the caller asked to run, as Popen keeps it (CalledProcessError shows it).
+                proc.args = args
+                proc.leash_tree = status.tree
+                self._held.add(status.tree, proc.pid, generation)
+                return proc
+            if status.error is None:
+                error: BaseException = _shim.no_word(
+                    self._leash or "leash", *_reap(proc, read_stderr=True)
+                )
+            else:
+                error = status.error
+                _reap(proc, read_stderr=False)
+            # An unknown token: the daemon that answered the shim is not the one this lease
+            # was made with (it restarted). The command never ran: once more, on a new lease.
+            if attempt == 0 and isinstance(error, NotFound) and connection.wait_lost(LOSS_NOTICE):
+                continue
+            if isinstance(error, Unavailable) and self.optional and status.tree is None:
+                return self._popen_unleashed(args, error, popen_kwargs)
+            raise error
+        raise AssertionError("unreachable")
+
+    def _spawn_shim(
+        self,
+        connection: Connection,
+        command: List[_shim.StrOrBytesPath],
+        argv0: Optional[_shim.StrOrBytesPath],
+        grace_in_ms: Optional[int],
+        keep_on_root_exit: bool,
+        popen_kwargs: Dict[str, Any],
+    ) -> Tuple[LeashedPopen, _shim.Status]:
+        """Starts `leash exec ... -- command` and reads what it says."""
+        assert self._leash is not None
+        leash = self._leash
+        pipes = _shim.ShimPipes(connection.lease.token)
+        try:
+            argv = _shim.shim_argv(
+                leash,
+                connection.path,
+                pipes.lease_fd,
+                pipes.status_write,
+                grace_in_ms,
+                keep_on_root_exit,
+                argv0,
+                command,
+            )
+            try:
+                proc = LeashedPopen(argv, **_shim.popen_fd_kwargs(popen_kwargs, pipes))
+            except OSError as e:
+                if _shim.is_leash_missing(e, leash):
+                    raise Unavailable(f"cannot execute leash at {leash}: {e}") from e
+                raise
+            pipes.close_child_ends()
+            try:
+                status = _shim.parse_status(_read_to_end(pipes.status_read), command[0])
+            except OSError as e:
+                status = _shim.Status(error=_shim.status_read_error(e))
+            except BaseException:
+                # Interrupted while the shim starts: what it runs is nobody's to wait for.
+                proc.kill()
+                proc.wait()
+                raise
+        finally:
+            pipes.close()
+        return proc, status
+
+    def _popen_unleashed(
+        self, args: _shim.Args, reason: Unavailable, popen_kwargs: Dict[str, Any]
+    ) -> LeashedPopen:
+        proc = LeashedPopen(args, **popen_kwargs)
+        warn_unleashed(reason, f"{_shim.describe(args)} (pid {proc.pid}) runs")
+        return proc
+
+    # -- trees -----------------------------------------------------------------------------
+
+    def adopt(
+        self, pid: int, grace: Optional[float] = None, keep_on_root_exit: bool = False
+    ) -> int:
+        """Registers a running process, with the descendants it has, as a new tree of this
+        lease; returns the tree. What it forks from then on is in the tree too."""
+        grace = self.grace if grace is None else grace
+        ok, _, generation = self._call("register", **register_fields(pid, grace, keep_on_root_exit))
+        tree = parse_registered(ok)
+        self._held.add(tree, pid, generation)
+        return tree
+
+    def kill(self, tree: int, grace: Optional[float] = None) -> KillSummary:
+        """Kills a tree: SIGTERM, then after `grace` seconds (else the tree's own) SIGKILL until
+        none is left. Returns when the tree is empty."""
+        try:
+            summary = parse_killed(self._request("kill", tree=tree, grace_ms=grace_ms(grace)))
+        except NotFound:
+            self._held.discard(tree)
+            raise
+        self._held.discard(tree)
+        return summary
+
+    def release(self, tree: int) -> None:
+        """Stops enforcing a tree: its processes are left alone from now on."""
+        self._request("release", tree=tree)
+        self._held.discard(tree)
+
+    def trees(self) -> List[Tree]:
+        """This lease's trees, as the daemon lists them (with trees it holds from before the
+        connection was lost)."""
+        ok, connection, _ = self._call("list")
+        return [t for t in parse_trees(ok) if self._held.is_mine(t, connection.lease.id)]
+
+    def events(self) -> EventStream:
+        """A stream of this lease's events from now on (subscribes the first time)."""
+        for attempt in range(2):
+            connection = self._connect()
+            lease_id = connection.lease.id
+            stream = EventStream(self._held.events_of(lease_id))
+            try:
+                connection.subscribe(stream)
+                return stream
+            except NotSent as e:
+                if attempt == 1:
+                    raise e.error from None
+        raise AssertionError("unreachable")
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Kills every tree of this lease that was not released, waits until they are empty,
+        and closes the connection. Raises LeashError if a tree could not be killed (the
+        daemon then kills it as the lease ends)."""
+        with self._close_lock:
+            self._close()
+
+    def _close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+        errors: List[LeashError] = []
+        try:
+            for attempt in range(2):
+                try:
+                    if self._held.snapshot():
+                        errors += self._kill_held(*self._connect_counted())
+                    break
+                except NotSent as e:
+                    # Found lost as it was used: once more, on a new connection.
+                    if attempt == 1:
+                        errors.append(e.error)
+        except LeashError as e:
+            errors.append(e)
+        finally:
+            with self._lock:
+                self._closed = True
+                connection = self._connection
+                self._connection = None
+            if connection is not None:
+                connection.close()
+        if errors:
+            raise errors[0]
+
+    def _kill_held(self, connection: Connection, generation: int) -> List[LeashError]:
+        """Kills every tree held, all at once; returns the errors (a tree that is gone already
+        is none)."""
+        trees = self._held.current(generation)
+        if self._held.from_earlier_connections(generation):
+            listing = parse_trees(connection.request("list"))
+            trees += self._held.earlier_still_listed(listing, generation)
+        kills = [(t, connection.submit("kill", tree=t)) for t in trees]
+        errors: List[LeashError] = []
+        for tree, kill in kills:
+            try:
+                kill.result()
+            except NotFound:
+                pass
+            except LeashError as e:
+                errors.append(e)
+            self._held.discard(tree)
+        return errors
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        kind: Optional[Type[BaseException]],
+        value: Optional[BaseException],
+        traceback: Optional[TracebackType],
+    ) -> None:
+        if kind is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except LeashError as e:
+            # The exception under way says more; this one is logged, not lost.
+            log.warning("closing the lease: %s", e)
+
+
+def _read_to_end(fd: int) -> bytes:
+    """What the shim writes on its status descriptor, up to its end of file (the command runs,
+    or the shim is gone)."""
+    chunks: List[bytes] = []
+    size = 0
+    while True:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > _shim.MAX_STATUS_BYTES:
+            raise OSError(f"more than {_shim.MAX_STATUS_BYTES} bytes of status")
+        chunks.append(chunk)
+
+
+def _reap(proc: LeashedPopen, read_stderr: bool) -> Tuple[Optional[int], Optional[bytes]]:
+    """Waits for a shim that did not run its command; returns its exit status and, if asked
+    and its stderr is a pipe (nobody will read it now: this child is never handed back), what
+    it said there. A stderr that is not a pipe got the shim's words itself."""
+    stderr = None
+    if read_stderr and proc.stderr is not None:
+        data = proc.stderr.read(_shim.MAX_STATUS_BYTES)
+        stderr = data if isinstance(data, bytes) else str(data).encode()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+    return proc.wait(), stderr

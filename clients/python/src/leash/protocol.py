@@ -1,0 +1,253 @@
+"""The leash protocol, version 1 (docs/PROTOCOL.md): JSON lines over a Unix socket. Requests
+are encoded here, and replies and events decoded into dataclasses; no I/O happens here."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from .errors import LeashError, from_daemon
+
+PROTOCOL_VERSION = 1
+DEFAULT_SOCKET = "/run/leash/leash.sock"
+SOCKET_ENV = "LEASH_SOCKET"
+# Replies can be long (`list` of thousands of members); this bounds the memory one line may
+# take, as the Rust client does.
+MAX_LINE_BYTES = 256 * 1024 * 1024
+# The most grace the daemon accepts (10 minutes).
+MAX_GRACE_MS = 600_000
+
+Json = Dict[str, Any]
+
+
+def socket_path(socket: Union[str, os.PathLike[str], None]) -> str:
+    """The socket to use: the argument, else LEASH_SOCKET, else the default; absolute, since
+    the exec shim may run in another directory."""
+    chosen = os.fspath(socket) if socket is not None else os.environ.get(SOCKET_ENV) or ""
+    return os.path.abspath(chosen or DEFAULT_SOCKET)
+
+
+def grace_ms(grace: Optional[float]) -> Optional[int]:
+    """A grace in seconds as the daemon takes it, in whole milliseconds."""
+    if grace is None:
+        return None
+    ms = round(float(grace) * 1000)
+    if not 0 <= ms <= MAX_GRACE_MS:
+        raise ValueError(f"grace must be between 0 and {MAX_GRACE_MS // 1000} seconds, not {grace}")
+    return ms
+
+
+def encode(request_id: int, op: str, **fields: Any) -> bytes:
+    """One request line; fields that are None are left out (the daemon's defaults)."""
+    request: Json = {"id": request_id, "op": op}
+    request.update({k: v for k, v in fields.items() if v is not None})
+    return json.dumps(request, separators=(",", ":")).encode() + b"\n"
+
+
+@dataclass(frozen=True)
+class KillSummary:
+    """How a kill went; it is over when this exists: the tree is empty."""
+
+    tree: int
+    terminated: int
+    killed: int
+    rounds: int
+    elapsed_ms: int
+    reason: str
+
+    @classmethod
+    def from_json(cls, value: Json) -> KillSummary:
+        return cls(
+            tree=int(value["tree"]),
+            terminated=int(value.get("terminated", 0)),
+            killed=int(value.get("killed", 0)),
+            rounds=int(value.get("rounds", 0)),
+            elapsed_ms=int(value.get("elapsed_ms", 0)),
+            reason=str(value.get("reason", "")),
+        )
+
+
+@dataclass(frozen=True)
+class Member:
+    pid: int
+    parent: int
+    start_ns: int
+    comm: Optional[str]
+
+    @classmethod
+    def from_json(cls, value: Json) -> Member:
+        return cls(
+            pid=int(value["pid"]),
+            parent=int(value.get("parent", 0)),
+            start_ns=int(value.get("start_ns", 0)),
+            comm=value.get("comm"),
+        )
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A tree as `list` shows it."""
+
+    tree: int
+    lease: int
+    owner_uid: int
+    root: int
+    on_root_exit: str
+    grace_ms: int
+    host_pid: int
+    host_comm: Optional[str]
+    root_exited: bool
+    state: str
+    member_count: int
+    members: List[Member] = field(default_factory=list)
+    members_truncated: bool = False
+    nested_in: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, value: Json) -> Tree:
+        nested_in = value.get("nested_in")
+        return cls(
+            tree=int(value["tree"]),
+            lease=int(value["lease"]),
+            owner_uid=int(value.get("owner_uid", 0)),
+            root=int(value.get("root", 0)),
+            on_root_exit=str(value.get("on_root_exit", "kill")),
+            grace_ms=int(value.get("grace_ms", 0)),
+            host_pid=int(value.get("host_pid", 0)),
+            host_comm=value.get("host_comm"),
+            root_exited=bool(value.get("root_exited", False)),
+            state=str(value.get("state", "live")),
+            member_count=int(value.get("member_count", 0)),
+            members=[Member.from_json(m) for m in value.get("members", [])],
+            members_truncated=bool(value.get("members_truncated", False)),
+            nested_in=None if nested_in is None else int(nested_in),
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    """An event line. `kind` is `registered`, `root_exited`, `kill_started`, `tree_empty`,
+    `kill_failed`, `released`, `fork`, `exec`, `exit` or `dropped` (then `count` events were
+    lost here, by the daemon or by this library's bounded queue); the other fields are set
+    where the kind has them."""
+
+    kind: str
+    tree: int
+    lease: int
+    pid: Optional[int] = None
+    parent: Optional[int] = None
+    comm: Optional[str] = None
+    reason: Optional[str] = None
+    count: Optional[int] = None
+    kill: Optional[KillSummary] = None
+
+    @classmethod
+    def from_json(cls, value: Json) -> Event:
+        def optional_int(name: str) -> Optional[int]:
+            v = value.get(name)
+            return None if v is None else int(v)
+
+        kill = value.get("kill")
+        return cls(
+            kind=str(value["kind"]),
+            tree=int(value.get("tree", 0)),
+            lease=int(value.get("lease", 0)),
+            pid=optional_int("pid"),
+            parent=optional_int("parent"),
+            comm=value.get("comm"),
+            reason=value.get("reason"),
+            count=optional_int("count"),
+            kill=KillSummary.from_json(kill) if isinstance(kill, dict) else None,
+        )
+
+    @classmethod
+    def dropped(cls, count: int) -> Event:
+        return cls(kind="dropped", tree=0, lease=0, count=count)
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    id: int
+    token: str
+
+
+class ProtocolError(LeashError):
+    """The daemon sent something this library does not understand."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"the leash daemon sent something unexpected: {message}", "protocol")
+
+
+# What a line from the daemon is: a reply to request `id` (its `ok` value, or the exception for
+# its `error`), an event, or an error that answers no request (the daemon refused the
+# connection, e.g. too many open, and closes it).
+Reply = Tuple[int, Union[Any, LeashError]]
+
+
+def decode_line(line: bytes) -> Union[Reply, Event, LeashError]:
+    """Decodes one line from the daemon; raises ProtocolError for one it cannot make out."""
+    try:
+        value = json.loads(line)
+    except ValueError as e:
+        raise ProtocolError(f"not JSON ({e}): {line[:200]!r}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"not an object: {line[:200]!r}")
+    try:
+        if "event" in value:
+            return Event.from_json(value["event"])
+        request_id = value.get("id")
+        if "error" in value:
+            error = value["error"]
+            failure = from_daemon(str(error.get("code", "failed")), str(error.get("message", "")))
+            return failure if request_id is None else (int(request_id), failure)
+        if request_id is not None and "ok" in value:
+            return int(request_id), value["ok"]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ProtocolError(f"{e!r} in {line[:200]!r}") from None
+    raise ProtocolError(f"neither a reply nor an event: {line[:200]!r}")
+
+
+def result(ok: Any, key: str) -> Any:
+    """The `key` of an `ok` reply value ({"hello": {...}} and the like)."""
+    if isinstance(ok, dict) and key in ok:
+        return ok[key]
+    raise ProtocolError(f"expected a {key!r} reply, got {ok!r:.200}")
+
+
+def parse_hello(ok: Any) -> LeaseInfo:
+    try:
+        lease = result(ok, "hello")["lease"]
+        return LeaseInfo(id=int(lease["id"]), token=str(lease["token"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(f"a hello reply without a lease ({e!r}): {ok!r:.200}") from None
+
+
+def parse_registered(ok: Any) -> int:
+    try:
+        return int(result(ok, "registered")["tree"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(f"a registered reply without a tree ({e!r}): {ok!r:.200}") from None
+
+
+def parse_killed(ok: Any) -> KillSummary:
+    try:
+        return KillSummary.from_json(result(ok, "killed"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(f"a malformed killed reply ({e!r}): {ok!r:.200}") from None
+
+
+def parse_trees(ok: Any) -> List[Tree]:
+    try:
+        return [Tree.from_json(t) for t in result(ok, "trees")]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ProtocolError(f"a malformed list reply ({e!r}): {ok!r:.200}") from None
+
+
+def register_fields(pid: int, grace: Optional[float], keep_on_root_exit: bool) -> Dict[str, Any]:
+    return {
+        "pid": pid,
+        "grace_ms": grace_ms(grace),
+        "on_root_exit": "keep" if keep_on_root_exit else "kill",
+    }

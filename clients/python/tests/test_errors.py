@@ -1,0 +1,161 @@
+"""Errors are exceptions in the daemon's words, raised at spawn time, never a child that exits
+125: no daemon, no binary, a shim that cannot say, a per-uid limit, a permission; and the
+explicit, loud fallback of `optional=True`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from conftest import SYSTEM_PYTHON, Cgroup, Lines, required_env, user_env
+
+import leash
+
+
+def assert_says_how_to_start(error: leash.Unavailable) -> None:
+    assert error.code == "unavailable"
+    message = str(error)
+    for advice in ("sudo systemctl start leash", "sudo leash daemon", "LEASH_SOCKET"):
+        assert advice in message, f"{advice!r} is not in: {message}"
+
+
+def test_no_daemon_is_unavailable_and_says_how_to_start_it(tmp_path: Path) -> None:
+    bogus = tmp_path / "no-daemon.sock"
+    with pytest.raises(leash.Unavailable) as raised:
+        leash.Lease(socket=str(bogus))
+    assert str(bogus) in str(raised.value)
+    assert_says_how_to_start(raised.value)
+
+
+def test_a_socket_nobody_listens_on_is_unavailable(tmp_path: Path) -> None:
+    import socket
+
+    path = tmp_path / "dead.sock"
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(path))
+    dead.close()  # bound, never listening: connecting is refused
+    with pytest.raises(leash.Unavailable) as raised:
+        leash.Lease(socket=str(path))
+    assert_says_how_to_start(raised.value)
+
+
+def test_no_leash_binary_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(leash.Unavailable) as raised:
+        leash.Lease(leash=str(tmp_path / "leash"))
+    assert "not an executable leash binary" in str(raised.value)
+
+    monkeypatch.delenv("LEASH_BIN")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(leash.Unavailable) as raised:
+        leash.Lease()
+    assert "LEASH_BIN" in str(raised.value)
+
+
+def old_leash(tmp_path: Path) -> str:
+    """A `leash` that knows nothing of --status-fd, as an old release would say."""
+    script = tmp_path / "leash"
+    script.write_text(
+        "#!/bin/sh\necho \"error: unexpected argument '--status-fd' found\" >&2\nexit 2\n"
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_shim_that_ends_without_a_word_is_an_error_not_a_child(tmp_path: Path) -> None:
+    with leash.Lease(leash=old_leash(tmp_path)) as lease:
+        with pytest.raises(leash.LeashError) as raised:
+            lease.popen(["sleep", "600"], stderr=subprocess.PIPE)
+        message = str(raised.value)
+        assert "without a word" in message and "exit status 2" in message
+        assert "unexpected argument '--status-fd'" in message
+        # The user's own stderr is never read: the message points at it.
+        with pytest.raises(leash.LeashError, match="standard error says why"):
+            lease.popen(["sleep", "600"], stderr=subprocess.DEVNULL)
+
+
+def test_optional_falls_back_loudly_when_there_is_no_daemon(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bogus = str(tmp_path / "no-daemon.sock")
+    caplog.set_level(logging.WARNING, logger="leash")
+    with pytest.warns(leash.UnleashedWarning, match="UNLEASHED"):
+        lease = leash.Lease(socket=bogus, optional=True)
+    with lease:
+        assert not lease.leashed and lease.lease_id is None
+        with pytest.warns(leash.UnleashedWarning, match="echo unleashed"):
+            proc = lease.popen(["echo", "unleashed"], stdout=subprocess.PIPE, text=True)
+        assert proc.leash_tree is None
+        assert proc.communicate(timeout=60)[0] == "unleashed\n"
+    logged = [r.getMessage() for r in caplog.records if r.name == "leash"]
+    assert len([m for m in logged if "UNLEASHED" in m]) == 2, logged
+    assert all("sudo systemctl start leash" in m for m in logged if "UNLEASHED" in m)
+
+
+def test_optional_leashes_when_it_can() -> None:
+    with leash.Lease(optional=True) as lease:
+        assert lease.leashed
+        proc = lease.popen(["true"])
+        assert isinstance(proc.leash_tree, int)
+        proc.wait()
+
+
+HOST_AT_THE_LIMIT = """
+import json, sys, leash
+lease = leash.Lease()
+procs = []
+try:
+    while len(procs) <= 100:
+        procs.append(lease.popen(["sleep", "600"]))
+    print(json.dumps({"error": "no limit"}), flush=True)
+except leash.LimitReached as e:
+    started = [p.pid for p in procs]
+    print(json.dumps({"started": started, "code": e.code, "message": e.message}), flush=True)
+try:
+    lease.adopt(int(sys.argv[1]))  # a root process: not this user's to register
+except leash.PermissionDenied as e:
+    print(json.dumps({"adopt_code": e.code, "adopt_message": e.message}), flush=True)
+sys.stdin.readline()
+lease.close()
+print(json.dumps({"closed": [p.wait() for p in procs]}), flush=True)
+"""
+
+
+def test_at_the_tree_limit_popen_raises_limit_reached_and_nothing_runs(
+    cgroups: Callable[[str], Cgroup], for_anyone: Path, user_dir: Path, test_user: int
+) -> None:
+    limit = int(required_env("LEASH_TEST_MAX_TREES"))
+    cgroup = cgroups("limit")
+    with subprocess.Popen(
+        cgroup.wrap(
+            [SYSTEM_PYTHON, "-s", "-c", HOST_AT_THE_LIMIT, str(os.getpid())], uid=test_user
+        ),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=user_env(for_anyone, user_dir),
+        cwd=user_dir,
+    ) as host:
+        try:
+            assert host.stdin is not None and host.stdout is not None
+            lines = Lines(host.stdout)
+            report = json.loads(lines.until(lambda line: line.startswith("{")))
+            assert report.get("code") == "limit_reached", report
+            assert "trees" in report["message"], report
+            assert len(report["started"]) == limit
+            # The refused shim is gone: the host and the trees it was allowed, nothing else.
+            assert cgroup.procs() == {host.pid, *report["started"]}
+            permission = json.loads(lines.until(lambda line: "adopt_code" in line))
+            assert permission["adopt_code"] == "permission_denied", permission
+            host.stdin.write(b"\n")
+            host.stdin.flush()
+            closed = json.loads(lines.until(lambda line: "closed" in line))
+            assert closed["closed"] == [-15] * limit
+            assert host.wait(timeout=60) == 0
+            assert cgroup.wait_empty()
+        finally:
+            host.kill()
+            host.wait()
