@@ -19,8 +19,9 @@ const lease = await Lease.connect({
   // A refused connection is an error with the daemon's words (how to start it), not a Claude
   // Code that exits 1 later. Running unleashed is an explicit choice, and it is warned about.
   optional: process.env.LEASH_OPTIONAL === "1",
-  // On the host's death the agent gets SIGTERM, then SIGKILL after this grace: long enough for
-  // Claude Code's SessionEnd hooks to run (its own children die at the SIGKILL all the same).
+  // On the host's death the agent gets SIGTERM, then SIGKILL after this grace: time for Claude
+  // Code's own shutdown. Nothing new starts in it: a SessionEnd hook, a process of its own,
+  // is killed as it is forked (docs/HOSTS.md, "Choosing a grace period").
   graceMs: 2000,
 });
 
