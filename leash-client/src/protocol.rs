@@ -293,6 +293,28 @@ pub struct ErrorBody {
     pub message: String,
 }
 
+/// What `leash exec --status-fd M` tells its host on descriptor M, one JSON line each:
+/// `Registered` before the command runs, or `Refused` (the command never runs); then
+/// `ExecFailed` if the command could not be executed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecReport {
+    Registered {
+        root: u32,
+        tree: TreeId,
+    },
+    #[serde(rename = "error")]
+    Refused {
+        /// The daemon's [`ErrorCode`], `unavailable` (no daemon at the socket) or `failed`.
+        code: String,
+        message: String,
+    },
+    ExecFailed {
+        errno: Option<i32>,
+        message: String,
+    },
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
@@ -498,9 +520,17 @@ mod tests {
                             .unwrap_or_else(|e| panic!("{example}: {e}"));
                         serde_json::to_string(&request).unwrap()
                     } else {
+                        // A line of the daemon's, or else a report of the exec shim's.
                         let reply: ServerLine = serde_json::from_str(example)
                             .unwrap_or_else(|e| panic!("{example}: {e}"));
-                        serde_json::to_string(&reply).unwrap()
+                        let reply = serde_json::to_string(&reply).unwrap();
+                        if reply == example {
+                            reply
+                        } else {
+                            let report: ExecReport = serde_json::from_str(example)
+                                .unwrap_or_else(|e| panic!("{example}: {e}"));
+                            serde_json::to_string(&report).unwrap()
+                        }
                     };
                     assert_eq!(again, example);
                     checked += 1;

@@ -12,7 +12,8 @@ use std::{
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use leash_client::{
-    Client, EventKind, LEASE_ENV, RootExitPolicy, TreeOptions, read_lease_token, sys,
+    Client, EventKind, LEASE_ENV, RootExitPolicy, TreeOptions, protocol::ExecReport,
+    read_lease_token, sys,
 };
 
 /// How a tree is enforced, as `run` and `exec` take it.
@@ -183,9 +184,10 @@ impl ExecStatus {
     }
 
     fn registered(&mut self, tree: u32) {
-        self.write(serde_json::json!({
-            "registered": {"tree": tree, "root": std::process::id()}
-        }));
+        self.write(&ExecReport::Registered {
+            root: std::process::id(),
+            tree,
+        });
     }
 
     fn refused(&mut self, error: &anyhow::Error) {
@@ -196,20 +198,22 @@ impl ExecStatus {
             Some(leash_client::Error::Connect { .. }) => ("unavailable".into(), error.to_string()),
             _ => ("failed".into(), format!("{error:#}")),
         };
-        self.write(serde_json::json!({"error": {"code": code, "message": message}}));
+        self.write(&ExecReport::Refused { code, message });
     }
 
     fn exec_failed(&mut self, error: &anyhow::Error) {
         let errno = error
             .downcast_ref::<std::io::Error>()
             .and_then(std::io::Error::raw_os_error);
-        self.write(serde_json::json!({
-            "exec_failed": {"errno": errno, "message": format!("{error:#}")}
-        }));
+        self.write(&ExecReport::ExecFailed {
+            errno,
+            message: format!("{error:#}"),
+        });
     }
 
     /// A host that is gone cannot be told; its lease has ended and the tree dies with it.
-    fn write(&mut self, line: serde_json::Value) {
+    fn write(&mut self, report: &ExecReport) {
+        let line = serde_json::to_string(report).expect("a report serializes");
         if let Err(error) = writeln!(self.0, "{line}") {
             tracing::debug!("could not write the status line: {error}");
         }
