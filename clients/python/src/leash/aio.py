@@ -32,7 +32,7 @@ from ._connection import (
     NotSent,
 )
 from ._fallback import warn_unleashed
-from ._held import HeldTrees
+from ._lease_core import LeaseCore, log_close_error
 from .errors import LeashError, NotFound, Unavailable, cannot_connect, connection_lost
 from .protocol import (
     MAX_LINE_BYTES,
@@ -48,9 +48,6 @@ from .protocol import (
     parse_hello,
     parse_killed,
     parse_registered,
-    parse_trees,
-    register_fields,
-    socket_path,
 )
 
 log = logging.getLogger("leash")
@@ -325,7 +322,7 @@ class _Connection:
             self._writer.close()
 
 
-class AsyncLease:
+class AsyncLease(LeaseCore[_Connection]):
     """A connection to the leash daemon, and so a lease, for asyncio: every tree started under
     it is killed when this process dies, or the lease is closed, unless it was released.
 
@@ -347,18 +344,10 @@ class AsyncLease:
         leash: Optional[_shim.StrPath] = None,
         optional: bool = False,
     ) -> None:
-        self.socket = socket_path(socket)
-        grace_ms(grace)
-        self.grace = grace
-        self.optional = optional
-        self._leash_arg = leash
-        self._leash: Optional[str] = None
+        super().__init__(socket, grace, leash, optional)
+        # Made once a loop runs it (an asyncio.Lock of Python 3.9 binds to a loop when made).
         self._lock: Optional[asyncio.Lock] = None
-        self._connection: Optional[_Connection] = None
-        self._generation = 0
-        self._held = HeldTrees()
         self._opened = False
-        self._closed = False
         self._closing: Optional[asyncio.Future[None]] = None
 
     @classmethod
@@ -394,32 +383,13 @@ class AsyncLease:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self._closed:
-                raise LeashError("this lease is closed", "closed")
-            if self._leash is None:
-                self._leash = _shim.find_leash(self._leash_arg)
-            connection = self._connection
-            if connection is None or connection.lost:
-                if connection is not None:
-                    await connection.close()
-                    log.info("connecting to the leash daemon again at %s", self.socket)
-                connection = await _Connection.open(self.socket)
-                self._connection = connection
-                self._generation += 1
-            return connection, self._generation
-
-    @property
-    def leashed(self) -> bool:
-        """Whether the lease holds a live connection to the daemon."""
-        connection = self._connection
-        return connection is not None and not connection.lost
-
-    @property
-    def lease_id(self) -> Optional[int]:
-        """The daemon's id of this lease (a new lease's once it connects again); None
-        while unleashed."""
-        connection = self._connection
-        return None if connection is None else connection.lease.id
+            live = self._live_connection()
+            if live is not None:
+                return live, self._generation
+            stale = self._stale_connection()
+            if stale is not None:
+                await stale.close()
+            return self._connected(await _Connection.open(self.socket))
 
     async def _request(self, op: str, **fields: Any) -> Any:
         return (await self._call(op, **fields))[0]
@@ -456,13 +426,10 @@ class AsyncLease:
         Unavailable, PermissionDenied, LimitReached or LeashError when leash refuses it: then
         nothing of the command ever ran."""
 
-        original = dict(kwds)
-
-        def unleashed() -> Awaitable[Process]:
-            return asyncio.create_subprocess_exec(program, *args, **original)
-
-        command, argv0 = _shim.command_line([program, *args], False, kwds.pop("executable", None))
-        return await self._spawn(command, argv0, grace, keep_on_root_exit, kwds, unleashed)
+        plan = self._spawn_plan([program, *args], False, grace, keep_on_root_exit, kwds)
+        return await self._spawn(
+            plan, lambda: asyncio.create_subprocess_exec(program, *args, **kwds)
+        )
 
     async def create_subprocess_shell(
         self,
@@ -473,66 +440,37 @@ class AsyncLease:
     ) -> Process:
         """asyncio.create_subprocess_shell(cmd, **kwds) on the leash: `/bin/sh -c cmd`."""
 
-        original = dict(kwds)
-
-        def unleashed() -> Awaitable[Process]:
-            return asyncio.create_subprocess_shell(cmd, **original)
-
-        command, argv0 = _shim.command_line(cmd, True, kwds.pop("executable", None))
-        return await self._spawn(command, argv0, grace, keep_on_root_exit, kwds, unleashed)
+        plan = self._spawn_plan(cmd, True, grace, keep_on_root_exit, kwds)
+        return await self._spawn(plan, lambda: asyncio.create_subprocess_shell(cmd, **kwds))
 
     async def _spawn(
-        self,
-        command: List[_shim.StrOrBytesPath],
-        argv0: Optional[_shim.StrOrBytesPath],
-        grace: Optional[float],
-        keep_on_root_exit: bool,
-        kwds: Dict[str, Any],
-        unleashed: Callable[[], Awaitable[Process]],
+        self, plan: _shim.Spawn, unleashed: Callable[[], Awaitable[Process]]
     ) -> Process:
-        grace_in_ms = grace_ms(self.grace if grace is None else grace)
-        kwds["env"] = _shim.environment_without_token(kwds.get("env"))
+        """`unleashed` starts the command as the caller asked, for optional=True."""
         for attempt in range(2):
             try:
                 connection, generation = await self._connect_counted()
             except Unavailable as e:
                 if not self.optional:
                     raise
-                return await self._spawn_unleashed(unleashed, e, command)
-            proc, status = await self._spawn_shim(
-                connection, command, argv0, grace_in_ms, keep_on_root_exit, kwds
-            )
-            if status.tree is not None and status.error is None:
+                return await self._spawn_unleashed(unleashed, e, plan.command)
+            proc, status = await self._spawn_shim(connection, plan)
+            if self._hold_spawned(status, proc.pid, generation):
                 proc.leash_tree = status.tree  # type: ignore[attr-defined]
-                self._held.add(status.tree, proc.pid, generation)
                 return proc
-            if status.error is None:
-                reaped = await _reap(proc, read_stderr=True)
-                error: BaseException = _shim.no_word(self._leash or "leash", *reaped)
-            else:
-                error = status.error
-                await _reap(proc, read_stderr=False)
-            # An unknown token: the daemon that answered the shim is not the one this lease
-            # was made with (it restarted). The command never ran: once more, on a new lease.
-            if (
-                attempt == 0
-                and isinstance(error, NotFound)
-                and await connection.wait_lost(LOSS_NOTICE)
+            error = self._refusal(status, await _reap(proc, read_stderr=status.error is None))
+            if self._may_retry_on_new_lease(attempt, error) and await connection.wait_lost(
+                LOSS_NOTICE
             ):
                 continue
-            if isinstance(error, Unavailable) and self.optional and status.tree is None:
-                return await self._spawn_unleashed(unleashed, error, command)
+            reason = self._fallback_reason(error, status)
+            if reason is not None:
+                return await self._spawn_unleashed(unleashed, reason, plan.command)
             raise error
         raise AssertionError("unreachable")
 
     async def _spawn_shim(
-        self,
-        connection: _Connection,
-        command: List[_shim.StrOrBytesPath],
-        argv0: Optional[_shim.StrOrBytesPath],
-        grace_in_ms: Optional[int],
-        keep_on_root_exit: bool,
-        kwds: Dict[str, Any],
+        self, connection: _Connection, plan: _shim.Spawn
     ) -> Tuple[Process, _shim.Status]:
         """Starts `leash exec ... -- command` and reads what it says, without blocking the
         loop."""
@@ -540,27 +478,15 @@ class AsyncLease:
         leash = self._leash
         pipes = _shim.ShimPipes(connection.lease.token)
         try:
-            argv = _shim.shim_argv(
-                leash,
-                connection.path,
-                pipes.lease_fd,
-                pipes.status_write,
-                grace_in_ms,
-                keep_on_root_exit,
-                argv0,
-                command,
-            )
+            argv = plan.shim_argv(leash, connection.path, pipes)
             try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv, **_shim.popen_fd_kwargs(kwds, pipes)
-                )
+                proc = await asyncio.create_subprocess_exec(*argv, **plan.shim_kwargs(pipes))
             except OSError as e:
-                if _shim.is_leash_missing(e, leash):
-                    raise Unavailable(f"cannot execute leash at {leash}: {e}") from e
+                _shim.raise_if_leash_missing(e, leash)
                 raise
             pipes.close_child_ends()
             try:
-                status = _shim.parse_status(await _read_to_end(pipes.status_read), command[0])
+                status = plan.status(await _read_to_end(pipes.status_read))
             except OSError as e:
                 status = _shim.Status(error=_shim.status_read_error(e))
             except BaseException:
@@ -589,8 +515,7 @@ class AsyncLease:
     ) -> int:
         """Registers a running process, with the descendants it has, as a new tree of this
         lease; returns the tree. What it forks from then on is in the tree too."""
-        grace = self.grace if grace is None else grace
-        fields = register_fields(pid, grace, keep_on_root_exit)
+        fields = self._register_fields(pid, grace, keep_on_root_exit)
         ok, _, generation = await self._call("register", **fields)
         tree = parse_registered(ok)
         self._held.add(tree, pid, generation)
@@ -616,7 +541,7 @@ class AsyncLease:
         """This lease's trees, as the daemon lists them (with trees it holds from before the
         connection was lost)."""
         ok, connection, _ = await self._call("list")
-        return [t for t in parse_trees(ok) if self._held.is_mine(t, connection.lease.id)]
+        return self._mine(ok, connection)
 
     def events(self) -> AsyncEventStream:
         """A stream of this lease's events: `async for event in lease.events()`. It subscribes
@@ -673,10 +598,10 @@ class AsyncLease:
     async def _kill_held(self, connection: _Connection, generation: int) -> List[LeashError]:
         """Kills every tree held, all at once; returns the errors (a tree that is gone already
         is none)."""
-        trees = self._held.current(generation)
+        listing = None
         if self._held.from_earlier_connections(generation):
-            listing = parse_trees(await connection.request("list"))
-            trees += self._held.earlier_still_listed(listing, generation)
+            listing = await connection.request("list")
+        trees = self._to_kill(generation, listing)
         kills = [(t, await connection.submit("kill", tree=t)) for t in trees]
         errors: List[LeashError] = []
         for tree, kill in kills:
@@ -705,7 +630,7 @@ class AsyncLease:
         try:
             await self.aclose()
         except LeashError as e:
-            log.warning("closing the lease: %s", e)
+            log_close_error(e)
 
 
 def tree_of(process: Any) -> Optional[int]:
