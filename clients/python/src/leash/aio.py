@@ -33,6 +33,7 @@ from ._connection import (
 )
 from ._fallback import warn_unleashed
 from ._lease_core import LeaseCore, log_close_error
+from ._replies import LineRouter, Settable, Stream
 from .errors import LeashError, NotFound, Unavailable, cannot_connect, connection_lost
 from .protocol import (
     MAX_LINE_BYTES,
@@ -42,7 +43,6 @@ from .protocol import (
     LeaseInfo,
     ProtocolError,
     Tree,
-    decode_line,
     encode,
     grace_ms,
     parse_hello,
@@ -151,22 +151,20 @@ class AsyncEventStream:
         self._end(None)
 
 
-class _Connection:
+class _Connection(LineRouter):
     """A connection and its lease, read by a task that hands each reply to its request (out of
     order: a `kill` is answered when its tree is empty) and each event to the streams."""
 
     def __init__(
         self, path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        self.path = path
+        super().__init__(path)
         self._reader = reader
         self._writer = writer
         self._send_lock = asyncio.Lock()
         self._pending: Dict[int, asyncio.Future[Any]] = {}
         self._next_id = 1
         self._lost: Optional[LeashError] = None
-        self._last_word: Optional[LeashError] = None
-        self._closing = False
         self._streams: List[AsyncEventStream] = []
         self._subscribed: Optional[asyncio.Future[None]] = None
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
@@ -277,32 +275,13 @@ class _Connection:
             # and the daemon ends the lease with it.
             self._fail(LeashError("the event loop stopped", "closed"), ended_by_us=True)
             raise
-        if self._closing:
-            self._fail(LeashError("the lease is closed", "closed"), ended_by_us=True)
-        elif self._last_word is not None:
-            self._fail(self._last_word)
-        else:
-            self._fail(connection_lost(self.path, reason))
+        self._fail(*self._end_error(reason))
 
-    def _dispatch(self, line: bytes) -> None:
-        decoded = decode_line(line)
-        if isinstance(decoded, Event):
-            for stream in list(self._streams):
-                stream._push(decoded)
-        elif isinstance(decoded, LeashError):
-            # Said when the connection closes, as the reason.
-            self._last_word = decoded
-        else:
-            request_id, value = decoded
-            future = self._pending.pop(request_id, None)
-            if future is None:
-                raise ProtocolError(f"a reply to request {request_id}, which is not pending")
-            if future.done():  # its caller was cancelled
-                return
-            if isinstance(value, LeashError):
-                future.set_exception(value)
-            else:
-                future.set_result(value)
+    def _streams_now(self) -> List[Stream]:
+        return list(self._streams)
+
+    def _take_pending(self, request_id: int) -> Optional[Settable]:
+        return self._pending.pop(request_id, None)
 
     def _fail(self, error: LeashError, ended_by_us: bool = False) -> None:
         if self._lost is None:
