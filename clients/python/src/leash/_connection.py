@@ -4,13 +4,13 @@ order: a `kill` is answered when its tree is empty) and each event to the subscr
 
 from __future__ import annotations
 
-import collections
 import logging
 import socket
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
+from ._event_queue import EventQueue
 from ._replies import LineRouter, Settable, Stream
 from .errors import LeashError, cannot_connect, connection_lost
 from .protocol import (
@@ -55,10 +55,8 @@ class EventStream:
         self, wanted: Callable[[Event], bool], capacity: int = EVENT_QUEUE_CAPACITY
     ) -> None:
         self._wanted = wanted
-        self._capacity = capacity
         self._ready = threading.Condition()
-        self._events: Deque[Event] = collections.deque()
-        self._dropped = 0
+        self._events = EventQueue(capacity)
         self._ended = False
         self._error: Optional[LeashError] = None
         self._on_close: Optional[Callable[[EventStream], None]] = None
@@ -69,14 +67,8 @@ class EventStream:
         with self._ready:
             if self._ended:
                 return
-            if len(self._events) >= self._capacity:
-                self._dropped += 1
-                return
-            if self._dropped:
-                self._events.append(Event.dropped(self._dropped))
-                self._dropped = 0
-            self._events.append(event)
-            self._ready.notify_all()
+            if self._events.offer(event):
+                self._ready.notify_all()
 
     def _end(self, error: Optional[LeashError]) -> None:
         with self._ready:

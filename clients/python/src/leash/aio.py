@@ -5,7 +5,6 @@ connection is an asyncio stream read by a task of the lease's own."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 from asyncio.subprocess import Process
@@ -14,7 +13,6 @@ from typing import (
     Any,
     Awaitable,
     Callable,
-    Deque,
     Dict,
     Generator,
     List,
@@ -31,6 +29,7 @@ from ._connection import (
     SEND_FAILED_READ_TIMEOUT,
     NotSent,
 )
+from ._event_queue import EventQueue
 from ._fallback import warn_unleashed
 from ._lease_core import LeaseCore, log_close_error
 from ._replies import LineRouter, Settable, Stream
@@ -67,11 +66,9 @@ class AsyncEventStream:
     ) -> None:
         self._subscribe: Optional[Callable[[AsyncEventStream], Awaitable[None]]] = subscribe
         self._wanted: Callable[[Event], bool] = lambda event: False
-        self._capacity = capacity
-        self._events: Deque[Event] = collections.deque()
+        self._events = EventQueue(capacity)
         # Made once a loop runs it (an asyncio.Event of Python 3.9 binds to a loop when made).
         self._changed: Optional[asyncio.Event] = None
-        self._dropped = 0
         self._ended = False
         self._error: Optional[LeashError] = None
         self._on_close: Optional[Callable[[AsyncEventStream], None]] = None
@@ -79,14 +76,7 @@ class AsyncEventStream:
     def _push(self, event: Event) -> None:
         if self._ended or not (event.kind == "dropped" or self._wanted(event)):
             return
-        if len(self._events) >= self._capacity:
-            self._dropped += 1
-            return
-        if self._dropped:
-            self._events.append(Event.dropped(self._dropped))
-            self._dropped = 0
-        self._events.append(event)
-        if self._changed is not None:
+        if self._events.offer(event) and self._changed is not None:
             self._changed.set()
 
     def _end(self, error: Optional[LeashError]) -> None:
