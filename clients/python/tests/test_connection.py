@@ -80,6 +80,21 @@ def hello(reader: BinaryIO, writer: BinaryIO, lease_id: int) -> None:
     send(writer, {"id": request["id"], "ok": {"hello": {"protocol": 1, "lease": lease}}})
 
 
+def answer_kill(
+    writer: BinaryIO, kill: Dict[str, Any], terminated: int = 0, killed: int = 0, rounds: int = 0
+) -> None:
+    """Answers a kill request as the daemon does once the tree is empty."""
+    summary = {
+        "tree": kill["tree"],
+        "terminated": terminated,
+        "killed": killed,
+        "rounds": rounds,
+        "elapsed_ms": 1,
+        "reason": "request",
+    }
+    send(writer, {"id": kill["id"], "ok": {"killed": summary}})
+
+
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[Callable[[List[Handler]], FakeDaemon]]:
     made: List[FakeDaemon] = []
@@ -106,15 +121,7 @@ def test_replies_out_of_order_reach_their_requests(
         listing = receive(reader)
         assert listing["op"] == "list"
         send(writer, {"id": listing["id"], "ok": {"trees": []}})
-        summary = {
-            "tree": 5,
-            "terminated": 1,
-            "killed": 0,
-            "rounds": 0,
-            "elapsed_ms": 3,
-            "reason": "request",
-        }
-        send(writer, {"id": kill["id"], "ok": {"killed": summary}})
+        answer_kill(writer, kill, terminated=1)
         reader.read()  # until the client closes
 
     daemon = fake([serve])
@@ -177,15 +184,7 @@ def test_asyncio_a_lost_connection_and_out_of_order_replies(
         kill_received.set()
         listing = receive(reader)
         send(writer, {"id": listing["id"], "ok": {"trees": []}})
-        summary = {
-            "tree": 9,
-            "terminated": 0,
-            "killed": 1,
-            "rounds": 1,
-            "elapsed_ms": 1,
-            "reason": "request",
-        }
-        send(writer, {"id": kill["id"], "ok": {"killed": summary}})
+        answer_kill(writer, kill, killed=1, rounds=1)
         receive(reader)  # never answered: the daemon goes away
 
     def second(reader: BinaryIO, writer: BinaryIO) -> None:
@@ -248,15 +247,7 @@ def restarted_daemon(shim_log: Path) -> List[Handler]:
         hello(reader, writer, 2)
         kill = receive(reader)
         assert kill["op"] == "kill" and kill["tree"] == 8, kill
-        summary = {
-            "tree": 8,
-            "terminated": 0,
-            "killed": 0,
-            "rounds": 0,
-            "elapsed_ms": 0,
-            "reason": "request",
-        }
-        send(writer, {"id": kill["id"], "ok": {"killed": summary}})
+        answer_kill(writer, kill)
         reader.read()
 
     return [first, second]

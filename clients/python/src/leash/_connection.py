@@ -4,13 +4,14 @@ order: a `kill` is answered when its tree is empty) and each event to the subscr
 
 from __future__ import annotations
 
-import collections
 import logging
 import socket
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
+from ._event_queue import EventQueue
+from ._replies import LineRouter, Settable, Stream
 from .errors import LeashError, cannot_connect, connection_lost
 from .protocol import (
     MAX_LINE_BYTES,
@@ -18,7 +19,6 @@ from .protocol import (
     Event,
     LeaseInfo,
     ProtocolError,
-    decode_line,
     encode,
     parse_hello,
 )
@@ -55,10 +55,8 @@ class EventStream:
         self, wanted: Callable[[Event], bool], capacity: int = EVENT_QUEUE_CAPACITY
     ) -> None:
         self._wanted = wanted
-        self._capacity = capacity
         self._ready = threading.Condition()
-        self._events: Deque[Event] = collections.deque()
-        self._dropped = 0
+        self._events = EventQueue(capacity)
         self._ended = False
         self._error: Optional[LeashError] = None
         self._on_close: Optional[Callable[[EventStream], None]] = None
@@ -69,14 +67,8 @@ class EventStream:
         with self._ready:
             if self._ended:
                 return
-            if len(self._events) >= self._capacity:
-                self._dropped += 1
-                return
-            if self._dropped:
-                self._events.append(Event.dropped(self._dropped))
-                self._dropped = 0
-            self._events.append(event)
-            self._ready.notify_all()
+            if self._events.offer(event):
+                self._ready.notify_all()
 
     def _end(self, error: Optional[LeashError]) -> None:
         with self._ready:
@@ -123,11 +115,11 @@ class EventStream:
         self.close()
 
 
-class Connection:
+class Connection(LineRouter):
     """A connection and its lease. Raises Unavailable when the daemon cannot be reached."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
+        super().__init__(path)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(path)
@@ -140,9 +132,6 @@ class Connection:
         self._next_id = 1
         self._lost: Optional[LeashError] = None
         self._lost_event = threading.Event()
-        # An error the daemon sent for no request: why it is about to close the connection.
-        self._last_word: Optional[LeashError] = None
-        self._closing = False
         self._streams: List[EventStream] = []
         self._subscribe_lock = threading.Lock()
         self._subscribed = False
@@ -241,33 +230,15 @@ class Connection:
             reason = str(e)
         except OSError as e:
             reason = f"reading: {e}"
-        if self._closing:
-            self._fail(LeashError("the lease is closed", "closed"), ended_by_us=True)
-        elif self._last_word is not None:
-            self._fail(self._last_word)
-        else:
-            self._fail(connection_lost(self.path, reason))
+        self._fail(*self._end_error(reason))
 
-    def _dispatch(self, line: bytes) -> None:
-        decoded = decode_line(line)
-        if isinstance(decoded, Event):
-            with self._lock:
-                streams = list(self._streams)
-            for stream in streams:
-                stream._push(decoded)
-        elif isinstance(decoded, LeashError):
-            # Said when the connection closes, as the reason.
-            self._last_word = decoded
-        else:
-            request_id, value = decoded
-            with self._lock:
-                future = self._pending.pop(request_id, None)
-            if future is None:
-                raise ProtocolError(f"a reply to request {request_id}, which is not pending")
-            if isinstance(value, LeashError):
-                future.set_exception(value)
-            else:
-                future.set_result(value)
+    def _streams_now(self) -> List[Stream]:
+        with self._lock:
+            return list(self._streams)
+
+    def _take_pending(self, request_id: int) -> Optional[Settable]:
+        with self._lock:
+            return self._pending.pop(request_id, None)
 
     def _fail(self, error: LeashError, ended_by_us: bool = False) -> None:
         with self._lock:

@@ -69,25 +69,49 @@ def command_line(
     return argv, None
 
 
-def shim_argv(
-    leash: str,
-    socket: str,
-    lease_fd: int,
-    status_fd: int,
-    grace_ms: Optional[int],
-    keep_on_root_exit: bool,
-    argv0: Optional[StrOrBytesPath],
-    command: Sequence[StrOrBytesPath],
-) -> List[StrOrBytesPath]:
-    argv: List[StrOrBytesPath] = [leash, "--socket", socket, "exec"]
-    argv += ["--lease-fd", str(lease_fd), "--status-fd", str(status_fd)]
-    if grace_ms is not None:
-        argv += ["--grace", f"{grace_ms}ms"]
-    if keep_on_root_exit:
-        argv.append("--keep-on-root-exit")
-    if argv0 is not None:
-        argv += ["--argv0", argv0]
-    return [*argv, "--", *command]
+@dataclass
+class Spawn:
+    """A command to start through the shim: what Popen would execute, the shim's options, and
+    the keyword arguments for the spawning call (the shim's environment, less the token)."""
+
+    command: List[StrOrBytesPath]
+    argv0: Optional[StrOrBytesPath]
+    grace_ms: Optional[int]
+    keep_on_root_exit: bool
+    kwargs: Dict[str, Any]
+
+    @classmethod
+    def of(
+        cls,
+        args: Args,
+        shell: bool,
+        grace_ms: Optional[int],
+        keep_on_root_exit: bool,
+        kwargs: Mapping[str, Any],
+    ) -> Spawn:
+        """`kwargs` are the caller's; `executable` goes into the command (the shim execs it)."""
+        kwargs = dict(kwargs)
+        command, argv0 = command_line(args, shell, kwargs.pop("executable", None))
+        kwargs["env"] = environment_without_token(kwargs.get("env"))
+        return cls(command, argv0, grace_ms, keep_on_root_exit, kwargs)
+
+    def shim_argv(self, leash: str, socket: str, pipes: ShimPipes) -> List[StrOrBytesPath]:
+        argv: List[StrOrBytesPath] = [leash, "--socket", socket, "exec"]
+        argv += ["--lease-fd", str(pipes.lease_fd), "--status-fd", str(pipes.status_write)]
+        if self.grace_ms is not None:
+            argv += ["--grace", f"{self.grace_ms}ms"]
+        if self.keep_on_root_exit:
+            argv.append("--keep-on-root-exit")
+        if self.argv0 is not None:
+            argv += ["--argv0", self.argv0]
+        return [*argv, "--", *self.command]
+
+    def shim_kwargs(self, pipes: ShimPipes) -> Dict[str, Any]:
+        """The keyword arguments, with the shim's descriptors passed."""
+        return popen_fd_kwargs(self.kwargs, pipes)
+
+    def status(self, data: bytes) -> Status:
+        return parse_status(data, self.command[0])
 
 
 def environment_without_token(env: Optional[Mapping[Any, Any]]) -> Optional[Mapping[Any, Any]]:
@@ -241,9 +265,11 @@ def status_read_error(error: OSError) -> LeashError:
     return LeashError(f"reading the status of leash exec: {error}")
 
 
-def is_leash_missing(error: OSError, leash: str) -> bool:
-    """Whether Popen failed to execute the shim itself (a binary removed since it was found)."""
-    return error.filename is not None and os.fsdecode(error.filename) == leash
+def raise_if_leash_missing(error: OSError, leash: str) -> None:
+    """Raises Unavailable if starting the shim failed because leash itself could not be
+    executed (a binary removed since it was found), not the command."""
+    if error.filename is not None and os.fsdecode(error.filename) == leash:
+        raise Unavailable(f"cannot execute leash at {leash}: {error}") from error
 
 
 def describe(args: Args) -> str:

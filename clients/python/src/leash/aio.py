@@ -5,7 +5,6 @@ connection is an asyncio stream read by a task of the lease's own."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 from asyncio.subprocess import Process
@@ -14,7 +13,6 @@ from typing import (
     Any,
     Awaitable,
     Callable,
-    Deque,
     Dict,
     Generator,
     List,
@@ -31,8 +29,10 @@ from ._connection import (
     SEND_FAILED_READ_TIMEOUT,
     NotSent,
 )
+from ._event_queue import EventQueue
 from ._fallback import warn_unleashed
-from ._held import HeldTrees
+from ._lease_core import LeaseCore, log_close_error
+from ._replies import LineRouter, Settable, Stream
 from .errors import LeashError, NotFound, Unavailable, cannot_connect, connection_lost
 from .protocol import (
     MAX_LINE_BYTES,
@@ -42,15 +42,11 @@ from .protocol import (
     LeaseInfo,
     ProtocolError,
     Tree,
-    decode_line,
     encode,
     grace_ms,
     parse_hello,
     parse_killed,
     parse_registered,
-    parse_trees,
-    register_fields,
-    socket_path,
 )
 
 log = logging.getLogger("leash")
@@ -70,11 +66,9 @@ class AsyncEventStream:
     ) -> None:
         self._subscribe: Optional[Callable[[AsyncEventStream], Awaitable[None]]] = subscribe
         self._wanted: Callable[[Event], bool] = lambda event: False
-        self._capacity = capacity
-        self._events: Deque[Event] = collections.deque()
+        self._events = EventQueue(capacity)
         # Made once a loop runs it (an asyncio.Event of Python 3.9 binds to a loop when made).
         self._changed: Optional[asyncio.Event] = None
-        self._dropped = 0
         self._ended = False
         self._error: Optional[LeashError] = None
         self._on_close: Optional[Callable[[AsyncEventStream], None]] = None
@@ -82,14 +76,7 @@ class AsyncEventStream:
     def _push(self, event: Event) -> None:
         if self._ended or not (event.kind == "dropped" or self._wanted(event)):
             return
-        if len(self._events) >= self._capacity:
-            self._dropped += 1
-            return
-        if self._dropped:
-            self._events.append(Event.dropped(self._dropped))
-            self._dropped = 0
-        self._events.append(event)
-        if self._changed is not None:
+        if self._events.offer(event) and self._changed is not None:
             self._changed.set()
 
     def _end(self, error: Optional[LeashError]) -> None:
@@ -154,22 +141,20 @@ class AsyncEventStream:
         self._end(None)
 
 
-class _Connection:
+class _Connection(LineRouter):
     """A connection and its lease, read by a task that hands each reply to its request (out of
     order: a `kill` is answered when its tree is empty) and each event to the streams."""
 
     def __init__(
         self, path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        self.path = path
+        super().__init__(path)
         self._reader = reader
         self._writer = writer
         self._send_lock = asyncio.Lock()
         self._pending: Dict[int, asyncio.Future[Any]] = {}
         self._next_id = 1
         self._lost: Optional[LeashError] = None
-        self._last_word: Optional[LeashError] = None
-        self._closing = False
         self._streams: List[AsyncEventStream] = []
         self._subscribed: Optional[asyncio.Future[None]] = None
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
@@ -280,32 +265,13 @@ class _Connection:
             # and the daemon ends the lease with it.
             self._fail(LeashError("the event loop stopped", "closed"), ended_by_us=True)
             raise
-        if self._closing:
-            self._fail(LeashError("the lease is closed", "closed"), ended_by_us=True)
-        elif self._last_word is not None:
-            self._fail(self._last_word)
-        else:
-            self._fail(connection_lost(self.path, reason))
+        self._fail(*self._end_error(reason))
 
-    def _dispatch(self, line: bytes) -> None:
-        decoded = decode_line(line)
-        if isinstance(decoded, Event):
-            for stream in list(self._streams):
-                stream._push(decoded)
-        elif isinstance(decoded, LeashError):
-            # Said when the connection closes, as the reason.
-            self._last_word = decoded
-        else:
-            request_id, value = decoded
-            future = self._pending.pop(request_id, None)
-            if future is None:
-                raise ProtocolError(f"a reply to request {request_id}, which is not pending")
-            if future.done():  # its caller was cancelled
-                return
-            if isinstance(value, LeashError):
-                future.set_exception(value)
-            else:
-                future.set_result(value)
+    def _streams_now(self) -> List[Stream]:
+        return list(self._streams)
+
+    def _take_pending(self, request_id: int) -> Optional[Settable]:
+        return self._pending.pop(request_id, None)
 
     def _fail(self, error: LeashError, ended_by_us: bool = False) -> None:
         if self._lost is None:
@@ -325,7 +291,7 @@ class _Connection:
             self._writer.close()
 
 
-class AsyncLease:
+class AsyncLease(LeaseCore[_Connection]):
     """A connection to the leash daemon, and so a lease, for asyncio: every tree started under
     it is killed when this process dies, or the lease is closed, unless it was released.
 
@@ -347,18 +313,10 @@ class AsyncLease:
         leash: Optional[_shim.StrPath] = None,
         optional: bool = False,
     ) -> None:
-        self.socket = socket_path(socket)
-        grace_ms(grace)
-        self.grace = grace
-        self.optional = optional
-        self._leash_arg = leash
-        self._leash: Optional[str] = None
+        super().__init__(socket, grace, leash, optional)
+        # Made once a loop runs it (an asyncio.Lock of Python 3.9 binds to a loop when made).
         self._lock: Optional[asyncio.Lock] = None
-        self._connection: Optional[_Connection] = None
-        self._generation = 0
-        self._held = HeldTrees()
         self._opened = False
-        self._closed = False
         self._closing: Optional[asyncio.Future[None]] = None
 
     @classmethod
@@ -394,32 +352,13 @@ class AsyncLease:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self._closed:
-                raise LeashError("this lease is closed", "closed")
-            if self._leash is None:
-                self._leash = _shim.find_leash(self._leash_arg)
-            connection = self._connection
-            if connection is None or connection.lost:
-                if connection is not None:
-                    await connection.close()
-                    log.info("connecting to the leash daemon again at %s", self.socket)
-                connection = await _Connection.open(self.socket)
-                self._connection = connection
-                self._generation += 1
-            return connection, self._generation
-
-    @property
-    def leashed(self) -> bool:
-        """Whether the lease holds a live connection to the daemon."""
-        connection = self._connection
-        return connection is not None and not connection.lost
-
-    @property
-    def lease_id(self) -> Optional[int]:
-        """The daemon's id of this lease (a new lease's once it connects again); None
-        while unleashed."""
-        connection = self._connection
-        return None if connection is None else connection.lease.id
+            live = self._live_connection()
+            if live is not None:
+                return live, self._generation
+            stale = self._stale_connection()
+            if stale is not None:
+                await stale.close()
+            return self._connected(await _Connection.open(self.socket))
 
     async def _request(self, op: str, **fields: Any) -> Any:
         return (await self._call(op, **fields))[0]
@@ -456,13 +395,10 @@ class AsyncLease:
         Unavailable, PermissionDenied, LimitReached or LeashError when leash refuses it: then
         nothing of the command ever ran."""
 
-        original = dict(kwds)
-
-        def unleashed() -> Awaitable[Process]:
-            return asyncio.create_subprocess_exec(program, *args, **original)
-
-        command, argv0 = _shim.command_line([program, *args], False, kwds.pop("executable", None))
-        return await self._spawn(command, argv0, grace, keep_on_root_exit, kwds, unleashed)
+        plan = self._spawn_plan([program, *args], False, grace, keep_on_root_exit, kwds)
+        return await self._spawn(
+            plan, lambda: asyncio.create_subprocess_exec(program, *args, **kwds)
+        )
 
     async def create_subprocess_shell(
         self,
@@ -473,66 +409,37 @@ class AsyncLease:
     ) -> Process:
         """asyncio.create_subprocess_shell(cmd, **kwds) on the leash: `/bin/sh -c cmd`."""
 
-        original = dict(kwds)
-
-        def unleashed() -> Awaitable[Process]:
-            return asyncio.create_subprocess_shell(cmd, **original)
-
-        command, argv0 = _shim.command_line(cmd, True, kwds.pop("executable", None))
-        return await self._spawn(command, argv0, grace, keep_on_root_exit, kwds, unleashed)
+        plan = self._spawn_plan(cmd, True, grace, keep_on_root_exit, kwds)
+        return await self._spawn(plan, lambda: asyncio.create_subprocess_shell(cmd, **kwds))
 
     async def _spawn(
-        self,
-        command: List[_shim.StrOrBytesPath],
-        argv0: Optional[_shim.StrOrBytesPath],
-        grace: Optional[float],
-        keep_on_root_exit: bool,
-        kwds: Dict[str, Any],
-        unleashed: Callable[[], Awaitable[Process]],
+        self, plan: _shim.Spawn, unleashed: Callable[[], Awaitable[Process]]
     ) -> Process:
-        grace_in_ms = grace_ms(self.grace if grace is None else grace)
-        kwds["env"] = _shim.environment_without_token(kwds.get("env"))
+        """`unleashed` starts the command as the caller asked, for optional=True."""
         for attempt in range(2):
             try:
                 connection, generation = await self._connect_counted()
             except Unavailable as e:
                 if not self.optional:
                     raise
-                return await self._spawn_unleashed(unleashed, e, command)
-            proc, status = await self._spawn_shim(
-                connection, command, argv0, grace_in_ms, keep_on_root_exit, kwds
-            )
-            if status.tree is not None and status.error is None:
+                return await self._spawn_unleashed(unleashed, e, plan.command)
+            proc, status = await self._spawn_shim(connection, plan)
+            if self._hold_spawned(status, proc.pid, generation):
                 proc.leash_tree = status.tree  # type: ignore[attr-defined]
-                self._held.add(status.tree, proc.pid, generation)
                 return proc
-            if status.error is None:
-                reaped = await _reap(proc, read_stderr=True)
-                error: BaseException = _shim.no_word(self._leash or "leash", *reaped)
-            else:
-                error = status.error
-                await _reap(proc, read_stderr=False)
-            # An unknown token: the daemon that answered the shim is not the one this lease
-            # was made with (it restarted). The command never ran: once more, on a new lease.
-            if (
-                attempt == 0
-                and isinstance(error, NotFound)
-                and await connection.wait_lost(LOSS_NOTICE)
+            error = self._refusal(status, await _reap(proc, read_stderr=status.error is None))
+            if self._may_retry_on_new_lease(attempt, error) and await connection.wait_lost(
+                LOSS_NOTICE
             ):
                 continue
-            if isinstance(error, Unavailable) and self.optional and status.tree is None:
-                return await self._spawn_unleashed(unleashed, error, command)
+            reason = self._fallback_reason(error, status)
+            if reason is not None:
+                return await self._spawn_unleashed(unleashed, reason, plan.command)
             raise error
         raise AssertionError("unreachable")
 
     async def _spawn_shim(
-        self,
-        connection: _Connection,
-        command: List[_shim.StrOrBytesPath],
-        argv0: Optional[_shim.StrOrBytesPath],
-        grace_in_ms: Optional[int],
-        keep_on_root_exit: bool,
-        kwds: Dict[str, Any],
+        self, connection: _Connection, plan: _shim.Spawn
     ) -> Tuple[Process, _shim.Status]:
         """Starts `leash exec ... -- command` and reads what it says, without blocking the
         loop."""
@@ -540,27 +447,15 @@ class AsyncLease:
         leash = self._leash
         pipes = _shim.ShimPipes(connection.lease.token)
         try:
-            argv = _shim.shim_argv(
-                leash,
-                connection.path,
-                pipes.lease_fd,
-                pipes.status_write,
-                grace_in_ms,
-                keep_on_root_exit,
-                argv0,
-                command,
-            )
+            argv = plan.shim_argv(leash, connection.path, pipes)
             try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv, **_shim.popen_fd_kwargs(kwds, pipes)
-                )
+                proc = await asyncio.create_subprocess_exec(*argv, **plan.shim_kwargs(pipes))
             except OSError as e:
-                if _shim.is_leash_missing(e, leash):
-                    raise Unavailable(f"cannot execute leash at {leash}: {e}") from e
+                _shim.raise_if_leash_missing(e, leash)
                 raise
             pipes.close_child_ends()
             try:
-                status = _shim.parse_status(await _read_to_end(pipes.status_read), command[0])
+                status = plan.status(await _read_to_end(pipes.status_read))
             except OSError as e:
                 status = _shim.Status(error=_shim.status_read_error(e))
             except BaseException:
@@ -589,8 +484,7 @@ class AsyncLease:
     ) -> int:
         """Registers a running process, with the descendants it has, as a new tree of this
         lease; returns the tree. What it forks from then on is in the tree too."""
-        grace = self.grace if grace is None else grace
-        fields = register_fields(pid, grace, keep_on_root_exit)
+        fields = self._register_fields(pid, grace, keep_on_root_exit)
         ok, _, generation = await self._call("register", **fields)
         tree = parse_registered(ok)
         self._held.add(tree, pid, generation)
@@ -616,7 +510,7 @@ class AsyncLease:
         """This lease's trees, as the daemon lists them (with trees it holds from before the
         connection was lost)."""
         ok, connection, _ = await self._call("list")
-        return [t for t in parse_trees(ok) if self._held.is_mine(t, connection.lease.id)]
+        return self._mine(ok, connection)
 
     def events(self) -> AsyncEventStream:
         """A stream of this lease's events: `async for event in lease.events()`. It subscribes
@@ -673,10 +567,10 @@ class AsyncLease:
     async def _kill_held(self, connection: _Connection, generation: int) -> List[LeashError]:
         """Kills every tree held, all at once; returns the errors (a tree that is gone already
         is none)."""
-        trees = self._held.current(generation)
+        listing = None
         if self._held.from_earlier_connections(generation):
-            listing = parse_trees(await connection.request("list"))
-            trees += self._held.earlier_still_listed(listing, generation)
+            listing = await connection.request("list")
+        trees = self._to_kill(generation, listing)
         kills = [(t, await connection.submit("kill", tree=t)) for t in trees]
         errors: List[LeashError] = []
         for tree, kill in kills:
@@ -705,7 +599,7 @@ class AsyncLease:
         try:
             await self.aclose()
         except LeashError as e:
-            log.warning("closing the lease: %s", e)
+            log_close_error(e)
 
 
 def tree_of(process: Any) -> Optional[int]:

@@ -13,18 +13,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
 from . import _shim
 from ._connection import LOSS_NOTICE, Connection, EventStream, NotSent
 from ._fallback import warn_unleashed
-from ._held import HeldTrees
+from ._lease_core import LeaseCore, log_close_error
 from .errors import LeashError, NotFound, Unavailable
-from .protocol import (
-    KillSummary,
-    Tree,
-    grace_ms,
-    parse_killed,
-    parse_registered,
-    parse_trees,
-    register_fields,
-    socket_path,
-)
+from .protocol import KillSummary, Tree, grace_ms, parse_killed, parse_registered
 
 log = logging.getLogger("leash")
 
@@ -41,7 +32,7 @@ class LeashedPopen(_Popen):
     leash_tree: Optional[int] = None
 
 
-class Lease:
+class Lease(LeaseCore[Connection]):
     """A connection to the leash daemon, and so a lease: every tree started under it is killed
     when this process dies, or the lease is closed, unless it was released.
 
@@ -64,19 +55,10 @@ class Lease:
         leash: Optional[_shim.StrPath] = None,
         optional: bool = False,
     ) -> None:
-        self.socket = socket_path(socket)
-        grace_ms(grace)  # checked now, not at the first spawn
-        self.grace = grace
-        self.optional = optional
-        self._leash_arg = leash
-        self._leash: Optional[str] = None
+        super().__init__(socket, grace, leash, optional)
         self._lock = threading.Lock()
         # Held through close(): a second caller returns when the first is done.
         self._close_lock = threading.Lock()
-        self._connection: Optional[Connection] = None
-        self._generation = 0
-        self._held = HeldTrees()
-        self._closed = False
         try:
             self._connect()
         except Unavailable as e:
@@ -93,32 +75,13 @@ class Lease:
     def _connect_counted(self) -> Tuple[Connection, int]:
         """The live connection, and how many connections the lease has made."""
         with self._lock:
-            if self._closed:
-                raise LeashError("this lease is closed", "closed")
-            if self._leash is None:
-                self._leash = _shim.find_leash(self._leash_arg)
-            connection = self._connection
-            if connection is None or connection.lost:
-                if connection is not None:
-                    connection.close()
-                    log.info("connecting to the leash daemon again at %s", self.socket)
-                connection = Connection(self.socket)
-                self._connection = connection
-                self._generation += 1
-            return connection, self._generation
-
-    @property
-    def leashed(self) -> bool:
-        """Whether the lease holds a live connection to the daemon."""
-        connection = self._connection
-        return connection is not None and not connection.lost
-
-    @property
-    def lease_id(self) -> Optional[int]:
-        """The daemon's id of this lease (a new lease's once it connects again); None
-        while unleashed."""
-        connection = self._connection
-        return None if connection is None else connection.lease.id
+            live = self._live_connection()
+            if live is not None:
+                return live, self._generation
+            stale = self._stale_connection()
+            if stale is not None:
+                stale.close()
+            return self._connected(Connection(self.socket))
 
     def _request(self, op: str, **fields: Any) -> Any:
         return self._call(op, **fields)[0]
@@ -154,12 +117,10 @@ class Lease:
         Raises as Popen does when the command cannot be executed (FileNotFoundError...), and
         Unavailable, PermissionDenied, LimitReached or LeashError when leash refuses it: then
         nothing of the command ever ran."""
-        grace_in_ms = grace_ms(self.grace if grace is None else grace)
-        command, argv0 = _shim.command_line(
-            args, popen_kwargs.get("shell", False), popen_kwargs.get("executable")
-        )
-        shim_kwargs = {k: v for k, v in popen_kwargs.items() if k not in ("shell", "executable")}
-        shim_kwargs["env"] = _shim.environment_without_token(popen_kwargs.get("env"))
+        # The shell is the shim's to run, as Popen would have.
+        shim_kwargs = {k: v for k, v in popen_kwargs.items() if k != "shell"}
+        shell = popen_kwargs.get("shell", False)
+        plan = self._spawn_plan(args, shell, grace, keep_on_root_exit, shim_kwargs)
         for attempt in range(2):
             try:
                 connection, generation = self._connect_counted()
@@ -167,64 +128,38 @@ class Lease:
                 if not self.optional:
                     raise
                 return self._popen_unleashed(args, e, popen_kwargs)
-            proc, status = self._spawn_shim(
-                connection, command, argv0, grace_in_ms, keep_on_root_exit, shim_kwargs
-            )
-            if status.tree is not None and status.error is None:
+            proc, status = self._spawn_shim(connection, plan)
+            if self._hold_spawned(status, proc.pid, generation):
                 # What the caller asked to run, as Popen keeps it (CalledProcessError shows it).
                 proc.args = args
                 proc.leash_tree = status.tree
-                self._held.add(status.tree, proc.pid, generation)
                 return proc
-            if status.error is None:
-                error: BaseException = _shim.no_word(
-                    self._leash or "leash", *_reap(proc, read_stderr=True)
-                )
-            else:
-                error = status.error
-                _reap(proc, read_stderr=False)
-            # An unknown token: the daemon that answered the shim is not the one this lease
-            # was made with (it restarted). The command never ran: once more, on a new lease.
-            if attempt == 0 and isinstance(error, NotFound) and connection.wait_lost(LOSS_NOTICE):
+            error = self._refusal(status, _reap(proc, read_stderr=status.error is None))
+            if self._may_retry_on_new_lease(attempt, error) and connection.wait_lost(LOSS_NOTICE):
                 continue
-            if isinstance(error, Unavailable) and self.optional and status.tree is None:
-                return self._popen_unleashed(args, error, popen_kwargs)
+            reason = self._fallback_reason(error, status)
+            if reason is not None:
+                return self._popen_unleashed(args, reason, popen_kwargs)
             raise error
         raise AssertionError("unreachable")
 
     def _spawn_shim(
-        self,
-        connection: Connection,
-        command: List[_shim.StrOrBytesPath],
-        argv0: Optional[_shim.StrOrBytesPath],
-        grace_in_ms: Optional[int],
-        keep_on_root_exit: bool,
-        popen_kwargs: Dict[str, Any],
+        self, connection: Connection, plan: _shim.Spawn
     ) -> Tuple[LeashedPopen, _shim.Status]:
         """Starts `leash exec ... -- command` and reads what it says."""
         assert self._leash is not None
         leash = self._leash
         pipes = _shim.ShimPipes(connection.lease.token)
         try:
-            argv = _shim.shim_argv(
-                leash,
-                connection.path,
-                pipes.lease_fd,
-                pipes.status_write,
-                grace_in_ms,
-                keep_on_root_exit,
-                argv0,
-                command,
-            )
+            argv = plan.shim_argv(leash, connection.path, pipes)
             try:
-                proc = LeashedPopen(argv, **_shim.popen_fd_kwargs(popen_kwargs, pipes))
+                proc = LeashedPopen(argv, **plan.shim_kwargs(pipes))
             except OSError as e:
-                if _shim.is_leash_missing(e, leash):
-                    raise Unavailable(f"cannot execute leash at {leash}: {e}") from e
+                _shim.raise_if_leash_missing(e, leash)
                 raise
             pipes.close_child_ends()
             try:
-                status = _shim.parse_status(_read_to_end(pipes.status_read), command[0])
+                status = plan.status(_read_to_end(pipes.status_read))
             except OSError as e:
                 status = _shim.Status(error=_shim.status_read_error(e))
             except BaseException:
@@ -250,8 +185,8 @@ class Lease:
     ) -> int:
         """Registers a running process, with the descendants it has, as a new tree of this
         lease; returns the tree. What it forks from then on is in the tree too."""
-        grace = self.grace if grace is None else grace
-        ok, _, generation = self._call("register", **register_fields(pid, grace, keep_on_root_exit))
+        fields = self._register_fields(pid, grace, keep_on_root_exit)
+        ok, _, generation = self._call("register", **fields)
         tree = parse_registered(ok)
         self._held.add(tree, pid, generation)
         return tree
@@ -276,7 +211,7 @@ class Lease:
         """This lease's trees, as the daemon lists them (with trees it holds from before the
         connection was lost)."""
         ok, connection, _ = self._call("list")
-        return [t for t in parse_trees(ok) if self._held.is_mine(t, connection.lease.id)]
+        return self._mine(ok, connection)
 
     def events(self) -> EventStream:
         """A stream of this lease's events from now on (subscribes the first time)."""
@@ -331,11 +266,10 @@ class Lease:
     def _kill_held(self, connection: Connection, generation: int) -> List[LeashError]:
         """Kills every tree held, all at once; returns the errors (a tree that is gone already
         is none)."""
-        trees = self._held.current(generation)
+        listing = None
         if self._held.from_earlier_connections(generation):
-            listing = parse_trees(connection.request("list"))
-            trees += self._held.earlier_still_listed(listing, generation)
-        kills = [(t, connection.submit("kill", tree=t)) for t in trees]
+            listing = connection.request("list")
+        kills = [(t, connection.submit("kill", tree=t)) for t in self._to_kill(generation, listing)]
         errors: List[LeashError] = []
         for tree, kill in kills:
             try:
@@ -362,8 +296,7 @@ class Lease:
         try:
             self.close()
         except LeashError as e:
-            # The exception under way says more; this one is logged, not lost.
-            log.warning("closing the lease: %s", e)
+            log_close_error(e)
 
 
 def _read_to_end(fd: int) -> bytes:
