@@ -6,8 +6,8 @@
 //!   by user space, or as it execs).
 //! - exit (tp_btf `sched_process_exit`): when a member's whole thread group is dead, it leaves;
 //!   if it was the root, the tree's counters record when.
-//! - exec (tp_btf `sched_process_exec`): an event saying what a member runs now; a member of a
-//!   doomed tree is sent SIGKILL before the new program runs.
+//! - exec (tp_btf `sched_process_exec`): an event saying what a member runs now; a member born
+//!   into a doomed tree is sent SIGKILL before the new program runs.
 //!
 //! All three are BTF-typed tracepoints: their links can be pinned on every kernel since 5.7,
 //! they need no tracefs, and they read `task_struct` at offsets from the kernel's BTF.

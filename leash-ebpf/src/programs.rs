@@ -180,10 +180,10 @@ pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
 
 /// sched_process_exec fires in the task that has just executed a new program, its comm already
 /// set to the program's name, before the program runs an instruction. Membership does not
-/// change; the event says what the member is now. A member of a doomed tree is sent SIGKILL
-/// here, so the new program never runs: a doomed tree starts nothing new, not by fork (see
-/// leash_fork) and not by exec, not even in the child of a fork that killed its parent, in the
-/// moment before user space kills it.
+/// change; the event says what the member is now. A member born into a doomed tree (the child
+/// of a fork that killed its parent, which user space kills a moment later) is sent SIGKILL
+/// here, so the program it executes never runs: a doomed tree starts nothing new. Members that
+/// were there at the doom keep their grace period, exec or not.
 #[btf_tracepoint(function = "sched_process_exec")]
 pub fn leash_exec(ctx: BtfTracePointContext) -> i32 {
     let tgid = current_tgid();
@@ -195,9 +195,10 @@ pub fn leash_exec(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     emit(EventKind::Exec, entry.tree, tgid, 0);
-    let doomed = unsafe { TREE_CONTROL.get(&entry.tree) }
-        .is_some_and(|control| control.flags & flags::DOOMED != 0);
-    if doomed {
+    let born_doomed = unsafe { TREE_CONTROL.get(&entry.tree) }.is_some_and(|control| {
+        control.flags & flags::DOOMED != 0 && entry.start_ns >= control.doomed_ns
+    });
+    if born_doomed {
         let _ = unsafe { bpf_send_signal(SIGKILL) };
     }
     0
