@@ -1,5 +1,6 @@
 //! A member of a doomed tree that forks is killed by the kernel as it forks; the child it made
-//! is still tracked.
+//! is still tracked. (Here the child runs its parent's code, a shell's `read`: one that
+//! executes a program dies as it does, see doomed_newborn.rs.)
 
 use std::{io::Write, os::unix::process::ExitStatusExt, process::Stdio};
 
@@ -11,17 +12,14 @@ fn a_doomed_member_that_forks_is_killed() {
         return;
     };
     let cgroup = Cgroup::new("doomed");
-    let mut command = cgroup.command("sh", &["-c", "read line; sleep 600 & wait"]);
+    // The child reads on from the same pipe, so it lives as long as the test holds it open.
+    let script = "exec 3<&0; read line; (read more <&3) & wait";
+    let mut command = cgroup.command("sh", &["-c", script]);
     command.stdin(Stdio::piped());
     let mut scenario = Scenario::spawn_command(&mut tracker, cgroup, command);
     tracker.doom(scenario.tree).unwrap();
-    scenario
-        .root
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"fork\n")
-        .unwrap();
+    let mut stdin = scenario.root.stdin.take().unwrap();
+    stdin.write_all(b"fork\n").unwrap();
     let status = scenario.root.wait().unwrap();
     assert_eq!(
         status.signal(),
@@ -34,4 +32,6 @@ fn a_doomed_member_that_forks_is_killed() {
         left, truth,
         "the child made by the fatal fork is still tracked"
     );
+    assert_eq!(truth.len(), 1, "the child made by the fatal fork runs");
+    drop(stdin);
 }
