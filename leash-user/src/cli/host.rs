@@ -213,8 +213,10 @@ impl ExecStatus {
 
     /// A host that is gone cannot be told; its lease has ended and the tree dies with it.
     fn write(&mut self, report: &ExecReport) {
-        let line = serde_json::to_string(report).expect("a report serializes");
-        if let Err(error) = writeln!(self.0, "{line}") {
+        let written = serde_json::to_string(report)
+            .map_err(std::io::Error::from)
+            .and_then(|line| writeln!(self.0, "{line}"));
+        if let Err(error) = written {
             tracing::debug!("could not write the status line: {error}");
         }
     }
