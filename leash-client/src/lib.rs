@@ -184,10 +184,31 @@ impl Client {
     }
 
     /// Registers `pid` as the root of a new tree under this lease, or under the lease whose
-    /// token is given (what `leash exec` does for itself).
+    /// token is given. `pid` is a number of the daemon's pid namespace: a client in another
+    /// one (a container's) is refused, and registers itself with [`Client::register_self`].
     pub fn register(
         &mut self,
         pid: u32,
+        lease_token: Option<&str>,
+        options: &TreeOptions,
+    ) -> Result<TreeId> {
+        self.register_process(Some(pid), lease_token, options)
+    }
+
+    /// Registers this very process as the root of a new tree under this lease, or under the
+    /// lease whose token is given (what `leash exec` does before it execs its command). The
+    /// daemon knows the process from the connection, in whatever pid namespace it runs.
+    pub fn register_self(
+        &mut self,
+        lease_token: Option<&str>,
+        options: &TreeOptions,
+    ) -> Result<TreeId> {
+        self.register_process(None, lease_token, options)
+    }
+
+    fn register_process(
+        &mut self,
+        pid: Option<u32>,
         lease_token: Option<&str>,
         options: &TreeOptions,
     ) -> Result<TreeId> {

@@ -42,7 +42,9 @@ pub enum Op {
     /// Makes `pid` (with its existing descendants) the root of a new tree. The tree belongs to
     /// this connection's lease, or to the lease whose token is given (the `leash exec` shim).
     Register {
-        pid: u32,
+        /// The process, as the daemon's pid namespace numbers it; absent: the client itself.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid: Option<u32>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         lease: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -409,7 +411,7 @@ mod tests {
             )
             .op,
             Op::Register {
-                pid: 42,
+                pid: Some(42),
                 lease: None,
                 on_root_exit: Some(RootExitPolicy::Keep),
                 grace_ms: Some(0)

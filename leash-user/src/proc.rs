@@ -136,6 +136,11 @@ pub fn is_gone(error: &std::io::Error) -> bool {
     )
 }
 
+/// The pid namespace process `pid` is in (`pid:[INODE]`), if it can be read.
+pub fn pid_namespace(pid: Pid) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()
+}
+
 /// The thread group (process) that thread `tid` belongs to, from /proc/TID/status.
 pub fn thread_group_of(tid: Pid) -> Option<Pid> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;

@@ -123,6 +123,31 @@ impl Session {
         Ok(())
     }
 
+    /// A pid is a number in its sender's pid namespace: from a client in another one (a
+    /// container's), it would name some other process of the daemon's. Such a client registers
+    /// itself (no pid), which the kernel names right.
+    fn check_same_pid_namespace(&self, pid: u32) -> Result<(), Refusal> {
+        let (Some(client), Some(daemon)) = (
+            crate::proc::pid_namespace(self.peer.pid),
+            crate::proc::pid_namespace(std::process::id()),
+        ) else {
+            return Ok(());
+        };
+        if client == daemon {
+            return Ok(());
+        }
+        Err(refuse(
+            ErrorCode::BadRequest,
+            format!(
+                "pid {pid} is a number of the client's pid namespace ({}), not the daemon's \
+                 ({}): a client in a container registers itself, with no pid (as `leash \
+                 exec` does)",
+                client.display(),
+                daemon.display()
+            ),
+        ))
+    }
+
     fn send_error(&self, id: Option<u64>, code: ErrorCode, message: String) {
         // Debug only: a flood of bad lines must not flood the log (it is rate-limited anyway).
         tracing::debug!(?id, %code, message, "bad request");
@@ -154,12 +179,21 @@ impl Session {
     async fn register(
         &self,
         daemon: &Arc<Daemon>,
-        pid: u32,
+        pid: Option<u32>,
         token: Option<&str>,
         on_root_exit: Option<RootExitPolicy>,
         grace_ms: Option<u64>,
     ) -> Result<Reply, Refusal> {
         let grace = grace(daemon, grace_ms)?;
+        let pid = match pid {
+            Some(pid) => {
+                self.check_same_pid_namespace(pid)?;
+                pid
+            }
+            // The client itself, as the kernel named it to the daemon when it connected: right
+            // in whatever pid namespace the client runs.
+            None => self.peer.pid,
+        };
         if pid <= 1 || pid == std::process::id() {
             return Err(refuse(
                 ErrorCode::BadRequest,
@@ -183,6 +217,15 @@ impl Session {
             };
             refuse(code, e.to_string())
         })?;
+        if pid == self.peer.pid
+            && self.peer.start_ticks != 0
+            && process.start_ticks != self.peer.start_ticks
+        {
+            return Err(refuse(
+                ErrorCode::NotFound,
+                format!("the client's process {pid} has exited"),
+            ));
+        }
         let target = ProcessUids::of(pid)
             .filter(|_| !pidfd.has_exited())
             .ok_or_else(|| refuse(ErrorCode::NotFound, format!("no process {pid}")))?;
