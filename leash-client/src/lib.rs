@@ -195,15 +195,11 @@ impl Client {
         self.register_process(Some(pid), lease_token, options)
     }
 
-    /// Registers this very process as the root of a new tree under this lease, or under the
-    /// lease whose token is given (what `leash exec` does before it execs its command). The
-    /// daemon knows the process from the connection, in whatever pid namespace it runs.
-    pub fn register_self(
-        &mut self,
-        lease_token: Option<&str>,
-        options: &TreeOptions,
-    ) -> Result<TreeId> {
-        self.register_process(None, lease_token, options)
+    /// Registers this very process as the root of a new tree under the lease whose token is
+    /// given (what `leash exec` does before it execs its command). The daemon knows the
+    /// process from the connection, in whatever pid namespace it runs.
+    pub fn register_self(&mut self, lease_token: &str, options: &TreeOptions) -> Result<TreeId> {
+        self.register_process(None, Some(lease_token), options)
     }
 
     fn register_process(

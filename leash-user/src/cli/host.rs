@@ -130,7 +130,7 @@ pub fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {
     let registered = lease_token(args.lease_fd).and_then(|token| {
         let mut client = Client::connect_to(socket)?;
         // Itself, as the connection names it: right in a container's pid namespace too.
-        let tree = client.register_self(Some(&token), &args.enforcement.options())?;
+        let tree = client.register_self(&token, &args.enforcement.options())?;
         // This connection's own lease holds nothing; closing it changes nothing.
         drop(client);
         Ok(tree)

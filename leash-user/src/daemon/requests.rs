@@ -191,8 +191,16 @@ impl Session {
                 pid
             }
             // The client itself, as the kernel named it to the daemon when it connected: right
-            // in whatever pid namespace the client runs.
-            None => self.peer.pid,
+            // in whatever pid namespace the client runs. Only under another lease (the exec
+            // shim's way): under its own, a client would be killed as its connection closed.
+            None if token.is_some() => self.peer.pid,
+            None => {
+                return Err(refuse(
+                    ErrorCode::BadRequest,
+                    "register needs a pid, or a lease token to register the client itself \
+                     under (as `leash exec` does)",
+                ));
+            }
         };
         if pid <= 1 || pid == std::process::id() {
             return Err(refuse(
