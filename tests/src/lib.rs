@@ -24,6 +24,27 @@ pub use leash;
 
 /// The opt-out: set to 1 to skip (not fail) BPF tests where BPF cannot be loaded.
 pub const SKIP_BPF_VAR: &str = "LEASH_TEST_SKIP_BPF";
+/// The opt-out of the host libraries' suites (a machine without Node.js or the npm registry):
+/// `cargo xtask test` then installs nothing for them, and they say they are skipped.
+pub const SKIP_HOSTS_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
+
+/// Whether the host libraries' suites are left out on purpose (LEASH_TEST_SKIP_HOSTS=1); says
+/// so if they are.
+pub fn hosts_skipped(suite: &str) -> bool {
+    let skip = std::env::var(SKIP_HOSTS_VAR).is_ok_and(|v| v == "1");
+    if skip {
+        eprintln!("SKIPPED: {SKIP_HOSTS_VAR}=1: the {suite} tests are left out");
+    }
+    skip
+}
+
+/// The workspace's root directory.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate is in the workspace")
+        .to_owned()
+}
 /// Where the cgroup v2 hierarchy is mounted: `/sys/fs/cgroup` on pure cgroup v2 hosts,
 /// `/sys/fs/cgroup/unified` on hybrid ones, wherever /proc/self/mountinfo says.
 pub fn cgroup2_root() -> &'static Path {
@@ -113,7 +134,8 @@ macro_rules! tracker {
     };
 }
 
-/// A cgroup v2 group of the test's own. Dropping it kills what is left in it and removes it.
+/// A cgroup v2 group of the test's own. Dropping it kills what is left in it and removes it,
+/// with any groups made below it.
 pub struct Cgroup {
     path: PathBuf,
 }
@@ -130,6 +152,10 @@ impl Cgroup {
         let path = root.join(name);
         fs::create_dir(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
         Self { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     pub fn procs_file(&self) -> PathBuf {
@@ -236,11 +262,27 @@ impl Cgroup {
 
 impl Drop for Cgroup {
     fn drop(&mut self) {
+        // cgroup.kill kills the groups below too.
         self.kill_all();
-        if let Err(e) = fs::remove_dir(&self.path)
-            && e.kind() != ErrorKind::NotFound
-        {
-            eprintln!("could not remove {}: {e}", self.path.display());
+        let mut groups = Vec::new();
+        groups_below(&self.path, &mut groups);
+        groups.push(self.path.clone());
+        for group in groups {
+            if let Err(e) = fs::remove_dir(&group)
+                && e.kind() != ErrorKind::NotFound
+            {
+                eprintln!("could not remove {}: {e}", group.display());
+            }
+        }
+    }
+}
+
+/// The groups below `dir`, deepest first.
+fn groups_below(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            groups_below(&entry.path(), out);
+            out.push(entry.path());
         }
     }
 }

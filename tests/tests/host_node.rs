@@ -13,13 +13,11 @@ use std::{
 };
 
 use leash_tests::{
-    Removed, cgroup2_root,
+    Cgroup, Removed, SKIP_HOSTS_VAR,
     daemon::{Daemon, USER_A},
-    wait_for,
+    hosts_skipped, wait_for, workspace_root,
 };
 
-/// Set to 1 (by `cargo xtask test` on a machine without Node.js) to leave these tests out.
-const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
 /// The tree limit of the second daemon, for the tests of a refused spawn.
 const MAX_TREES: &str = "2";
 /// For the whole suite: each test awaits its conditions with deadlines of its own.
@@ -27,7 +25,7 @@ const SUITE_DEADLINE: Duration = Duration::from_secs(20 * 60);
 
 #[test]
 fn the_node_host_library_passes_its_tests_against_the_real_daemon() {
-    if skipped() {
+    if hosts_skipped("Node.js host library's") {
         return;
     }
     let node = Node::find();
@@ -44,13 +42,13 @@ fn the_node_host_library_passes_its_tests_against_the_real_daemon() {
 /// Agent SDK's test runs on Node only.
 #[test]
 fn the_node_host_library_passes_its_tests_on_bun() {
-    if skipped() {
+    if hosts_skipped("Node.js host library's") {
         return;
     }
     let Some(bun) = find_bun() else {
         panic!(
             "no Bun (LEASH_TEST_BUN, {}, or `bun` on PATH): run `cargo xtask test`, which \
-             installs it, or set {SKIP_VAR}=1 to leave the host libraries' tests out",
+             installs it, or set {SKIP_HOSTS_VAR}=1 to leave the host libraries' tests out",
             hosts_cache().join("node_modules/.bin/bun").display()
         );
     };
@@ -67,14 +65,6 @@ fn the_node_host_library_passes_its_tests_on_bun() {
     });
 }
 
-fn skipped() -> bool {
-    let skip = std::env::var(SKIP_VAR).is_ok_and(|v| v == "1");
-    if skip {
-        eprintln!("SKIPPED: {SKIP_VAR}=1: the Node.js host library's tests are left out");
-    }
-    skip
-}
-
 /// Runs `runner` on the test files `wanted` keeps, against fresh daemons, inside a cgroup of
 /// its own, and asserts that they pass.
 fn run_suites(label: &str, version: &str, runner: Command, wanted: impl Fn(&str) -> bool) {
@@ -86,7 +76,7 @@ fn run_suites(label: &str, version: &str, runner: Command, wanted: impl Fn(&str)
     };
     // The hosts run as USER_A, who may not read the clone.
     let package = daemon.dir.join("clients-node");
-    copy_readable(&workspace().join("clients/node"), &package);
+    copy_readable(&workspace_root().join("clients/node"), &package);
     let tests = test_files(&package.join("test"), wanted);
     // Where the tests pin the daemons they run themselves; declared first, so removed last,
     // after the cgroups (and whatever was left in them).
@@ -94,10 +84,11 @@ fn run_suites(label: &str, version: &str, runner: Command, wanted: impl Fn(&str)
         "/sys/fs/bpf/leash-node-tests-{label}-{}",
         std::process::id()
     )));
-    let groups = CgroupTree::new(label);
+    let groups = Cgroup::new(&format!("node-tests-{label}"));
     let log = daemon.dir.join("node-test.log");
     let log_file = fs::File::create(&log).unwrap();
-    let mut command = groups.command(runner.get_program());
+    let program = runner.get_program().to_str().expect("a UTF-8 path");
+    let mut command = groups.command(program, &[]);
     command
         .args(runner.get_args())
         .args(&tests)
@@ -111,7 +102,7 @@ fn run_suites(label: &str, version: &str, runner: Command, wanted: impl Fn(&str)
             "LEASH_TEST_NODE_MODULES",
             hosts_cache().join("node_modules"),
         )
-        .env("LEASH_TEST_CGROUP_PARENT", &groups.path)
+        .env("LEASH_TEST_CGROUP_PARENT", groups.path())
         .env("LEASH_TEST_PIN_ROOT", &pins.0)
         .env_remove("LEASH_LEASE")
         .stdin(Stdio::null())
@@ -176,7 +167,7 @@ impl Node {
     fn find() -> Self {
         let how = format!(
             "the Node.js host library's tests need Node.js 18 or later: `cargo xtask test` \
-             installs it (apt-get install nodejs), or set {SKIP_VAR}=1 to leave them out"
+             installs it (apt-get install nodejs), or set {SKIP_HOSTS_VAR}=1 to leave them out"
         );
         let path = on_path("node").unwrap_or_else(|| panic!("no `node` on PATH: {how}"));
         let output = Command::new(&path)
@@ -201,13 +192,6 @@ impl Node {
             major,
         }
     }
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace")
-        .to_owned()
 }
 
 /// Where `cargo xtask test` installs the npm packages of the hosts' tests (the Claude Agent
@@ -250,64 +234,4 @@ fn test_files(dir: &Path, wanted: impl Fn(&str) -> bool) -> Vec<PathBuf> {
     files.sort();
     assert!(!files.is_empty(), "no *.test.js in {}", dir.display());
     files
-}
-
-/// A cgroup that holds the test runner, and under which the tests make their own groups
-/// (LEASH_TEST_CGROUP_PARENT). Dropping it kills everything in it, however the tests ended,
-/// and removes it with every group below it.
-struct CgroupTree {
-    path: PathBuf,
-}
-
-impl CgroupTree {
-    fn new(label: &str) -> Self {
-        let path = cgroup2_root().join(format!("leash-node-tests-{label}-{}", std::process::id()));
-        fs::create_dir_all(&path)
-            .unwrap_or_else(|e| panic!("creating the cgroup {}: {e}", path.display()));
-        Self { path }
-    }
-
-    /// A command that joins the group, then execs `program`.
-    fn command(&self, program: &std::ffi::OsStr) -> Command {
-        let mut command = Command::new("sh");
-        command
-            .args(["-c", r#"echo $$ > "$0" && exec "$@""#])
-            .arg(self.path.join("cgroup.procs"))
-            .arg(program);
-        command
-    }
-
-    fn populated(&self) -> bool {
-        fs::read_to_string(self.path.join("cgroup.events"))
-            .map(|events| !events.contains("populated 0"))
-            .unwrap_or(false)
-    }
-}
-
-/// The groups below `dir`, deepest first.
-fn groups_below(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            groups_below(&entry.path(), out);
-            out.push(entry.path());
-        }
-    }
-}
-
-impl Drop for CgroupTree {
-    fn drop(&mut self) {
-        // cgroup.kill kills the whole subtree.
-        let _ = fs::write(self.path.join("cgroup.kill"), "1");
-        if !wait_for(Duration::from_secs(30), || !self.populated()) {
-            eprintln!("processes are left in {}", self.path.display());
-        }
-        let mut groups = Vec::new();
-        groups_below(&self.path, &mut groups);
-        groups.push(self.path.clone());
-        for group in groups {
-            if let Err(e) = fs::remove_dir(&group) {
-                eprintln!("could not remove {}: {e}", group.display());
-            }
-        }
-    }
 }

@@ -7,13 +7,14 @@
 //! host as USER_A (an unprivileged user, like a desktop application) where it matters.
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Command, Stdio},
 };
 
 use leash_tests::{
-    Cgroup,
+    Cgroup, SKIP_HOSTS_VAR,
     daemon::{Daemon, USER_A},
+    hosts_skipped, workspace_root,
 };
 
 /// Trees per non-root uid: small, so that a host reaches the limit at once.
@@ -21,10 +22,13 @@ const MAX_TREES: &str = "3";
 
 #[test]
 fn python_host_library() {
+    if hosts_skipped("Python host library's") {
+        return;
+    }
     let Some(daemon) = Daemon::start(&["--max-trees-per-uid", MAX_TREES]) else {
         return;
     };
-    let workspace = workspace();
+    let workspace = workspace_root();
     let python = venv_python();
     let output = Command::new(&python)
         .args([
@@ -85,6 +89,9 @@ print(json.dumps({"exits": [before.wait(), after.wait()]}), flush=True)
 #[test]
 fn a_python_host_keeps_its_trees_through_a_daemon_hand_over() {
     use std::io::{BufRead, BufReader, Write};
+    if hosts_skipped("Python host library's") {
+        return;
+    }
     let Some(mut daemon) = Daemon::start(&[]) else {
         return;
     };
@@ -94,7 +101,7 @@ fn a_python_host_keeps_its_trees_through_a_daemon_hand_over() {
         .args(cgroup.argv("sleep", &["600"]))
         .env("LEASH_SOCKET", &daemon.socket)
         .env("LEASH_BIN", leash_tests::leash_binary())
-        .env("PYTHONPATH", workspace().join("clients/python/src"))
+        .env("PYTHONPATH", workspace_root().join("clients/python/src"))
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -130,18 +137,12 @@ fn a_python_host_keeps_its_trees_through_a_daemon_hand_over() {
 }
 
 fn venv_python() -> PathBuf {
-    let python = workspace().join("target/hosts/python/bin/python");
+    let python = workspace_root().join("target/hosts/python/bin/python");
     assert!(
         python.is_file(),
-        "no Python environment at {}: run `cargo xtask test`, which creates it",
+        "no Python environment at {}: run `cargo xtask test`, which creates it (or set \
+         {SKIP_HOSTS_VAR}=1 to leave the host libraries' tests out)",
         python.display()
     );
     python
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the tests crate is in the workspace")
-        .to_owned()
 }
