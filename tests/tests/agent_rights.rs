@@ -43,6 +43,10 @@ r["register_child"] = ask({"id": 5, "op": "register", "pid": child.pid})
 nested = r["register_child"].get("ok", {}).get("registered", {}).get("tree", 0)
 r["release_child"] = ask({"id": 6, "op": "release", "tree": nested})
 r["list"] = ask({"id": 7, "op": "list"})["ok"]["trees"]
+# Itself again with no pid (the connection names the process, as for `leash exec`): it then
+# runs in that tree, and sees only it.
+r["register_self_unnamed"] = ask({"id": 9, "op": "register", "on_root_exit": "keep", "lease": helper})
+r["list_unnamed"] = ask({"id": 10, "op": "list"})["ok"]["trees"]
 with open(out + ".part", "w") as file:
     json.dump(r, file)
 os.rename(out + ".part", out)
@@ -141,6 +145,19 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
         self_tree["nested_in"].as_u64(),
         Some(own),
         "nested in its own tree"
+    );
+    // Registered with no pid, it is nested too: in the tree it runs in by then.
+    let unnamed = &results["register_self_unnamed"]["ok"]["registered"]["tree"];
+    let unnamed_tree = results["list_unnamed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| &t["tree"] == unnamed)
+        .unwrap_or_else(|| panic!("{}", results["register_self_unnamed"]));
+    assert_eq!(
+        unnamed_tree["nested_in"],
+        nested_self["tree"],
+        "nested in the tree it runs in"
     );
 
     // The host dies: everything the agent started dies with it, the released child included,

@@ -7,7 +7,10 @@
 
 use std::{fs, time::Duration};
 
-use leash::kernel::{Kill, KillStep};
+use leash::{
+    Tracker,
+    kernel::{Kill, KillStep},
+};
 use leash_tests::{Cgroup, Removed, Scenario, python, tracker, wait_for};
 
 /// The root: on SIGTERM, start a child (a new program, which acts after a second), then go on.
@@ -39,11 +42,7 @@ fn a_child_born_after_the_doom_is_killed_before_it_acts() {
     let started = std::time::Instant::now();
     let mut saw_newborn = false;
     // Step it here until the newborn has come and gone, watching the cgroup.
-    let newborn_gone = wait_for(Duration::from_secs(10), || {
-        match kill.step(&mut tracker).expect("a kill step") {
-            KillStep::Wait(_) => {}
-            KillStep::Done(report) => panic!("the kill ended early: {report:?}"),
-        }
+    let newborn_gone = step_within_grace(&mut tracker, &mut kill, |tracker| {
         let status = tracker.tree_status(tree).unwrap();
         saw_newborn |= status.joined > joined_before;
         // Left: the member that ignores SIGTERM, and nothing else.
@@ -91,11 +90,7 @@ fn a_child_born_after_the_doom_cannot_exec() {
     let mut kill = Kill::new(tree, Duration::from_secs(30));
     // Until the root has run its handler and died forking, its child is gone, and only the
     // member that ignores SIGTERM is left.
-    let settled = wait_for(Duration::from_secs(10), || {
-        match kill.step(&mut tracker).expect("a kill step") {
-            KillStep::Wait(_) => {}
-            KillStep::Done(report) => panic!("the kill ended early: {report:?}"),
-        }
+    let settled = step_within_grace(&mut tracker, &mut kill, |_| {
         let written = fs::read_to_string(&log.0).unwrap_or_default();
         written.contains("handler") && scenario.cgroup.procs().len() == 1
     });
@@ -108,4 +103,20 @@ fn a_child_born_after_the_doom_cannot_exec() {
         written, "handler\n",
         "the root died as it forked, and its child as it executed a program"
     );
+}
+
+/// Steps `kill` (as the daemon steps it) until `condition` holds, for 10 s at most; the kill
+/// must still be in its grace period all the while.
+fn step_within_grace(
+    tracker: &mut Tracker,
+    kill: &mut Kill,
+    mut condition: impl FnMut(&Tracker) -> bool,
+) -> bool {
+    wait_for(Duration::from_secs(10), || {
+        match kill.step(tracker).expect("a kill step") {
+            KillStep::Wait(_) => {}
+            KillStep::Done(report) => panic!("the kill ended early: {report:?}"),
+        }
+        condition(tracker)
+    })
 }

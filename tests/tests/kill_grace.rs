@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use leash_tests::{Scenario, tracker};
+use leash::kernel::{Kill, KillStep};
+use leash_tests::{Scenario, comm, tracker, wait_for};
 
 #[test]
 fn members_that_exit_on_sigterm_need_no_sigkill() {
@@ -49,5 +50,41 @@ fn a_member_that_ignores_sigterm_is_killed_after_the_grace() {
         "SIGKILL must wait for the grace: {report:?}"
     );
     assert!(tracker.member_pids(scenario.tree).unwrap().is_empty());
+    assert!(scenario.cgroup.procs().is_empty());
+}
+
+/// A member that was there at the doom keeps its grace even if it executes a program in it
+/// (here its SIGTERM handler execs a program that ignores SIGTERM): only a child born into the
+/// doomed tree dies as it executes one (doomed_newborn.rs).
+#[test]
+fn a_member_that_execs_in_its_grace_keeps_it() {
+    let Some(mut tracker) = tracker!() else {
+        return;
+    };
+    let script = r#"trap 'trap "" TERM; exec sleep 600' TERM; while :; do :; done"#;
+    let scenario = Scenario::spawn(&mut tracker, "grace-exec", "sh", &["-c", script]);
+    let member = *scenario.cgroup.settle_exactly(&["sh"]).first().unwrap();
+    let grace = Duration::from_millis(500);
+    // Stepped here, to see the member run its new program during the grace.
+    let mut kill = Kill::new(scenario.tree, grace);
+    let mut saw_exec = false;
+    let mut report = None;
+    let done = wait_for(Duration::from_secs(30), || {
+        match kill.step(&mut tracker).expect("a kill step") {
+            KillStep::Wait(_) => {}
+            KillStep::Done(done) => report = Some(done),
+        }
+        saw_exec |= comm(member).as_deref() == Some("sleep");
+        report.is_some()
+    });
+    assert!(done, "the kill did not end");
+    let report = report.unwrap();
+    eprintln!("grace 500 ms, the member execs in it: {report:?}");
+    assert!(saw_exec, "the member's handler did not exec: {report:?}");
+    assert_eq!(
+        report.killed, 1,
+        "it ran its new program until the grace ended: {report:?}"
+    );
+    assert!(report.elapsed >= grace, "{report:?}");
     assert!(scenario.cgroup.procs().is_empty());
 }
