@@ -155,8 +155,7 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
         .find(|t| &t["tree"] == unnamed)
         .unwrap_or_else(|| panic!("{}", results["register_self_unnamed"]));
     assert_eq!(
-        unnamed_tree["nested_in"],
-        nested_self["tree"],
+        unnamed_tree["nested_in"], nested_self["tree"],
         "nested in the tree it runs in"
     );
 

@@ -1,14 +1,19 @@
 //! Hosts in another pid namespace (a container's, made here with `unshare`): a pid they send is
 //! a number of their namespace, which would name some other process of the daemon's. So a bare
 //! pid from such a client is refused, saying why, and never reinterpreted; a process that
-//! registers itself (as `leash exec` does) is named by the kernel, right in any namespace.
+//! registers itself (as `leash exec` does) is named by the kernel, right in any namespace. Each
+//! runs in a container as root (pid and mount namespaces) and in a rootless one, as uid 61001
+//! (a user namespace too, where it is root).
 
-use std::{process::Stdio, time::Duration};
+use std::{
+    process::{Command, Stdio},
+    time::Duration,
+};
 
 use leash_tests::{
     Cgroup,
-    daemon::{Daemon, path_str},
-    leash_binary, wait_for,
+    daemon::{Daemon, USER_A, path_str, setpriv_args},
+    wait_for,
 };
 
 /// `unshare ARGS` runs the rest in new pid and mount namespaces, with their own /proc: inside,
@@ -16,20 +21,57 @@ use leash_tests::{
 /// that first process, and with it the namespace.
 const UNSHARE: [&str; 5] = ["--pid", "--fork", "--mount-proc", "--kill-child", "--"];
 
+#[derive(Clone, Copy, Debug)]
+enum Container {
+    /// New pid and mount namespaces, as root: a container without a user namespace.
+    Root,
+    /// The same in a new user namespace, as uid 61001 (root inside): a rootless container.
+    Rootless,
+}
+
+const CONTAINERS: [Container; 2] = [Container::Root, Container::Rootless];
+
+impl Container {
+    /// `leash --socket SOCKET ARGS...` run in a container of this kind, inside `cgroup`.
+    fn leash(self, daemon: &Daemon, cgroup: &Cgroup, args: &[&str]) -> Command {
+        let leash = daemon.leash_for_anyone();
+        let mut argv: Vec<String> = match self {
+            Container::Root => vec![],
+            Container::Rootless => {
+                let mut argv = setpriv_args(USER_A);
+                argv.extend(["unshare", "--user", "--map-root-user"].map(String::from));
+                argv
+            }
+        };
+        argv.extend(UNSHARE.map(String::from));
+        argv.extend([path_str(&leash), "--socket", path_str(&daemon.socket)].map(String::from));
+        argv.extend(args.iter().map(|a| a.to_string()));
+        let program = match self {
+            Container::Root => "unshare",
+            Container::Rootless => "setpriv",
+        };
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        cgroup.command(program, &argv)
+    }
+}
+
 #[test]
 fn a_bare_pid_from_another_pid_namespace_is_refused() {
     let Some(daemon) = Daemon::start(&[]) else {
         return;
     };
+    for container in CONTAINERS {
+        bare_pid_refused(&daemon, container);
+    }
+}
+
+fn bare_pid_refused(daemon: &Daemon, container: Container) {
     let cgroup = Cgroup::new("pidns-run");
-    let leash = leash_binary();
-    let mut argv: Vec<&str> = UNSHARE.to_vec();
-    argv.extend([path_str(&leash), "--socket", path_str(&daemon.socket)]);
-    argv.extend(["run", "--", "sleep", "600"]);
     // `leash run` registers its child by pid: 2, inside. Taken as the daemon's pid 2, that is
-    // kthreadd, a tree that never empties: `leash run` would wait for ever.
-    let mut run = cgroup
-        .command("unshare", &argv)
+    // kthreadd: as root, a tree that never empties (`leash run` would wait for ever); as uid
+    // 61001, a process of root's, refused for that reason and not the true one.
+    let mut run = container
+        .leash(daemon, &cgroup, &["run", "--", "sleep", "600"])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -43,7 +85,7 @@ fn a_bare_pid_from_another_pid_namespace_is_refused() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         returned,
-        "`leash run` in a pid namespace did not return; the daemon registered {:?}",
+        "{container:?}: `leash run` in a pid namespace did not return; the daemon registered {:?}",
         daemon
             .client()
             .list()
@@ -52,10 +94,10 @@ fn a_bare_pid_from_another_pid_namespace_is_refused() {
             .map(|t| t.root)
             .collect::<Vec<_>>()
     );
-    assert_eq!(output.status.code(), Some(125), "{stderr}");
+    assert_eq!(output.status.code(), Some(125), "{container:?}: {stderr}");
     assert!(
         stderr.contains("is a number of the client's pid namespace"),
-        "{stderr}"
+        "{container:?}: {stderr}"
     );
     assert!(
         daemon.client().list().unwrap().is_empty(),
@@ -70,23 +112,36 @@ fn a_bare_pid_from_another_pid_namespace_is_refused() {
 
 #[test]
 fn a_process_in_another_pid_namespace_registers_itself() {
-    use std::{io::Write, os::fd::AsRawFd};
     let Some(daemon) = Daemon::start(&[]) else {
         return;
     };
+    for container in CONTAINERS {
+        registers_itself(&daemon, container);
+    }
+}
+
+fn registers_itself(daemon: &Daemon, container: Container) {
+    use std::{io::Write, os::fd::AsRawFd};
     let mut host = daemon.client();
     let cgroup = Cgroup::new("pidns-exec");
     let (token_reader, mut token_writer) = std::io::pipe().unwrap();
     writeln!(token_writer, "{}", host.lease().token).unwrap();
     drop(token_writer);
     let fd = token_reader.as_raw_fd().to_string();
-    let leash = leash_binary();
-    let mut argv: Vec<&str> = UNSHARE.to_vec();
-    argv.extend([path_str(&leash), "--socket", path_str(&daemon.socket)]);
-    argv.extend(["exec", "--lease-fd", &fd, "--"]);
     // Inside: the shim registers itself, then runs a tree with a setsid child.
-    argv.extend(["sh", "-c", "setsid sleep 600 & exec sleep 600"]);
-    let mut command = cgroup.command("unshare", &argv);
+    let mut command = container.leash(
+        daemon,
+        &cgroup,
+        &[
+            "exec",
+            "--lease-fd",
+            &fd,
+            "--",
+            "sh",
+            "-c",
+            "setsid sleep 600 & exec sleep 600",
+        ],
+    );
     leash_client::sys::pass_fd(&mut command, token_reader.into()).unwrap();
     let mut unshare = command.spawn().unwrap();
     drop(command);
@@ -94,13 +149,13 @@ fn a_process_in_another_pid_namespace_registers_itself() {
     // unshare itself, outside the tree, and the two sleeps.
     cgroup.settle(3, &["unshare", "sleep"]);
     let trees = host.list().unwrap();
-    assert_eq!(trees.len(), 1, "{trees:?}");
+    assert_eq!(trees.len(), 1, "{container:?}: {trees:?}");
     let tree = &trees[0];
     assert_eq!(tree.lease, host.lease().id, "under the host's lease");
-    assert_eq!(tree.member_count, 2, "{tree:?}");
+    assert_eq!(tree.member_count, 2, "{container:?}: {tree:?}");
     assert!(
         cgroup.procs().contains(&tree.root),
-        "the root is named as the daemon sees it: {} is not one of {:?}",
+        "{container:?}: the root is named as the daemon sees it: {} is not one of {:?}",
         tree.root,
         cgroup.procs()
     );
@@ -109,7 +164,7 @@ fn a_process_in_another_pid_namespace_registers_itself() {
     drop(host);
     assert!(
         cgroup.wait_empty(Duration::from_secs(30)).is_some(),
-        "the tree outlived its host's lease: {:?}",
+        "{container:?}: the tree outlived its host's lease: {:?}",
         cgroup.processes()
     );
     let _ = unshare.wait();
