@@ -207,3 +207,16 @@ def test_closing_the_lease_kills_every_tree(cgroups) -> None:  # type: ignore[no
     assert agent.wait(timeout=60) in (-9, 128 + 9)
     assert tool.wait(timeout=60) == -15
     assert not alive(agent.pid)
+
+
+def test_the_command_holds_no_token_descriptor_and_no_token_variable(lease: leash.Lease) -> None:
+    """The shim's token and status descriptors are closed before the command runs, and a
+    LEASH_LEASE the host has is not passed on: the command holds what a plain Popen's does."""
+    script = 'ls /proc/$$/fd; echo "token:${LEASH_LEASE-none}"'
+    env = dict(os.environ, LEASH_LEASE="0123456789abcdef0123456789abcdef")
+    leashed = lease.popen(["sh", "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    plain = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True)
+    leashed_out = leashed.communicate(timeout=60)[0].split()
+    plain_out = plain.communicate(timeout=60)[0].split()
+    assert leashed_out[-1] == "token:none", leashed_out
+    assert sorted(leashed_out[:-1]) == sorted(plain_out[:-1]), (leashed_out, plain_out)
