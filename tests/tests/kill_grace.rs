@@ -64,6 +64,11 @@ fn a_member_that_execs_in_its_grace_keeps_it() {
     let script = r#"trap 'trap "" TERM; exec sleep 600' TERM; while :; do :; done"#;
     let scenario = Scenario::spawn(&mut tracker, "grace-exec", "sh", &["-c", script]);
     let member = *scenario.cgroup.settle_exactly(&["sh"]).first().unwrap();
+    // Its handler must be in place before the SIGTERM comes.
+    assert!(
+        wait_for(Duration::from_secs(30), || catches(member, libc::SIGTERM)),
+        "the shell never set its SIGTERM handler"
+    );
     let grace = Duration::from_millis(500);
     // Stepped here, to see the member run its new program during the grace.
     let mut kill = Kill::new(scenario.tree, grace);
@@ -87,4 +92,14 @@ fn a_member_that_execs_in_its_grace_keeps_it() {
     );
     assert!(report.elapsed >= grace, "{report:?}");
     assert!(scenario.cgroup.procs().is_empty());
+}
+
+/// Whether process `pid` has a handler for `signal` (SigCgt in /proc/PID/status).
+fn catches(pid: u32, signal: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
 }
