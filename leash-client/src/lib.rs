@@ -23,7 +23,10 @@ use std::{
     collections::VecDeque,
     ffi::{OsStr, OsString},
     io::{self, BufRead, BufReader, Read, Write},
-    os::{fd::RawFd, unix::net::UnixStream},
+    os::{
+        fd::{AsFd, BorrowedFd, RawFd},
+        unix::net::UnixStream,
+    },
     path::{Path, PathBuf},
     process::{Child, Command},
     time::Duration,
@@ -53,6 +56,9 @@ pub enum Error {
     Daemon { code: ErrorCode, message: String },
     #[error("starting the command: {0}")]
     Spawn(io::Error),
+    /// The process to register could not be opened here (it has exited, say).
+    #[error("cannot open process {pid}: {error}")]
+    Process { pid: u32, error: io::Error },
 }
 
 impl From<io::Error> for Error {
@@ -159,7 +165,8 @@ impl Client {
     }
 
     /// Starts `command` as the root of a new tree. The child is held between fork and exec
-    /// until the daemon has it in the kernel map: nothing of the command runs untracked.
+    /// until the daemon has it in the kernel map: nothing of the command runs untracked. The
+    /// child is named to the daemon by a pidfd, so this works in any pid namespace.
     pub fn spawn(
         &mut self,
         command: &mut Command,
@@ -167,7 +174,7 @@ impl Client {
     ) -> Result<(TreeId, Child)> {
         let mut tree = None;
         let child = sys::spawn_held(command, |pid| {
-            tree = Some(self.register(pid, None, options)?);
+            tree = Some(self.adopt(pid, options)?);
             Ok::<_, Error>(())
         })
         .map_err(|e| match e {
@@ -178,43 +185,60 @@ impl Client {
         Ok((tree, child))
     }
 
-    /// Registers a running process, with its existing descendants, as a new tree.
+    /// Registers a running process, with its existing descendants, as a new tree. `pid` is a
+    /// number of this process's pid namespace: the process is named to the daemon by a pidfd,
+    /// which is right in whatever namespace the daemon runs.
     pub fn adopt(&mut self, pid: u32, options: &TreeOptions) -> Result<TreeId> {
-        self.register(pid, None, options)
+        let pidfd = sys::pidfd_open(pid).map_err(|error| Error::Process { pid, error })?;
+        self.register_pidfd(pidfd.as_fd(), None, options)
     }
 
     /// Registers `pid` as the root of a new tree under this lease, or under the lease whose
     /// token is given. `pid` is a number of the daemon's pid namespace: a client in another
-    /// one (a container's) is refused, and registers itself with [`Client::register_self`].
+    /// one (a container's) is refused, and names the process by a pidfd
+    /// ([`Client::register_pidfd`]) or registers itself ([`Client::register_self`]).
     pub fn register(
         &mut self,
         pid: u32,
         lease_token: Option<&str>,
         options: &TreeOptions,
     ) -> Result<TreeId> {
-        self.register_process(Some(pid), lease_token, options)
+        self.register_process(Some(pid), None, lease_token, options)
+    }
+
+    /// Registers the process `pidfd` names as the root of a new tree under this lease, or
+    /// under the lease whose token is given. The pidfd travels with the request (SCM_RIGHTS).
+    pub fn register_pidfd(
+        &mut self,
+        pidfd: BorrowedFd<'_>,
+        lease_token: Option<&str>,
+        options: &TreeOptions,
+    ) -> Result<TreeId> {
+        self.register_process(None, Some(pidfd), lease_token, options)
     }
 
     /// Registers this very process as the root of a new tree under the lease whose token is
     /// given (what `leash exec` does before it execs its command). The daemon knows the
     /// process from the connection, in whatever pid namespace it runs.
     pub fn register_self(&mut self, lease_token: &str, options: &TreeOptions) -> Result<TreeId> {
-        self.register_process(None, Some(lease_token), options)
+        self.register_process(None, None, Some(lease_token), options)
     }
 
     fn register_process(
         &mut self,
         pid: Option<u32>,
+        pidfd: Option<BorrowedFd<'_>>,
         lease_token: Option<&str>,
         options: &TreeOptions,
     ) -> Result<TreeId> {
         let op = Op::Register {
             pid,
+            pidfd: pidfd.is_some(),
             lease: lease_token.map(str::to_owned),
             on_root_exit: Some(options.on_root_exit),
             grace_ms: options.grace.map(duration_ms),
         };
-        match self.request(op)? {
+        match self.request_with(op, pidfd)? {
             Reply::Registered { tree, .. } => Ok(tree),
             other => Err(unexpected(&other)),
         }
@@ -356,12 +380,20 @@ impl Client {
     }
 
     fn request(&mut self, op: Op) -> Result<Reply> {
+        self.request_with(op, None)
+    }
+
+    /// Sends a request, with `fd` attached to its line if given, and waits for its reply.
+    fn request_with(&mut self, op: Op, fd: Option<BorrowedFd<'_>>) -> Result<Reply> {
         let id = self.next_id;
         self.next_id += 1;
         let mut line = serde_json::to_string(&Request { id, op })
             .map_err(|e| Error::Protocol(e.to_string()))?;
         line.push('\n');
-        self.writer.write_all(line.as_bytes())?;
+        match fd {
+            Some(fd) => sys::send_with_fd(&self.writer, line.as_bytes(), fd)?,
+            None => self.writer.write_all(line.as_bytes())?,
+        }
         loop {
             let reply = self.read_line()?;
             if let Some(event) = reply.event {

@@ -42,9 +42,14 @@ pub enum Op {
     /// Makes `pid` (with its existing descendants) the root of a new tree. The tree belongs to
     /// this connection's lease, or to the lease whose token is given (the `leash exec` shim).
     Register {
-        /// The process, as the daemon's pid namespace numbers it; absent: the client itself.
+        /// The process, as the daemon's pid namespace numbers it; absent: the client itself,
+        /// or the process of the pidfd sent with this line (`pidfd`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pid: Option<u32>,
+        /// The process is named by a pidfd attached to this request's line (SCM_RIGHTS): right
+        /// in any pid namespace, as a number is not.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pidfd: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         lease: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -412,6 +417,7 @@ mod tests {
             .op,
             Op::Register {
                 pid: Some(42),
+                pidfd: false,
                 lease: None,
                 on_root_exit: Some(RootExitPolicy::Keep),
                 grace_ms: Some(0)

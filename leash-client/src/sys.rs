@@ -1,12 +1,13 @@
 //! The one module of leash-client that uses `unsafe`: starting a process held between fork and
-//! exec, handing a descriptor to a child, and taking over an inherited one. Between fork and
+//! exec, handing a descriptor to a child, taking over an inherited one, and naming a process to
+//! the daemon by a pidfd sent over its socket. Between fork and
 //! exec only async-signal-safe calls are made, and nothing is allocated.
 
 use std::{
     io::{self, Read, Write},
     os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
-        unix::process::CommandExt,
+        fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+        unix::{net::UnixStream, process::CommandExt},
     },
     process::{Child, Command},
     sync::{
@@ -191,6 +192,76 @@ pub fn set_cloexec(fd: &OwnedFd) -> io::Result<()> {
     // SAFETY: F_SETFD only sets the flags of a descriptor `fd` keeps open.
     if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
         return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A pidfd for process `pid` of this process's pid namespace (pidfd_open, Linux 5.3): it names
+/// that process for good, whatever namespace the daemon that receives it runs in.
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).map_err(io::Error::other)?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor, and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Writes all of `bytes` to the connected Unix socket `socket`, with `fd` attached to the first
+/// byte (SCM_RIGHTS): the daemon takes a descriptor sent with a request line as that request's.
+pub fn send_with_fd(socket: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+    const FD_SPACE: usize = size_of::<RawFd>();
+    // CMSG_SPACE for one descriptor, in a buffer aligned for cmsghdr.
+    #[repr(C)]
+    union Control {
+        header: libc::cmsghdr,
+        bytes: [u8; 64],
+    }
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(FD_SPACE as u32) } as usize;
+    assert!(space <= 64, "one descriptor's control message fits");
+    let mut control = Control { bytes: [0; 64] };
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr().cast_mut().cast(),
+        iov_len: bytes.len(),
+    };
+    // SAFETY: msghdr is plain data; zeroed is a valid empty one.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &raw mut iov;
+    message.msg_iovlen = 1;
+    message.msg_control = (&raw mut control).cast();
+    message.msg_controllen = space as _;
+    // SAFETY: the control buffer holds one cmsghdr with room for one descriptor (space, checked
+    // above); CMSG_FIRSTHDR and CMSG_DATA point inside it.
+    unsafe {
+        let header = libc::CMSG_FIRSTHDR(&raw const message);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(FD_SPACE as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd.as_raw_fd());
+    }
+    // SAFETY: message points at iov and control, both alive for the call; the socket is open.
+    let sent = loop {
+        let sent =
+            unsafe { libc::sendmsg(socket.as_raw_fd(), &raw const message, libc::MSG_NOSIGNAL) };
+        if sent >= 0 {
+            break sent as usize;
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    };
+    // The descriptor went with the first part; the rest is plain bytes.
+    let mut rest = &bytes[sent..];
+    while !rest.is_empty() {
+        let written = (&*socket).write(rest)?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        rest = &rest[written..];
     }
     Ok(())
 }

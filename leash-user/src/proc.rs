@@ -136,9 +136,29 @@ pub fn is_gone(error: &std::io::Error) -> bool {
     )
 }
 
-/// The pid namespace process `pid` is in (`pid:[INODE]`), if it can be read.
-pub fn pid_namespace(pid: Pid) -> Option<std::path::PathBuf> {
-    std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()
+/// The numbers process `pid` has in each pid namespace it is in, from the daemon's (the one
+/// /proc was mounted for) down to its own: one number for a process of the daemon's namespace,
+/// two for one in a container's, and so on. `NSpid` in /proc/PID/status, which anyone may read
+/// (the namespace links in /proc/PID/ns need ptrace rights over the process).
+pub fn namespace_pids(pid: Pid) -> Option<Vec<Pid>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let numbers = status
+        .lines()
+        .find_map(|line| line.strip_prefix("NSpid:"))?;
+    numbers.split_whitespace().map(|n| n.parse().ok()).collect()
+}
+
+/// The pid of the process pidfd `fd` names, from /proc/self/fdinfo: None if `fd` is not a pidfd
+/// (only a pidfd's fdinfo has a `Pid:` line); 0 or below if the process has been reaped, or is
+/// in no pid namespace the daemon sees.
+pub fn pidfd_pid(fd: std::os::fd::BorrowedFd<'_>) -> Option<i64> {
+    use std::os::fd::AsRawFd;
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("Pid:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The thread group (process) that thread `tid` belongs to, from /proc/TID/status.

@@ -363,6 +363,76 @@ pub fn async_readable<T: Into<OwnedFd>>(fd: T) -> io::Result<AsyncFd<OwnedFd>> {
     unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(io::Error::from)
 }
 
+/// Descriptors taken from one received message at most; more are closed by the kernel.
+pub const MAX_RECEIVED_FDS: usize = 4;
+
+/// Reads from the Unix socket `socket` into `buf` (recvmsg), and the descriptors sent with
+/// what was read (SCM_RIGHTS) into `fds`, close-on-exec: at most [`MAX_RECEIVED_FDS`] a call.
+/// A plain read() would have the kernel close them unseen.
+pub fn recv_with_fds(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<usize> {
+    const SPACE: usize = 64;
+    #[repr(C)]
+    union Control {
+        header: libc::cmsghdr,
+        bytes: [u8; SPACE],
+    }
+    // SAFETY: CMSG_SPACE only computes a size.
+    let room = unsafe { libc::CMSG_SPACE((MAX_RECEIVED_FDS * size_of::<RawFd>()) as u32) };
+    const { assert!(size_of::<Control>() == SPACE) };
+    let mut control = Control { bytes: [0; SPACE] };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; zeroed is a valid empty one.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &raw mut iov;
+    message.msg_iovlen = 1;
+    message.msg_control = (&raw mut control).cast();
+    message.msg_controllen = (room as usize).min(SPACE) as _;
+    // SAFETY: message points at iov (over buf) and control, both alive for the call.
+    let read = unsafe {
+        libc::recvmsg(
+            socket.as_raw_fd(),
+            &raw mut message,
+            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+        )
+    };
+    if read < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel filled message.msg_control up to msg_controllen; the CMSG_* macros
+    // walk the headers within it, and each SCM_RIGHTS payload holds whole descriptors, new
+    // to this process and owned by nothing else.
+    unsafe {
+        let mut header = libc::CMSG_FIRSTHDR(&raw const message);
+        while !header.is_null() {
+            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(header);
+                let payload = (*header).cmsg_len as usize - (data as usize - header as usize);
+                for i in 0..payload / size_of::<RawFd>() {
+                    let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
+                    fds.push(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            header = libc::CMSG_NXTHDR(&raw const message, header);
+        }
+    }
+    Ok(read as usize)
+}
+
+impl Pidfd {
+    /// Takes `fd` as a pidfd. The caller has checked that it is one (its fdinfo has a `Pid:`
+    /// line); anything else fails where a pidfd is used, as EBADF or EINVAL.
+    pub fn from_checked(fd: OwnedFd) -> Self {
+        Self(fd)
+    }
+}
+
 impl From<Pidfd> for OwnedFd {
     fn from(pidfd: Pidfd) -> Self {
         pidfd.0

@@ -17,7 +17,13 @@ use tokio::{
 };
 use tracing::Instrument;
 
-use super::{Daemon, outbox::Outbox, requests::Session};
+use super::{
+    Daemon,
+    outbox::Outbox,
+    pid_view::PidView,
+    request_stream::{Pidfds, RequestStream},
+    requests::Session,
+};
 use crate::sys;
 
 /// Who is on the other end, as the kernel says.
@@ -135,7 +141,8 @@ async fn serve_lease(
     host: &AsyncFd<OwnedFd>,
 ) {
     let (reader, writer) = stream.into_split();
-    let mut reader = BufReader::new(reader);
+    let pidfds = Pidfds::default();
+    let mut reader = BufReader::new(RequestStream::new(reader, pidfds.clone()));
     let outbox = Outbox::default();
     // A slow reader slows only its own writer task, never the daemon.
     let mut writer_task = tokio::spawn(outbox.clone().write_to(writer));
@@ -143,6 +150,8 @@ async fn serve_lease(
         peer,
         outbox: outbox.clone(),
         subscribed: false,
+        pidfds,
+        view: PidView::of_client(peer.pid),
     };
     let ended_by = loop {
         // A client reads its replies, or it is asked nothing more: the next request waits until

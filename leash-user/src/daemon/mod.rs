@@ -19,7 +19,9 @@ mod enforcement;
 mod limits;
 mod outbox;
 mod owner;
+mod pid_view;
 mod recover;
+mod request_stream;
 mod requests;
 mod subscribers;
 
@@ -87,6 +89,9 @@ struct TreeEntry {
     /// count it against their limits.
     registrar_uid: u32,
     root: u32,
+    /// The root's number in each pid namespace it is in, from the daemon's down (`NSpid`):
+    /// how clients in containers are told it, even once it has exited.
+    root_numbers: Box<[u32]>,
     on_root_exit: RootExitPolicy,
     grace: Duration,
     root_exited: bool,

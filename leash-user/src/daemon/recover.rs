@@ -69,6 +69,7 @@ pub fn hold_again(owner: &Rc<Owner>) {
                 owner_uid: holder.owner_uid,
                 registrar_uid: holder.owner_uid,
                 root,
+                root_numbers: super::requests::root_numbers(root),
                 on_root_exit,
                 grace: Duration::from_millis(holder.grace_ms.into()),
                 root_exited: false,

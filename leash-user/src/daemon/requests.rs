@@ -16,8 +16,9 @@ use leash_client::protocol::{
 use leash_common::{Holder, Member, Pid, holder_flags};
 
 use crate::{
-    kernel::{Adoption, IdentifyError, KillError, identify},
+    kernel::{Adoption, IdentifyError, KillError, identify, identify_pidfd},
     proc::ProcessRef,
+    sys::Pidfd,
 };
 
 use super::{
@@ -30,6 +31,8 @@ use super::{
     enforcement,
     outbox::Outbox,
     owner::Owner,
+    pid_view::PidView,
+    request_stream::Pidfds,
     subscribers::Hears,
 };
 
@@ -45,6 +48,20 @@ pub struct Session {
     pub peer: Peer,
     pub outbox: Outbox,
     pub subscribed: bool,
+    /// The pidfds this connection sent, for the requests that name their process by one.
+    pub pidfds: Pidfds,
+    /// How the client numbers processes: every pid it is sent is its own number.
+    pub view: PidView,
+}
+
+/// How a `register` names its process.
+enum Named {
+    /// A number of the daemon's pid namespace.
+    Pid(u32),
+    /// A pidfd sent with the request.
+    Pidfd(Pidfd),
+    /// The client itself.
+    Client,
 }
 
 /// Why a request was refused: becomes the error reply.
@@ -96,13 +113,17 @@ impl Session {
             Op::Hello { protocol } => self.hello(daemon, protocol),
             Op::Register {
                 pid,
+                pidfd,
                 lease,
                 on_root_exit,
                 grace_ms,
-            } => {
-                self.register(daemon, pid, lease.as_deref(), on_root_exit, grace_ms)
-                    .await
-            }
+            } => match self.named(pid, pidfd, lease.is_some()) {
+                Ok(named) => {
+                    self.register(daemon, named, lease.as_deref(), on_root_exit, grace_ms)
+                        .await
+                }
+                Err(refusal) => Err(refusal),
+            },
             Op::Release { tree } => self.release(daemon, tree).await,
             Op::Kill { tree, grace_ms } => match self.kill(daemon, id, tree, grace_ms).await {
                 Ok(()) => return Ok(()),
@@ -125,25 +146,22 @@ impl Session {
 
     /// A pid is a number in its sender's pid namespace: from a client in another one (a
     /// container's), it would name some other process of the daemon's. Such a client registers
-    /// itself (no pid), which the kernel names right.
+    /// itself (no pid), which the kernel names right. A client the daemon sees is in its own
+    /// namespace or one nested in it, and has one number for each: one is the daemon's own.
+    /// Fails closed: a client whose numbers cannot be read is taken to be in another.
     fn check_same_pid_namespace(&self, pid: u32) -> Result<(), Refusal> {
-        let (Some(client), Some(daemon)) = (
-            crate::proc::pid_namespace(self.peer.pid),
-            crate::proc::pid_namespace(std::process::id()),
-        ) else {
-            return Ok(());
-        };
-        if client == daemon {
+        let levels = crate::proc::namespace_pids(self.peer.pid).map(|numbers| numbers.len());
+        if levels == Some(1) {
             return Ok(());
         }
         Err(refuse(
             ErrorCode::BadRequest,
             format!(
-                "pid {pid} is a number of the client's pid namespace ({}), not the daemon's \
-                 ({}): a client in a container registers itself, with no pid (as `leash \
-                 exec` does)",
-                client.display(),
-                daemon.display()
+                "pid {pid} is a number of the client's pid namespace, not the daemon's (the \
+                 client's is nested {} deep in it): a client in a container registers \
+                 itself, with no pid (as `leash exec` does)",
+                levels.map_or("an unknown number of levels".to_owned(), |n| (n - 1)
+                    .to_string())
             ),
         ))
     }
@@ -176,32 +194,69 @@ impl Session {
         })
     }
 
+    /// How a `register` request names its process: by a pid, by the pidfd sent with it, or (with
+    /// neither) the client itself, as the kernel named it to the daemon when it connected: right
+    /// in whatever pid namespace the client runs. Only under another lease (the exec shim's
+    /// way): under its own, a client would be killed as its connection closed.
+    fn named(&self, pid: Option<u32>, pidfd: bool, has_token: bool) -> Result<Named, Refusal> {
+        match (pid, pidfd) {
+            (Some(_), true) => Err(refuse(
+                ErrorCode::BadRequest,
+                "register names its process by a pid or by a pidfd, not both",
+            )),
+            (Some(pid), false) => {
+                self.check_same_pid_namespace(pid)?;
+                Ok(Named::Pid(pid))
+            }
+            (None, true) => self
+                .pidfds
+                .take()
+                .map(|fd| Named::Pidfd(Pidfd::from_checked(fd)))
+                .ok_or_else(|| {
+                    refuse(
+                        ErrorCode::BadRequest,
+                        "\"pidfd\": true, but no pidfd came with the request (send it with the \
+                         line, as SCM_RIGHTS)",
+                    )
+                }),
+            (None, false) if has_token => Ok(Named::Client),
+            (None, false) => Err(refuse(
+                ErrorCode::BadRequest,
+                "register needs a pid or a pidfd, or a lease token to register the client \
+                 itself under (as `leash exec` does)",
+            )),
+        }
+    }
+
     async fn register(
         &self,
         daemon: &Arc<Daemon>,
-        pid: Option<u32>,
+        named: Named,
         token: Option<&str>,
         on_root_exit: Option<RootExitPolicy>,
         grace_ms: Option<u64>,
     ) -> Result<Reply, Refusal> {
         let grace = grace(daemon, grace_ms)?;
-        let pid = match pid {
-            Some(pid) => {
-                self.check_same_pid_namespace(pid)?;
-                pid
-            }
-            // The client itself, as the kernel named it to the daemon when it connected: right
-            // in whatever pid namespace the client runs. Only under another lease (the exec
-            // shim's way): under its own, a client would be killed as its connection closed.
-            None if token.is_some() => self.peer.pid,
-            None => {
-                return Err(refuse(
-                    ErrorCode::BadRequest,
-                    "register needs a pid, or a lease token to register the client itself \
-                     under (as `leash exec` does)",
-                ));
-            }
+        // The process itself, held by a pidfd from here on: everything below is checked on it
+        // and done to it, whatever its pid comes to name later.
+        let identified = match named {
+            Named::Pid(pid) => identify(pid),
+            Named::Client => identify(self.peer.pid),
+            Named::Pidfd(pidfd) => identify_pidfd(pidfd),
         };
+        let (process, pidfd) = identified.map_err(|e| {
+            let code = match e {
+                IdentifyError::NotFound(_) | IdentifyError::Exiting(_) | IdentifyError::Gone => {
+                    ErrorCode::NotFound
+                }
+                IdentifyError::Thread { .. }
+                | IdentifyError::NotPidfd
+                | IdentifyError::Invisible => ErrorCode::BadRequest,
+                IdentifyError::Io(..) => ErrorCode::Internal,
+            };
+            refuse(code, e.to_string())
+        })?;
+        let pid = process.pid;
         if pid <= 1 || pid == std::process::id() {
             return Err(refuse(
                 ErrorCode::BadRequest,
@@ -215,16 +270,6 @@ impl Session {
         if on_root_exit == RootExitPolicy::Keep {
             holder.flags |= holder_flags::KEEP_ON_ROOT_EXIT;
         }
-        // The process itself, held by a pidfd from here on: everything below is checked on it
-        // and done to it, whatever its pid comes to name later.
-        let (process, pidfd) = identify(pid).map_err(|e| {
-            let code = match e {
-                IdentifyError::NotFound(_) | IdentifyError::Exiting(_) => ErrorCode::NotFound,
-                IdentifyError::Thread { .. } => ErrorCode::BadRequest,
-                IdentifyError::Io(..) => ErrorCode::Internal,
-            };
-            refuse(code, e.to_string())
-        })?;
         if pid == self.peer.pid
             && self.peer.start_ticks != 0
             && process.start_ticks != self.peer.start_ticks
@@ -280,6 +325,7 @@ impl Session {
             owner_uid,
             registrar_uid: self.peer.uid,
             root: pid,
+            root_numbers: root_numbers(pid),
             on_root_exit,
             grace,
             root_exited: false,
@@ -305,7 +351,7 @@ impl Session {
         daemon.emit(owner_uid, enforcement::registered_event(tree, lease, pid));
         Ok(Reply::Registered {
             tree,
-            root: pid,
+            root: self.view.number(pid),
             members,
         })
     }
@@ -497,7 +543,8 @@ impl Session {
                         owner: entry.owner_uid,
                         chain: &chain,
                     };
-                    may_see(who, facts).then(|| tree_info(tree, entry, &state, chain.get(1)))
+                    may_see(who, facts)
+                        .then(|| tree_info(tree, entry, &state, chain.get(1), self.view))
                 })
                 .collect()
         };
@@ -506,10 +553,10 @@ impl Session {
             return Ok(Reply::Trees(trees));
         }
         let _turn = daemon.limits.heavy(self.peer.uid).await;
-        let daemon = daemon.clone();
+        let (daemon, view) = (daemon.clone(), self.view);
         tokio::task::spawn_blocking(move || {
             let entries = daemon.view.member_entries()?;
-            fill_members(&mut trees, entries);
+            fill_members(&mut trees, entries, view);
             Ok(trees)
         })
         .await
@@ -531,7 +578,7 @@ impl Session {
             };
             daemon
                 .subscribers
-                .add(hears, self.peer.lease, self.outbox.clone());
+                .add(hears, self.peer.lease, self.outbox.clone(), self.view);
         }
         Reply::Subscribed
     }
@@ -706,13 +753,14 @@ fn tree_info(
     entry: &TreeEntry,
     state: &super::State,
     nested_in: Option<&TreeId>,
+    view: PidView,
 ) -> TreeInfo {
     let host_pid = state.leases.get(&entry.lease).map_or(0, |l| l.host_pid);
     TreeInfo {
         tree,
         lease: entry.lease,
         owner_uid: entry.owner_uid,
-        root: entry.root,
+        root: view.pick(&entry.root_numbers),
         on_root_exit: entry.on_root_exit,
         grace_ms: u64::try_from(entry.grace.as_millis()).unwrap_or(u64::MAX),
         host_pid,
@@ -732,8 +780,9 @@ fn tree_info(
 }
 
 /// Fills each tree's members from one read of the member map, the oldest first, at most
-/// `MAX_LISTED_PER_TREE` each and `MAX_LISTED` in all, with what each runs now from /proc.
-fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>) {
+/// `MAX_LISTED_PER_TREE` each and `MAX_LISTED` in all, with what each runs now from /proc; and
+/// gives every pid (host, members, their parents) as `view` numbers it.
+fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, view: PidView) {
     let mut by_tree: HashMap<TreeId, Vec<(Pid, Member)>> = HashMap::new();
     for (pid, member) in entries {
         by_tree.entry(member.tree).or_default().push((pid, member));
@@ -741,6 +790,7 @@ fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>) {
     let mut room = MAX_LISTED;
     for info in trees {
         info.host_comm = crate::proc::process(info.host_pid).map(|p| p.comm);
+        info.host_pid = view.number(info.host_pid);
         let mut members = by_tree.remove(&info.tree).unwrap_or_default();
         info.member_count = members.len() as u64;
         members.sort_by_key(|(_, m)| m.start_ns);
@@ -750,11 +800,20 @@ fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>) {
         info.members = members[..listed]
             .iter()
             .map(|&(pid, m)| MemberInfo {
-                pid,
-                parent: m.parent,
+                pid: view.number(pid),
+                parent: view.number(m.parent),
                 start_ns: m.start_ns,
                 comm: crate::proc::process(pid).map(|p| p.comm),
             })
             .collect();
     }
+}
+
+/// The numbers process `pid` has in each pid namespace it is in (just `pid` if they cannot be
+/// read): what names a tree's root to clients in containers, even after it has exited.
+pub(super) fn root_numbers(pid: Pid) -> Box<[Pid]> {
+    crate::proc::namespace_pids(pid)
+        .filter(|numbers| numbers.first() == Some(&pid))
+        .unwrap_or_else(|| vec![pid])
+        .into()
 }

@@ -9,7 +9,10 @@ use std::{
 
 use leash_client::protocol::{Event, LeaseId, ServerLine};
 
-use super::outbox::{Outbox, encode};
+use super::{
+    outbox::{Outbox, encode},
+    pid_view::PidView,
+};
 
 /// What one subscriber may hear.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -22,22 +25,37 @@ pub enum Hears {
     Lease(LeaseId),
 }
 
+/// One subscriber: its lease, where its events go, and how it numbers processes.
+struct Subscriber {
+    lease: LeaseId,
+    outbox: Outbox,
+    view: PidView,
+}
+
+type Filed = HashMap<Hears, Vec<Subscriber>>;
+
 #[derive(Default)]
-pub struct Subscribers(Mutex<HashMap<Hears, Vec<(LeaseId, Outbox)>>>);
+pub struct Subscribers(Mutex<Filed>);
 
 impl Subscribers {
-    fn filed(&self) -> MutexGuard<'_, HashMap<Hears, Vec<(LeaseId, Outbox)>>> {
+    fn filed(&self) -> MutexGuard<'_, Filed> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Files the connection of `lease`; it hears until [`Subscribers::remove`].
-    pub fn add(&self, hears: Hears, lease: LeaseId, outbox: Outbox) {
-        self.filed().entry(hears).or_default().push((lease, outbox));
+    /// Files the connection of `lease`; it hears until [`Subscribers::remove`]. Its events
+    /// carry pids as `view` numbers them.
+    pub fn add(&self, hears: Hears, lease: LeaseId, outbox: Outbox, view: PidView) {
+        let subscriber = Subscriber {
+            lease,
+            outbox,
+            view,
+        };
+        self.filed().entry(hears).or_default().push(subscriber);
     }
 
     pub fn remove(&self, lease: LeaseId) {
         self.filed().retain(|_, subscribers| {
-            subscribers.retain(|(held, _)| *held != lease);
+            subscribers.retain(|subscriber| subscriber.lease != lease);
             !subscribers.is_empty()
         });
     }
@@ -50,18 +68,28 @@ impl Subscribers {
             .any(|hears| filed.contains_key(hears))
     }
 
-    /// Sends `event`, of a tree `owner` owns, to those who may hear it.
+    /// Sends `event`, of a tree `owner` owns, to those who may hear it: encoded once for each
+    /// way of numbering processes among them (once in all, unless some are in containers).
     pub fn deliver(&self, owner: u32, event: Event) {
         let lease = event.lease;
         let mut filed = self.filed();
-        let mut line: Option<Arc<[u8]>> = None;
+        let mut lines: Vec<(PidView, Arc<[u8]>)> = Vec::new();
         for hears in [Hears::Everything, Hears::Uid(owner), Hears::Lease(lease)] {
             let Some(subscribers) = filed.get_mut(&hears) else {
                 continue;
             };
-            let line = line.get_or_insert_with(|| encode(&ServerLine::event(event.clone())).into());
             // A closed outbox is a subscriber that left: forget it.
-            subscribers.retain(|(_, outbox)| outbox.event(line));
+            subscribers.retain(|subscriber| {
+                let line = match lines.iter().find(|(view, _)| *view == subscriber.view) {
+                    Some((_, line)) => line,
+                    None => {
+                        let line = encode(&ServerLine::event(numbered(&event, subscriber.view)));
+                        lines.push((subscriber.view, line.into()));
+                        &lines[lines.len() - 1].1
+                    }
+                };
+                subscriber.outbox.event(line)
+            });
         }
         filed.retain(|_, subscribers| !subscribers.is_empty());
     }
@@ -71,10 +99,20 @@ impl Subscribers {
     pub fn dropped_everywhere(&self, count: u64) {
         let mut filed = self.filed();
         for subscribers in filed.values_mut() {
-            subscribers.retain(|(_, outbox)| outbox.dropped(count));
+            subscribers.retain(|subscriber| subscriber.outbox.dropped(count));
         }
         filed.retain(|_, subscribers| !subscribers.is_empty());
     }
+}
+
+/// `event` with its pids as `view` numbers them (0 for a process it cannot see, or that is gone).
+fn numbered(event: &Event, view: PidView) -> Event {
+    let mut event = event.clone();
+    if !view.is_daemons() {
+        event.pid = event.pid.map(|pid| view.number(pid));
+        event.parent = event.parent.map(|pid| view.number(pid));
+    }
+    event
 }
 
 #[cfg(test)]
@@ -91,11 +129,31 @@ mod tests {
     fn events_reach_only_who_may_hear_them() {
         let subscribers = Subscribers::default();
         let (root, own, other, confined, elsewhere) = Default::default();
-        subscribers.add(Hears::Everything, 1, Outbox::clone(&root));
-        subscribers.add(Hears::Uid(1000), 2, Outbox::clone(&own));
-        subscribers.add(Hears::Uid(1001), 3, Outbox::clone(&other));
-        subscribers.add(Hears::Lease(7), 4, Outbox::clone(&confined));
-        subscribers.add(Hears::Lease(8), 5, Outbox::clone(&elsewhere));
+        subscribers.add(
+            Hears::Everything,
+            1,
+            Outbox::clone(&root),
+            PidView::default(),
+        );
+        subscribers.add(Hears::Uid(1000), 2, Outbox::clone(&own), PidView::default());
+        subscribers.add(
+            Hears::Uid(1001),
+            3,
+            Outbox::clone(&other),
+            PidView::default(),
+        );
+        subscribers.add(
+            Hears::Lease(7),
+            4,
+            Outbox::clone(&confined),
+            PidView::default(),
+        );
+        subscribers.add(
+            Hears::Lease(8),
+            5,
+            Outbox::clone(&elsewhere),
+            PidView::default(),
+        );
         subscribers.deliver(1000, enforcement::event(EventKind::Fork, 1, 7, Some(42)));
         assert!(queued(&root) && queued(&own) && queued(&confined));
         assert!(!queued(&other) && !queued(&elsewhere));
@@ -105,12 +163,30 @@ mod tests {
     fn a_subscriber_that_left_is_forgotten() {
         let subscribers = Subscribers::default();
         let gone = Outbox::default();
-        subscribers.add(Hears::Uid(1000), 2, gone.clone());
+        subscribers.add(Hears::Uid(1000), 2, gone.clone(), PidView::default());
         gone.close();
         subscribers.deliver(1000, enforcement::event(EventKind::Fork, 1, 7, Some(42)));
         assert!(!subscribers.any_for(1000, 7));
-        subscribers.add(Hears::Uid(1000), 3, Outbox::default());
+        subscribers.add(Hears::Uid(1000), 3, Outbox::default(), PidView::default());
         subscribers.remove(3);
         assert!(!subscribers.any_for(1000, 7));
+    }
+
+    #[test]
+    fn a_subscriber_in_a_container_is_sent_its_own_numbers() {
+        let subscribers = Subscribers::default();
+        let (host, container) = (Outbox::default(), Outbox::default());
+        subscribers.add(Hears::Uid(1000), 1, host.clone(), PidView::default());
+        subscribers.add(Hears::Uid(1000), 2, container.clone(), PidView::nested(1));
+        // This process runs in the daemon's namespace: a container nested in it cannot see it.
+        let me = std::process::id();
+        subscribers.deliver(1000, enforcement::event(EventKind::Exec, 1, 7, Some(me)));
+        let pid_in = |outbox: &Outbox| {
+            let written = outbox.written();
+            let line: serde_json::Value = serde_json::from_slice(&written).unwrap();
+            line["event"]["pid"].as_u64()
+        };
+        assert_eq!(pid_in(&host), Some(u64::from(me)));
+        assert_eq!(pid_in(&container), Some(0));
     }
 }

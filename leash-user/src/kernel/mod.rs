@@ -26,7 +26,7 @@ use crate::{proc, sys};
 
 pub use kill::{KILL_ROUNDS_TIMEOUT, Kill, KillError, KillReport, KillStep, SIGNALS_PER_STEP};
 pub use pins::Pins;
-pub use register::{Adoption, IdentifyError, identify};
+pub use register::{Adoption, IdentifyError, identify, identify_pidfd};
 pub use view::{TrackerView, fill_comms};
 
 /// The compiled programs, embedded at build time by build.rs.

@@ -21,7 +21,10 @@
 //!
 //! [`find_descendants`]: super::TrackerView::find_descendants
 
-use std::process::{Child, Command};
+use std::{
+    os::fd::AsFd,
+    process::{Child, Command},
+};
 
 use anyhow::{Context, Result, anyhow, bail};
 use leash_common::{Holder, Member, Pid, TreeId};
@@ -359,6 +362,29 @@ pub fn identify(pid: Pid) -> Result<(ProcessRef, Pidfd), IdentifyError> {
     }
 }
 
+/// The process a pidfd a client sent names, if it is one that may be registered (as for
+/// [`identify`]). The pidfd names it whatever pid namespace the client runs in; its pid here is
+/// read from the pidfd itself.
+pub fn identify_pidfd(pidfd: Pidfd) -> Result<(ProcessRef, Pidfd), IdentifyError> {
+    let pid = match proc::pidfd_pid(pidfd.as_fd()) {
+        None => return Err(IdentifyError::NotPidfd),
+        Some(pid) => match Pid::try_from(pid) {
+            Ok(pid) if pid > 0 => pid,
+            _ if pidfd.has_exited() => return Err(IdentifyError::Gone),
+            _ => return Err(IdentifyError::Invisible),
+        },
+    };
+    if let Some(tgid) = proc::thread_group_of(pid).filter(|&tgid| tgid != pid) {
+        return Err(IdentifyError::Thread { tid: pid, tgid });
+    }
+    // As in identify: read after the pidfd named the process, and taken as its if the process
+    // still runs after the read.
+    match proc::alive_start(pid) {
+        Some(start_ticks) if !pidfd.has_exited() => Ok((ProcessRef { pid, start_ticks }, pidfd)),
+        _ => Err(IdentifyError::Exiting(pid)),
+    }
+}
+
 /// Why a pid cannot be registered.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentifyError {
@@ -370,6 +396,12 @@ pub enum IdentifyError {
     Exiting(Pid),
     #[error("cannot open process {0}: {1}")]
     Io(Pid, String),
+    #[error("the descriptor sent is not a pidfd")]
+    NotPidfd,
+    #[error("the process of the pidfd sent has exited")]
+    Gone,
+    #[error("the process of the pidfd sent is in no pid namespace the daemon sees")]
+    Invisible,
 }
 
 #[cfg(test)]

@@ -1,0 +1,89 @@
+//! Pids as a client numbers them. A client in a container runs in a pid namespace nested in the
+//! daemon's, where every process has another number, and processes outside it have none. Every
+//! pid the daemon sends such a client (`registered`, `list`, events) is that client's number
+//! for the process, or 0 where its namespace cannot see the process, as the kernel itself
+//! reports a process outside the reader's namespace (SO_PEERCRED, getppid, `PPid:` in /proc).
+//!
+//! A process's numbers come from `NSpid` in /proc/PID/status, which lists them from the
+//! daemon's namespace down to the process's own. The client's namespace is the one at the
+//! client's own depth. Namespaces are told apart by depth only: the links that name them
+//! (/proc/PID/ns/pid) need ptrace rights over the process, which the daemon does not hold, so a
+//! process in another namespace nested as deep (a sibling container's) would be shown by its
+//! number there; only the client's own trees, and its uid's, are listed to it.
+
+use leash_common::Pid;
+
+use crate::proc;
+
+/// How one client numbers processes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PidView {
+    /// How deep the client's pid namespace is nested in the daemon's: 0 for the daemon's own.
+    depth: usize,
+}
+
+impl PidView {
+    /// The view of the client process `pid` (a number of the daemon's namespace). A client
+    /// whose numbers cannot be read is taken to share the daemon's: it has exited, and is sent
+    /// nothing more.
+    pub fn of_client(pid: Pid) -> Self {
+        let levels = proc::namespace_pids(pid).map_or(1, |numbers| numbers.len());
+        Self {
+            depth: levels.saturating_sub(1),
+        }
+    }
+
+    /// The view of a client whose namespace is nested `depth` deep in the daemon's.
+    #[cfg(test)]
+    pub fn nested(depth: usize) -> Self {
+        Self { depth }
+    }
+
+    /// The client's namespace is the daemon's: its numbers are the daemon's.
+    pub fn is_daemons(self) -> bool {
+        self.depth == 0
+    }
+
+    /// The client's number for the live process `pid`; 0 if it cannot see it (or it is gone).
+    pub fn number(self, pid: Pid) -> Pid {
+        if self.is_daemons() || pid == 0 {
+            return pid;
+        }
+        proc::namespace_pids(pid).map_or(0, |numbers| self.pick(&numbers))
+    }
+
+    /// The client's number for a process whose numbers in each namespace are `numbers` (its
+    /// `NSpid`, read while it ran); 0 if the client cannot see it.
+    pub fn pick(self, numbers: &[Pid]) -> Pid {
+        numbers.get(self.depth).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_sees_its_own_namespace_and_those_nested_in_it() {
+        let container = PidView::nested(1);
+        assert_eq!(container.pick(&[4242, 7]), 7, "in the client's namespace");
+        assert_eq!(
+            container.pick(&[4242, 7, 1]),
+            7,
+            "in a namespace nested in it"
+        );
+        assert_eq!(container.pick(&[4242]), 0, "outside it: not visible");
+        assert_eq!(
+            PidView::default().pick(&[4242, 7]),
+            4242,
+            "the daemon's own"
+        );
+    }
+
+    #[test]
+    fn this_process_is_in_the_daemons_namespace_of_its_proc() {
+        let view = PidView::of_client(std::process::id());
+        assert!(view.is_daemons());
+        assert_eq!(view.number(std::process::id()), std::process::id());
+    }
+}
