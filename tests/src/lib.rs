@@ -480,6 +480,7 @@ impl Cgroup {
     }
 }
 
+pub mod container;
 pub mod daemon;
 
 /// The real Python interpreter. `python3` on PATH may be a pyenv shim that forks dozens of

@@ -17,6 +17,7 @@ use std::{collections::BTreeSet, fs, process::Command, time::Duration};
 
 use leash_tests::{
     Cgroup,
+    container::Container,
     daemon::{Daemon, USER_A},
 };
 
@@ -166,6 +167,15 @@ fn the_daemon_keeps_another_users_tree_on_a_leash_with_only_the_units_capabiliti
         emptied.is_some(),
         "the tree outlived its host: the daemon lacks a capability it needs:\n{}",
         daemon.log()
+    );
+
+    // Without ptrace rights over a client, the daemon still tells a client in a container from
+    // one in its own pid namespace, and refuses a bare pid from it.
+    let reply = Container::Rootless.register_bare_pid(&daemon, &Cgroup::new("capabilities-pidns"));
+    assert_eq!(reply["error"]["code"], "bad_request", "{reply}");
+    assert!(
+        daemon.client().list().unwrap().is_empty(),
+        "nothing was registered for the container's bare pid"
     );
 }
 

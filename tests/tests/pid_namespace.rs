@@ -1,59 +1,30 @@
-//! Hosts in another pid namespace (a container's, made here with `unshare`): a pid they send is
-//! a number of their namespace, which would name some other process of the daemon's. So a bare
-//! pid from such a client is refused, saying why, and never reinterpreted; a process that
-//! registers itself (as `leash exec` does) is named by the kernel, right in any namespace. Each
-//! runs in a container as root (pid and mount namespaces) and in a rootless one, as uid 61001
-//! (a user namespace too, where it is root).
+//! Hosts in containers (made here with `unshare`: see leash_tests::container), each as root and
+//! rootless (uid 61001 in a user namespace). A pid such a host sends is a number of its own pid
+//! namespace, which would name some other process of the daemon's: a bare pid from it is
+//! refused, saying why, and never reinterpreted. A host there names its processes by pidfd
+//! (`leash run`, the Rust client) or registers itself (`leash exec`, the Python and Node
+//! libraries), and the kernel names them right. Every pid the daemon tells it is its own number
+//! for the process. No process outside the container is ever registered or signalled.
 
 use std::{
-    process::{Command, Stdio},
+    collections::BTreeSet,
+    fs,
+    io::{BufRead, BufReader},
+    os::unix::fs::PermissionsExt,
+    path::Path,
+    process::{Child, ChildStdout, Command, Stdio},
+    sync::mpsc,
     time::Duration,
 };
 
 use leash_tests::{
     Cgroup,
-    daemon::{Daemon, USER_A, path_str, setpriv_args},
-    wait_for,
+    container::{CONTAINERS, Container},
+    daemon::{Daemon, path_str},
+    hosts_skipped, wait_for, workspace_root,
 };
 
-/// `unshare ARGS` runs the rest in new pid and mount namespaces, with their own /proc: inside,
-/// the first process is pid 1 and its children count on from 2. If unshare is killed, so is
-/// that first process, and with it the namespace.
-const UNSHARE: [&str; 5] = ["--pid", "--fork", "--mount-proc", "--kill-child", "--"];
-
-#[derive(Clone, Copy, Debug)]
-enum Container {
-    /// New pid and mount namespaces, as root: a container without a user namespace.
-    Root,
-    /// The same in a new user namespace, as uid 61001 (root inside): a rootless container.
-    Rootless,
-}
-
-const CONTAINERS: [Container; 2] = [Container::Root, Container::Rootless];
-
-impl Container {
-    /// `leash --socket SOCKET ARGS...` run in a container of this kind, inside `cgroup`.
-    fn leash(self, daemon: &Daemon, cgroup: &Cgroup, args: &[&str]) -> Command {
-        let leash = daemon.leash_for_anyone();
-        let mut argv: Vec<String> = match self {
-            Container::Root => vec![],
-            Container::Rootless => {
-                let mut argv = setpriv_args(USER_A);
-                argv.extend(["unshare", "--user", "--map-root-user"].map(String::from));
-                argv
-            }
-        };
-        argv.extend(UNSHARE.map(String::from));
-        argv.extend([path_str(&leash), "--socket", path_str(&daemon.socket)].map(String::from));
-        argv.extend(args.iter().map(|a| a.to_string()));
-        let program = match self {
-            Container::Root => "unshare",
-            Container::Rootless => "setpriv",
-        };
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        cgroup.command(program, &argv)
-    }
-}
+const DEADLINE: Duration = Duration::from_secs(30);
 
 #[test]
 fn a_bare_pid_from_another_pid_namespace_is_refused() {
@@ -61,111 +32,267 @@ fn a_bare_pid_from_another_pid_namespace_is_refused() {
         return;
     };
     for container in CONTAINERS {
-        bare_pid_refused(&daemon, container);
+        let reply = container.register_bare_pid(&daemon, &Cgroup::new("pidns-bare"));
+        let error = &reply["error"];
+        assert_eq!(error["code"], "bad_request", "{container:?}: {reply}");
+        assert!(
+            error["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("is a number of the client's pid namespace")),
+            "{container:?}: {reply}"
+        );
+        assert!(
+            daemon.client().list().unwrap().is_empty(),
+            "{container:?}: nothing may be registered in its place"
+        );
     }
 }
 
-fn bare_pid_refused(daemon: &Daemon, container: Container) {
-    let cgroup = Cgroup::new("pidns-run");
-    // `leash run` registers its child by pid: 2, inside. Taken as the daemon's pid 2, that is
-    // kthreadd: as root, a tree that never empties (`leash run` would wait for ever); as uid
-    // 61001, a process of root's, refused for that reason and not the true one.
-    let mut run = container
-        .leash(daemon, &cgroup, &["run", "--", "sleep", "600"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let returned = wait_for(Duration::from_secs(30), || {
-        run.try_wait().unwrap().is_some()
-    });
-    if !returned {
-        let _ = run.kill();
-    }
-    let output = run.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        returned,
-        "{container:?}: `leash run` in a pid namespace did not return; the daemon registered {:?}",
-        daemon
-            .client()
-            .list()
-            .unwrap()
-            .iter()
-            .map(|t| t.root)
-            .collect::<Vec<_>>()
-    );
-    assert_eq!(output.status.code(), Some(125), "{container:?}: {stderr}");
-    assert!(
-        stderr.contains("is a number of the client's pid namespace"),
-        "{container:?}: {stderr}"
-    );
-    assert!(
-        daemon.client().list().unwrap().is_empty(),
-        "nothing may be registered in its place"
-    );
-    assert!(
-        wait_for(Duration::from_secs(10), || !cgroup.populated()),
-        "the refused command was left running: {:?}",
-        cgroup.processes()
-    );
-}
+/// The agent `leash run` starts inside: a setsid child, then what `leash ls --json` shows it,
+/// on one line after its own pid.
+const AGENT: &str = r#"setsid sleep 600 & echo "root $$"; "$0" --socket "$1" ls --json | tr -d '\n'; echo; exec sleep 600"#;
 
 #[test]
-fn a_process_in_another_pid_namespace_registers_itself() {
+fn leash_run_in_a_container_leashes_its_command_and_shows_its_own_pids() {
     let Some(daemon) = Daemon::start(&[]) else {
         return;
     };
     for container in CONTAINERS {
-        registers_itself(&daemon, container);
+        leash_run_in(&daemon, container);
     }
 }
 
-fn registers_itself(daemon: &Daemon, container: Container) {
-    use std::{io::Write, os::fd::AsRawFd};
-    let mut host = daemon.client();
-    let cgroup = Cgroup::new("pidns-exec");
-    let (token_reader, mut token_writer) = std::io::pipe().unwrap();
-    writeln!(token_writer, "{}", host.lease().token).unwrap();
-    drop(token_writer);
-    let fd = token_reader.as_raw_fd().to_string();
-    // Inside: the shim registers itself, then runs a tree with a setsid child.
-    let mut command = container.leash(
-        daemon,
-        &cgroup,
-        &[
-            "exec",
-            "--lease-fd",
-            &fd,
-            "--",
-            "sh",
-            "-c",
-            "setsid sleep 600 & exec sleep 600",
-        ],
+fn leash_run_in(daemon: &Daemon, container: Container) {
+    // Outside the container, as the same uid: never to be signalled.
+    let bystanders = Cgroup::new("pidns-bystander");
+    let bystander_args = bystander_args(container);
+    let bystander_args: Vec<&str> = bystander_args.iter().map(String::as_str).collect();
+    let mut bystander = bystanders
+        .command("setpriv", &bystander_args)
+        .spawn()
+        .unwrap();
+    let cgroup = Cgroup::new("pidns-run");
+    let leash = daemon.leash_for_anyone();
+    let socket = path_str(&daemon.socket);
+    // The container's first process is a shell, so that `leash run` can die alone.
+    let script = format!(
+        r#""$0" --socket "$1" run -- sh -c '{AGENT}' "$0" "$1" & wait"#,
+        AGENT = AGENT.replace('\'', r#"'\''"#)
     );
-    leash_client::sys::pass_fd(&mut command, token_reader.into()).unwrap();
-    let mut unshare = command.spawn().unwrap();
-    drop(command);
+    let mut unshare = container
+        .command(&cgroup, "sh", &["-c", &script, path_str(&leash), socket])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = read_lines(&mut unshare);
+    let root_inside: u32 = next_line(&lines, container)
+        .strip_prefix("root ")
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("{container:?}: the agent's first line names its pid"));
+    let listed_inside: serde_json::Value =
+        serde_json::from_str(&next_line(&lines, container)).unwrap();
 
-    // unshare itself, outside the tree, and the two sleeps.
-    cgroup.settle(3, &["unshare", "sleep"]);
-    let trees = host.list().unwrap();
+    // Inside, the tree is shown as the container numbers it.
+    let tree_inside = &listed_inside[0];
+    assert_eq!(
+        tree_inside["root"], root_inside,
+        "{container:?}: {listed_inside}"
+    );
+    let members_inside: BTreeSet<u64> = tree_inside["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["pid"].as_u64().unwrap())
+        .collect();
+    assert!(
+        members_inside.contains(&u64::from(root_inside)),
+        "{container:?}: {listed_inside}"
+    );
+
+    // Outside, the same tree by the daemon's numbers: all of it in the container's cgroup.
+    let trees = daemon.client().list().unwrap();
     assert_eq!(trees.len(), 1, "{container:?}: {trees:?}");
     let tree = &trees[0];
-    assert_eq!(tree.lease, host.lease().id, "under the host's lease");
-    assert_eq!(tree.member_count, 2, "{container:?}: {tree:?}");
-    assert!(
-        cgroup.procs().contains(&tree.root),
-        "{container:?}: the root is named as the daemon sees it: {} is not one of {:?}",
-        tree.root,
-        cgroup.procs()
+    assert_eq!(
+        leash::proc::namespace_pids(tree.root).and_then(|n| n.last().copied()),
+        Some(root_inside),
+        "{container:?}: the root outside ({}) is the agent inside",
+        tree.root
     );
+    let in_container = cgroup.procs();
+    for member in &tree.members {
+        assert!(
+            in_container.contains(&member.pid),
+            "{container:?}: member {} is outside the container",
+            member.pid
+        );
+    }
 
-    // The host's lease ends: the tree dies, and with its root (pid 1 inside), the namespace.
-    drop(host);
+    // `leash run`, the host, is SIGKILLed: the tree dies with it, the container's shell stays.
+    kill(tree.host_pid);
+    let emptied = wait_for(DEADLINE, || comms(&cgroup).iter().all(|c| c != "sleep"));
     assert!(
-        cgroup.wait_empty(Duration::from_secs(30)).is_some(),
-        "{container:?}: the tree outlived its host's lease: {:?}",
-        cgroup.processes()
+        emptied,
+        "{container:?}: the tree outlived its host: {:?}",
+        comms(&cgroup)
     );
+    assert!(
+        bystander.try_wait().unwrap().is_none(),
+        "{container:?}: a process outside the container was signalled"
+    );
+    kill(unshare.id());
     let _ = unshare.wait();
+    kill(bystander.id());
+    let _ = bystander.wait();
+}
+
+/// A Python host and a Node host, each with its library, inside: the command it spawns is on
+/// a leash under the pid the host knows it by, and dies with the host.
+#[test]
+fn the_host_libraries_work_in_a_container() {
+    if hosts_skipped("container host libraries'") {
+        return;
+    }
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let libraries = copy_libraries(&daemon.dir);
+    for container in CONTAINERS {
+        for (program, script) in [
+            ("/usr/bin/python3", PYTHON_HOST.to_owned()),
+            ("node", node_host(&libraries)),
+        ] {
+            library_host_in(&daemon, container, program, &script, &libraries);
+        }
+    }
+    fs::remove_dir_all(&libraries).unwrap();
+}
+
+/// Prints `{"pid": P, "roots": [...]}`: the command's pid and the roots of its lease's trees.
+const PYTHON_HOST: &str = r#"
+import json, sys, time
+sys.path.insert(0, sys.argv[1] + "/python")
+import leash
+with leash.Lease(socket=sys.argv[2], leash=sys.argv[3]) as lease:
+    command = lease.popen(["sh", "-c", "setsid sleep 600 & exec sleep 600"])
+    roots = [tree.root for tree in lease.trees()]
+    print(json.dumps({"pid": command.pid, "roots": roots}), flush=True)
+    time.sleep(600)
+"#;
+
+fn node_host(libraries: &Path) -> String {
+    format!(
+        r#"
+const {{ Lease }} = await import("{}/node/src/index.js");
+const [socket, leash] = process.argv.slice(-2);
+const lease = await Lease.connect({{ socket, leash }});
+const command = lease.spawn("sh", ["-c", "setsid sleep 600 & exec sleep 600"]);
+await lease.treeOf(command);
+const roots = (await lease.trees()).map((tree) => tree.root);
+console.log(JSON.stringify({{ pid: command.pid, roots }}));
+setInterval(() => {{}}, 1000);
+"#,
+        libraries.display()
+    )
+}
+
+fn library_host_in(
+    daemon: &Daemon,
+    container: Container,
+    program: &str,
+    script: &str,
+    libraries: &Path,
+) {
+    let cgroup = Cgroup::new("pidns-library");
+    let leash = daemon.leash_for_anyone();
+    let (socket, leash) = (path_str(&daemon.socket), path_str(&leash));
+    let host_args: Vec<&str> = match program {
+        "node" => vec!["--input-type=module", "-e", script, "--", socket, leash],
+        _ => vec!["-c", script, path_str(libraries), socket, leash],
+    };
+    // The host is not the container's first process, so that it can die alone.
+    let mut argv = vec!["-c", r#""$@" & wait"#, "sh", program];
+    argv.extend(host_args);
+    let mut unshare = container
+        .command(&cgroup, "sh", &argv)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = read_lines(&mut unshare);
+    let report: serde_json::Value = serde_json::from_str(&next_line(&lines, container)).unwrap();
+    assert_eq!(
+        report["roots"],
+        serde_json::json!([report["pid"]]),
+        "{container:?}, {program}: the tree's root is the command, by the host's own number"
+    );
+    let trees = daemon.client().list().unwrap();
+    assert_eq!(trees.len(), 1, "{container:?}, {program}: {trees:?}");
+    let host = trees[0].host_pid;
+    assert!(cgroup.procs().contains(&host), "{container:?}, {program}");
+    kill(host);
+    assert!(
+        wait_for(DEADLINE, || comms(&cgroup).iter().all(|c| c != "sleep")),
+        "{container:?}, {program}: the tree outlived its host: {:?}",
+        comms(&cgroup)
+    );
+    kill(unshare.id());
+    let _ = unshare.wait();
+}
+
+/// Copies of the Python and Node libraries that any user may read.
+fn copy_libraries(dir: &Path) -> std::path::PathBuf {
+    let libraries = dir.join("libraries");
+    let clients = workspace_root().join("clients");
+    let status = Command::new("sh")
+        .args([
+            "-c",
+            r#"mkdir -p "$1/python" "$1/node" && cp -r "$2/python/src/leash" "$1/python/" && cp -r "$2/node/src" "$2/node/package.json" "$1/node/" && chmod -R a+rX "$1""#,
+            "sh",
+        ])
+        .arg(&libraries)
+        .arg(&clients)
+        .status()
+        .unwrap();
+    assert!(status.success(), "copying the libraries");
+    fs::set_permissions(&libraries, fs::Permissions::from_mode(0o755)).unwrap();
+    libraries
+}
+
+fn bystander_args(container: Container) -> Vec<String> {
+    let mut args = leash_tests::daemon::setpriv_args(container.uid());
+    args.extend(["sleep", "600"].map(String::from));
+    args
+}
+
+/// The lines of the child's stdout, as they come, read by a thread of their own.
+fn read_lines(child: &mut Child) -> mpsc::Receiver<String> {
+    let stdout: ChildStdout = child.stdout.take().unwrap();
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
+fn next_line(lines: &mpsc::Receiver<String>, container: Container) -> String {
+    lines
+        .recv_timeout(DEADLINE)
+        .unwrap_or_else(|e| panic!("{container:?}: no line from inside the container: {e}"))
+}
+
+fn comms(cgroup: &Cgroup) -> Vec<String> {
+    cgroup
+        .processes()
+        .iter()
+        .filter_map(|&pid| leash::proc::process(pid).map(|p| p.comm))
+        .collect()
+}
+
+fn kill(pid: u32) {
+    // SAFETY: kill only sends a signal; the pid is a process this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
 }

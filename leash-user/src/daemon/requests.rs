@@ -158,8 +158,8 @@ impl Session {
             ErrorCode::BadRequest,
             format!(
                 "pid {pid} is a number of the client's pid namespace, not the daemon's (the \
-                 client's is nested {} deep in it): a client in a container registers \
-                 itself, with no pid (as `leash exec` does)",
+                 client's is nested {} deep in it): a client in a container names the \
+                 process by a pidfd, or registers itself (as `leash exec` does)",
                 levels.map_or("an unknown number of levels".to_owned(), |n| (n - 1)
                     .to_string())
             ),
