@@ -168,15 +168,22 @@ fn the_host_libraries_work_in_a_container() {
     fs::remove_dir_all(&libraries).unwrap();
 }
 
-/// Prints `{"pid": P, "roots": [...]}`: the command's pid and the roots of its lease's trees.
+/// Prints `{"pid": P, "roots": [...], "registered": [...]}`: the command's pid, the roots of
+/// its lease's trees, and the pid its `registered` event names.
 const PYTHON_HOST: &str = r#"
 import json, sys, time
 sys.path.insert(0, sys.argv[1] + "/python")
 import leash
 with leash.Lease(socket=sys.argv[2], leash=sys.argv[3]) as lease:
+    events = lease.events()
     command = lease.popen(["sh", "-c", "setsid sleep 600 & exec sleep 600"])
     roots = [tree.root for tree in lease.trees()]
-    print(json.dumps({"pid": command.pid, "roots": roots}), flush=True)
+    registered = None
+    while registered is None:
+        event = events.get(timeout=30)
+        if event is None or event.kind == "registered":
+            registered = [event.pid] if event else []
+    print(json.dumps({"pid": command.pid, "roots": roots, "registered": registered}), flush=True)
     time.sleep(600)
 "#;
 
@@ -225,6 +232,13 @@ fn library_host_in(
         serde_json::json!([report["pid"]]),
         "{container:?}, {program}: the tree's root is the command, by the host's own number"
     );
+    if let Some(registered) = report.get("registered") {
+        assert_eq!(
+            registered,
+            &serde_json::json!([report["pid"]]),
+            "{container:?}, {program}: the registered event names the command by that number"
+        );
+    }
     let trees = daemon.client().list().unwrap();
     assert_eq!(trees.len(), 1, "{container:?}, {program}: {trees:?}");
     let host = trees[0].host_pid;

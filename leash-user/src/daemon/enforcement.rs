@@ -185,7 +185,7 @@ pub async fn sweep(owner: Rc<Owner>) {
 /// Records a root's exit once and applies the tree's policy.
 fn root_exited(owner: &Rc<Owner>, tree: TreeId) {
     let daemon = &owner.daemon;
-    let (owner_uid, lease, root, policy) = {
+    let (owner_uid, lease, root, root_numbers, policy) = {
         let mut state = daemon.state();
         let Some(entry) = state.trees.get_mut(&tree) else {
             return;
@@ -194,12 +194,20 @@ fn root_exited(owner: &Rc<Owner>, tree: TreeId) {
             return;
         }
         entry.root_exited = true;
-        (entry.owner_uid, entry.lease, entry.root, entry.on_root_exit)
+        let numbers = entry.root_numbers.clone();
+        (
+            entry.owner_uid,
+            entry.lease,
+            entry.root,
+            numbers,
+            entry.on_root_exit,
+        )
     };
     tracing::info!(tree, root, ?policy, "root exited");
-    daemon.emit(
+    daemon.emit_about_root(
         owner_uid,
         event(EventKind::RootExited, tree, lease, Some(root)),
+        &root_numbers,
     );
     // A root killed as it forked past what may be tracked: say why the tree dies.
     let status = owner.tracker().tree_status(tree);

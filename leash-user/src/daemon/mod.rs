@@ -164,7 +164,14 @@ impl Daemon {
 
     /// Sends an event of a tree `owner_uid` owns to the subscribers who may hear it.
     fn emit(&self, owner_uid: u32, event: Event) {
-        self.subscribers.deliver(owner_uid, event);
+        self.subscribers.deliver(owner_uid, event, None);
+    }
+
+    /// Sends an event about a tree's root, whose numbers in each pid namespace are
+    /// `root_numbers`: subscribers in containers are told its number there even once it is gone.
+    fn emit_about_root(&self, owner_uid: u32, event: Event, root_numbers: &[u32]) {
+        self.subscribers
+            .deliver(owner_uid, event, Some(root_numbers));
     }
 }
 

@@ -8,13 +8,13 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use leash_client::protocol::{EventKind, ServerLine};
+use leash_client::protocol::{Event, EventKind, ServerLine};
 use tokio::{
     io::{AsyncWrite, AsyncWriteExt},
     sync::Notify,
 };
 
-use super::enforcement;
+use super::{enforcement, pid_view::PidView};
 
 /// Reply bytes queued before the connection reads no further request until some are written
 /// (a client that pipelines requests and reads its replies is slowed to its own pace).
@@ -54,6 +54,14 @@ struct Queues {
 /// lost at this point of the stream.
 enum Queued {
     Line(Arc<[u8]>),
+    /// An event for a subscriber in a container, numbered (which reads /proc) and encoded by
+    /// its own writer: never by the daemon's thread that delivers it. `bytes` is what it counts
+    /// for in the queue (its line as the daemon numbers it).
+    ToNumber {
+        event: Box<Event>,
+        view: PidView,
+        bytes: usize,
+    },
     Dropped(u64),
 }
 
@@ -84,13 +92,27 @@ impl Outbox {
     /// Queues an event line; one that does not fit is dropped and counted where it was lost.
     /// Returns false once the outbox is closed (the subscriber is gone).
     pub fn event(&self, line: &Arc<[u8]>) -> bool {
+        self.queue_event(line.len(), || Queued::Line(line.clone()))
+    }
+
+    /// Queues `event` to be sent with its pids as `view` numbers them, counting `bytes` for it;
+    /// as [`Outbox::event`] otherwise.
+    pub fn event_to_number(&self, event: &Event, view: PidView, bytes: usize) -> bool {
+        self.queue_event(bytes, || Queued::ToNumber {
+            event: Box::new(event.clone()),
+            view,
+            bytes,
+        })
+    }
+
+    fn queue_event(&self, bytes: usize, queued: impl FnOnce() -> Queued) -> bool {
         let mut queues = self.queues();
         if queues.closed {
             return false;
         }
-        if queues.event_bytes + line.len() <= EVENT_BYTES {
-            queues.event_bytes += line.len();
-            queues.events.push_back(Queued::Line(line.clone()));
+        if queues.event_bytes + bytes <= EVENT_BYTES {
+            queues.event_bytes += bytes;
+            queues.events.push_back(queued());
         } else {
             queues.count_dropped(1);
         }
@@ -177,6 +199,11 @@ impl Outbox {
                     Some(Queued::Line(line)) => {
                         queues.event_bytes -= line.len();
                         return Some(line.to_vec());
+                    }
+                    Some(Queued::ToNumber { event, view, bytes }) => {
+                        queues.event_bytes -= bytes;
+                        drop(queues);
+                        return Some(encode(&ServerLine::event(view.number_event(&event))));
                     }
                     Some(Queued::Dropped(count)) => {
                         let mut dropped = enforcement::event(EventKind::Dropped, 0, 0, None);

@@ -11,6 +11,7 @@
 //! process in another namespace nested as deep (a sibling container's) would be shown by its
 //! number there; only the client's own trees, and its uid's, are listed to it.
 
+use leash_client::protocol::Event;
 use leash_common::Pid;
 
 use crate::proc;
@@ -50,6 +51,16 @@ impl PidView {
             return pid;
         }
         proc::namespace_pids(pid).map_or(0, |numbers| self.pick(&numbers))
+    }
+
+    /// `event` with its pids as this view numbers them.
+    pub fn number_event(self, event: &Event) -> Event {
+        let mut event = event.clone();
+        if !self.is_daemons() {
+            event.pid = event.pid.map(|pid| self.number(pid));
+            event.parent = event.parent.map(|pid| self.number(pid));
+        }
+        event
     }
 
     /// The client's number for a process whose numbers in each namespace are `numbers` (its

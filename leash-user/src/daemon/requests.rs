@@ -320,12 +320,13 @@ impl Session {
         // One /proc walk per uid at a time: a user's registrations queue behind each other,
         // not in front of anyone else's.
         let _turn = daemon.limits.heavy(self.peer.uid).await;
+        let numbers = root_numbers(pid);
         let entry = TreeEntry {
             lease,
             owner_uid,
             registrar_uid: self.peer.uid,
             root: pid,
-            root_numbers: root_numbers(pid),
+            root_numbers: numbers.clone(),
             on_root_exit,
             grace,
             root_exited: false,
@@ -348,10 +349,11 @@ impl Session {
             ?nested_in,
             "tree registered"
         );
-        daemon.emit(owner_uid, enforcement::registered_event(tree, lease, pid));
+        let registered = enforcement::registered_event(tree, lease, pid);
+        daemon.emit_about_root(owner_uid, registered, &numbers);
         Ok(Reply::Registered {
             tree,
-            root: self.view.number(pid),
+            root: self.view.pick(&numbers),
             members,
         })
     }

@@ -68,27 +68,27 @@ impl Subscribers {
             .any(|hears| filed.contains_key(hears))
     }
 
-    /// Sends `event`, of a tree `owner` owns, to those who may hear it: encoded once for each
-    /// way of numbering processes among them (once in all, unless some are in containers).
-    pub fn deliver(&self, owner: u32, event: Event) {
+    /// Sends `event`, of a tree `owner` owns, to those who may hear it: encoded once for all of
+    /// them, but for subscribers in containers, whose writers number its pids their way. An
+    /// event about a tree's root comes with the root's numbers (`root_numbers`), picked here.
+    pub fn deliver(&self, owner: u32, event: Event, root_numbers: Option<&[u32]>) {
         let lease = event.lease;
         let mut filed = self.filed();
-        let mut lines: Vec<(PidView, Arc<[u8]>)> = Vec::new();
+        let mut line: Option<Arc<[u8]>> = None;
         for hears in [Hears::Everything, Hears::Uid(owner), Hears::Lease(lease)] {
             let Some(subscribers) = filed.get_mut(&hears) else {
                 continue;
             };
+            let line = line.get_or_insert_with(|| encode(&ServerLine::event(event.clone())).into());
             // A closed outbox is a subscriber that left: forget it.
-            subscribers.retain(|subscriber| {
-                let line = match lines.iter().find(|(view, _)| *view == subscriber.view) {
-                    Some((_, line)) => line,
-                    None => {
-                        let line = encode(&ServerLine::event(numbered(&event, subscriber.view)));
-                        lines.push((subscriber.view, line.into()));
-                        &lines[lines.len() - 1].1
-                    }
-                };
-                subscriber.outbox.event(line)
+            subscribers.retain(|Subscriber { outbox, view, .. }| match root_numbers {
+                _ if view.is_daemons() => outbox.event(line),
+                Some(numbers) => {
+                    let mut numbered = event.clone();
+                    numbered.pid = Some(view.pick(numbers));
+                    outbox.event(&encode(&ServerLine::event(numbered)).into())
+                }
+                None => outbox.event_to_number(&event, *view, line.len()),
             });
         }
         filed.retain(|_, subscribers| !subscribers.is_empty());
@@ -103,16 +103,6 @@ impl Subscribers {
         }
         filed.retain(|_, subscribers| !subscribers.is_empty());
     }
-}
-
-/// `event` with its pids as `view` numbers them (0 for a process it cannot see, or that is gone).
-fn numbered(event: &Event, view: PidView) -> Event {
-    let mut event = event.clone();
-    if !view.is_daemons() {
-        event.pid = event.pid.map(|pid| view.number(pid));
-        event.parent = event.parent.map(|pid| view.number(pid));
-    }
-    event
 }
 
 #[cfg(test)]
@@ -154,7 +144,11 @@ mod tests {
             Outbox::clone(&elsewhere),
             PidView::default(),
         );
-        subscribers.deliver(1000, enforcement::event(EventKind::Fork, 1, 7, Some(42)));
+        subscribers.deliver(
+            1000,
+            enforcement::event(EventKind::Fork, 1, 7, Some(42)),
+            None,
+        );
         assert!(queued(&root) && queued(&own) && queued(&confined));
         assert!(!queued(&other) && !queued(&elsewhere));
     }
@@ -165,7 +159,11 @@ mod tests {
         let gone = Outbox::default();
         subscribers.add(Hears::Uid(1000), 2, gone.clone(), PidView::default());
         gone.close();
-        subscribers.deliver(1000, enforcement::event(EventKind::Fork, 1, 7, Some(42)));
+        subscribers.deliver(
+            1000,
+            enforcement::event(EventKind::Fork, 1, 7, Some(42)),
+            None,
+        );
         assert!(!subscribers.any_for(1000, 7));
         subscribers.add(Hears::Uid(1000), 3, Outbox::default(), PidView::default());
         subscribers.remove(3);
@@ -180,7 +178,11 @@ mod tests {
         subscribers.add(Hears::Uid(1000), 2, container.clone(), PidView::nested(1));
         // This process runs in the daemon's namespace: a container nested in it cannot see it.
         let me = std::process::id();
-        subscribers.deliver(1000, enforcement::event(EventKind::Exec, 1, 7, Some(me)));
+        subscribers.deliver(
+            1000,
+            enforcement::event(EventKind::Exec, 1, 7, Some(me)),
+            None,
+        );
         let pid_in = |outbox: &Outbox| {
             let written = outbox.written();
             let line: serde_json::Value = serde_json::from_slice(&written).unwrap();
