@@ -1,6 +1,7 @@
-//! Registering by a pidfd sent with the request (SCM_RIGHTS). It names the process itself; a
-//! request that says `"pidfd": true` with none sent, or with both a pid and a pidfd, is refused;
-//! a descriptor that is not a pidfd ends the connection, and the daemon serves on.
+//! Registering by a pidfd sent with the request (SCM_RIGHTS). It names the process itself, and
+//! goes with its own line only; a request that says `"pidfd": true` with none sent, or with
+//! both a pid and a pidfd, is refused; a descriptor that is not a pidfd ends the connection,
+//! and the daemon serves on.
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -69,20 +70,23 @@ fn a_pidfd_names_the_process_to_register() {
         Some(&pidfd),
     );
     assert_eq!(both["error"]["code"], "bad_request", "{both}");
-    // The pidfd that came with the refused request still waits: the next that asks takes it.
-    let registered = connection.ask(json!({"id": 3, "op": "register", "pidfd": true}), None);
+    // A pidfd goes with its own line: the one the refused request came with is not the next's.
+    let none_sent = connection.ask(json!({"id": 3, "op": "register", "pidfd": true}), None);
+    assert_eq!(none_sent["error"]["code"], "bad_request", "{none_sent}");
+    assert!(
+        none_sent["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no pidfd came with the request")),
+        "{none_sent}"
+    );
+    let registered = connection.ask(
+        json!({"id": 4, "op": "register", "pidfd": true}),
+        Some(&pidfd),
+    );
     assert_eq!(
         registered["ok"]["registered"]["root"],
         sleeper.id(),
         "{registered}"
-    );
-    let none_left = connection.ask(json!({"id": 4, "op": "register", "pidfd": true}), None);
-    assert_eq!(none_left["error"]["code"], "bad_request", "{none_left}");
-    assert!(
-        none_left["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("no pidfd came with the request")),
-        "{none_left}"
     );
 
     // The tree dies with the connection's lease.

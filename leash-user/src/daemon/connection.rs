@@ -153,6 +153,8 @@ async fn serve_lease(
         pidfds,
         view: PidView::of_client(peer.pid),
     };
+    // The number of the request line being served, counted from 0: pidfds go with their line.
+    let mut line_number = 0u64;
     let ended_by = loop {
         // A client reads its replies, or it is asked nothing more: the next request waits until
         // its replies have gone out, and one that stops reading is disconnected.
@@ -173,7 +175,9 @@ async fn serve_lease(
         };
         match request {
             Ok(Line::Complete(bytes)) => {
-                if let Err(pause) = session.handle(daemon, &bytes).await {
+                let served = session.handle(daemon, &bytes, line_number).await;
+                line_number += 1;
+                if let Err(pause) = served {
                     // Over its uid's request rate: read nothing more from it meanwhile, but
                     // still see its host's death at once.
                     tokio::select! {
@@ -182,11 +186,14 @@ async fn serve_lease(
                     }
                 }
             }
-            Ok(Line::TooLong) => outbox.reply(&ServerLine::error(
-                None,
-                ErrorCode::TooLong,
-                format!("request lines are limited to {MAX_LINE_BYTES} bytes"),
-            )),
+            Ok(Line::TooLong) => {
+                line_number += 1;
+                outbox.reply(&ServerLine::error(
+                    None,
+                    ErrorCode::TooLong,
+                    format!("request lines are limited to {MAX_LINE_BYTES} bytes"),
+                ));
+            }
             Ok(Line::End) => break "connection closed",
             Err(_) => break "connection error",
         }

@@ -81,7 +81,12 @@ impl Session {
     /// Handles one request line. Replies go to the outbox; a kill's reply goes when the tree is
     /// empty, while the connection goes on serving. Err: the uid is over its request rate (the
     /// request was refused); the connection should read nothing more for that long.
-    pub async fn handle(&mut self, daemon: &Arc<Daemon>, line: &[u8]) -> Result<(), Duration> {
+    pub async fn handle(
+        &mut self,
+        daemon: &Arc<Daemon>,
+        line: &[u8],
+        line_number: u64,
+    ) -> Result<(), Duration> {
         let Request { id, op } = match decode_request(line) {
             Ok(request) => request,
             Err(DecodeError { id, message }) => {
@@ -117,7 +122,7 @@ impl Session {
                 lease,
                 on_root_exit,
                 grace_ms,
-            } => match self.named(pid, pidfd, lease.is_some()) {
+            } => match self.named(pid, pidfd, lease.is_some(), line_number) {
                 Ok(named) => {
                     self.register(daemon, named, lease.as_deref(), on_root_exit, grace_ms)
                         .await
@@ -194,11 +199,18 @@ impl Session {
         })
     }
 
-    /// How a `register` request names its process: by a pid, by the pidfd sent with it, or (with
+    /// How a `register` request (line `line_number` of the connection) names its process: by a
+    /// pid, by the pidfd sent with its line, or (with
     /// neither) the client itself, as the kernel named it to the daemon when it connected: right
     /// in whatever pid namespace the client runs. Only under another lease (the exec shim's
     /// way): under its own, a client would be killed as its connection closed.
-    fn named(&self, pid: Option<u32>, pidfd: bool, has_token: bool) -> Result<Named, Refusal> {
+    fn named(
+        &self,
+        pid: Option<u32>,
+        pidfd: bool,
+        has_token: bool,
+        line_number: u64,
+    ) -> Result<Named, Refusal> {
         match (pid, pidfd) {
             (Some(_), true) => Err(refuse(
                 ErrorCode::BadRequest,
@@ -210,7 +222,7 @@ impl Session {
             }
             (None, true) => self
                 .pidfds
-                .take()
+                .take(line_number)
                 .map(|fd| Named::Pidfd(Pidfd::from_checked(fd)))
                 .ok_or_else(|| {
                     refuse(
