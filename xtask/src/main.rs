@@ -32,8 +32,9 @@ enum Task {
     /// bpf-linker. Quick when everything is present.
     Setup,
     /// Set up, build, and run every test (as root: the integration tests load the programs
-    /// into the running kernel), the host libraries' among them: installs pytest into
-    /// target/hosts/python, Node.js if missing, and the Claude Agent SDK from npm into
+    /// into the running kernel), the host libraries' among them: installs pytest and the
+    /// deployment files' linters (kubernetes-validate, hadolint) into target/hosts/python,
+    /// Node.js if missing, and the Claude Agent SDK from npm into
     /// /var/cache/leash-hosts (LEASH_HOSTS_CACHE=DIR to change it; LEASH_TEST_SKIP_HOSTS=1
     /// leaves those tests out).
     Test {

@@ -38,6 +38,7 @@ pub const LEFT_OUT: &[(&str, &str)] = &[
     ("grace_shortened", "user space: a pending grace only gets shorter"),
     ("host_python", "needs Python with pytest, which the guests do not have; the library's kernel paths are the exec shim's (exec_shim)"),
     ("host_node", "needs Node.js and the Claude Agent SDK, which the guests do not have; the library's kernel paths are the exec shim's (exec_shim)"),
+    ("deploy_manifests", "lints the image definition and the Kubernetes manifests with tools of the Python environment, which the guests do not have; no kernel path"),
 ];
 
 /// A test binary to run in the guests.
