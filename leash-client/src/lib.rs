@@ -56,9 +56,6 @@ pub enum Error {
     Daemon { code: ErrorCode, message: String },
     #[error("starting the command: {0}")]
     Spawn(io::Error),
-    /// The process to register could not be opened here (it has exited, say).
-    #[error("cannot open process {pid}: {error}")]
-    Process { pid: u32, error: io::Error },
 }
 
 impl From<io::Error> for Error {
@@ -189,8 +186,12 @@ impl Client {
     /// number of this process's pid namespace: the process is named to the daemon by a pidfd,
     /// which is right in whatever namespace the daemon runs.
     pub fn adopt(&mut self, pid: u32, options: &TreeOptions) -> Result<TreeId> {
-        let pidfd = sys::pidfd_open(pid).map_err(|error| Error::Process { pid, error })?;
-        self.register_pidfd(pidfd.as_fd(), None, options)
+        match sys::pidfd_open(pid) {
+            Ok(pidfd) => self.register_pidfd(pidfd.as_fd(), None, options),
+            // No such process, or a thread's id: the daemon says which, in its words (the
+            // process a thread belongs to, say), as it does for any pid.
+            Err(_) => self.register(pid, None, options),
+        }
     }
 
     /// Registers `pid` as the root of a new tree under this lease, or under the lease whose

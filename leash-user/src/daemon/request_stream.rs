@@ -194,7 +194,10 @@ mod tests {
         pidfds.keep(2, fd(()));
         pidfds.keep(4, fd(()));
         assert!(pidfds.take(1).is_none(), "not line 1's");
-        assert!(pidfds.take(3).is_none(), "line 2's is closed, not given to line 3");
+        assert!(
+            pidfds.take(3).is_none(),
+            "line 2's is closed, not given to line 3"
+        );
         assert!(pidfds.take(4).is_some());
         assert!(pidfds.waiting().is_empty());
     }
