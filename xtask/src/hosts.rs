@@ -1,6 +1,8 @@
 //! What the tests of the host libraries need: a Python virtual environment with pytest and the
 //! Python package installed from clients/python, Node.js 18 or later, and the Claude Agent SDK
 //! with the Claude Code CLI and Bun from npm, in a cache outside the clone (a 230 MB download).
+//! The metrics test's tools too: Python's prometheus_client (the parser) in the same
+//! environment, and promtool (the linter), unpacked from Debian's prometheus package.
 
 use std::{
     env, fs,
@@ -17,6 +19,8 @@ use crate::{apt_install, is_root, output, status, workspace_root};
 pub const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
 
 const PYTEST: &str = "pytest==8.3.5";
+/// The metrics test's parser of the Prometheus text format.
+const PROMETHEUS_CLIENT: (&str, &str) = ("prometheus-client", "0.26.0");
 
 /// The npm packages the host libraries' tests run, at the versions they were written against:
 /// the Claude Agent SDK and the Claude Code CLI, TypeScript and Node's types (to type-check the
@@ -69,6 +73,7 @@ pub fn prepare() -> Result<()> {
         return Ok(());
     }
     prepare_python().context("preparing the Python tests")?;
+    ensure_promtool().context("preparing the metrics test")?;
     ensure_node().context("preparing the Node tests")?;
     install_npm_packages(&cache_dir()).context("installing the Claude Agent SDK for its test")
 }
@@ -97,12 +102,74 @@ fn prepare_python() -> Result<()> {
     if output(Command::new(&python).args(["-m", "pytest", "--version"])).is_err() {
         pip(&[PYTEST])?;
     }
+    let (name, version) = PROMETHEUS_CLIENT;
+    let installed = output(Command::new(&python).args([
+        "-c",
+        &format!("import importlib.metadata as m; print(m.version({name:?}))"),
+    ]));
+    if !installed.is_ok_and(|found| found.trim() == version) {
+        pip(&[&format!("{name}=={version}")])?;
+    }
     let package = workspace_root().join("clients/python");
     pip(&[
         "--force-reinstall",
         "--no-deps",
         package.to_str().context("a UTF-8 path")?,
     ])
+}
+
+/// Where promtool is unpacked: the test looks for it here first.
+fn promtool_dir() -> PathBuf {
+    workspace_root().join("target/hosts/promtool")
+}
+
+/// promtool, unpacked from the distribution's `prometheus` package into target/hosts/promtool
+/// (the package is not installed: on a machine that runs systemd it would start a Prometheus
+/// server). Nothing to do if the system has promtool.
+fn ensure_promtool() -> Result<()> {
+    let dir = promtool_dir();
+    let unpacked = dir.join("usr/bin/promtool");
+    let works = |promtool: &Path| output(Command::new(promtool).arg("--version")).is_ok();
+    if works(&unpacked) || works(Path::new("promtool")) {
+        return Ok(());
+    }
+    if !Path::new("/usr/bin/apt-get").exists() {
+        bail!(
+            "the metrics test needs promtool (Debian/Ubuntu: the prometheus package), or set \
+             {SKIP_VAR}=1 to leave it out"
+        );
+    }
+    let debs = dir.join("debs");
+    fs::create_dir_all(&debs).with_context(|| format!("creating {}", debs.display()))?;
+    eprintln!(
+        "xtask: unpacking promtool from the prometheus package into {}",
+        dir.display()
+    );
+    status(Command::new("apt-get").args(["update", "-qq"]))?;
+    status(
+        Command::new("apt-get")
+            .args(["download", "-qq", "prometheus"])
+            .current_dir(&debs),
+    )?;
+    let deb = fs::read_dir(&debs)?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .find(|path| path.extension().is_some_and(|ext| ext == "deb"))
+        .context("apt-get download left no .deb")?;
+    // promtool alone (the package is mostly the server).
+    status(
+        Command::new("sh")
+            .args([
+                "-c",
+                r#"dpkg-deb --fsys-tarfile "$0" | tar -x -C "$1" ./usr/bin/promtool"#,
+            ])
+            .arg(&deb)
+            .arg(&dir),
+    )?;
+    fs::remove_dir_all(&debs).with_context(|| format!("removing {}", debs.display()))?;
+    if !works(&unpacked) {
+        bail!("{} does not run", unpacked.display());
+    }
+    Ok(())
 }
 
 fn node_major() -> Option<u32> {
