@@ -49,12 +49,15 @@ pub struct DaemonArgs {
     /// Do not pin: tracking ends with the daemon, however it ends.
     #[arg(long)]
     no_pin: bool,
-    /// Serve Prometheus metrics (text format, `GET /metrics` over HTTP) at ADDR: a Unix socket
-    /// path (e.g. /run/leash/metrics.sock; its directory must be root's alone, like
-    /// --socket's; removed when the daemon stops) or a loopback address with a port
-    /// (127.0.0.1:9464, [::1]:9464). Off unless given. The endpoint has no authentication, so
-    /// any other address is refused: every local user may read the figures (the counts
-    /// `leash status` gives anyone), and a scraper on this machine may carry them further.
+    /// Serve Prometheus metrics at ADDR: a Unix socket path or a loopback address with a port.
+    /// Off unless given.
+    ///
+    /// The text format, for `GET /metrics` over HTTP/1.x. ADDR is an absolute path (e.g.
+    /// /run/leash/metrics.sock; its directory must be root's alone, like --socket's; the socket
+    /// is removed when the daemon stops) or 127.0.0.1:PORT, [::1]:PORT (port 0: the kernel
+    /// picks one, and the log says which). The endpoint has no authentication, so any other
+    /// address is refused: every local user may read the figures (counts only: no pid, uid or
+    /// command), and a scraper on this machine may carry them further.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<MetricsAddr>,
 }

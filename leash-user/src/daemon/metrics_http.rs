@@ -2,8 +2,8 @@
 //! `GET /metrics` over HTTP/1.x, on a Unix socket or a loopback TCP address.
 //!
 //! The daemon runs as root and the endpoint has no authentication: every local user can reach
-//! it (the figures are the counts `leash status` gives anyone), and nobody else can, since it
-//! listens on loopback only. It is written for hostile clients: a request head is at most
+//! it (the figures are counts, with no pid, uid or command in them), and nobody else can, since
+//! it listens on loopback only. It is written for hostile clients: a request head is at most
 //! 8 KiB and must come within 5 s, the response must be taken within 5 s, at most 8
 //! connections are served at once (more wait in the kernel's queue), and every connection is
 //! closed after one response. The figures are read at most once a second, on a blocking
