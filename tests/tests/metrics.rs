@@ -173,7 +173,7 @@ fn parser_python() -> Option<PathBuf> {
 fn promtool() -> PathBuf {
     let unpacked = workspace_root().join("target/hosts/promtool/usr/bin/promtool");
     let promtool = if unpacked.is_file() {
-        unpacked
+        unpacked.clone()
     } else {
         PathBuf::from("promtool")
     };
@@ -183,10 +183,10 @@ fn promtool() -> PathBuf {
         .is_ok_and(|o| o.status.success());
     assert!(
         works,
-        "no promtool (looked for {} and on PATH): run `cargo xtask test`, which unpacks it \
-         from Debian's prometheus package (or set {SKIP_HOSTS_VAR}=1 to leave the host tools \
-         out)",
-        promtool.display()
+        "no promtool that runs (looked for {} and on PATH): run `cargo xtask test`, which \
+         unpacks it from Debian's prometheus package (or set {SKIP_HOSTS_VAR}=1 to leave the \
+         host tools out)",
+        unpacked.display()
     );
     promtool
 }
