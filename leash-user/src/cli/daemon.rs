@@ -4,7 +4,10 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use leash::{Capacity, daemon, daemon::UidLimits};
+use leash::{
+    Capacity, daemon,
+    daemon::{MetricsAddr, UidLimits},
+};
 
 /// Below this open file limit, the daemon warns that it serves few connections at once.
 const FEW_DESCRIPTORS: u64 = 4096;
@@ -46,6 +49,17 @@ pub struct DaemonArgs {
     /// Do not pin: tracking ends with the daemon, however it ends.
     #[arg(long)]
     no_pin: bool,
+    /// Serve Prometheus metrics at ADDR: a Unix socket path or a loopback address with a port.
+    /// Off unless given.
+    ///
+    /// The text format, for `GET /metrics` over HTTP/1.x. ADDR is an absolute path (e.g.
+    /// /run/leash/metrics.sock; its directory must be root's alone, like --socket's; the socket
+    /// is removed when the daemon stops) or 127.0.0.1:PORT, [::1]:PORT (port 0: the kernel
+    /// picks one, and the log says which). The endpoint has no authentication, so any other
+    /// address is refused: every local user may read the figures (counts only: no pid, uid or
+    /// command), and a scraper on this machine may carry them further.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<MetricsAddr>,
 }
 
 pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
@@ -85,6 +99,7 @@ pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
             requests_per_second: args.requests_per_second_per_uid.max(1),
         },
         pin_root: (!args.no_pin).then_some(args.pin_dir),
+        metrics: args.metrics,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

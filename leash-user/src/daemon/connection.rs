@@ -58,6 +58,7 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     let _slot = match daemon.limits.open_connection(uid) {
         Ok(slot) => slot,
         Err(why) => {
+            daemon.metrics.refused(ErrorCode::LimitReached);
             let line = ServerLine::error(None, ErrorCode::LimitReached, why);
             // Best effort: a client that does not read it is closed all the same.
             let _ = stream.try_write(&super::outbox::encode(&line));
@@ -143,7 +144,7 @@ async fn serve_lease(
     let (reader, writer) = stream.into_split();
     let pidfds = Pidfds::default();
     let mut reader = BufReader::new(RequestStream::new(reader, pidfds.clone()));
-    let outbox = Outbox::default();
+    let outbox = Outbox::counted(daemon.metrics.clone());
     // A slow reader slows only its own writer task, never the daemon.
     let mut writer_task = tokio::spawn(outbox.clone().write_to(writer));
     let mut session = Session {

@@ -293,6 +293,7 @@ pub fn start_kill(
             grace: grace_asked,
         });
         entry.unkillable = false;
+        daemon.metrics.kill_started(reason);
         (
             entry.owner_uid,
             entry.lease,
@@ -349,6 +350,7 @@ pub fn start_kill(
 
 /// A kill gave up: the tree stays, doomed, and says so; another kill may try again.
 fn kill_failed(daemon: &Daemon, tree: TreeId, error: &KillError) {
+    daemon.metrics.kill_failed();
     let Some((owner, lease)) = daemon.state().trees.get_mut(&tree).map(|entry| {
         entry.kill = None;
         entry.unkillable = true;
@@ -377,6 +379,7 @@ async fn drive_kill(
             KillStep::Wait(Duration::ZERO) => tokio::task::yield_now().await,
             KillStep::Wait(pause) => tokio::time::sleep(pause).await,
             KillStep::Done(report) => {
+                owner.daemon.metrics.kill_done(report.elapsed);
                 return Ok(KillSummary {
                     tree,
                     terminated: report.terminated as u64,

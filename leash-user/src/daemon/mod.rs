@@ -11,12 +11,16 @@
 //! - [`subscribers`]: who hears of which events.
 //! - [`limits`]: per-uid caps on connections, request rate and heavy work.
 //! - [`auth`]: the kill(2) rule and tree ownership.
+//! - [`metrics`], [`metrics_text`], [`metrics_http`]: the figures for Prometheus (`--metrics`).
 
 mod accept;
 mod auth;
 mod connection;
 mod enforcement;
 mod limits;
+mod metrics;
+mod metrics_http;
+mod metrics_text;
 mod outbox;
 mod owner;
 mod pid_view;
@@ -26,6 +30,7 @@ mod requests;
 mod subscribers;
 
 pub use limits::UidLimits;
+pub use metrics_http::MetricsAddr;
 
 use std::{
     collections::HashMap,
@@ -66,6 +71,8 @@ pub struct Config {
     /// Where the programs and maps are pinned (a directory on bpffs), so that tracking goes on
     /// while the daemon is away and the next one takes over. None: not pinned.
     pub pin_root: Option<PathBuf>,
+    /// Where the metrics are served, if anywhere.
+    pub metrics: Option<MetricsAddr>,
 }
 
 /// The outcome of a kill, as every waiter sees it.
@@ -133,6 +140,8 @@ pub struct Daemon {
     memory_freed: AtomicBool,
     /// Connections that could not be set up, for a log line at most every 10 s.
     setup_failures: Mutex<accept::RateLimit>,
+    /// What happened, counted for `--metrics`.
+    metrics: Arc<metrics::Metrics>,
     config: Config,
 }
 
@@ -185,14 +194,19 @@ pub async fn run(config: Config) -> Result<()> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut hangup = signal(SignalKind::hangup())?;
     // The socket first: it refuses to start beside a live daemon, which holds the pins.
-    let listener = bind(&config.socket)?;
+    let listener = bind(&config.socket, "--socket")?;
+    // Before the programs load too: an endpoint that is taken is refused at once.
+    let metrics_listener = match &config.metrics {
+        Some(addr) => Some(metrics_http::bind(addr).await.inspect_err(|_| {
+            let _ = fs::remove_file(&config.socket);
+        })?),
+        None => None,
+    };
     let loaded = match &config.pin_root {
         Some(root) => Tracker::load_pinned(config.capacity, root),
         None => Tracker::load(config.capacity).map(|tracker| (tracker, Origin::Loaded)),
     };
-    let (tracker, origin) = loaded.inspect_err(|_| {
-        let _ = fs::remove_file(&config.socket);
-    })?;
+    let (tracker, origin) = loaded.inspect_err(|_| remove_sockets(&config))?;
     tracing::info!(
         socket = %config.socket.display(),
         capacity = ?tracker.capacity(),
@@ -200,9 +214,9 @@ pub async fn run(config: Config) -> Result<()> {
         limits = ?config.uid_limits,
         "leash daemon serving"
     );
-    let view = tracker.shared_view().inspect_err(|_| {
-        let _ = fs::remove_file(&config.socket);
-    })?;
+    let view = tracker
+        .shared_view()
+        .inspect_err(|_| remove_sockets(&config))?;
     let (jobs, queues) = owner::queues();
     let daemon = Arc::new(Daemon {
         view,
@@ -216,11 +230,16 @@ pub async fn run(config: Config) -> Result<()> {
         pinned_at: tracker.pin_dir().map(Path::to_path_buf),
         memory_freed: AtomicBool::new(false),
         setup_failures: Mutex::default(),
+        metrics: Arc::default(),
         config,
     });
     owner::start(daemon.clone(), tracker, queues, origin == Origin::TakenOver)
         .context("starting the enforcement thread")?;
     tokio::spawn(release_free_memory(daemon.clone()));
+    if let Some(listener) = metrics_listener {
+        tracing::info!("metrics served on {listener}");
+        tokio::spawn(metrics_http::serve(listener, daemon.clone()));
+    }
 
     let mut accept_failures = accept::AcceptFailures::default();
     loop {
@@ -237,7 +256,7 @@ pub async fn run(config: Config) -> Result<()> {
                          daemon takes them over"
                     );
                     drop(listener);
-                    let _ = fs::remove_file(&daemon.config.socket);
+                    remove_sockets(&daemon.config);
                     return Ok(());
                 }
                 tracing::warn!("SIGHUP ignored: not pinned, so nothing could take over");
@@ -246,7 +265,7 @@ pub async fn run(config: Config) -> Result<()> {
     }
     tracing::info!("shutting down: killing every live tree");
     drop(listener);
-    let _ = fs::remove_file(&daemon.config.socket);
+    remove_sockets(&daemon.config);
     let (stopped, stopping) = oneshot::channel();
     daemon.jobs.urgent(|owner| {
         let owner = owner.clone();
@@ -286,16 +305,24 @@ fn new_token() -> io::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Binds the socket: its directory is made if needed (0755) and must be root's alone (see
-/// `trusted_dir`), a stale socket is replaced, a live daemon's is not. Anyone may connect;
-/// what they may do is checked per request.
-fn bind(path: &Path) -> Result<UnixListener> {
+/// Removes the daemon's sockets (it is stopping, or could not start).
+fn remove_sockets(config: &Config) {
+    let _ = fs::remove_file(&config.socket);
+    if let Some(path) = config.metrics.as_ref().and_then(MetricsAddr::socket_path) {
+        let _ = fs::remove_file(path);
+    }
+}
+
+/// Binds a socket, the one `option` names: its directory is made if needed (0755) and must be
+/// root's alone (see `trusted_dir`), a stale socket is replaced, a live daemon's is not.
+/// Anyone may connect; what they may do is checked per request.
+fn bind(path: &Path, option: &str) -> Result<UnixListener> {
     let dir = path
         .parent()
         .filter(|dir| !dir.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    trusted_dir::ensure(dir, 0o755, "--socket")?;
-    remove_stale(path)?;
+    trusted_dir::ensure(dir, 0o755, option)?;
+    remove_stale(path, option)?;
     // The socket is made 0666 (0777 less the mask), so its mode is never set by path after
     // it is visible, which would follow whatever the path names by then. Nothing else makes
     // files now: the daemon binds before it starts any task.
@@ -307,7 +334,7 @@ fn bind(path: &Path) -> Result<UnixListener> {
 
 /// Removes a socket left by a daemon that died. Anything else at `path` (a file, a symlink)
 /// is not the daemon's to remove.
-fn remove_stale(path: &Path) -> Result<()> {
+fn remove_stale(path: &Path, option: &str) -> Result<()> {
     let meta = match fs::symlink_metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         meta => meta.with_context(|| format!("checking {}", path.display()))?,
@@ -315,12 +342,15 @@ fn remove_stale(path: &Path) -> Result<()> {
     if !meta.file_type().is_socket() {
         bail!(
             "{} exists and is not a socket: the daemon replaces only a stale socket; remove it \
-             if it is not needed, or choose another --socket",
+             if it is not needed, or choose another {option}",
             path.display()
         );
     }
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        bail!("another leash daemon is serving {}", path.display());
+        bail!(
+            "another leash daemon is serving {} (choose another {option}, or stop that daemon)",
+            path.display()
+        );
     }
     fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))
 }

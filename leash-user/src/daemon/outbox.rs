@@ -14,7 +14,7 @@ use tokio::{
     sync::Notify,
 };
 
-use super::{enforcement, pid_view::PidView};
+use super::{enforcement, metrics::Metrics, pid_view::PidView};
 
 /// Reply bytes queued before the connection reads no further request until some are written
 /// (a client that pipelines requests and reads its replies is slowed to its own pace).
@@ -36,6 +36,8 @@ struct Shared {
     wake: Notify,
     /// Wakes the reader when replies were written.
     written: Notify,
+    /// Where error replies and dropped events are counted, if anywhere.
+    metrics: Option<Arc<Metrics>>,
 }
 
 #[derive(Default)]
@@ -66,6 +68,14 @@ enum Queued {
 }
 
 impl Outbox {
+    /// An outbox whose error replies and dropped events count in `metrics`.
+    pub fn counted(metrics: Arc<Metrics>) -> Self {
+        Self(Arc::new(Shared {
+            metrics: Some(metrics),
+            ..Shared::default()
+        }))
+    }
+
     fn queues(&self) -> MutexGuard<'_, Queues> {
         self.0.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -73,6 +83,9 @@ impl Outbox {
     /// Queues a reply. One that does not fit under [`MAX_REPLY_BYTES`] closes the outbox: the
     /// client is not reading, and is disconnected.
     pub fn reply(&self, line: &ServerLine) {
+        if let (Some(metrics), Some(error)) = (&self.0.metrics, &line.error) {
+            metrics.refused(error.code);
+        }
         let bytes = encode(line);
         let mut queues = self.queues();
         if queues.closed {
@@ -115,6 +128,9 @@ impl Outbox {
             queues.events.push_back(queued());
         } else {
             queues.count_dropped(1);
+            if let Some(metrics) = &self.0.metrics {
+                metrics.event_dropped();
+            }
         }
         drop(queues);
         self.0.wake.notify_one();
@@ -291,6 +307,30 @@ mod tests {
         let lines = drain(&outbox);
         assert_eq!(lines.len(), 2);
         assert!(lines[1].contains("\"count\":15"), "{}", lines[1]);
+    }
+
+    #[test]
+    fn a_counted_outbox_counts_error_replies_and_the_events_it_drops() {
+        let metrics = Arc::new(Metrics::default());
+        let outbox = Outbox::counted(metrics.clone());
+        outbox.reply(&ServerLine::error(Some(1), ErrorCode::NotFound, "no"));
+        outbox.reply(&ServerLine::ok(2, Reply::Subscribed));
+        outbox.reply(&ServerLine::error(None, ErrorCode::TooLong, "long"));
+        let mut line = vec![b'x'; EVENT_BYTES / 2];
+        line.push(b'\n');
+        let line: Arc<[u8]> = line.into();
+        for _ in 0..4 {
+            assert!(outbox.event(&line));
+        }
+        // Lost before the daemon read them: the kernel's count, not the subscriber's.
+        assert!(outbox.dropped(10));
+        let counted = metrics.counted();
+        let refused: u64 = counted.refused.iter().sum();
+        assert_eq!(refused, 2);
+        assert_eq!(counted.events_dropped, 3);
+        // An outbox made without metrics counts nowhere (and is none the worse).
+        Outbox::default().reply(&ServerLine::error(Some(1), ErrorCode::NotFound, "no"));
+        assert_eq!(metrics.counted(), counted);
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub const LEFT_OUT: &[(&str, &str)] = &[
     ("hijacked_dirs", "user space: the trust checks of the socket and pin directories"),
     ("run_refused", "user space: a refused `leash run` leaves nothing waiting"),
     ("grace_shortened", "user space: a pending grace only gets shorter"),
+    ("metrics", "user space: the metrics endpoint; its checks run Python's prometheus_client and promtool, which the guests do not have"),
     ("host_python", "needs Python with pytest, which the guests do not have; the library's kernel paths are the exec shim's (exec_shim)"),
     ("host_node", "needs Node.js and the Claude Agent SDK, which the guests do not have; the library's kernel paths are the exec shim's (exec_shim)"),
     ("deploy_manifests", "lints the image definition and the Kubernetes manifests with tools of the Python environment, which the guests do not have; no kernel path"),
