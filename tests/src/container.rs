@@ -2,7 +2,8 @@
 //! their own /proc, as root (a container without a user namespace), or also in a new user
 //! namespace as uid 61001, root inside (a rootless container). Inside, the first process is pid
 //! 1 and the rest count on from 2: every number a process there has names some other process
-//! outside. The daemon's socket is reached at its own path (a bind mount in a real container).
+//! outside. The daemon's directory is bind-mounted in at another path, as a container mounts
+//! /run/leash: clients inside reach its socket at [`Container::socket`].
 
 use std::process::Command;
 
@@ -45,9 +46,26 @@ pub enum Container {
 pub const CONTAINERS: [Container; 2] = [Container::Root, Container::Rootless];
 
 impl Container {
-    /// `program args...` run in a new container of this kind, inside `cgroup`. The container's
-    /// first process runs `program`.
-    pub fn command(self, cgroup: &Cgroup, program: &str, args: &[&str]) -> Command {
+    /// Where the daemon's socket is, inside a container of `daemon`'s: its directory is
+    /// mounted at `inside/` below itself.
+    pub fn socket(daemon: &Daemon) -> String {
+        let inside = daemon.dir.join("inside");
+        // Made by root, outside, as an engine makes its mount points.
+        let _ = std::fs::create_dir(&inside);
+        path_str(&inside.join("leash.sock")).to_owned()
+    }
+
+    /// `program args...` run in a new container of this kind, inside `cgroup`, with the
+    /// daemon's directory bind-mounted in (see [`Container::socket`]). The container's first
+    /// process runs `program`.
+    pub fn command(
+        self,
+        daemon: &Daemon,
+        cgroup: &Cgroup,
+        program: &str,
+        args: &[&str],
+    ) -> Command {
+        let socket = Self::socket(daemon);
         let mut argv: Vec<String> = match self {
             Container::Root => vec![],
             Container::Rootless => {
@@ -57,7 +75,18 @@ impl Container {
             }
         };
         argv.extend(UNSHARE.map(String::from));
-        argv.push(program.to_owned());
+        let mount_point = socket.trim_end_matches("/leash.sock");
+        argv.extend(
+            [
+                "sh",
+                "-c",
+                r#"mount --bind "$0" "$1" && shift && exec "$@""#,
+                path_str(&daemon.dir),
+                mount_point,
+                program,
+            ]
+            .map(String::from),
+        );
         argv.extend(args.iter().map(|a| a.to_string()));
         let outer = match self {
             Container::Root => "unshare",
@@ -70,19 +99,20 @@ impl Container {
     /// `leash --socket SOCKET ARGS...` run in a new container of this kind, inside `cgroup`.
     pub fn leash(self, daemon: &Daemon, cgroup: &Cgroup, args: &[&str]) -> Command {
         let leash = daemon.leash_for_anyone();
-        let mut argv = vec!["--socket", path_str(&daemon.socket)];
+        let socket = Self::socket(daemon);
+        let mut argv = vec!["--socket", &socket];
         argv.extend(args);
-        self.command(cgroup, path_str(&leash), &argv)
+        self.command(daemon, cgroup, path_str(&leash), &argv)
     }
 
     /// What the daemon replies, in a new container of this kind, to a client that starts a
     /// child and asks to register it by its pid (a number of the container's namespace).
     pub fn register_bare_pid(self, daemon: &Daemon, cgroup: &Cgroup) -> serde_json::Value {
         let protocol = PROTOCOL_VERSION.to_string();
-        let socket = path_str(&daemon.socket);
-        let argv = ["-c", BARE_PID_CLIENT, socket, &protocol];
+        let socket = Self::socket(daemon);
+        let argv = ["-c", BARE_PID_CLIENT, &socket, &protocol];
         let output = self
-            .command(cgroup, "/usr/bin/python3", &argv)
+            .command(daemon, cgroup, "/usr/bin/python3", &argv)
             .output()
             .unwrap();
         serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {

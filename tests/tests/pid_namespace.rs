@@ -73,14 +73,19 @@ fn leash_run_in(daemon: &Daemon, container: Container) {
         .unwrap();
     let cgroup = Cgroup::new("pidns-run");
     let leash = daemon.leash_for_anyone();
-    let socket = path_str(&daemon.socket);
+    let socket = Container::socket(daemon);
     // The container's first process is a shell, so that `leash run` can die alone.
     let script = format!(
         r#""$0" --socket "$1" run -- sh -c '{AGENT}' "$0" "$1" & wait"#,
         AGENT = AGENT.replace('\'', r#"'\''"#)
     );
     let mut unshare = container
-        .command(&cgroup, "sh", &["-c", &script, path_str(&leash), socket])
+        .command(
+            daemon,
+            &cgroup,
+            "sh",
+            &["-c", &script, path_str(&leash), &socket],
+        )
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -212,7 +217,8 @@ fn library_host_in(
 ) {
     let cgroup = Cgroup::new("pidns-library");
     let leash = daemon.leash_for_anyone();
-    let (socket, leash) = (path_str(&daemon.socket), path_str(&leash));
+    let socket = Container::socket(daemon);
+    let (socket, leash) = (socket.as_str(), path_str(&leash));
     let host_args: Vec<&str> = match program {
         "node" => vec!["--input-type=module", "-e", script, "--", socket, leash],
         _ => vec!["-c", script, path_str(libraries), socket, leash],
@@ -221,7 +227,7 @@ fn library_host_in(
     let mut argv = vec!["-c", r#""$@" & wait"#, "sh", program];
     argv.extend(host_args);
     let mut unshare = container
-        .command(&cgroup, "sh", &argv)
+        .command(daemon, &cgroup, "sh", &argv)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
