@@ -184,11 +184,7 @@ pub fn snapshot(daemon: &Daemon) -> Snapshot {
         (state.trees.keys().copied().collect(), state.leases.len())
     };
     let view = &daemon.view;
-    let members = trees
-        .iter()
-        .filter_map(|&tree| view.tree_status(tree).ok())
-        .map(|status| status.members)
-        .sum();
+    let members = view.members_of(&trees);
     let capacity = view.capacity();
     let kernel = view.stats().ok().map(|stats| KernelCounters {
         events_dropped: stats.events_dropped,

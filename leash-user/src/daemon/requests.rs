@@ -609,15 +609,10 @@ impl Session {
                 .count();
             (state.trees.keys().copied().collect(), leases)
         };
-        // From the kernel's per-tree counters: two lookups a tree, whatever their sizes.
         let view = &daemon.view;
         let internal = |e: anyhow::Error| refuse(ErrorCode::Internal, format!("{e:#}"));
         let stats = view.stats().map_err(internal)?;
-        let members = trees
-            .iter()
-            .filter_map(|&tree| view.tree_status(tree).ok())
-            .map(|status| status.members)
-            .sum();
+        let members = view.members_of(&trees);
         let capacity = view.capacity();
         Ok(Reply::Status(StatusInfo {
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),

@@ -145,6 +145,16 @@ impl TrackerView {
         Ok(self.tree_status(tree)?.members == 0 && self.member_pids(tree)?.is_empty())
     }
 
+    /// The members of `trees`, from the kernel's per-tree counters: two lookups a tree,
+    /// whatever their sizes. A tree that cannot be read counts none.
+    pub fn members_of(&self, trees: &[TreeId]) -> u64 {
+        trees
+            .iter()
+            .filter_map(|&tree| self.tree_status(tree).ok())
+            .map(|status| status.members)
+            .sum()
+    }
+
     /// The kernel's account of `tree`.
     pub fn tree_status(&self, tree: TreeId) -> Result<TreeStatus> {
         let control = self
