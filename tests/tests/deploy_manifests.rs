@@ -150,6 +150,15 @@ fn the_daemonset_gives_the_daemon_what_it_needs() {
         socket_mount["readOnly"], true,
         "the daemon binds its socket"
     );
+
+    // The metrics, if served, on a socket beside it, where node-local collectors find them.
+    if let Some(metrics) = option(daemon, "--metrics") {
+        assert_eq!(
+            parent(&metrics),
+            socket_mount["mountPath"],
+            "the metrics socket {metrics} must be in the node's socket directory"
+        );
+    }
 }
 
 #[test]
