@@ -173,10 +173,11 @@ fn the_host_libraries_work_in_a_container() {
     fs::remove_dir_all(&libraries).unwrap();
 }
 
-/// Prints `{"pid": P, "roots": [...], "registered": [...]}`: the command's pid, the roots of
-/// its lease's trees, and the pid its `registered` event names.
+/// Prints `{"pid": P, "roots": [...], "registered": [...], "adopted": [...]}`: the command's
+/// pid, the roots of its lease's trees, the pid its `registered` event names, and a running
+/// process adopted (by pidfd) beside the root its tree got.
 const PYTHON_HOST: &str = r#"
-import json, sys, time
+import json, subprocess, sys, time
 sys.path.insert(0, sys.argv[1] + "/python")
 import leash
 with leash.Lease(socket=sys.argv[2], leash=sys.argv[3]) as lease:
@@ -188,7 +189,12 @@ with leash.Lease(socket=sys.argv[2], leash=sys.argv[3]) as lease:
         event = events.get(timeout=30)
         if event is None or event.kind == "registered":
             registered = [event.pid] if event else []
-    print(json.dumps({"pid": command.pid, "roots": roots, "registered": registered}), flush=True)
+    running = subprocess.Popen(["sleep", "600"])
+    adopted = lease.adopt(running.pid)
+    adopted_root = [tree.root for tree in lease.trees() if tree.tree == adopted]
+    report = {"pid": command.pid, "roots": roots, "registered": registered,
+              "adopted": [running.pid, adopted_root]}
+    print(json.dumps(report), flush=True)
     time.sleep(600)
 "#;
 
@@ -245,9 +251,19 @@ fn library_host_in(
             "{container:?}, {program}: the registered event names the command by that number"
         );
     }
+    if let Some(adopted) = report.get("adopted") {
+        assert_eq!(
+            adopted[1],
+            serde_json::json!([adopted[0]]),
+            "{container:?}, {program}: a process adopted inside is the root of its tree"
+        );
+    }
     let trees = daemon.client().list().unwrap();
-    assert_eq!(trees.len(), 1, "{container:?}, {program}: {trees:?}");
     let host = trees[0].host_pid;
+    assert!(
+        trees.iter().all(|tree| tree.host_pid == host),
+        "{container:?}, {program}: every tree is the host's: {trees:?}"
+    );
     assert!(cgroup.procs().contains(&host), "{container:?}, {program}");
     kill(host);
     assert!(

@@ -22,7 +22,7 @@ from typing import (
     Union,
 )
 
-from . import _shim
+from . import _pidfd, _shim
 from ._connection import (
     EVENT_QUEUE_CAPACITY,
     LOSS_NOTICE,
@@ -483,12 +483,40 @@ class AsyncLease(LeaseCore[_Connection]):
         self, pid: int, grace: Optional[float] = None, keep_on_root_exit: bool = False
     ) -> int:
         """Registers a running process, with the descendants it has, as a new tree of this
-        lease; returns the tree. What it forks from then on is in the tree too."""
+        lease; returns the tree. What it forks from then on is in the tree too. The process is
+        named to the daemon by a pidfd, so this works in a container too."""
         fields = self._register_fields(pid, grace, keep_on_root_exit)
-        ok, _, generation = await self._call("register", **fields)
+        pidfd = _pidfd.open_pidfd(pid)
+        if pidfd is None:
+            ok, _, generation = await self._call("register", **fields)
+        else:
+            try:
+                ok, generation = await self._register_pidfd(pidfd, fields)
+            finally:
+                os.close(pidfd)
         tree = parse_registered(ok)
         self._held.add(tree, pid, generation)
         return tree
+
+    async def _register_pidfd(self, pidfd: int, fields: Dict[str, Any]) -> Tuple[Any, int]:
+        """As Lease._register_pidfd; the short connection runs on a worker thread."""
+        del fields["pid"]
+        loop = asyncio.get_running_loop()
+        for attempt in range(2):
+            connection, generation = await self._connect_counted()
+            token = connection.lease.token
+            try:
+                ok = await loop.run_in_executor(
+                    None, _pidfd.register_pidfd, connection.path, token, pidfd, fields
+                )
+                return ok, generation
+            except LeashError as error:
+                if self._may_retry_on_new_lease(attempt, error) and await connection.wait_lost(
+                    LOSS_NOTICE
+                ):
+                    continue
+                raise
+        raise AssertionError("unreachable")
 
     async def kill(self, tree: int, grace: Optional[float] = None) -> KillSummary:
         """Kills a tree: SIGTERM, then after `grace` seconds (else the tree's own) SIGKILL until

@@ -10,7 +10,7 @@ import threading
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
 
-from . import _shim
+from . import _pidfd, _shim
 from ._connection import LOSS_NOTICE, Connection, EventStream, NotSent
 from ._fallback import warn_unleashed
 from ._lease_core import LeaseCore, log_close_error
@@ -184,12 +184,38 @@ class Lease(LeaseCore[Connection]):
         self, pid: int, grace: Optional[float] = None, keep_on_root_exit: bool = False
     ) -> int:
         """Registers a running process, with the descendants it has, as a new tree of this
-        lease; returns the tree. What it forks from then on is in the tree too."""
+        lease; returns the tree. What it forks from then on is in the tree too. The process is
+        named to the daemon by a pidfd, so this works in a container too."""
         fields = self._register_fields(pid, grace, keep_on_root_exit)
-        ok, _, generation = self._call("register", **fields)
+        pidfd = _pidfd.open_pidfd(pid)
+        if pidfd is None:
+            ok, _, generation = self._call("register", **fields)
+        else:
+            try:
+                ok, generation = self._register_pidfd(pidfd, fields)
+            finally:
+                os.close(pidfd)
         tree = parse_registered(ok)
         self._held.add(tree, pid, generation)
         return tree
+
+    def _register_pidfd(self, pidfd: int, fields: Dict[str, Any]) -> Tuple[Any, int]:
+        """Registers the process of `pidfd` under this lease: the reply's `ok` and the
+        generation of the connection whose lease holds it. Once more on a new lease if the
+        daemon did not know the token (it restarted)."""
+        del fields["pid"]
+        for attempt in range(2):
+            connection, generation = self._connect_counted()
+            try:
+                ok = _pidfd.register_pidfd(connection.path, connection.lease.token, pidfd, fields)
+                return ok, generation
+            except LeashError as error:
+                if self._may_retry_on_new_lease(attempt, error) and connection.wait_lost(
+                    LOSS_NOTICE
+                ):
+                    continue
+                raise
+        raise AssertionError("unreachable")
 
     def kill(self, tree: int, grace: Optional[float] = None) -> KillSummary:
         """Kills a tree: SIGTERM, then after `grace` seconds (else the tree's own) SIGKILL until
