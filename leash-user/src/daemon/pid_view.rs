@@ -8,8 +8,8 @@
 //! daemon's namespace down to the process's own. The client's namespace is the one at the
 //! client's own depth. Namespaces are told apart by depth only: the links that name them
 //! (/proc/PID/ns/pid) need ptrace rights over the process, which the daemon does not hold, so a
-//! process in another namespace nested as deep (a sibling container's) would be shown by its
-//! number there; only the client's own trees, and its uid's, are listed to it.
+//! process in another namespace nested as deep (a sibling container's), in a tree the client
+//! may see, is shown by its number there.
 
 use leash_client::protocol::Event;
 use leash_common::Pid;
