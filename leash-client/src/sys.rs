@@ -255,15 +255,7 @@ pub fn send_with_fd(socket: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io
         }
     };
     // The descriptor went with the first part; the rest is plain bytes.
-    let mut rest = &bytes[sent..];
-    while !rest.is_empty() {
-        let written = (&*socket).write(rest)?;
-        if written == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
-        }
-        rest = &rest[written..];
-    }
-    Ok(())
+    (&*socket).write_all(&bytes[sent..])
 }
 
 #[cfg(test)]

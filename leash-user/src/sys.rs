@@ -171,16 +171,7 @@ impl Pidfd {
     /// (see [`retry_on_shortage`]) and then returned as the error it is: it says nothing about
     /// the process, which only ESRCH (and EINVAL or ENOENT, for a thread's id) does.
     pub fn open(pid: u32) -> io::Result<Self> {
-        let pid = libc::pid_t::try_from(pid).map_err(io::Error::other)?;
-        retry_on_shortage(|| {
-            // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: the kernel just returned this fd, and nothing else owns it.
-            Ok(Self(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
-        })
+        retry_on_shortage(|| leash_client::sys::pidfd_open(pid).map(Self))
     }
 
     pub fn send_signal(&self, signal: i32) -> io::Result<()> {
