@@ -185,7 +185,7 @@ pub async fn sweep(owner: Rc<Owner>) {
 /// Records a root's exit once and applies the tree's policy.
 fn root_exited(owner: &Rc<Owner>, tree: TreeId) {
     let daemon = &owner.daemon;
-    let (owner_uid, lease, root, root_numbers, policy) = {
+    let (owner_uid, lease, root, policy) = {
         let mut state = daemon.state();
         let Some(entry) = state.trees.get_mut(&tree) else {
             return;
@@ -194,20 +194,18 @@ fn root_exited(owner: &Rc<Owner>, tree: TreeId) {
             return;
         }
         entry.root_exited = true;
-        let numbers = entry.root_numbers.clone();
         (
             entry.owner_uid,
             entry.lease,
-            entry.root,
-            numbers,
+            entry.root.clone(),
             entry.on_root_exit,
         )
     };
-    tracing::info!(tree, root, ?policy, "root exited");
+    tracing::info!(tree, root = root[0], ?policy, "root exited");
     daemon.emit_about_root(
         owner_uid,
-        event(EventKind::RootExited, tree, lease, Some(root)),
-        &root_numbers,
+        event(EventKind::RootExited, tree, lease, Some(root[0])),
+        &root,
     );
     // A root killed as it forked past what may be tracked: say why the tree dies.
     let status = owner.tracker().tree_status(tree);

@@ -95,10 +95,9 @@ struct TreeEntry {
     /// The uid that asked for it: the owner's, or another's that used the lease's token. Both
     /// count it against their limits.
     registrar_uid: u32,
-    root: u32,
-    /// The root's number in each pid namespace it is in, from the daemon's down (`NSpid`):
-    /// how clients in containers are told it, even once it has exited.
-    root_numbers: Box<[u32]>,
+    /// The root's number in each pid namespace it is in, the daemon's first (`NSpid`): how
+    /// clients in containers are told it, even once it has exited.
+    root: Box<[u32]>,
     on_root_exit: RootExitPolicy,
     grace: Duration,
     root_exited: bool,
