@@ -37,26 +37,14 @@ const EMPTY_DEADLINE_MS = 30_000;
 const BASELINE_ACT_DEADLINE_MS = 30_000;
 
 test("the real Claude Agent SDK under leash: the host SIGKILLed mid-tool leaves no process and no action", async (t) => {
-  const config = readConfig();
-  const trials = trialCount();
-  const setup = prepareHostDir(config);
-  t.after(setup.remove);
-
-  const results = [];
-  for (let i = 1; i <= trials; i++) {
-    const result = await runTrial(config, setup, { leashed: true });
-    results.push(result);
-    console.log(
-      `leash trial ${i}/${trials}: ${result.processesBeforeKill} processes before the host's SIGKILL; ` +
-        `tree doomed after ${formatMs(result.doomMs)} (${result.doomReason}), empty after ` +
-        `${formatMs(result.emptyMs)} (the daemon: ${result.kill.terminated} sent SIGTERM, ` +
-        `${result.kill.killed} SIGKILL); ${result.acted ? "ACTED" : "no action"}`,
-    );
-    if (result.acted) console.log(`  what the tree did once doomed: ${result.afterDoom}`);
-  }
-  const summary = summarize("leash", results);
-  console.log(summary);
-  t.diagnostic(summary);
+  const results = await runTrials(t, "leash", { leashed: true }, (result) => {
+    const line =
+      `${result.processesBeforeKill} processes before the host's SIGKILL; ` +
+      `tree doomed after ${formatMs(result.doomMs)} (${result.doomReason}), empty after ` +
+      `${formatMs(result.emptyMs)} (the daemon: ${result.kill.terminated} sent SIGTERM, ` +
+      `${result.kill.killed} SIGKILL); ${result.acted ? "ACTED" : "no action"}`;
+    return result.acted ? `${line}\n  what the tree did once doomed: ${result.afterDoom}` : line;
+  });
 
   // Asserted once every trial has run, so that a measurement (LEASH_SDK_TRIALS) reports them
   // all; a trial whose cgroup never emptied has failed the test already.
@@ -78,25 +66,35 @@ test("the real Claude Agent SDK under leash: the host SIGKILLed mid-tool leaves 
 
 if (process.env.LEASH_SDK_BASELINE === "1") {
   test("baseline (a measurement): the same scenario without leash", async (t) => {
-    const config = readConfig();
-    const trials = trialCount();
-    const setup = prepareHostDir(config);
-    t.after(setup.remove);
-
-    const results = [];
-    for (let i = 1; i <= trials; i++) {
-      const result = await runTrial(config, setup, { leashed: false });
-      results.push(result);
-      console.log(
-        `baseline trial ${i}/${trials}: ${result.processesBeforeKill} processes before the host's SIGKILL; ` +
-          `${result.acted ? `ACTED after ${formatMs(result.actedMs)}` : "no action"}; ` +
-          `survivors then: ${result.survivors.join(", ") || "none"}`,
-      );
-    }
-    const summary = summarize("baseline (no leash)", results);
-    console.log(summary);
-    t.diagnostic(summary);
+    await runTrials(
+      t,
+      "baseline (no leash)",
+      { leashed: false },
+      (result) =>
+        `${result.processesBeforeKill} processes before the host's SIGKILL; ` +
+        `${result.acted ? `ACTED after ${formatMs(result.actedMs)}` : "no action"}; ` +
+        `survivors then: ${result.survivors.join(", ") || "none"}`,
+    );
   });
+}
+
+/** Runs the scenario LEASH_SDK_TRIALS times, printing `describe(result)` for each trial and a
+ * summary at the end; returns the results. */
+async function runTrials(t, name, options, describe) {
+  const config = readConfig();
+  const trials = trialCount();
+  const setup = prepareHostDir(config);
+  t.after(setup.remove);
+  const results = [];
+  for (let i = 1; i <= trials; i++) {
+    const result = await runTrial(config, setup, options);
+    results.push(result);
+    console.log(`${name} trial ${i}/${trials}: ${describe(result)}`);
+  }
+  const summary = summarize(name, results);
+  console.log(summary);
+  t.diagnostic(summary);
+  return results;
 }
 
 test("the TypeScript example type-checks against the SDK's and leash-client's declarations", (t) => {
