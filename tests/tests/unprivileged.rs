@@ -60,35 +60,48 @@ fn a_user_may_not_register_roots_process() {
     let cgroup = Cgroup::new("roots-process");
     let mut roots = cgroup.command("sleep", &["600"]).spawn().unwrap();
     cgroup.settle(1, &["sleep"]);
-    // Any language can speak the protocol: here, the system Python as nobody.
+    // Any language can speak the protocol: here, the system Python as nobody, naming the
+    // process by its pid, then by a pidfd (which anyone may open for any process).
     let speak = r#"
-import json, socket, sys
+import json, os, socket, sys
 s = socket.socket(socket.AF_UNIX)
 s.connect(sys.argv[1])
 f = s.makefile("rw")
-f.write(json.dumps({"id": 1, "op": "register", "pid": int(sys.argv[2])}) + "\n")
-f.flush()
+pid, named_by = int(sys.argv[2]), sys.argv[3]
+if named_by == "pid":
+    f.write(json.dumps({"id": 1, "op": "register", "pid": pid}) + "\n")
+    f.flush()
+else:
+    line = (json.dumps({"id": 1, "op": "register", "pidfd": True}) + "\n").encode()
+    sent = socket.send_fds(s, [line], [os.pidfd_open(pid)])
+    s.sendall(line[sent:])
 print(f.readline().strip())
 "#;
-    let output = as_nobody("/usr/bin/python3")
-        .args([
-            "-c",
-            speak,
-            path_str(&daemon.socket),
-            &roots.id().to_string(),
-        ])
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap();
-    let reply = String::from_utf8_lossy(&output.stdout);
-    eprintln!("nobody registering root's process: {reply}");
-    let reply: serde_json::Value = serde_json::from_str(&reply).expect("a JSON reply");
-    assert_eq!(reply["id"], 1);
-    assert_eq!(reply["error"]["code"], "permission_denied");
-    assert!(
-        daemon.client().list().unwrap().is_empty(),
-        "nothing was registered"
-    );
+    for named_by in ["pid", "pidfd"] {
+        let output = as_nobody("/usr/bin/python3")
+            .args([
+                "-c",
+                speak,
+                path_str(&daemon.socket),
+                &roots.id().to_string(),
+                named_by,
+            ])
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+        let reply = String::from_utf8_lossy(&output.stdout);
+        eprintln!("nobody registering root's process by its {named_by}: {reply}");
+        let reply: serde_json::Value = serde_json::from_str(&reply).expect("a JSON reply");
+        assert_eq!(reply["id"], 1);
+        assert_eq!(
+            reply["error"]["code"], "permission_denied",
+            "by its {named_by}"
+        );
+        assert!(
+            daemon.client().list().unwrap().is_empty(),
+            "nothing was registered"
+        );
+    }
     let _ = roots.kill();
     let _ = roots.wait();
 }
