@@ -173,9 +173,10 @@ fn the_host_libraries_work_in_a_container() {
     fs::remove_dir_all(&libraries).unwrap();
 }
 
-/// Prints `{"pid": P, "roots": [...], "registered": [...], "adopted": [...]}`: the command's
-/// pid, the roots of its lease's trees, the pid its `registered` event names, and a running
-/// process adopted (by pidfd) beside the root its tree got.
+/// Prints `{"pid": P, "roots": [...], "registered": [...], "adopted": [...], "kept": [...]}`:
+/// the command's pid, the roots of its lease's trees, the pid its `registered` event names; a
+/// running process adopted (by pidfd) beside the root its tree got; and a root that exited from
+/// a kept tree, beside the pid its `root_exited` event names and the root listed after it.
 const PYTHON_HOST: &str = r#"
 import json, subprocess, sys, time
 sys.path.insert(0, sys.argv[1] + "/python")
@@ -192,8 +193,16 @@ with leash.Lease(socket=sys.argv[2], leash=sys.argv[3]) as lease:
     running = subprocess.Popen(["sleep", "600"])
     adopted = lease.adopt(running.pid)
     adopted_root = [tree.root for tree in lease.trees() if tree.tree == adopted]
+    kept = lease.popen(["sh", "-c", "setsid sleep 600 & exit 0"], keep_on_root_exit=True)
+    kept.wait()
+    exited = None
+    while exited is None:
+        event = events.get(timeout=30)
+        if event is None or (event.kind == "root_exited" and event.tree == kept.leash_tree):
+            exited = [event.pid] if event else []
+    kept_root = [tree.root for tree in lease.trees() if tree.tree == kept.leash_tree]
     report = {"pid": command.pid, "roots": roots, "registered": registered,
-              "adopted": [running.pid, adopted_root]}
+              "adopted": [running.pid, adopted_root], "kept": [kept.pid, exited, kept_root]}
     print(json.dumps(report), flush=True)
     time.sleep(600)
 "#;
@@ -249,6 +258,14 @@ fn library_host_in(
             registered,
             &serde_json::json!([report["pid"]]),
             "{container:?}, {program}: the registered event names the command by that number"
+        );
+    }
+    if let Some(kept) = report.get("kept") {
+        let root = serde_json::json!([kept[0]]);
+        assert_eq!(
+            (&kept[1], &kept[2]),
+            (&root, &root),
+            "{container:?}, {program}: a root that has exited keeps its number"
         );
     }
     if let Some(adopted) = report.get("adopted") {
