@@ -87,8 +87,8 @@ pub fn prepare() -> Result<()> {
     install_npm_packages(&cache_dir()).context("installing the Claude Agent SDK for its test")
 }
 
-/// A virtual environment with the pinned packages, and the package installed from the clone afresh each
-/// time (so it is the source under test, installed the way its README says).
+/// A virtual environment with the pinned packages, and the package installed from the clone
+/// afresh each time (so it is the source under test, installed the way its README says).
 fn prepare_python() -> Result<()> {
     let venv = python_venv();
     let python = venv.join("bin/python");
