@@ -9,8 +9,8 @@
 use std::{
     collections::BTreeSet,
     fs,
-    io::{BufRead, BufReader},
-    os::unix::fs::PermissionsExt,
+    io::{BufRead, BufReader, Write},
+    os::{fd::AsRawFd, unix::fs::PermissionsExt},
     path::Path,
     process::{Child, ChildStdout, Command, Stdio},
     sync::mpsc,
@@ -149,6 +149,68 @@ fn leash_run_in(daemon: &Daemon, container: Container) {
     let _ = unshare.wait();
     kill(bystander.id());
     let _ = bystander.wait();
+}
+
+/// `leash exec` inside, under the lease of a host outside: the shim registers itself, which the
+/// kernel names right (SO_PEERCRED, SO_PEERPIDFD where the kernel has it). The Python and Node
+/// libraries spawn through it; this runs on every kernel, where they are not at hand.
+#[test]
+fn the_exec_shim_registers_itself_in_a_container() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    for container in CONTAINERS {
+        exec_shim_in(&daemon, container);
+    }
+}
+
+fn exec_shim_in(daemon: &Daemon, container: Container) {
+    let mut host = daemon.client();
+    let cgroup = Cgroup::new("pidns-exec");
+    let (token_reader, mut token_writer) = std::io::pipe().unwrap();
+    writeln!(token_writer, "{}", host.lease().token).unwrap();
+    drop(token_writer);
+    let fd = token_reader.as_raw_fd().to_string();
+    // Inside: the shim registers itself, then runs a tree with a setsid child.
+    let mut command = container.leash(
+        daemon,
+        &cgroup,
+        &[
+            "exec",
+            "--lease-fd",
+            &fd,
+            "--",
+            "sh",
+            "-c",
+            "setsid sleep 600 & exec sleep 600",
+        ],
+    );
+    leash_client::sys::pass_fd(&mut command, token_reader.into()).unwrap();
+    let mut unshare = command.spawn().unwrap();
+    drop(command);
+
+    // unshare itself, outside the tree, and the two sleeps.
+    cgroup.settle(3, &["unshare", "sleep"]);
+    let trees = host.list().unwrap();
+    assert_eq!(trees.len(), 1, "{container:?}: {trees:?}");
+    let tree = &trees[0];
+    assert_eq!(tree.lease, host.lease().id, "under the host's lease");
+    assert_eq!(tree.member_count, 2, "{container:?}: {tree:?}");
+    assert!(
+        cgroup.procs().contains(&tree.root),
+        "{container:?}: the root is named as the daemon sees it: {} is not one of {:?}",
+        tree.root,
+        cgroup.procs()
+    );
+
+    // The host's lease ends: the tree dies, and with its root (pid 1 inside), the namespace.
+    drop(host);
+    assert!(
+        cgroup.wait_empty(DEADLINE).is_some(),
+        "{container:?}: the tree outlived its host's lease: {:?}",
+        cgroup.processes()
+    );
+    let _ = unshare.wait();
 }
 
 /// A Python host and a Node host, each with its library, inside: the command it spawns is on
