@@ -34,6 +34,8 @@ pub struct Peer {
     /// The connected process's start time in clock ticks (0 if it could not be read).
     pub start_ticks: u64,
     pub lease: u64,
+    /// How the client numbers processes: every pid it is sent is its own number.
+    pub view: PidView,
 }
 
 /// How long a closing connection's queued replies may take to go out.
@@ -88,6 +90,10 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
             return;
         }
     };
+    // Its pid namespace, from its numbers in each (None: it has exited).
+    let Some(view) = PidView::of_client(pid as u32) else {
+        return;
+    };
     let lease = match daemon.open_lease(uid, pid as u32, host_start_ticks) {
         Ok(lease) => lease,
         Err(e) => {
@@ -100,6 +106,7 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
         pid: pid as u32,
         start_ticks: host_start_ticks,
         lease,
+        view,
     };
     let span = tracing::info_span!("lease", lease, uid, host = pid);
     // Dropped when the connection ends, which ends the owner's watch.
@@ -152,7 +159,6 @@ async fn serve_lease(
         outbox: outbox.clone(),
         subscribed: false,
         pidfds,
-        view: PidView::of_client(peer.pid),
     };
     // The number of the request line being served, counted from 0: pidfds go with their line.
     let mut line_number = 0u64;

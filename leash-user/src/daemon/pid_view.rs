@@ -24,14 +24,19 @@ pub struct PidView {
 }
 
 impl PidView {
-    /// The view of the client process `pid` (a number of the daemon's namespace). A client
-    /// whose numbers cannot be read is taken to share the daemon's: it has exited, and is sent
-    /// nothing more.
-    pub fn of_client(pid: Pid) -> Self {
-        let levels = proc::namespace_pids(pid).map_or(1, |numbers| numbers.len());
-        Self {
-            depth: levels.saturating_sub(1),
-        }
+    /// The view of the client process `pid` (a number of the daemon's namespace): one number
+    /// in its `NSpid` for the daemon's namespace, one more for each nested in it. None if they
+    /// cannot be read (it has exited).
+    pub fn of_client(pid: Pid) -> Option<Self> {
+        let levels = proc::namespace_pids(pid)?.len();
+        Some(Self {
+            depth: levels.checked_sub(1)?,
+        })
+    }
+
+    /// How deep the client's namespace is nested in the daemon's.
+    pub fn depth(self) -> usize {
+        self.depth
     }
 
     /// The view of a client whose namespace is nested `depth` deep in the daemon's.
@@ -93,7 +98,7 @@ mod tests {
 
     #[test]
     fn this_process_is_in_the_daemons_namespace_of_its_proc() {
-        let view = PidView::of_client(std::process::id());
+        let view = PidView::of_client(std::process::id()).unwrap();
         assert!(view.is_daemons());
         assert_eq!(view.number(std::process::id()), std::process::id());
     }

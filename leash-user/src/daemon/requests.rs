@@ -50,8 +50,6 @@ pub struct Session {
     pub subscribed: bool,
     /// The pidfds this connection sent, for the requests that name their process by one.
     pub pidfds: Pidfds,
-    /// How the client numbers processes: every pid it is sent is its own number.
-    pub view: PidView,
 }
 
 /// How a `register` names its process.
@@ -151,12 +149,10 @@ impl Session {
 
     /// A pid is a number in its sender's pid namespace: from a client in another one (a
     /// container's), it would name some other process of the daemon's. Such a client registers
-    /// itself (no pid), which the kernel names right. A client the daemon sees is in its own
-    /// namespace or one nested in it, and has one number for each: one is the daemon's own.
-    /// Fails closed: a client whose numbers cannot be read is taken to be in another.
+    /// itself (no pid) or names the process by a pidfd, which the kernel names right.
     fn check_same_pid_namespace(&self, pid: u32) -> Result<(), Refusal> {
-        let levels = crate::proc::namespace_pids(self.peer.pid).map(|numbers| numbers.len());
-        if levels == Some(1) {
+        let view = self.peer.view;
+        if view.is_daemons() {
             return Ok(());
         }
         Err(refuse(
@@ -165,8 +161,7 @@ impl Session {
                 "pid {pid} is a number of the client's pid namespace, not the daemon's (the \
                  client's is nested {} deep in it): a client in a container names the \
                  process by a pidfd, or registers itself (as `leash exec` does)",
-                levels.map_or("an unknown number of levels".to_owned(), |n| (n - 1)
-                    .to_string())
+                view.depth()
             ),
         ))
     }
@@ -364,7 +359,7 @@ impl Session {
         daemon.emit_about_root(owner_uid, registered, &numbers);
         Ok(Reply::Registered {
             tree,
-            root: self.view.pick(&numbers),
+            root: self.peer.view.pick(&numbers),
             members,
         })
     }
@@ -557,7 +552,7 @@ impl Session {
                         chain: &chain,
                     };
                     may_see(who, facts)
-                        .then(|| tree_info(tree, entry, &state, chain.get(1), self.view))
+                        .then(|| tree_info(tree, entry, &state, chain.get(1), self.peer.view))
                 })
                 .collect()
         };
@@ -566,7 +561,7 @@ impl Session {
             return Ok(Reply::Trees(trees));
         }
         let _turn = daemon.limits.heavy(self.peer.uid).await;
-        let (daemon, view) = (daemon.clone(), self.view);
+        let (daemon, view) = (daemon.clone(), self.peer.view);
         tokio::task::spawn_blocking(move || {
             let entries = daemon.view.member_entries()?;
             fill_members(&mut trees, entries, view);
@@ -591,7 +586,7 @@ impl Session {
             };
             daemon
                 .subscribers
-                .add(hears, self.peer.lease, self.outbox.clone(), self.view);
+                .add(hears, self.peer.lease, self.outbox.clone(), self.peer.view);
         }
         Reply::Subscribed
     }
