@@ -191,9 +191,9 @@ pub struct LeaseInfo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KillSummary {
     pub tree: TreeId,
-    /// Members sent SIGTERM.
+    /// Members sent SIGTERM, those of the trees nested in it included.
     pub terminated: u64,
-    /// SIGKILLs sent, over all rounds.
+    /// SIGKILLs sent, over all rounds, those to the nested trees' members included.
     pub killed: u64,
     pub rounds: u32,
     /// From the start of the kill to an empty tree.

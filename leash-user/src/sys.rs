@@ -476,6 +476,67 @@ pub fn release_free_memory() {
     }
 }
 
+const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
+const BPF_ITER_CREATE: libc::c_long = 33;
+
+/// A new descriptor of the BPF link `id`: it holds the link whatever becomes of the one that
+/// made it (aya's own link handles do not lend theirs).
+pub fn bpf_link_fd_by_id(id: u32) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    struct GetFdById {
+        link_id: u32,
+        next_id: u32,
+        open_flags: u32,
+    }
+    let attr = GetFdById {
+        link_id: id,
+        next_id: 0,
+        open_flags: 0,
+    };
+    // SAFETY: attr is the bpf_attr prefix of this command and outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_GET_FD_BY_ID,
+            &raw const attr,
+            size_of::<GetFdById>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// A new iterator of the iterator link `link`: reading it to its end runs the program once per
+/// object (and once more with none).
+pub fn bpf_iter_create(link: BorrowedFd<'_>) -> io::Result<std::fs::File> {
+    #[repr(C)]
+    struct IterCreate {
+        link_fd: u32,
+        flags: u32,
+    }
+    let attr = IterCreate {
+        link_fd: link.as_raw_fd() as u32,
+        flags: 0,
+    };
+    // SAFETY: attr is the bpf_attr prefix of this command and outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_ITER_CREATE,
+            &raw const attr,
+            size_of::<IterCreate>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

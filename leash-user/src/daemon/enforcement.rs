@@ -322,11 +322,19 @@ pub fn start_kill(
     let owner = owner.clone();
     tokio::task::spawn_local(
         async move {
-            // Done when the nested trees are done too; a failure of theirs is the kill's.
+            // Done when the nested trees are done too; a failure of theirs is the kill's, and
+            // their members count in its summary (an agent that moved its processes into
+            // nested trees does not make its host's kill look empty).
             let mut result = drive_kill(&owner, tree, grace_asked, reason).await;
             for inner in nested {
-                if let (Ok(_), Err(e)) = (&result, outcome(inner).await) {
-                    result = Err(e);
+                match (&mut result, outcome(inner).await) {
+                    (Ok(summary), Ok(inner)) => {
+                        summary.terminated += inner.terminated;
+                        summary.killed += inner.killed;
+                        summary.rounds = summary.rounds.max(inner.rounds);
+                    }
+                    (Ok(_), Err(e)) => result = Err(e),
+                    (Err(_), _) => {}
                 }
             }
             match &result {

@@ -13,11 +13,11 @@ use leash_client::protocol::{
     PROTOCOL_VERSION, Reply, Request, RootExitPolicy, ServerLine, StatusInfo, TreeId, TreeInfo,
     decode_request,
 };
-use leash_common::{Holder, Member, Pid, holder_flags};
+use leash_common::{Account, Holder, Member, Pid, holder_flags};
 
 use crate::{
     kernel::{Adoption, IdentifyError, KillError, identify, identify_pidfd},
-    proc::ProcessRef,
+    proc::{self, ProcessRef},
     sys::Pidfd,
 };
 
@@ -315,8 +315,25 @@ impl Session {
             self.check_limits(daemon, self.peer.uid)?;
         }
         // What a process in a tree registers is nested in that tree (and a process that is in
-        // a tree already stays in it: see Tracker::start_adoption).
-        let nest_in = self.confinement(daemon).first().copied();
+        // a tree already stays in it: see Tracker::start_adoption), and it may register only
+        // what is in its tree already: its host, or any process outside, would otherwise come
+        // under the agent's tree, and the host's own kill and release of it would find nothing.
+        let confinement = self.confinement(daemon);
+        let nest_in = confinement.first().copied();
+        if let Some(own) = nest_in {
+            let inside = daemon.view.member(pid).is_some_and(|member| {
+                proc::ns_to_ticks(member.start_ns) == process.start_ticks
+                    && daemon.view.enclosing(member.tree).contains(&own)
+            });
+            if !inside {
+                return Err(refuse(
+                    ErrorCode::PermissionDenied,
+                    format!(
+                        "process {pid} is outside tree {own}, which the client runs in: a                          process in a tree may register only processes of its own tree"
+                    ),
+                ));
+            }
+        }
         // A first look (the owner checks again as it makes the tree).
         if daemon.state().trees.len() >= daemon.view.capacity().trees as usize {
             return Err(refuse(
@@ -373,7 +390,7 @@ impl Session {
             // unknown (0), the entry is taken as the client's: fail closed.
             Some(member)
                 if self.peer.start_ticks == 0
-                    || crate::proc::ns_to_ticks(member.start_ns) == self.peer.start_ticks =>
+                    || proc::ns_to_ticks(member.start_ns) == self.peer.start_ticks =>
             {
                 view.enclosing(member.tree)
             }
@@ -449,6 +466,7 @@ impl Session {
             host_pid: lease.host_pid,
             owner_uid: lease.uid,
             host_start_ticks: lease.host_start_ticks,
+            account: Account::from(lease.uid),
             ..Holder::default()
         };
         Ok((id, holder))
@@ -792,7 +810,7 @@ fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, view: PidVi
     }
     let mut room = MAX_LISTED;
     for info in trees {
-        info.host_comm = crate::proc::process(info.host_pid).map(|p| p.comm);
+        info.host_comm = proc::process(info.host_pid).map(|p| p.comm);
         info.host_pid = view.number(info.host_pid);
         let mut members = by_tree.remove(&info.tree).unwrap_or_default();
         info.member_count = members.len() as u64;
@@ -806,7 +824,7 @@ fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, view: PidVi
                 pid: view.number(pid),
                 parent: view.number(m.parent),
                 start_ns: m.start_ns,
-                comm: crate::proc::process(pid).map(|p| p.comm),
+                comm: proc::process(pid).map(|p| p.comm),
             })
             .collect();
     }
@@ -815,7 +833,7 @@ fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, view: PidVi
 /// The numbers process `pid` has in each pid namespace it is in (just `pid` if they cannot be
 /// read): what names a tree's root to clients in containers, even after it has exited.
 pub(super) fn root_numbers(pid: Pid) -> Box<[Pid]> {
-    crate::proc::namespace_pids(pid)
+    proc::namespace_pids(pid)
         .filter(|numbers| numbers.first() == Some(&pid))
         .unwrap_or_else(|| vec![pid])
         .into()

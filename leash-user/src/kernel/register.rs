@@ -222,6 +222,12 @@ impl Tracker {
         if let Some(current) = self.member(process.pid) {
             return self.move_down(tree, process, current);
         }
+        if self.at_capacity() {
+            bail!(
+                "the member map is full ({} processes on a leash, the daemon's capacity)",
+                self.capacity().members
+            );
+        }
         let member = Member {
             tree,
             parent: process.ppid,
