@@ -10,6 +10,7 @@ use std::{
 };
 
 use leash_client::protocol::{ErrorCode, MAX_LINE_BYTES, ServerLine};
+use leash_common::Account;
 use tokio::{
     io::{AsyncBufRead, AsyncBufReadExt, BufReader, unix::AsyncFd},
     net::UnixStream,
@@ -18,7 +19,7 @@ use tokio::{
 use tracing::Instrument;
 
 use super::{
-    Daemon,
+    Daemon, identity,
     outbox::Outbox,
     pid_view::PidView,
     request_stream::{Pidfds, RequestStream},
@@ -30,6 +31,10 @@ use crate::sys;
 #[derive(Clone, Copy, Debug)]
 pub struct Peer {
     pub uid: u32,
+    /// Whom its trees and requests are charged to (see `identity`).
+    pub account: Account,
+    /// Its pid namespace (inode number): it sees the trees registered from it or below.
+    pub pid_namespace: u32,
     pub pid: u32,
     /// The connected process's start time in clock ticks (0 if it could not be read).
     pub start_ticks: u64,
@@ -54,18 +59,6 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     let (uid, Some(pid)) = (credentials.uid(), credentials.pid()) else {
         tracing::warn!("connection without a peer pid");
         return;
-    };
-    // Counted before anything else is spent on it: over its uid's limit, a connection costs
-    // one line and is closed.
-    let _slot = match daemon.limits.open_connection(uid) {
-        Ok(slot) => slot,
-        Err(why) => {
-            daemon.metrics.refused(ErrorCode::LimitReached);
-            let line = ServerLine::error(None, ErrorCode::LimitReached, why);
-            // Best effort: a client that does not read it is closed all the same.
-            let _ = stream.try_write(&super::outbox::encode(&line));
-            return;
-        }
     };
     // The host is watched twice: by the owner, which ends the lease the moment the host dies
     // whatever load the connections are under, and here, to stop serving.
@@ -94,7 +87,34 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     let Some(view) = PidView::of_client(pid as u32) else {
         return;
     };
-    let lease = match daemon.open_lease(uid, pid as u32, host_start_ticks) {
+    let who = match identity::identify(&daemon, pid as u32, uid, view).await {
+        // The answer is the connected process's if that still runs (same start time) after it.
+        Ok(Some(who)) if still_running(pid as u32, host_start_ticks) => who,
+        Ok(_) => return,
+        Err(e) => {
+            let e = std::io::Error::other(format!("{e:#}"));
+            setup_failed(
+                &daemon,
+                pid,
+                "cannot tell who the connecting process is",
+                &e,
+            );
+            return;
+        }
+    };
+    // Counted before anything else is spent on it: over its account's limit, a connection
+    // costs one line and is closed.
+    let _slot = match daemon.limits.open_connection(who.account) {
+        Ok(slot) => slot,
+        Err(why) => {
+            daemon.metrics.refused(ErrorCode::LimitReached);
+            let line = ServerLine::error(None, ErrorCode::LimitReached, why);
+            // Best effort: a client that does not read it is closed all the same.
+            let _ = stream.try_write(&super::outbox::encode(&line));
+            return;
+        }
+    };
+    let lease = match daemon.open_lease(uid, &who, pid as u32, host_start_ticks) {
         Ok(lease) => lease,
         Err(e) => {
             setup_failed(&daemon, pid, "cannot make a lease token", &e);
@@ -103,6 +123,8 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     };
     let peer = Peer {
         uid,
+        account: who.account,
+        pid_namespace: who.pid_namespace(),
         pid: pid as u32,
         start_ticks: host_start_ticks,
         lease,
@@ -121,6 +143,11 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     }
     .instrument(span)
     .await;
+}
+
+/// Whether process `pid` is still the one that started at `start_ticks`.
+fn still_running(pid: u32, start_ticks: u64) -> bool {
+    crate::proc::read_process(pid).is_ok_and(|p| p.is_some_and(|p| p.start_ticks == start_ticks))
 }
 
 /// A connection that could not be set up is dropped (out of descriptors, say: it is the

@@ -9,7 +9,8 @@
 //! - [`requests`]: what each request does.
 //! - [`outbox`]: a connection's replies and events, bounded in bytes.
 //! - [`subscribers`]: who hears of which events.
-//! - [`limits`]: per-uid caps on connections, request rate and heavy work.
+//! - [`identity`]: who a client is beyond its uid: its account, its pid namespaces.
+//! - [`limits`]: per-account caps on connections, request rate and heavy work.
 //! - [`auth`]: the kill(2) rule and tree ownership.
 //! - [`metrics`], [`metrics_text`], [`metrics_http`]: the figures for Prometheus (`--metrics`).
 
@@ -17,6 +18,7 @@ mod accept;
 mod auth;
 mod connection;
 mod enforcement;
+mod identity;
 mod limits;
 mod metrics;
 mod metrics_http;
@@ -46,14 +48,17 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use leash_client::protocol::{Event, KillSummary, LeaseId, RootExitPolicy, TreeId};
+use leash_common::Account;
 use tokio::{
     net::UnixListener,
     signal::unix::{SignalKind, signal},
     sync::{oneshot, watch},
 };
 
+use subscribers::Audience;
+
 use crate::{
-    kernel::{Capacity, KillError, Origin, Tracker, TrackerView},
+    kernel::{Capacity, KillError, Origin, Tracker, TrackerView, Whois},
     sys, trusted_dir,
 };
 
@@ -92,9 +97,12 @@ struct PendingKill {
 struct TreeEntry {
     lease: LeaseId,
     owner_uid: u32,
-    /// The uid that asked for it: the owner's, or another's that used the lease's token. Both
-    /// count it against their limits.
-    registrar_uid: u32,
+    /// The lease's account, and the account of the client that asked for it (the same, or
+    /// another's that used the lease's token): both count it against their limits.
+    account: Account,
+    registrar_account: Account,
+    /// The pid namespaces of the lease's host, its own first: clients in these see the tree.
+    registered_from: Arc<[u32]>,
     /// The root's number in each pid namespace it is in, the daemon's first (`NSpid`): how
     /// clients in containers are told it, even once it has exited.
     root: Box<[u32]>,
@@ -111,6 +119,9 @@ struct TreeEntry {
 struct Lease {
     token: String,
     uid: u32,
+    account: Account,
+    /// The host's pid namespaces, its own first.
+    pid_namespaces: Arc<[u32]>,
     host_pid: u32,
     /// The host's start time in /proc's clock ticks (with the pid, it names the host).
     host_start_ticks: u64,
@@ -141,6 +152,11 @@ pub struct Daemon {
     setup_failures: Mutex<accept::RateLimit>,
     /// What happened, counted for `--metrics`.
     metrics: Arc<metrics::Metrics>,
+    /// What the kernel knows of clients that /proc does not tell; asked one at a time.
+    whois: Arc<Whois>,
+    whois_turn: tokio::sync::Semaphore,
+    /// The daemon's own pid namespace (inode number).
+    pid_namespace: u32,
     config: Config,
 }
 
@@ -151,9 +167,15 @@ impl Daemon {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Opens a lease for the host `host_pid` (started at `host_start_ticks`) and uid `uid`,
-    /// with a new secret token.
-    fn open_lease(&self, uid: u32, host_pid: u32, host_start_ticks: u64) -> io::Result<LeaseId> {
+    /// Opens a lease for the host `host_pid` (started at `host_start_ticks`) of uid `uid`, who
+    /// is `who`, with a new secret token.
+    fn open_lease(
+        &self,
+        uid: u32,
+        who: &identity::ClientIdentity,
+        host_pid: u32,
+        host_start_ticks: u64,
+    ) -> io::Result<LeaseId> {
         let token = new_token()?;
         let mut state = self.state();
         let id = state.next_lease;
@@ -163,6 +185,8 @@ impl Daemon {
             Lease {
                 token,
                 uid,
+                account: who.account,
+                pid_namespaces: who.pid_namespaces.clone(),
                 host_pid,
                 host_start_ticks,
             },
@@ -170,16 +194,26 @@ impl Daemon {
         Ok(id)
     }
 
-    /// Sends an event of a tree `owner_uid` owns to the subscribers who may hear it.
-    fn emit(&self, owner_uid: u32, event: Event) {
-        self.subscribers.deliver(owner_uid, event, None);
+    /// Sends an event of a tree to the subscribers of its `audience`.
+    fn emit(&self, audience: &Audience, event: Event) {
+        self.subscribers.deliver(audience, event, None);
     }
 
     /// Sends an event about a tree's root, whose numbers in each pid namespace are
     /// `root_numbers`: subscribers in containers are told its number there even once it is gone.
-    fn emit_about_root(&self, owner_uid: u32, event: Event, root_numbers: &[u32]) {
+    fn emit_about_root(&self, audience: &Audience, event: Event, root_numbers: &[u32]) {
         self.subscribers
-            .deliver(owner_uid, event, Some(root_numbers));
+            .deliver(audience, event, Some(root_numbers));
+    }
+}
+
+impl TreeEntry {
+    /// Who may hear of the tree's events.
+    fn audience(&self) -> Audience {
+        Audience {
+            owner: self.owner_uid,
+            registered_from: self.registered_from.clone(),
+        }
     }
 }
 
@@ -216,6 +250,9 @@ pub async fn run(config: Config) -> Result<()> {
     let view = tracker
         .shared_view()
         .inspect_err(|_| remove_sockets(&config))?;
+    let pid_namespace = crate::proc::own_pid_namespace()
+        .context("reading the daemon's pid namespace")
+        .inspect_err(|_| remove_sockets(&config))?;
     let (jobs, queues) = owner::queues();
     let daemon = Arc::new(Daemon {
         view,
@@ -230,6 +267,9 @@ pub async fn run(config: Config) -> Result<()> {
         memory_freed: AtomicBool::new(false),
         setup_failures: Mutex::default(),
         metrics: Arc::default(),
+        whois: tracker.whois(),
+        whois_turn: tokio::sync::Semaphore::new(1),
+        pid_namespace,
         config,
     });
     owner::start(daemon.clone(), tracker, queues, origin == Origin::TakenOver)

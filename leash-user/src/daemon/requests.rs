@@ -15,6 +15,8 @@ use leash_client::protocol::{
 };
 use leash_common::{Account, Holder, Member, Pid, holder_flags};
 
+use super::identity::describe;
+
 use crate::{
     kernel::{Adoption, IdentifyError, KillError, identify, identify_pidfd},
     proc::{self, ProcessRef},
@@ -33,7 +35,7 @@ use super::{
     owner::Owner,
     pid_view::PidView,
     request_stream::Pidfds,
-    subscribers::Hears,
+    subscribers::{Audience, Hears},
 };
 
 /// What a request costs of its uid's budget (see `limits`): most are map lookups; these read
@@ -89,22 +91,22 @@ impl Session {
             Ok(request) => request,
             Err(DecodeError { id, message }) => {
                 self.send_error(id, ErrorCode::BadRequest, message);
-                return daemon.limits.spend(self.peer.uid, 1);
+                return daemon.limits.spend(self.peer.account, 1);
             }
         };
         let cost = match op {
             Op::Register { .. } | Op::List { .. } => HEAVY_COST,
             _ => 1,
         };
-        if let Err(pause) = daemon.limits.spend(self.peer.uid, cost) {
+        if let Err(pause) = daemon.limits.spend(self.peer.account, cost) {
             let limits = daemon.limits.limits();
             self.outbox.reply(&ServerLine::error(
                 Some(id),
                 ErrorCode::LimitReached,
                 format!(
-                    "uid {} is over its {} requests a second (list and register count {HEAVY_COST}); \
+                    "{} is over its {} requests a second (list and register count {HEAVY_COST}); \
                      retry in {} ms",
-                    self.peer.uid,
+                    describe(self.peer.account),
                     limits.requests_per_second,
                     pause.as_millis().max(1)
                 ),
@@ -270,7 +272,7 @@ impl Session {
                 format!("pid {pid} cannot be registered (init, 0, or the daemon itself)"),
             ));
         }
-        let (lease, mut holder) = self.lease_for(daemon, token)?;
+        let (lease, mut holder, registered_from) = self.lease_for(daemon, token)?;
         let owner_uid = holder.owner_uid;
         let on_root_exit = on_root_exit.unwrap_or_default();
         holder.grace_ms = u32::try_from(grace.as_millis()).unwrap_or(u32::MAX);
@@ -309,10 +311,14 @@ impl Session {
                 ),
             ));
         }
-        // A tree registered with another lease's token counts against both uids.
-        self.check_limits(daemon, owner_uid)?;
-        if self.peer.uid != owner_uid {
-            self.check_limits(daemon, self.peer.uid)?;
+        // One /proc walk per account at a time: a user's registrations queue behind each
+        // other, not in front of anyone else's. Taken before the limits are checked, so that
+        // the check sees every tree the account's earlier registrations filed.
+        let _turn = daemon.limits.heavy(self.peer.account).await;
+        // A tree registered with another lease's token counts against both accounts.
+        self.check_limits(daemon, holder.account)?;
+        if self.peer.account != holder.account {
+            self.check_limits(daemon, self.peer.account)?;
         }
         // What a process in a tree registers is nested in that tree (and a process that is in
         // a tree already stays in it: see Tracker::start_adoption), and it may register only
@@ -341,14 +347,17 @@ impl Session {
                 "the daemon's tree capacity is full",
             ));
         }
-        // One /proc walk per uid at a time: a user's registrations queue behind each other,
-        // not in front of anyone else's.
-        let _turn = daemon.limits.heavy(self.peer.uid).await;
         let numbers = root_numbers(pid);
+        let audience = Audience {
+            owner: owner_uid,
+            registered_from: registered_from.clone(),
+        };
         let entry = TreeEntry {
             lease,
             owner_uid,
-            registrar_uid: self.peer.uid,
+            account: holder.account,
+            registrar_account: self.peer.account,
+            registered_from,
             root: numbers.clone(),
             on_root_exit,
             grace,
@@ -373,7 +382,7 @@ impl Session {
             "tree registered"
         );
         let registered = enforcement::registered_event(tree, lease, pid);
-        daemon.emit_about_root(owner_uid, registered, &numbers);
+        daemon.emit_about_root(&audience, registered, &numbers);
         Ok(Reply::Registered {
             tree,
             root: self.peer.view.pick(&numbers),
@@ -404,6 +413,7 @@ impl Session {
             uid: self.peer.uid,
             lease: self.peer.lease,
             confined,
+            pid_namespace: self.peer.pid_namespace,
         }
     }
 
@@ -415,11 +425,11 @@ impl Session {
         rule: fn(Requester<'_>, TreeFacts<'_>) -> Verdict,
     ) -> Result<(), Refusal> {
         let confined = self.confinement(daemon);
-        let Some((lease, owner)) = daemon
+        let Some((lease, owner, registered_from)) = daemon
             .state()
             .trees
             .get(&tree)
-            .map(|entry| (entry.lease, entry.owner_uid))
+            .map(|entry| (entry.lease, entry.owner_uid, entry.registered_from.clone()))
         else {
             return Err(not_found(tree));
         };
@@ -428,6 +438,7 @@ impl Session {
             lease,
             owner,
             chain: &chain,
+            registered_from: &registered_from,
         };
         match rule(self.requester(&confined), facts) {
             Verdict::Allowed => Ok(()),
@@ -439,13 +450,13 @@ impl Session {
         }
     }
 
-    /// The lease a new tree goes under, and who holds it: this connection's, or the one a
-    /// token names.
+    /// The lease a new tree goes under, who holds it, and the pid namespaces of its host (the
+    /// tree is registered from there): this connection's, or the one a token names.
     fn lease_for(
         &self,
         daemon: &Daemon,
         token: Option<&str>,
-    ) -> Result<(LeaseId, Holder), Refusal> {
+    ) -> Result<(LeaseId, Holder, Arc<[u32]>), Refusal> {
         let state = daemon.state();
         let found = match token {
             None => state
@@ -466,27 +477,27 @@ impl Session {
             host_pid: lease.host_pid,
             owner_uid: lease.uid,
             host_start_ticks: lease.host_start_ticks,
-            account: Account::from(lease.uid),
+            account: lease.account,
             ..Holder::default()
         };
-        Ok((id, holder))
+        Ok((id, holder, lease.pid_namespaces.clone()))
     }
 
-    fn check_limits(&self, daemon: &Daemon, uid: u32) -> Result<(), Refusal> {
-        if uid == 0 {
+    fn check_limits(&self, daemon: &Daemon, account: Account) -> Result<(), Refusal> {
+        if account == 0 {
             return Ok(());
         }
         let held = daemon
             .state()
             .trees
             .values()
-            .filter(|t| t.owner_uid == uid || t.registrar_uid == uid)
+            .filter(|t| t.account == account || t.registrar_account == account)
             .count();
         let limit = daemon.config.max_trees_per_uid;
         if held >= limit {
             return Err(refuse(
                 ErrorCode::LimitReached,
-                format!("uid {uid} holds {held} trees, the most allowed"),
+                format!("{} holds {held} trees, the most allowed", describe(account)),
             ));
         }
         Ok(())
@@ -515,7 +526,7 @@ impl Session {
             .map_err(|e| refuse(ErrorCode::Internal, format!("{e:#}")))?;
         tracing::info!(tree, "tree released");
         daemon.emit(
-            entry.owner_uid,
+            &entry.audience(),
             enforcement::released_event(tree, entry.lease),
         );
         Ok(Reply::Released { tree })
@@ -568,6 +579,7 @@ impl Session {
                         lease: entry.lease,
                         owner: entry.owner_uid,
                         chain: &chain,
+                        registered_from: &entry.registered_from,
                     };
                     may_see(who, facts)
                         .then(|| tree_info(tree, entry, &state, chain.get(1), self.peer.view))
@@ -578,7 +590,7 @@ impl Session {
         if trees.is_empty() {
             return Ok(Reply::Trees(trees));
         }
-        let _turn = daemon.limits.heavy(self.peer.uid).await;
+        let _turn = daemon.limits.heavy(self.peer.account).await;
         let (daemon, view) = (daemon.clone(), self.peer.view);
         tokio::task::spawn_blocking(move || {
             let entries = daemon.view.member_entries()?;
@@ -602,9 +614,13 @@ impl Session {
             } else {
                 Hears::Uid(self.peer.uid)
             };
-            daemon
-                .subscribers
-                .add(hears, self.peer.lease, self.outbox.clone(), self.peer.view);
+            daemon.subscribers.add(
+                hears,
+                self.peer.lease,
+                self.outbox.clone(),
+                self.peer.view,
+                self.peer.pid_namespace,
+            );
         }
         Reply::Subscribed
     }
@@ -617,7 +633,10 @@ impl Session {
             let leases = state
                 .leases
                 .values()
-                .filter(|lease| may_manage(self.peer.uid, lease.uid))
+                .filter(|lease| {
+                    may_manage(self.peer.uid, lease.uid)
+                        && lease.pid_namespaces.contains(&self.peer.pid_namespace)
+                })
                 .count();
             (state.trees.keys().copied().collect(), leases)
         };
