@@ -300,14 +300,22 @@ impl Session {
             effective: owner_uid,
             saved: owner_uid,
         };
-        if !may_signal(requester, target) || !may_signal(owner, target) {
-            return Err(refuse(
+        // The refusal names the uid whose right failed: with another lease's token, that may
+        // be the lease's owner and not the client.
+        let denied = |uid: u32, role: &str| {
+            refuse(
                 ErrorCode::PermissionDenied,
                 format!(
-                    "process {pid} belongs to uid {}; uid {} may not signal it",
-                    target.real, self.peer.uid
+                    "process {pid} belongs to uid {}; uid {uid}{role} may not signal it",
+                    target.real
                 ),
-            ));
+            )
+        };
+        if !may_signal(requester, target) {
+            return Err(denied(self.peer.uid, ""));
+        }
+        if !may_signal(owner, target) {
+            return Err(denied(owner_uid, ", which holds the lease,"));
         }
         // A tree registered with another lease's token counts against both uids.
         self.check_limits(daemon, owner_uid)?;
@@ -417,7 +425,7 @@ impl Session {
             Verdict::Hidden => Err(not_found(tree)),
             Verdict::Denied(why) => Err(refuse(
                 ErrorCode::PermissionDenied,
-                format!("tree {tree}: {why}"),
+                format!("tree {tree}: uid {} is refused: {why}", self.peer.uid),
             )),
         }
     }
