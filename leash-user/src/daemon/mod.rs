@@ -114,6 +114,8 @@ struct Lease {
     host_pid: u32,
     /// The host's start time in /proc's clock ticks (with the pid, it names the host).
     host_start_ticks: u64,
+    /// A tree was registered under it: from then on its end is worth an INFO line.
+    held_trees: bool,
 }
 
 #[derive(Debug, Default)]
@@ -165,9 +167,43 @@ impl Daemon {
                 uid,
                 host_pid,
                 host_start_ticks,
+                held_trees: false,
             },
         );
         Ok(id)
+    }
+
+    /// Notes that `lease` now holds a tree; at its first, says so at INFO. A connection that
+    /// only asks (`status`, `list`, `watch`) is logged at DEBUG alone: a client that connects
+    /// in a loop must not fill the log.
+    fn lease_holds_a_tree(&self, lease: LeaseId) {
+        let first = {
+            let mut state = self.state();
+            let Some(entry) = state.leases.get_mut(&lease) else {
+                return;
+            };
+            let first = !entry.held_trees;
+            entry.held_trees = true;
+            first.then_some((entry.uid, entry.host_pid))
+        };
+        if let Some((uid, host)) = first {
+            tracing::info!(lease, uid, host, "lease holds its first tree");
+        }
+    }
+
+    /// Logs the end of `lease` (before it is removed): at INFO if it ever held a tree, at
+    /// DEBUG if it only asked.
+    fn log_lease_end(&self, lease: LeaseId, ended_by: &str) {
+        let held_trees = self
+            .state()
+            .leases
+            .get(&lease)
+            .is_some_and(|entry| entry.held_trees);
+        if held_trees {
+            tracing::info!(lease, ended_by, "lease ended");
+        } else {
+            tracing::debug!(lease, ended_by, "lease ended");
+        }
     }
 
     /// Sends an event of a tree `owner_uid` owns to the subscribers who may hear it.

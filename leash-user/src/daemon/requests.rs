@@ -350,6 +350,7 @@ impl Session {
         let adopted = adopt(daemon, process, nest_in, holder, entry).await;
         daemon.memory_freed.store(true, Ordering::Relaxed);
         let tree = adopted?;
+        daemon.lease_holds_a_tree(lease);
         let status = daemon.view.tree_status(tree).ok();
         let (members, nested_in) = (
             status.map_or(0, |s| s.members),
