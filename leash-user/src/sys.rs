@@ -50,6 +50,36 @@ pub fn umask(mask: u32) -> u32 {
     unsafe { libc::umask(mask as libc::mode_t) as u32 }
 }
 
+/// The id of the group named `name` in the system's group database (getgrnam_r: /etc/group,
+/// or whatever NSS is set up to ask). None if there is no such group.
+pub fn group_id(name: &str) -> io::Result<Option<u32>> {
+    let name = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut buffer = vec![0u8; 1024];
+    loop {
+        // SAFETY: zeroed group and null pointer are valid out-parameters; name is
+        // NUL-terminated; buffer is valid for its length and outlives the call, and the
+        // strings the result points into are not read.
+        let (rc, found) = unsafe {
+            let mut group: libc::group = std::mem::zeroed();
+            let mut result: *mut libc::group = std::ptr::null_mut();
+            let rc = libc::getgrnam_r(
+                name.as_ptr(),
+                &raw mut group,
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                &raw mut result,
+            );
+            (rc, (!result.is_null()).then_some(group.gr_gid))
+        };
+        match rc {
+            0 => return Ok(found),
+            // A group with many members needs more room; 1 MiB is more than any sane one.
+            libc::ERANGE if buffer.len() < 1 << 20 => buffer.resize(buffer.len() * 4, 0),
+            errno => return Err(io::Error::from_raw_os_error(errno)),
+        }
+    }
+}
+
 /// Whether `path` is the root of a mounted BPF filesystem (statfs's magic number).
 pub fn is_bpffs(path: &Path) -> bool {
     const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
