@@ -3,7 +3,7 @@
 //! call hosts need: starting a process held before exec.)
 
 use std::{
-    ffi::CString,
+    ffi::{CStr, CString, OsStr, OsString},
     io,
     os::{
         fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
@@ -78,6 +78,38 @@ pub fn group_id(name: &str) -> io::Result<Option<u32>> {
             errno => return Err(io::Error::from_raw_os_error(errno)),
         }
     }
+}
+
+unsafe extern "C" {
+    /// The C library's environment: "NAME=VALUE" strings, up to a null pointer.
+    static mut environ: *mut *mut libc::c_char;
+}
+
+/// Removes variable `name` from this process's environment and returns its value, once wiped
+/// where /proc/PID/environ shows it. The kernel shows the block the process was started with,
+/// which unsetenv leaves as it was: a secret there is readable by every process of the same
+/// user for as long as this one runs. Call it before any other thread starts.
+pub fn take_env_secret(name: &str) -> Option<OsString> {
+    let prefix = format!("{name}=");
+    let mut value = None;
+    // SAFETY: no other thread runs (the caller's promise), so nothing changes the environment
+    // meanwhile. Every entry of `environ` up to the null one is a NUL-terminated string of this
+    // process's own, writable memory (the block the kernel set up on the stack, or one setenv
+    // allocated); the bytes overwritten are the value's, before its NUL.
+    unsafe {
+        let mut entry = environ;
+        while !entry.is_null() && !(*entry).is_null() {
+            let bytes = CStr::from_ptr(*entry).to_bytes();
+            if let Some(found) = bytes.strip_prefix(prefix.as_bytes()) {
+                let length = found.len();
+                value.get_or_insert_with(|| OsStr::from_bytes(found).to_owned());
+                std::ptr::write_bytes((*entry).add(prefix.len()), 0, length);
+            }
+            entry = entry.add(1);
+        }
+        std::env::remove_var(name);
+    }
+    value
 }
 
 /// Whether `path` is the root of a mounted BPF filesystem (statfs's magic number).

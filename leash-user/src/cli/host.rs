@@ -58,8 +58,8 @@ pub struct ExecArgs {
     /// Read the host's lease token from file descriptor N (3 or above), a pipe or file the host
     /// passed: up to a newline or the end of it (at most 256 bytes). N is closed before CMD
     /// runs, so CMD never holds it. The way to prefer: nothing CMD starts can see the token.
-    /// Otherwise LEASH_LEASE holds the token; it is removed from CMD's environment (the shim's
-    /// own environment is readable by the same user until it execs).
+    /// Otherwise LEASH_LEASE holds the token: the shim wipes it from its own environment as it
+    /// starts (where /proc/PID/environ shows it), and CMD never gets it.
     #[arg(long, value_name = "N")]
     lease_fd: Option<i32>,
     /// Report the outcome to the host on file descriptor M (3 or above; the same as N when
@@ -121,13 +121,16 @@ pub fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
 }
 
 pub fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {
-    // First, before this process opens anything that could take the number of a descriptor
+    // First of all: wiped where /proc/PID/environ shows it, so that no process of the same
+    // user reads the token there while this one registers (the command never gets it).
+    let from_env = leash::sys::take_env_secret(LEASE_ENV);
+    // Then, before this process opens anything that could take the number of a descriptor
     // that was not inherited after all.
     let mut status = args
         .status_fd
         .map(|fd| ExecStatus::take(fd, args.lease_fd))
         .transpose()?;
-    let registered = lease_token(args.lease_fd).and_then(|token| {
+    let registered = lease_token(args.lease_fd, from_env).and_then(|token| {
         let mut client = Client::connect_to(socket)?;
         // Itself, as the connection names it: right in a container's pid namespace too.
         let tree = client.register_self(&token, &args.enforcement.options())?;
@@ -219,9 +222,9 @@ impl ExecStatus {
     }
 }
 
-/// The lease token, from descriptor `fd` (closed once read) or from LEASH_LEASE: exactly one.
-fn lease_token(fd: Option<i32>) -> Result<String> {
-    let from_env = std::env::var_os(LEASE_ENV);
+/// The lease token, from descriptor `fd` (closed once read) or from LEASH_LEASE (`from_env`):
+/// exactly one.
+fn lease_token(fd: Option<i32>, from_env: Option<std::ffi::OsString>) -> Result<String> {
     match (fd, from_env) {
         (Some(fd), None) => {
             let file =

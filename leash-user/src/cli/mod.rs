@@ -58,10 +58,12 @@ enum Commands {
     /// command line: every local user can read a process's arguments (/proc/PID/cmdline), and
     /// whoever holds the token can put processes under the host's lease. The descriptor is
     /// closed and LEASH_LEASE removed before CMD runs, so neither CMD nor anything it starts
-    /// inherits the token. Exits 125 if leash failed and CMD never ran, 127 if CMD could not
-    /// be executed. With `--status-fd M` the host is told on descriptor M, one JSON line each,
-    /// whether CMD was registered (and its tree), refused (and why), or could not be executed:
-    /// what the Python and Node host libraries spawn with (docs/HOSTS.md).
+    /// inherits the token; LEASH_LEASE is wiped from the shim's own environment as it starts,
+    /// so /proc/PID/environ does not show it while the shim registers. Exits 125 if leash
+    /// failed and CMD never ran, 127 if CMD could not be executed. With `--status-fd M` the
+    /// host is told on descriptor M, one JSON line each, whether CMD was registered (and its
+    /// tree), refused (and why), or could not be executed: what the Python and Node host
+    /// libraries spawn with (docs/HOSTS.md).
     Exec(host::ExecArgs),
     /// Kill a tree (SIGTERM, the grace period, then SIGKILL until it is empty).
     Kill(host::KillArgs),
