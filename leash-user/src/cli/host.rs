@@ -3,16 +3,17 @@
 use std::{
     fs::File,
     io::Write,
-    os::unix::process::CommandExt,
+    os::{fd::AsFd, unix::process::CommandExt},
     path::Path,
-    process::{Command, ExitCode},
+    process::{Child, Command, ExitCode},
     time::Duration,
 };
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
+use leash::sys::{Pidfd, SignalFd, wait_readable};
 use leash_client::{
-    Client, EventKind, LEASE_ENV, RootExitPolicy, TreeOptions, protocol::ExecReport,
+    Client, ErrorCode, EventKind, LEASE_ENV, RootExitPolicy, TreeOptions, protocol::ExecReport,
     read_lease_token, sys,
 };
 
@@ -89,21 +90,44 @@ pub struct KillArgs {
     grace: Option<Duration>,
 }
 
+/// The signals `leash run` forwards to its tree as a kill: a container runtime's stop (SIGTERM
+/// to the first process, which ignores it by default when it is pid 1), `timeout`'s, a
+/// terminal's Ctrl-C (SIGINT) and hang-up (SIGHUP).
+const FORWARDED: [i32; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+/// How often the wait for the end of the tree looks for a forwarded signal.
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
 pub fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
+    // First, before any thread starts, so that none takes them the default way (see
+    // SignalFd::block).
+    let signals = SignalFd::block(&FORWARDED).context("taking SIGTERM, SIGINT and SIGHUP")?;
     let mut client = Client::connect_to(socket)?;
     // Before the spawn, so the end of the tree cannot be missed.
     client.subscribe()?;
     let (program, rest) = args.command.split_first().context("no command")?;
-    let (tree, mut child) = client.spawn(
-        Command::new(program).args(rest),
-        &args.enforcement.options(),
-    )?;
+    let mut command = Command::new(program);
+    command.args(rest);
+    signals.unblock_in(&mut command);
+    let (tree, mut child) = client.spawn(&mut command, &args.enforcement.options())?;
     tracing::debug!(tree, pid = child.id(), "running on a leash");
-    let status = child.wait().context("waiting for the command")?;
+    let root = Pidfd::open(child.id()).context("watching the command")?;
+    let status = loop {
+        let ready =
+            wait_readable(&[signals.as_fd(), root.as_fd()]).context("waiting for the command")?;
+        if let Some(signal) = signals.take().context("reading a signal")? {
+            return Ok(forward(&mut client, tree, &mut child, signal));
+        }
+        if ready == 1 {
+            break child.wait().context("waiting for the command")?;
+        }
+    };
     // What the command left behind is killed (or, kept, runs out) before we exit: leaving
     // would end the lease and kill it anyway.
     loop {
-        match client.next_event(None) {
+        if let Some(signal) = signals.take().context("reading a signal")? {
+            return Ok(forward(&mut client, tree, &mut child, signal));
+        }
+        match client.next_event(Some(SIGNAL_CHECK)) {
             Ok(Some(event))
                 if event.tree == tree
                     && matches!(event.kind, EventKind::TreeEmpty | EventKind::Released) =>
@@ -118,6 +142,35 @@ pub fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
         }
     }
     Ok(super::exit_code(status))
+}
+
+/// Signal `signal` came: kills the tree (its grace, then SIGKILL) and, once it is empty, exits
+/// 128+N, as a shell reports a command that signal ended. `leash run` stands for its tree: a
+/// stop that returned before the tree was gone would leave it running unseen for the grace.
+fn forward(client: &mut Client, tree: u32, child: &mut Child, signal: i32) -> ExitCode {
+    tracing::debug!(tree, signal, "signal: killing the tree");
+    let emptied = match client.kill(tree, None) {
+        Ok(summary) => {
+            tracing::debug!(?summary, "the tree is empty");
+            true
+        }
+        // It ended on its own meanwhile.
+        Err(leash_client::Error::Daemon {
+            code: ErrorCode::NotFound,
+            ..
+        }) => true,
+        // Exiting ends the lease, and the daemon (or, while it is away, the next one) kills
+        // the tree all the same: do not wait for a command that may still run.
+        Err(e) => {
+            tracing::warn!("killing the tree on signal {signal}: {e}");
+            false
+        }
+    };
+    if emptied {
+        // The root was in the tree: it has exited, and is reaped here.
+        let _ = child.wait();
+    }
+    ExitCode::from(u8::try_from(128 + signal).unwrap_or(u8::MAX))
 }
 
 pub fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {

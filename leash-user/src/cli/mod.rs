@@ -49,6 +49,9 @@ enum Commands {
     /// command is killed (even with SIGKILL), the whole tree dies with it. Exits with CMD's
     /// status (128+N for signal N), or 125 if leash failed and CMD never ran (no daemon, or
     /// the daemon refused to register it, e.g. the uid holds as many trees as allowed).
+    ///
+    /// SIGTERM, SIGINT and SIGHUP to this command kill the tree (with its grace period); it
+    /// exits 128+N once the tree is empty.
     Run(host::RunArgs),
     /// Register this process under another host's lease, then exec CMD: the way to spawn under
     /// a lease from any language (prefix the argv).
