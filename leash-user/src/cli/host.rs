@@ -82,6 +82,24 @@ pub struct ExecArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct AdoptArgs {
+    /// Read the host's lease token from file descriptor N, as `leash exec --lease-fd` does
+    /// (or from LEASH_LEASE, as it does).
+    #[arg(long, value_name = "N")]
+    lease_fd: Option<i32>,
+    /// Report the outcome on file descriptor M, one JSON line, as `leash exec --status-fd`
+    /// does: {"registered":{"tree":T,"root":PID}} or {"error":{"code":C,"message":M}}.
+    /// Without it, the tree's id is printed.
+    #[arg(long, value_name = "M")]
+    status_fd: Option<i32>,
+    #[command(flatten)]
+    enforcement: EnforcementArgs,
+    /// The process, by its number in this command's pid namespace.
+    #[arg(value_name = "PID")]
+    pid: u32,
+}
+
+#[derive(Args, Debug)]
 pub struct KillArgs {
     /// The tree's id.
     tree: u32,
@@ -217,6 +235,47 @@ pub fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(127))
 }
 
+pub fn adopt(socket: &Path, args: AdoptArgs) -> Result<ExitCode> {
+    // As exec does, and for the same reasons.
+    let from_env = leash::sys::take_env_secret(LEASE_ENV);
+    let mut status = args
+        .status_fd
+        .map(|fd| ExecStatus::take(fd, args.lease_fd))
+        .transpose()?;
+    let registered = lease_token(args.lease_fd, from_env)
+        .and_then(|token| adopt_by_pidfd(socket, args.pid, &token, &args.enforcement));
+    match (registered, &mut status) {
+        (Ok(tree), Some(status)) => status.registered_as(args.pid, tree),
+        (Ok(tree), None) => println!("{tree}"),
+        (Err(error), None) => return Err(error),
+        (Err(error), Some(status)) => {
+            status.refused(&error);
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Registers process `pid` of this pid namespace under the lease of `token`, named by a pidfd:
+/// right whatever namespace the daemon runs in, and never another process that later gets the
+/// number. As `Client::adopt` does, a number that opens no pidfd goes to the daemon as it is,
+/// for the daemon's own words (no such process, or a thread's id).
+fn adopt_by_pidfd(
+    socket: &Path,
+    pid: u32,
+    token: &str,
+    enforcement: &EnforcementArgs,
+) -> Result<u32> {
+    let pidfd = sys::pidfd_open(pid);
+    let mut client = Client::connect_to(socket)?;
+    let options = enforcement.options();
+    let tree = match &pidfd {
+        Ok(pidfd) => client.register_pidfd(pidfd.as_fd(), Some(token), &options)?,
+        Err(_) => client.register(pid, Some(token), &options)?,
+    };
+    Ok(tree)
+}
+
 /// `leash exec --status-fd`: where the shim tells the host library what became of the command,
 /// so that a refusal is an error at spawn time, in the daemon's words, and not a child that
 /// exits 125. The descriptor is close-on-exec: it reads as closed once the command runs.
@@ -237,10 +296,11 @@ impl ExecStatus {
     }
 
     fn registered(&mut self, tree: u32) {
-        self.write(&ExecReport::Registered {
-            root: std::process::id(),
-            tree,
-        });
+        self.registered_as(std::process::id(), tree);
+    }
+
+    fn registered_as(&mut self, root: u32, tree: u32) {
+        self.write(&ExecReport::Registered { root, tree });
     }
 
     fn refused(&mut self, error: &anyhow::Error) {

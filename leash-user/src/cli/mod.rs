@@ -68,6 +68,16 @@ enum Commands {
     /// tree), refused (and why), or could not be executed: what the Python and Node host
     /// libraries spawn with (docs/HOSTS.md).
     Exec(host::ExecArgs),
+    /// Register a running process PID, with its descendants, as a new tree under another
+    /// host's lease: the way a host that cannot send a descriptor over a socket (Node.js) names
+    /// the process by a pidfd, which is right in a container's pid namespace as a bare pid is
+    /// not.
+    ///
+    /// The lease token comes as for `leash exec`: on descriptor `--lease-fd N`, or in
+    /// LEASH_LEASE. PID is a number of this command's pid namespace; the daemon checks that
+    /// both this command and the lease's owner may signal the process. Prints the tree's id,
+    /// or, with `--status-fd M`, reports on descriptor M as `leash exec` does (`root` is PID).
+    Adopt(host::AdoptArgs),
     /// Kill a tree (SIGTERM, the grace period, then SIGKILL until it is empty).
     Kill(host::KillArgs),
     /// The live view: leases, their trees as process trees, events as they happen.
@@ -103,6 +113,7 @@ pub fn main() -> ExitCode {
         Commands::Daemon(args) => daemon::daemon(cli.socket, args),
         Commands::Run(args) => host::run(&cli.socket, args),
         Commands::Exec(args) => host::exec(&cli.socket, args),
+        Commands::Adopt(args) => host::adopt(&cli.socket, args),
         Commands::Kill(args) => host::kill(&cli.socket, args),
         Commands::Watch(args) => watch::watch(&cli.socket, args),
         Commands::Ls(args) => show::ls(&cli.socket, args),
