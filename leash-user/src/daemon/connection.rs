@@ -137,7 +137,8 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
         super::enforcement::watch_host(owner, lease, for_owner, Some(served));
     });
     async move {
-        tracing::info!("lease opened");
+        // DEBUG: most connections only ask; a lease that holds a tree says so at INFO then.
+        tracing::debug!("lease opened");
         serve_lease(&daemon, stream, peer, &host).await;
         daemon.memory_freed.store(true, Ordering::Relaxed);
     }
@@ -242,8 +243,8 @@ async fn serve_lease(
         }
     };
     // The lease ends first: its trees' kills never wait on the connection's last replies.
-    tracing::info!(ended_by, "lease ended");
     let lease = peer.lease;
+    daemon.log_lease_end(lease, ended_by);
     daemon.subscribers.remove(lease);
     daemon
         .jobs

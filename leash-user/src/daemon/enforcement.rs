@@ -454,7 +454,7 @@ pub fn watch_host(
         };
         tokio::select! {
             _ = host.readable() => {
-                tracing::info!(lease, ended_by = "host exited", "lease ended");
+                owner.daemon.log_lease_end(lease, "host exited");
                 end_lease(&owner, lease);
             }
             () = served => {}

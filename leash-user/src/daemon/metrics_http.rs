@@ -1,9 +1,11 @@
 //! `leash daemon --metrics ADDR`: the daemon's figures ([`super::metrics`]) for Prometheus, as
 //! `GET /metrics` over HTTP/1.x, on a Unix socket or a loopback TCP address.
 //!
-//! The daemon runs as root and the endpoint has no authentication: every local user can reach
-//! it (the figures are counts, with no pid, uid or command in them), and nobody else can, since
-//! it listens on loopback only. It is written for hostile clients: a request head is at most
+//! The daemon runs as root and the endpoint has no authentication. A Unix socket is root's
+//! (0600), or root's and a named group's (0660, `--metrics-group`): whoever may connect may
+//! also hold the few connections served at once, and keep the scraper out. A loopback port is
+//! open to every local user (the figures are counts, with no pid, uid or command in them), and
+//! to nobody else. It is written for hostile clients: a request head is at most
 //! 8 KiB and must come within 5 s, the response must be taken within 5 s, at most 8
 //! connections are served at once (more wait in the kernel's queue), and every connection is
 //! closed after one response. The figures are read at most once a second, on a blocking
@@ -117,11 +119,14 @@ impl fmt::Display for Listener {
 }
 
 /// Binds `addr`, or says why not: a Unix socket as the daemon's own socket is (its directory
-/// root's alone, a stale socket replaced, a live one refused); a TCP address that is in use is
-/// refused.
-pub async fn bind(addr: &MetricsAddr) -> Result<Listener> {
+/// root's alone, a stale socket replaced, a live one refused), but 0600 root's, or 0660 with
+/// `group`: a user who may connect may also hold the few connections served at once, and so
+/// keep the scraper out. A TCP address that is in use is refused.
+pub async fn bind(addr: &MetricsAddr, group: Option<u32>) -> Result<Listener> {
     match addr {
-        MetricsAddr::Unix(path) => super::bind(path, "--metrics").map(Listener::Unix),
+        MetricsAddr::Unix(path) => {
+            super::bind(path, "--metrics", super::SocketAccess::Root { group }).map(Listener::Unix)
+        }
         MetricsAddr::Tcp(tcp) => TcpListener::bind(tcp)
             .await
             .map(Listener::Tcp)

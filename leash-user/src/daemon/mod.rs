@@ -78,6 +78,8 @@ pub struct Config {
     pub pin_root: Option<PathBuf>,
     /// Where the metrics are served, if anywhere.
     pub metrics: Option<MetricsAddr>,
+    /// The group that may connect to a metrics Unix socket, besides root.
+    pub metrics_group: Option<u32>,
 }
 
 /// The outcome of a kill, as every waiter sees it.
@@ -125,6 +127,8 @@ struct Lease {
     host_pid: u32,
     /// The host's start time in /proc's clock ticks (with the pid, it names the host).
     host_start_ticks: u64,
+    /// A tree was registered under it: from then on its end is worth an INFO line.
+    held_trees: bool,
 }
 
 #[derive(Debug, Default)]
@@ -189,9 +193,43 @@ impl Daemon {
                 pid_namespaces: who.pid_namespaces.clone(),
                 host_pid,
                 host_start_ticks,
+                held_trees: false,
             },
         );
         Ok(id)
+    }
+
+    /// Notes that `lease` now holds a tree; at its first, says so at INFO. A connection that
+    /// only asks (`status`, `list`, `watch`) is logged at DEBUG alone: a client that connects
+    /// in a loop must not fill the log.
+    fn lease_holds_a_tree(&self, lease: LeaseId) {
+        let first = {
+            let mut state = self.state();
+            let Some(entry) = state.leases.get_mut(&lease) else {
+                return;
+            };
+            let first = !entry.held_trees;
+            entry.held_trees = true;
+            first.then_some((entry.uid, entry.host_pid))
+        };
+        if let Some((uid, host)) = first {
+            tracing::info!(lease, uid, host, "lease holds its first tree");
+        }
+    }
+
+    /// Logs the end of `lease` (before it is removed): at INFO if it ever held a tree, at
+    /// DEBUG if it only asked.
+    fn log_lease_end(&self, lease: LeaseId, ended_by: &str) {
+        let held_trees = self
+            .state()
+            .leases
+            .get(&lease)
+            .is_some_and(|entry| entry.held_trees);
+        if held_trees {
+            tracing::info!(lease, ended_by, "lease ended");
+        } else {
+            tracing::debug!(lease, ended_by, "lease ended");
+        }
     }
 
     /// Sends an event of a tree to the subscribers of its `audience`.
@@ -227,12 +265,16 @@ pub async fn run(config: Config) -> Result<()> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut hangup = signal(SignalKind::hangup())?;
     // The socket first: it refuses to start beside a live daemon, which holds the pins.
-    let listener = bind(&config.socket, "--socket")?;
+    let listener = bind(&config.socket, "--socket", SocketAccess::Everyone)?;
     // Before the programs load too: an endpoint that is taken is refused at once.
     let metrics_listener = match &config.metrics {
-        Some(addr) => Some(metrics_http::bind(addr).await.inspect_err(|_| {
-            let _ = fs::remove_file(&config.socket);
-        })?),
+        Some(addr) => Some(
+            metrics_http::bind(addr, config.metrics_group)
+                .await
+                .inspect_err(|_| {
+                    let _ = fs::remove_file(&config.socket);
+                })?,
+        ),
         None => None,
     };
     let loaded = match &config.pin_root {
@@ -352,23 +394,55 @@ fn remove_sockets(config: &Config) {
     }
 }
 
+/// Who may connect to a socket the daemon binds, by its file's mode.
+#[derive(Clone, Copy, Debug)]
+enum SocketAccess {
+    /// 0666: anyone; what they may do is checked per request.
+    Everyone,
+    /// 0600, root's alone; 0660 with its group set to this one, if given.
+    Root { group: Option<u32> },
+}
+
 /// Binds a socket, the one `option` names: its directory is made if needed (0755) and must be
 /// root's alone (see `trusted_dir`), a stale socket is replaced, a live daemon's is not.
-/// Anyone may connect; what they may do is checked per request.
-fn bind(path: &Path, option: &str) -> Result<UnixListener> {
+fn bind(path: &Path, option: &str, access: SocketAccess) -> Result<UnixListener> {
     let dir = path
         .parent()
         .filter(|dir| !dir.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     trusted_dir::ensure(dir, 0o755, option)?;
     remove_stale(path, option)?;
-    // The socket is made 0666 (0777 less the mask), so its mode is never set by path after
-    // it is visible, which would follow whatever the path names by then. Nothing else makes
-    // files now: the daemon binds before it starts any task.
-    let umask = sys::umask(0o111);
+    // The socket is made with its mode (0777 less the mask), so its mode is never set by path
+    // after it is visible, which would follow whatever the path names by then. Nothing else
+    // makes files now: the daemon binds before it starts any task.
+    let mask = match access {
+        SocketAccess::Everyone => 0o111,
+        SocketAccess::Root { group: None } => 0o177,
+        SocketAccess::Root { group: Some(_) } => 0o117,
+    };
+    let umask = sys::umask(mask);
     let bound = UnixListener::bind(path);
     sys::umask(umask);
-    bound.with_context(|| format!("binding {}", path.display()))
+    let listener = bound.with_context(|| format!("binding {}", path.display()))?;
+    if let SocketAccess::Root { group: Some(gid) } = access {
+        // Until now the socket is 0660 root:root: no one but root could connect. The directory
+        // is root's alone (checked above), so the path still names the socket just made, and
+        // lchown would not follow a symlink anyway. Without CAP_CHOWN (the unit and the pod
+        // bound it out), a file's owner may give it only to a group it is in.
+        std::os::unix::fs::lchown(path, None, Some(gid))
+            .inspect_err(|_| {
+                let _ = fs::remove_file(path);
+            })
+            .with_context(|| {
+                format!(
+                    "giving {} to group {gid} (the daemon must be in the group, e.g. \
+                     SupplementaryGroups= in its unit, supplementalGroups in its pod, or have \
+                     CAP_CHOWN)",
+                    path.display()
+                )
+            })?;
+    }
+    Ok(listener)
 }
 
 /// Removes a socket left by a daemon that died. Anything else at `path` (a file, a symlink)

@@ -302,14 +302,22 @@ impl Session {
             effective: owner_uid,
             saved: owner_uid,
         };
-        if !may_signal(requester, target) || !may_signal(owner, target) {
-            return Err(refuse(
+        // The refusal names the uid whose right failed: with another lease's token, that may
+        // be the lease's owner and not the client.
+        let denied = |uid: u32, role: &str| {
+            refuse(
                 ErrorCode::PermissionDenied,
                 format!(
-                    "process {pid} belongs to uid {}; uid {} may not signal it",
-                    target.real, self.peer.uid
+                    "process {pid} belongs to uid {}; uid {uid}{role} may not signal it",
+                    target.real
                 ),
-            ));
+            )
+        };
+        if !may_signal(requester, target) {
+            return Err(denied(self.peer.uid, ""));
+        }
+        if !may_signal(owner, target) {
+            return Err(denied(owner_uid, ", which holds the lease,"));
         }
         // One /proc walk per account at a time: a user's registrations queue behind each
         // other, not in front of anyone else's. Taken before the limits are checked, so that
@@ -368,6 +376,7 @@ impl Session {
         let adopted = adopt(daemon, process, nest_in, holder, entry).await;
         daemon.memory_freed.store(true, Ordering::Relaxed);
         let tree = adopted?;
+        daemon.lease_holds_a_tree(lease);
         let status = daemon.view.tree_status(tree).ok();
         let (members, nested_in) = (
             status.map_or(0, |s| s.members),
@@ -445,7 +454,7 @@ impl Session {
             Verdict::Hidden => Err(not_found(tree)),
             Verdict::Denied(why) => Err(refuse(
                 ErrorCode::PermissionDenied,
-                format!("tree {tree}: {why}"),
+                format!("tree {tree}: uid {} is refused: {why}", self.peer.uid),
             )),
         }
     }

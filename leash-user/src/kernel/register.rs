@@ -204,6 +204,7 @@ impl Tracker {
                     SpawnHeldError::Spawn(e) => anyhow::Error::new(e)
                         .context(format!("starting {:?}", command.get_program())),
                     SpawnHeldError::Register(e) => e.context("registering the new process"),
+                    thread @ SpawnHeldError::Thread(_) => anyhow::Error::msg(thread.to_string()),
                 })
             }
         }
