@@ -38,6 +38,8 @@ export LEASH_TEST_SKIP_SYSTEMD=1
 export LEASH_TEST_SKIP_HOSTS=1
 # Nor gdb: the ptrace guard's test checks gdb on the host only, and its helper everywhere.
 export LEASH_TEST_NO_GDB=1
+# Debian's kernels have BPF trampolines: the ptrace guard must be the fmod_ret program there.
+export LEASH_TEST_REQUIRE_FMOD_RET=1
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
