@@ -7,7 +7,11 @@
 //!   all of those pass through: it returns -EPERM, and the access fails. It sits in an `fentry`
 //!   section only because aya cannot parse `fmod_ret` ones; user space loads it as fmod_ret.
 //! - Where the kernel has no BPF trampolines, the three syscall tracepoints below stand in: they
-//!   SIGKILL the member before the call returns to user space. They cannot see /proc/PID/mem.
+//!   SIGKILL the member as the call enters, so it never returns to user space. The call itself
+//!   still runs, with the kill pending: process_vm_writev writes nothing (get_user_pages stops at a
+//!   pending fatal signal: from the kernel's source, no test writes real memory), the descriptor
+//!   pidfd_getfd installs is closed by the exit, but PTRACE_ATTACH still stops its target. They
+//!   cannot see /proc/PID/mem.
 
 use core::ffi::c_void;
 
@@ -117,7 +121,8 @@ fn kill_if_outside(ctx: &TracePointContext, index: usize) {
         return;
     };
     let target = syscall_arg(ctx, index).map_or(0, |pid| pid as u32);
-    let inside = unsafe { MEMBERS.get(&target) }.is_some_and(|entry| within(entry.tree, accessor.tree));
+    let inside =
+        unsafe { MEMBERS.get(&target) }.is_some_and(|entry| within(entry.tree, accessor.tree));
     if !inside {
         kill_current();
     }

@@ -677,7 +677,11 @@ pub fn load_fmod_ret(
             license: license.as_ptr() as u64,
             log_level: u32::from(!log.is_empty()),
             log_size: log.len() as u32,
-            log_buf: if log.is_empty() { 0 } else { log.as_mut_ptr() as u64 },
+            log_buf: if log.is_empty() {
+                0
+            } else {
+                log.as_mut_ptr() as u64
+            },
             prog_name,
             expected_attach_type: BPF_MODIFY_RETURN,
             attach_btf_id,

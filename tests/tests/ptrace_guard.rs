@@ -135,9 +135,7 @@ impl Drop for Run {
 
 impl Run {
     fn get(&self, name: &str) -> &str {
-        self.results
-            .get(name)
-            .map_or("(not tried)", String::as_str)
+        self.results.get(name).map_or("(not tried)", String::as_str)
     }
 
     /// Runs the probe as the host's uid from outside every tree.
@@ -279,10 +277,26 @@ fn assert_outside_still_may(run: &Run) {
 }
 
 fn assert_inside_keeps_working(run: &Run) {
-    assert_eq!(run.get("host_comm"), "leash", "the agent's parent is its host");
-    assert_ne!(run.get("host_socket_fd"), "none", "the host holds its lease socket");
-    assert_eq!(run.get("stat_host"), "ok", "read mode (ps) is never refused");
-    assert_eq!(run.get("attach_child"), "ok", "attaching within the tree works");
+    assert_eq!(
+        run.get("host_comm"),
+        "leash",
+        "the agent's parent is its host"
+    );
+    assert_ne!(
+        run.get("host_socket_fd"),
+        "none",
+        "the host holds its lease socket"
+    );
+    assert_eq!(
+        run.get("stat_host"),
+        "ok",
+        "read mode (ps) is never refused"
+    );
+    assert_eq!(
+        run.get("attach_child"),
+        "ok",
+        "attaching within the tree works"
+    );
     assert_eq!(
         run.get("vmwrite_child"),
         PASSED_CHECK,

@@ -6,8 +6,8 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use leash::{
     Capacity, daemon,
-    kernel::GuardChoice,
     daemon::{MetricsAddr, UidLimits},
+    kernel::GuardChoice,
 };
 
 /// Below this open file limit, the daemon warns that it serves few connections at once.

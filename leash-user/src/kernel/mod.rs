@@ -675,7 +675,9 @@ impl Attached {
         for (name, link) in guard_links {
             match link {
                 ptrace_guard::HeldLink::Raw(fd) => pins.pin_raw_link(name, fd)?,
-                ptrace_guard::HeldLink::TracePoint(link) if ptrace_guard::tracepoint_links_pin() => {
+                ptrace_guard::HeldLink::TracePoint(link)
+                    if ptrace_guard::tracepoint_links_pin() =>
+                {
                     pins.pin_link(name, FdLink::try_from(link)?)?
                 }
                 held @ ptrace_guard::HeldLink::TracePoint(_) => {

@@ -200,9 +200,7 @@ fn attach_fmod_ret(ebpf: &Ebpf) -> Result<OwnedFd> {
 /// The descriptor of a map of the programs' kinds.
 fn map_fd(map: &Map) -> Result<i32> {
     let data = match map {
-        Map::HashMap(data) | Map::PerCpuArray(data) | Map::RingBuf(data) | Map::Array(data) => {
-            data
-        }
+        Map::HashMap(data) | Map::PerCpuArray(data) | Map::RingBuf(data) | Map::Array(data) => data,
         _ => bail!("a map of an unexpected type in the programs' object"),
     };
     Ok(data.fd().as_fd().as_raw_fd())
