@@ -68,9 +68,10 @@ fn vmwrite(pid: i32) -> io::Result<()> {
         iov_base: (&raw mut byte).cast(),
         iov_len: 1,
     };
-    // Address 1 is never mapped: an access that passes the check fails with EFAULT.
+    // Address 1 (c_void's dangling pointer) is never mapped: an access that passes the check
+    // fails with EFAULT.
     let remote = libc::iovec {
-        iov_base: 1 as *mut libc::c_void,
+        iov_base: std::ptr::dangling_mut::<libc::c_void>(),
         iov_len: 1,
     };
     // SAFETY: the local vector points at one byte of ours; the remote one is the other
