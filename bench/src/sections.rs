@@ -50,18 +50,20 @@ pub fn overhead(plan: &Plan, report: &mut Report) -> Result<()> {
             format!("ps: every /proc/PID/stat read, {passes} passes"),
             format!(
                 "i=0; while [ $i -lt {passes} ]; do for f in /proc/[0-9]*/stat; do \
-                 read -r line < $f 2>/dev/null; done; i=$((i+1)); done"
+                 {{ read -r line < $f; }} 2>/dev/null; done; i=$((i+1)); done"
             ),
         ),
     ];
     // [loop][variant]: (a) no leash, (b) daemon running, loop untracked, (c) loop tracked.
     let mut times = vec![[Vec::new(), Vec::new(), Vec::new()]; loops.len()];
+    let mut guard = String::new();
     for _ in 0..plan.overhead_reps {
         for (l, (_, script)) in loops.iter().enumerate() {
             times[l][0].push(time_shell(script, None)?);
         }
         let daemon = start_daemon()?;
         let mut client = daemon.client();
+        guard = ptrace_guard(&mut client)?;
         for (l, (_, script)) in loops.iter().enumerate() {
             times[l][1].push(time_shell(script, None)?);
             times[l][2].push(time_shell(script, Some(&mut client))?);
@@ -73,8 +75,10 @@ pub fn overhead(plan: &Plan, report: &mut Report) -> Result<()> {
             "A shell loop of {n} iterations, timed whole: (a) with no leash loaded, (b) with the \
              daemon running and the loop untracked, (c) with the loop inside a tracked tree. \
              {} repetitions, a, b and c in turn within each. Goals: b/a ≤ 1.01, c/a ≤ 1.03. \
-             The ps row reads every process's /proc/PID/stat, {passes} times over: the path of \
-             the ptrace guard (leash_ptrace_guard), which every such read passes through.",
+             The ps row reads every process's /proc/PID/stat, {passes} times over: each read \
+             passes the kernel's ptrace check, where the fmod_ret ptrace guard runs (the \
+             fallback's syscall tracepoints run on no read, but put every system call on the \
+             traced path). Ptrace guard in place: {guard}.",
             plan.overhead_reps
         ),
     );
@@ -105,6 +109,21 @@ pub fn overhead(plan: &Plan, report: &mut Report) -> Result<()> {
         &rows,
     );
     program_costs(&[&loops[1].1, &loops[2].1], report)
+}
+
+/// The ptrace guard's programs the daemon reports, or "none".
+fn ptrace_guard(client: &mut Client) -> Result<String> {
+    let guard: Vec<String> = client
+        .status()?
+        .programs
+        .into_iter()
+        .filter(|program| program.contains("ptrace") || program.contains("sys_enter"))
+        .collect();
+    Ok(if guard.is_empty() {
+        "none".to_owned()
+    } else {
+        guard.join(", ")
+    })
 }
 
 /// Runs `sh -c script` to the end (in a tree of `client`'s lease if given); its time in ms.
