@@ -288,7 +288,7 @@ impl Tracker {
         whois_link: OwnedFd,
         capacity: Capacity,
         pins: Option<Pins>,
-        (guard, guard_links): (Guard, Vec<ptrace_guard::HeldLink>),
+        (guard, guard_links): GuardInPlace,
     ) -> Result<Self> {
         tracing::info!(?guard, "{}", guard.describe());
         let whois = Whois::new(whois_link, take_map(&mut ebpf, map::WHOIS)?)?;
@@ -583,6 +583,9 @@ impl Tracker {
 const BPF_NOEXIST: u64 = 1;
 const BPF_EXIST: u64 = 2;
 
+/// The ptrace guard attached, and the links of it this process must hold (those not pinned).
+type GuardInPlace = (Guard, Vec<ptrace_guard::HeldLink>);
+
 /// The programs, loaded with the kernel's offsets and attached.
 struct Attached {
     ebpf: Ebpf,
@@ -656,8 +659,7 @@ impl Attached {
     /// Pins the links (taken out of their programs, they then outlive this process) and the
     /// maps; returns the programs, which hold the maps, the whois link, and the guard with the
     /// links of it that the kernel cannot pin.
-    #[allow(clippy::type_complexity)]
-    fn pin(self, pins: &mut Pins) -> Result<(Ebpf, OwnedFd, (Guard, Vec<ptrace_guard::HeldLink>))> {
+    fn pin(self, pins: &mut Pins) -> Result<(Ebpf, OwnedFd, GuardInPlace)> {
         let Self {
             mut ebpf,
             links,
