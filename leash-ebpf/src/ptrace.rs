@@ -9,9 +9,8 @@
 //! - Where the kernel has no BPF trampolines, the three syscall tracepoints below stand in: they
 //!   SIGKILL the member as the call enters, so it never returns to user space. The call itself
 //!   still runs, with the kill pending: process_vm_writev writes nothing (get_user_pages stops at a
-//!   pending fatal signal: from the kernel's source, no test writes real memory), the descriptor
-//!   pidfd_getfd installs is closed by the exit, but PTRACE_ATTACH still stops its target. They
-//!   cannot see /proc/PID/mem.
+//!   pending fatal signal), the descriptor pidfd_getfd installs is closed by the exit, but
+//!   PTRACE_ATTACH still stops its target. They cannot see /proc/PID/mem.
 
 use core::ffi::c_void;
 
