@@ -724,9 +724,10 @@ pub fn load_fmod_ret(
 }
 
 /// Attaches a loaded tracing program (fentry, fexit, fmod_ret) where its load named, through
-/// BPF_RAW_TRACEPOINT_OPEN with no name: the one way that works from Linux 5.5 (BPF_LINK_CREATE
-/// takes tracing programs only from 5.13). The descriptor returned is a BPF link (5.7): it can
-/// be pinned, and the program stays attached while the link or its pin lives.
+/// BPF_RAW_TRACEPOINT_OPEN with no name: the way that works on every kernel from Linux 5.5
+/// (BPF_LINK_CREATE came to tracing programs later; this one attached on 5.10, 6.1 and 6.12).
+/// The descriptor returned is a BPF link (5.7): it can be pinned, and the program stays
+/// attached while the link or its pin lives.
 pub fn attach_tracing(program: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     #[repr(C)]
     struct RawTracepointAttr {
