@@ -27,11 +27,12 @@ use leash_tests::{
     wait_for,
 };
 
-/// The agent: argv is PROBE OUT GDB. Its parent is the host (`leash run`). It writes
+/// The agent: argv is PROBE OUT GDB TARGET_PID TARGET_ADDR. Its parent is the host (`leash run`);
+/// the target, a process of its uid outside every tree, holds a buffer at TARGET_ADDR. It writes
 /// `NAME RESULT` lines to OUT; then, each time OUT.again appears, it removes it and tries the
 /// attach again, into OUT.1, OUT.2...
 const AGENT: &str = r#"
-probe=$1 out=$2 gdb=$3 host=$PPID
+probe=$1 out=$2 gdb=$3 target=$4 target_addr=$5 host=$PPID
 say() { echo "$1 $2" >> "$out.part"; }
 try() {
     name=$1; shift
@@ -49,6 +50,7 @@ try attach_host attach $host
 try getfd_host getfd $host $sock
 try vmwrite_host vmwrite $host
 try memopen_host memopen $host
+try vmwrite_target vmwrite $target $target_addr
 if read -r line < /proc/$host/stat; then say stat_host ok; else say stat_host refused; fi
 sleep 600 & child=$!
 try attach_child attach $child
@@ -120,6 +122,7 @@ struct Run {
     results: BTreeMap<String, String>,
     agent: Cgroup,
     host: Child,
+    target: Target,
     out: Removed,
     probe: PathBuf,
 }
@@ -130,6 +133,60 @@ impl Drop for Run {
         self.agent.kill_all();
         let _ = self.host.kill();
         let _ = self.host.wait();
+    }
+}
+
+/// A process of the agent's uid outside every tree, with a buffer the agent tries to write.
+struct Target {
+    process: Child,
+    address: u64,
+    // Dropped last: kills the target whatever happened.
+    _cgroup: Cgroup,
+}
+
+impl Target {
+    fn start(probe: &Path) -> Self {
+        let cgroup = Cgroup::new("outside-target");
+        let mut argv = setpriv_args(USER_A);
+        argv.extend([path_str(probe).to_owned(), "hold".to_owned()]);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let mut process = cgroup
+            .command("setpriv", &argv)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(process.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let address = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|a| u64::from_str_radix(a, 16).ok())
+            .unwrap_or_else(|| panic!("the target said {line:?}"));
+        Self {
+            process,
+            address,
+            _cgroup: cgroup,
+        }
+    }
+
+    /// The buffer now, read through /proc/PID/mem (as root).
+    fn buffer(&self) -> Vec<u8> {
+        use std::os::unix::fs::FileExt;
+        let mem = fs::File::open(format!("/proc/{}/mem", self.process.id())).unwrap();
+        let mut buffer = vec![0; 8];
+        mem.read_exact_at(&mut buffer, self.address).unwrap();
+        buffer
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
     }
 }
 
@@ -208,6 +265,9 @@ fn run_agent(daemon: &Daemon, gdb: bool) -> Run {
     fs::set_permissions(&reports, fs::Permissions::from_mode(0o777)).unwrap();
     let out = Removed(reports.join("results"));
     let probe = probe_for_anyone(daemon);
+    let target = Target::start(&probe);
+    let target_pid = target.process.id().to_string();
+    let target_address = format!("{:x}", target.address);
     let agent = Cgroup::new("ptrace-agent");
     let gdb_arg = if gdb { "1" } else { "0" };
     let mut host = daemon
@@ -224,6 +284,8 @@ fn run_agent(daemon: &Daemon, gdb: bool) -> Run {
                 path_str(&probe),
                 path_str(&out.0),
                 gdb_arg,
+                &target_pid,
+                &target_address,
             ],
         )
         .spawn()
@@ -240,6 +302,7 @@ fn run_agent(daemon: &Daemon, gdb: bool) -> Run {
         results,
         agent,
         host,
+        target,
         out,
         probe,
     }
@@ -273,6 +336,16 @@ fn assert_outside_still_may(run: &Run) {
         run.probe_from_outside(&["vmwrite", &host]),
         PASSED_CHECK,
         "a process outside every tree passes the access check for process_vm_writev"
+    );
+}
+
+/// The agent's process_vm_writev into the target was refused, and wrote nothing.
+fn assert_target_untouched(guard: Guard, run: &Run) {
+    assert_refused(guard, run, &["vmwrite_target"]);
+    assert_eq!(
+        run.target.buffer(),
+        b"UNTOUCH\0",
+        "the target's memory is as it was"
     );
 }
 
@@ -338,6 +411,7 @@ fn a_member_cannot_ptrace_take_descriptors_or_write_memory_outside_its_tree() {
     let run = run_agent(&daemon, gdb);
 
     assert_refused(guard, &run, &["attach_host", "getfd_host", "vmwrite_host"]);
+    assert_target_untouched(guard, &run);
     if guard == Guard::FmodRet {
         assert_refused(guard, &run, &["memopen_host"]);
     }
@@ -388,6 +462,7 @@ fn the_fallback_kills_a_member_that_reaches_outside_its_tree() {
         &run,
         &["attach_host", "getfd_host", "vmwrite_host"],
     );
+    assert_target_untouched(Guard::Tracepoints, &run);
     // Documented: the fallback does not see /proc/PID/mem.
     eprintln!(
         "memopen_host under the fallback (not covered): {}",
