@@ -1,13 +1,16 @@
 //! The agent cannot reach outside its tree, even as its host's uid. As uid 61001, a host
 //! (`leash run`) runs an agent that tries, against the host itself: a ptrace attach, taking the
-//! host's lease socket with `pidfd_getfd`, `process_vm_writev`, and opening /proc/HOST/mem.
-//! Each is refused in the kernel (fmod_ret on `security_ptrace_access_check`), and stays
-//! refused while the daemon is dead (the link is pinned). What must keep working does: reading
-//! /proc/HOST/stat (`ps`), attaching to its own child, gdb on its own child; and a process of
-//! the same uid outside every tree may still do all of it to the host.
+//! host's lease socket with `pidfd_getfd`, `process_vm_writev`, and opening /proc/HOST/mem; and a
+//! real `process_vm_writev` into another process of its uid outside every tree. Each is refused
+//! in the kernel (fmod_ret on `security_ptrace_access_check`), nothing is written, and it stays
+//! refused while the daemon is dead (the link is pinned) and after a takeover. What must keep
+//! working does: reading /proc/HOST/stat (`ps`), attaching to its own child, gdb on its own
+//! child; and a process of the same uid outside every tree may still do all of it to the host.
 //!
 //! The fallback for kernels without BPF trampolines (`--ptrace-guard tracepoints`) is run here
-//! too: the agent is SIGKILLed as it asks, and /proc/PID/mem is not covered.
+//! too: the agent is SIGKILLed as it asks, and /proc/PID/mem is not covered. Where the kernel
+//! refuses the fmod_ret program (this project's 6.18 build machines), the first test checks the
+//! fallback the daemon chose, and says so; the vmtest guests set LEASH_TEST_REQUIRE_FMOD_RET=1.
 //!
 //! gdb is not in the vmtest guests: they set LEASH_TEST_NO_GDB=1, and the gdb check is skipped
 //! there (and only where that is set).
