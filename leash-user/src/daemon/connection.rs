@@ -19,6 +19,7 @@ use tracing::Instrument;
 
 use super::{
     Daemon,
+    limits::ConnectionSlot,
     outbox::Outbox,
     pid_view::PidView,
     request_stream::{Pidfds, RequestStream},
@@ -43,28 +44,65 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a client may leave a full queue of replies unread before it is disconnected.
 const UNREAD_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Serves a connection, then closes the daemon's end of it apart (`disposal`): a client may
+/// have left descriptors queued on it, and the last close of the socket closes them. The
+/// daemon's end is held twice for that, so that whatever drops tokio's handles, this one is
+/// the last.
 pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
-    let credentials = match stream.peer_cred() {
+    let credentials = stream.peer_cred();
+    // Unknown, the uid is charged as -1, which no user has.
+    let uid = credentials.as_ref().map_or(u32::MAX, |c| c.uid());
+    let last = match stream.as_fd().try_clone_to_owned() {
+        Ok(last) => last,
+        Err(e) => {
+            let pid = credentials.ok().and_then(|c| c.pid()).unwrap_or(0);
+            setup_failed(&daemon, pid, "cannot hold the connection's socket", &e);
+            close_refused(&daemon, uid, stream);
+            return;
+        }
+    };
+    let slot = serve_connection(&daemon, stream, credentials).await;
+    let slot = slot.map(|slot| Box::new(slot) as Box<dyn Send>);
+    daemon.disposal.close_connection(uid, last, slot);
+}
+
+/// Closes a connection refused before it was served (see [`serve`]).
+fn close_refused(daemon: &Daemon, uid: u32, stream: UnixStream) {
+    match stream.into_std() {
+        Ok(stream) => daemon.disposal.close_connection(uid, stream.into(), None),
+        // It could not be taken from tokio, and was closed there.
+        Err(e) => tracing::warn!(uid, "dropping a connection: {e}"),
+    }
+}
+
+/// Serves a connection; returns its uid's connection slot, if it got one, to be dropped once
+/// its socket is closed.
+async fn serve_connection(
+    daemon: &Arc<Daemon>,
+    stream: UnixStream,
+    credentials: io::Result<tokio::net::unix::UCred>,
+) -> Option<ConnectionSlot> {
+    let credentials = match credentials {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!("connection without peer credentials: {e}");
-            return;
+            return None;
         }
     };
     let (uid, Some(pid)) = (credentials.uid(), credentials.pid()) else {
         tracing::warn!("connection without a peer pid");
-        return;
+        return None;
     };
     // Counted before anything else is spent on it: over its uid's limit, a connection costs
     // one line and is closed.
-    let _slot = match daemon.limits.open_connection(uid) {
+    let slot = match daemon.limits.open_connection(uid) {
         Ok(slot) => slot,
         Err(why) => {
             daemon.metrics.refused(ErrorCode::LimitReached);
             let line = ServerLine::error(None, ErrorCode::LimitReached, why);
             // Best effort: a client that does not read it is closed all the same.
             let _ = stream.try_write(&super::outbox::encode(&line));
-            return;
+            return None;
         }
     };
     // The host is watched twice: by the owner, which ends the lease the moment the host dies
@@ -76,29 +114,29 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     let (host, for_owner) = match watched {
         Ok(watched) => watched,
         Err(e) => {
-            setup_failed(&daemon, pid, "cannot watch the connecting process", &e);
-            return;
+            setup_failed(daemon, pid, "cannot watch the connecting process", &e);
+            return Some(slot);
         }
     };
     // Read after the pidfd is open: the start time is the connected process's. Unknown, the
     // host could not be told from a later process by its pid: refuse the connection.
     let host_start_ticks = match crate::proc::read_process(pid as u32) {
         Ok(Some(process)) => process.start_ticks,
-        Ok(None) => return,
+        Ok(None) => return Some(slot),
         Err(e) => {
-            setup_failed(&daemon, pid, "cannot read the connecting process", &e);
-            return;
+            setup_failed(daemon, pid, "cannot read the connecting process", &e);
+            return Some(slot);
         }
     };
     // Its pid namespace, from its numbers in each (None: it has exited).
     let Some(view) = PidView::of_client(pid as u32) else {
-        return;
+        return Some(slot);
     };
     let lease = match daemon.open_lease(uid, pid as u32, host_start_ticks) {
         Ok(lease) => lease,
         Err(e) => {
-            setup_failed(&daemon, pid, "cannot make a lease token", &e);
-            return;
+            setup_failed(daemon, pid, "cannot make a lease token", &e);
+            return Some(slot);
         }
     };
     let peer = Peer {
@@ -116,11 +154,12 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     });
     async move {
         tracing::info!("lease opened");
-        serve_lease(&daemon, stream, peer, &host).await;
+        serve_lease(daemon, stream, peer, &host).await;
         daemon.memory_freed.store(true, Ordering::Relaxed);
     }
     .instrument(span)
     .await;
+    Some(slot)
 }
 
 /// A connection that could not be set up is dropped (out of descriptors, say: it is the
@@ -150,7 +189,12 @@ async fn serve_lease(
 ) {
     let (reader, writer) = stream.into_split();
     let pidfds = Pidfds::default();
-    let mut reader = BufReader::new(RequestStream::new(reader, pidfds.clone()));
+    let mut reader = BufReader::new(RequestStream::new(
+        reader,
+        pidfds.clone(),
+        peer.uid,
+        daemon.disposal.clone(),
+    ));
     let outbox = Outbox::counted(daemon.metrics.clone());
     // A slow reader slows only its own writer task, never the daemon.
     let mut writer_task = tokio::spawn(outbox.clone().write_to(writer));
@@ -236,6 +280,8 @@ async fn serve_lease(
         .is_err()
     {
         writer_task.abort();
+        // Until the task has dropped its half: the socket's last close is the caller's.
+        let _ = writer_task.await;
     }
 }
 

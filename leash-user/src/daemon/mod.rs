@@ -6,6 +6,7 @@
 //! - [`enforcement`]: the kill driver, root-exit detection, lease ends, shutdown.
 //! - [`accept`]: accepting connections, backing off when descriptors run out.
 //! - [`connection`]: one task per client: bounded lines in, replies and events out, the lease.
+//! - [`disposal`]: closing what clients sent on threads of its own, bounded per uid.
 //! - [`requests`]: what each request does.
 //! - [`outbox`]: a connection's replies and events, bounded in bytes.
 //! - [`subscribers`]: who hears of which events.
@@ -16,6 +17,7 @@
 mod accept;
 mod auth;
 mod connection;
+mod disposal;
 mod enforcement;
 mod limits;
 mod metrics;
@@ -141,6 +143,8 @@ pub struct Daemon {
     setup_failures: Mutex<accept::RateLimit>,
     /// What happened, counted for `--metrics`.
     metrics: Arc<metrics::Metrics>,
+    /// Where what clients sent is closed, and their connections' sockets.
+    disposal: disposal::Disposal,
     config: Config,
 }
 
@@ -230,6 +234,7 @@ pub async fn run(config: Config) -> Result<()> {
         memory_freed: AtomicBool::new(false),
         setup_failures: Mutex::default(),
         metrics: Arc::default(),
+        disposal: disposal::Disposal::default(),
         config,
     });
     owner::start(daemon.clone(), tracker, queues, origin == Origin::TakenOver)

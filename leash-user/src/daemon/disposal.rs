@@ -1,0 +1,353 @@
+//! Closing what clients sent, where no close can hold up service. The last close of a file runs
+//! its release in the closing thread, and some releases wait on the client: a TCP socket with
+//! `SO_LINGER` and a send queue its peer never reads waits out the linger (years, if the client
+//! says so); a FUSE file flushes to a server that need never answer; a Unix socket releases
+//! the descriptors queued on it, and so does the daemon's end of a connection, whatever they
+//! are. So nothing a client sent, and no connection socket that may hold some, is closed on a
+//! serving thread: it is closed here, on a few threads of its own.
+//!
+//! Each uid's descriptors are closed in order by one thread at a time, so a close that blocks
+//! holds up that uid alone. What waits is bounded: [`PER_UID`] descriptors per uid and
+//! [`OVERALL`] for all, on at most [`THREADS`] threads. A request whose descriptors find no
+//! room is refused, with its connection, before they are read (they stay in the client's
+//! message). A connection's own socket always finds room: it carries its connection slot
+//! along, so its uid's connection limit bounds how many wait. Sockets are made to close
+//! abortively first (`SO_LINGER` 0 s), so a lingering socket sent directly never blocks.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    os::fd::{AsFd, OwnedFd},
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use crate::sys;
+
+/// Descriptors of one uid that may wait to be closed (queued, or being closed).
+pub const PER_UID: usize = 1024;
+/// Descriptors of every uid together.
+pub const OVERALL: usize = 4096;
+/// Threads that close, at most; each serves one uid at a time.
+pub const THREADS: usize = 8;
+
+/// The daemon's disposal: cheap to clone, one for the whole daemon.
+#[derive(Clone, Default)]
+pub struct Disposal(Arc<Mutex<State>>);
+
+#[derive(Default)]
+struct State {
+    uids: HashMap<u32, Lane>,
+    /// Uids with descriptors queued and no thread serving them, in turn.
+    waiting: VecDeque<u32>,
+    threads: usize,
+    /// Descriptors counted, every uid's.
+    counted: usize,
+}
+
+/// One uid's descriptors waiting to be closed.
+#[derive(Default)]
+struct Lane {
+    queue: VecDeque<Batch>,
+    /// Descriptors queued, being closed, or reserved for a read.
+    counted: usize,
+    /// Whether a thread serves it (or it waits in `State::waiting` for one).
+    served: bool,
+}
+
+struct Batch {
+    fds: Vec<OwnedFd>,
+    counted: usize,
+    /// Dropped once the descriptors are closed: a connection's slot, held until its socket
+    /// is really gone.
+    then: Option<Box<dyn Send>>,
+}
+
+/// Room kept for descriptors about to be read, so that whatever the read brings has a place.
+pub struct Reservation {
+    disposal: Disposal,
+    uid: u32,
+    counted: usize,
+}
+
+impl Disposal {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Room for `count` descriptors of `uid`, or None: too many of its own, or of everyone's,
+    /// wait to be closed.
+    pub fn reserve(&self, uid: u32, count: usize) -> Option<Reservation> {
+        let mut state = self.state();
+        let lane_counted = state.uids.get(&uid).map_or(0, |lane| lane.counted);
+        if count > 0 && (lane_counted + count > PER_UID || state.counted + count > OVERALL) {
+            return None;
+        }
+        state.count(uid, count);
+        Some(Reservation {
+            disposal: self.clone(),
+            uid,
+            counted: count,
+        })
+    }
+
+    /// Closes the daemon's end of a connection of `uid`, and drops `slot` once it is closed.
+    /// Shut down first, it can be queued nothing more; if nothing is queued on it either, its
+    /// close releases nothing of the client's and is done here. Otherwise it goes to the
+    /// disposal: always, when it holds a connection slot (the connection limit bounds those);
+    /// one refused before it had a slot takes room like any descriptor, and where there is
+    /// none, as a last resort, it is closed here.
+    pub fn close_connection(&self, uid: u32, socket: OwnedFd, slot: Option<Box<dyn Send>>) {
+        let _ = sys::shutdown(socket.as_fd());
+        if sys::queued_bytes(socket.as_fd()).is_ok_and(|queued| queued == 0) {
+            drop(socket);
+            drop(slot);
+            return;
+        }
+        let reservation = if slot.is_some() {
+            Some(self.forced(uid, 1))
+        } else {
+            self.reserve(uid, 1)
+        };
+        match reservation {
+            Some(reservation) => reservation.dispose_then(vec![socket], slot),
+            None => {
+                tracing::warn!(
+                    uid,
+                    "closing a refused connection's socket in place: no room to close it apart"
+                );
+                drop(socket);
+            }
+        }
+    }
+
+    /// Room for `count` descriptors of `uid`, over the bounds if need be.
+    fn forced(&self, uid: u32, count: usize) -> Reservation {
+        self.count(uid, count);
+        Reservation {
+            disposal: self.clone(),
+            uid,
+            counted: count,
+        }
+    }
+
+    fn count(&self, uid: u32, count: usize) {
+        self.state().count(uid, count);
+    }
+
+    /// Queues `batch` for `uid` and sees that a thread serves it.
+    fn queue(&self, uid: u32, batch: Batch) {
+        let mut state = self.state();
+        let lane = state.uids.entry(uid).or_default();
+        lane.queue.push_back(batch);
+        if lane.served {
+            return;
+        }
+        lane.served = true;
+        if state.threads >= THREADS {
+            state.waiting.push_back(uid);
+            return;
+        }
+        state.threads += 1;
+        drop(state);
+        let disposal = self.clone();
+        let started = std::thread::Builder::new()
+            .name("leash-disposal".into())
+            .spawn(move || disposal.serve(uid));
+        if let Err(e) = started {
+            // Its descriptors wait (counted) for a thread that ends to take the uid up.
+            tracing::warn!(uid, "cannot start a thread to close descriptors: {e}");
+            let mut state = self.state();
+            state.threads -= 1;
+            state.waiting.push_back(uid);
+        }
+    }
+
+    /// A thread's work: closes `uid`'s batches in order, then those of each uid that waits,
+    /// until none is left.
+    fn serve(&self, mut uid: u32) {
+        loop {
+            let next = {
+                let mut state = self.state();
+                match state
+                    .uids
+                    .get_mut(&uid)
+                    .and_then(|lane| lane.queue.pop_front())
+                {
+                    Some(batch) => Some(batch),
+                    None => {
+                        state.forget_if_idle(uid, true);
+                        match state.waiting.pop_front() {
+                            Some(waiting) => {
+                                uid = waiting;
+                                None
+                            }
+                            None => {
+                                state.threads -= 1;
+                                return;
+                            }
+                        }
+                    }
+                }
+            };
+            if let Some(batch) = next {
+                let counted = batch.counted;
+                batch.close();
+                let mut state = self.state();
+                state.counted -= counted;
+                if let Some(lane) = state.uids.get_mut(&uid) {
+                    lane.counted -= counted;
+                }
+            }
+        }
+    }
+}
+
+impl State {
+    fn count(&mut self, uid: u32, count: usize) {
+        self.counted += count;
+        self.uids.entry(uid).or_default().counted += count;
+    }
+
+    /// Drops `uid`'s lane if nothing of it is counted or queued; `unserve`: the thread that
+    /// served it has left it.
+    fn forget_if_idle(&mut self, uid: u32, unserve: bool) {
+        if let Some(lane) = self.uids.get_mut(&uid) {
+            if unserve {
+                lane.served = false;
+            }
+            if lane.counted == 0 && lane.queue.is_empty() && !lane.served {
+                self.uids.remove(&uid);
+            }
+        }
+    }
+}
+
+impl Batch {
+    fn close(self) {
+        for fd in self.fds {
+            // Not a socket (ENOTSOCK): nothing to make abortive.
+            let _ = sys::set_abortive_close(fd.as_fd());
+            drop(fd);
+        }
+        drop(self.then);
+    }
+}
+
+impl Reservation {
+    /// Closes `fds` apart, in the room kept for them. (More than was kept are taken all the
+    /// same: they are already the daemon's.)
+    pub fn dispose(self, fds: Vec<OwnedFd>) {
+        self.dispose_then(fds, None);
+    }
+
+    fn dispose_then(mut self, fds: Vec<OwnedFd>, then: Option<Box<dyn Send>>) {
+        if fds.is_empty() && then.is_none() {
+            return;
+        }
+        let extra = fds.len().saturating_sub(self.counted);
+        if extra > 0 {
+            self.disposal.count(self.uid, extra);
+            self.counted += extra;
+        }
+        // The batch takes what it holds; the rest of the room is given back as self drops.
+        let counted = fds.len();
+        self.counted -= counted;
+        self.disposal.queue(self.uid, Batch { fds, counted, then });
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.counted == 0 {
+            return;
+        }
+        let mut state = self.disposal.state();
+        state.counted -= self.counted;
+        if let Some(lane) = state.uids.get_mut(&self.uid) {
+            lane.counted -= self.counted;
+        }
+        state.forget_if_idle(self.uid, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn fds(count: usize) -> Vec<OwnedFd> {
+        (0..count)
+            .map(|_| OwnedFd::from(std::io::pipe().unwrap().0))
+            .collect()
+    }
+
+    fn counted(disposal: &Disposal) -> usize {
+        disposal.state().counted
+    }
+
+    fn settled(disposal: &Disposal) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            {
+                let state = disposal.state();
+                if state.counted == 0 && state.uids.is_empty() && state.threads == 0 {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    #[test]
+    fn a_uid_gets_no_more_room_than_its_share() {
+        let disposal = Disposal::default();
+        let held = disposal.reserve(1000, PER_UID).unwrap();
+        assert!(disposal.reserve(1000, 1).is_none(), "over its own share");
+        assert!(
+            disposal.reserve(1000, 0).is_some(),
+            "nothing to dispose of needs no room"
+        );
+        assert!(disposal.reserve(1001, 1).is_some(), "another uid has room");
+        drop(held);
+        assert!(disposal.reserve(1000, 1).is_some(), "room given back");
+        assert!(settled(&disposal));
+    }
+
+    #[test]
+    fn all_uids_together_get_no_more_than_the_overall_bound() {
+        let disposal = Disposal::default();
+        let held: Vec<Reservation> = (0..OVERALL / PER_UID)
+            .map(|uid| disposal.reserve(uid as u32, PER_UID).unwrap())
+            .collect();
+        assert!(disposal.reserve(99_999, 1).is_none());
+        drop(held);
+        assert!(settled(&disposal));
+    }
+
+    #[test]
+    fn what_is_disposed_of_is_closed_and_its_room_given_back() {
+        let disposal = Disposal::default();
+        for uid in 0..(THREADS as u32 * 3) {
+            let reservation = disposal.reserve(uid, 10).unwrap();
+            reservation.dispose(fds(4));
+        }
+        assert!(settled(&disposal), "{} still counted", counted(&disposal));
+    }
+
+    #[test]
+    fn a_connection_slot_is_dropped_once_its_socket_is_closed() {
+        let disposal = Disposal::default();
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        std::io::Write::write_all(&mut &theirs, b"queued\n").unwrap();
+        let (dropped, was_dropped) = std::sync::mpsc::channel::<()>();
+        struct Slot(std::sync::mpsc::Sender<()>);
+        impl Drop for Slot {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+        disposal.close_connection(7, ours.into(), Some(Box::new(Slot(dropped))));
+        assert!(was_dropped.recv_timeout(Duration::from_secs(10)).is_ok());
+        assert!(settled(&disposal));
+    }
+}
