@@ -10,9 +10,10 @@
 //! holds up that uid alone. What waits is bounded: [`PER_UID`] descriptors per uid and
 //! [`OVERALL`] for all, on at most [`THREADS`] threads. A request whose descriptors find no
 //! room is refused, with its connection, before they are read (they stay in the client's
-//! message). A connection's own socket always finds room: it carries its connection slot
-//! along, so its uid's connection limit bounds how many wait. Sockets are made to close
-//! abortively first (`SO_LINGER` 0 s), so a lingering socket sent directly never blocks.
+//! message). A connection's own socket is closed in place when nothing queued on it carries
+//! a descriptor, and otherwise always finds room (see [`Disposal::close_connection`]). Sockets
+//! are made to close abortively first (`SO_LINGER` 0 s), so a lingering socket sent directly
+//! never blocks.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -90,33 +91,18 @@ impl Disposal {
     }
 
     /// Closes the daemon's end of a connection of `uid`, and drops `slot` once it is closed.
-    /// Shut down first, it can be queued nothing more; if nothing is queued on it either, its
-    /// close releases nothing of the client's and is done here. Otherwise it goes to the
-    /// disposal: always, when it holds a connection slot (the connection limit bounds those);
-    /// one refused before it had a slot takes room like any descriptor, and where there is
-    /// none, as a last resort, it is closed here.
+    /// Shut down first, it can be queued nothing more; if no descriptor is queued on it either,
+    /// its close releases nothing of the client's and is done here. Otherwise it goes to the
+    /// disposal, over the bounds if need be (see [`carries_no_descriptors`] for what bounds
+    /// those).
     pub fn close_connection(&self, uid: u32, socket: OwnedFd, slot: Option<Box<dyn Send>>) {
         let _ = sys::shutdown(socket.as_fd());
-        if sys::queued_bytes(socket.as_fd()).is_ok_and(|queued| queued == 0) {
+        if carries_no_descriptors(&socket) {
             drop(socket);
             drop(slot);
             return;
         }
-        let reservation = if slot.is_some() {
-            Some(self.forced(uid, 1))
-        } else {
-            self.reserve(uid, 1)
-        };
-        match reservation {
-            Some(reservation) => reservation.dispose_then(vec![socket], slot),
-            None => {
-                tracing::warn!(
-                    uid,
-                    "closing a refused connection's socket in place: no room to close it apart"
-                );
-                drop(socket);
-            }
-        }
+        self.forced(uid, 1).dispose_then(vec![socket], slot);
     }
 
     /// Room for `count` descriptors of `uid`, over the bounds if need be.
@@ -200,6 +186,28 @@ impl Disposal {
         }
     }
 }
+
+/// Whether nothing queued on the Unix stream `socket`, shut down, carries a descriptor: it
+/// is all peeked at, and no descriptor comes with it. (More than [`PEEK_BYTES`] queued, or a
+/// peek that stops short, counts as carrying some.) Those that do carry some go to the
+/// disposal whatever its bounds: one with a connection slot is bounded by its uid's connection
+/// limit; one refused at the door (over that limit) holds at least one descriptor in flight
+/// of its client's, and the kernel bounds those per user (by RLIMIT_NOFILE).
+fn carries_no_descriptors(socket: &OwnedFd) -> bool {
+    let queued = match sys::queued_bytes(socket.as_fd()) {
+        Ok(0) => return true,
+        Ok(queued) if queued <= PEEK_BYTES => queued,
+        _ => return false,
+    };
+    let mut buf = vec![0; queued];
+    let mut copies = Vec::new();
+    let peeked = sys::peek_with_fds(socket.as_fd(), &mut buf, &mut copies);
+    // Copies of queued descriptors: closing them is never the last close.
+    peeked.is_ok_and(|peeked| peeked == queued) && copies.is_empty()
+}
+
+/// The most queued bytes looked through for descriptors before a connection is closed.
+const PEEK_BYTES: usize = 64 * 1024;
 
 impl State {
     fn count(&mut self, uid: u32, count: usize) {
@@ -338,7 +346,8 @@ mod tests {
     fn a_connection_slot_is_dropped_once_its_socket_is_closed() {
         let disposal = Disposal::default();
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        std::io::Write::write_all(&mut &theirs, b"queued\n").unwrap();
+        let (pipe, _) = std::io::pipe().unwrap();
+        leash_client::sys::send_with_fd(&theirs, b"queued\n", pipe.as_fd()).unwrap();
         let (dropped, was_dropped) = std::sync::mpsc::channel::<()>();
         struct Slot(std::sync::mpsc::Sender<()>);
         impl Drop for Slot {
@@ -348,6 +357,17 @@ mod tests {
         }
         disposal.close_connection(7, ours.into(), Some(Box::new(Slot(dropped))));
         assert!(was_dropped.recv_timeout(Duration::from_secs(10)).is_ok());
+        assert!(settled(&disposal));
+    }
+
+    #[test]
+    fn a_connection_with_nothing_queued_is_closed_in_place() {
+        let disposal = Disposal::default();
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        std::io::Write::write_all(&mut &theirs, b"no descriptors\n").unwrap();
+        let slot: Box<dyn Send> = Box::new(());
+        disposal.close_connection(7, ours.into(), Some(slot));
+        assert_eq!(disposal.state().threads, 0, "no thread was needed");
         assert!(settled(&disposal));
     }
 }
