@@ -1,0 +1,308 @@
+//! No descriptor a client sends can block a daemon thread or pile up. The weapon: a loopback TCP
+//! socket with `SO_LINGER` on (an hour) and a full send queue that its peer never reads; its
+//! last close waits out the linger. An unprivileged user sends such sockets to the daemon
+//! directly (the 5th of 5 descriptors in a message: a daemon that took 4 had the kernel close
+//! the 5th in its serving thread), inside an AF_UNIX socket that holds them queued (its close
+//! closes them), and queued on the connection itself behind a line that ends it (the
+//! connection's close closes them). Meanwhile another user's `status` answers and their
+//! `leash run` works, and the daemon's descriptors stay bounded; once the attacker is gone
+//! they all come back.
+
+use std::{
+    fs,
+    io::{BufRead, BufReader},
+    process::{Child, ExitStatus, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use leash_tests::{
+    Cgroup,
+    daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args},
+    python, wait_for,
+};
+
+/// How long another user's `status` may take while the attack goes on.
+const STATUS_DEADLINE: Duration = Duration::from_secs(5);
+/// How long their `leash run -- true` may take.
+const RUN_DEADLINE: Duration = Duration::from_secs(15);
+/// Connections the attacker uses at once (more than the daemon's two serving threads).
+const AT_ONCE: &str = "3";
+/// The descriptors each uid may have waiting to be closed (the daemon's disposal::PER_UID),
+/// and its connection limit: what the attacker can make the daemon hold, with room to spare.
+const HELD_AT_MOST: usize = 1024 + 128 + 64;
+
+/// The attacker, as a uid of its own: makes lingering sockets, sends them as `mode` says on
+/// `AT_ONCE` connections at a time for `rounds` rounds, then `flood` messages of five pipe
+/// ends each on connections of their own; prints `sent` and holds every peer (unread) until
+/// it is killed.
+const ATTACKER: &str = r#"
+import json, os, socket, struct, sys
+path, mode, at_once, rounds, flood = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+peers = []
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+listener.bind(("127.0.0.1", 0))
+listener.listen(64)
+
+def lingering():
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    s.connect(listener.getsockname())
+    peer, _ = listener.accept()
+    peers.append(peer)  # never read
+    s.setblocking(False)
+    try:
+        while True:
+            s.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 3600))
+    return s.detach()
+
+def holder():
+    # An AF_UNIX socket with two lingering sockets queued on it: its last close closes them.
+    a, b = socket.socketpair()
+    inner = [lingering(), lingering()]
+    socket.send_fds(a, [b"x"], inner)
+    for fd in inner:
+        os.close(fd)
+    a.close()
+    return b.detach()
+
+def pipe_ends(n):
+    ends = []
+    while len(ends) < n:
+        ends.extend(os.pipe())
+    return ends
+
+line = json.dumps({"id": 1, "op": "status"}).encode() + b"\n"
+
+def send(s, fds):
+    try:
+        socket.send_fds(s, [line], fds)
+        return True
+    except OSError:
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+def connect():
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect(path)
+    return s
+
+queued = 0
+for _ in range(rounds):
+    connections = [connect() for _ in range(at_once)]
+    for s in connections:
+        if mode == "direct":
+            send(s, pipe_ends(4) + [lingering()])
+        elif mode == "nested":
+            send(s, pipe_ends(4) + [holder()])
+        elif mode == "queued":
+            # A pipe end ends the connection as it is read; what follows stays queued.
+            send(s, pipe_ends(1))
+            queued += sum(send(s, pipe_ends(4) + [lingering()]) for _ in range(2))
+    for s in connections:
+        s.close()
+sent = 0
+try:
+    for _ in range(flood):
+        s = connect()
+        sent += send(s, pipe_ends(5))
+        s.close()
+except OSError as e:
+    print("flood stopped:", e, flush=True)
+print("sent", "queued", queued, "flood", sent, flush=True)
+sys.stdin.read()
+"#;
+
+#[test]
+fn lingering_sockets_five_to_a_message_hold_up_no_one() {
+    attack("direct", 4, 0);
+}
+
+#[test]
+fn a_socket_holding_lingering_sockets_holds_up_no_one_and_nothing_piles_up() {
+    // The first holder's close blocks; 300 messages of 5 descriptors each follow it: more
+    // than the attacker's uid may have waiting.
+    attack("nested", 2, 300);
+}
+
+#[test]
+fn lingering_sockets_queued_on_an_ended_connection_hold_up_no_one() {
+    attack("queued", 2, 0);
+}
+
+/// Runs the attacker (`mode`, `rounds`, `flood`) as USER_A, then checks that USER_B is served
+/// and the daemon's descriptors stay bounded, and come back once the attacker is gone.
+fn attack(mode: &str, rounds: u32, flood: u32) {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let started = Instant::now();
+    let user_b = Cgroup::new("fd-user-b");
+    // Served once first: the daemon has its programs and maps loaded, its threads started.
+    let status = run_within(
+        daemon.leash_as(USER_B, &user_b, &["status"]),
+        STATUS_DEADLINE,
+    );
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "status before the attack: {status:?}"
+    );
+    let before = open_fds(daemon.pid());
+    let attacker_group = Cgroup::new("fd-attacker");
+    let mut attacker = Attacker::start(&daemon, &attacker_group, mode, rounds, flood);
+    let report = attacker.wait_sent(Duration::from_secs(60));
+    eprintln!(
+        "attacker ({mode}): {report:?} after {:?}",
+        started.elapsed()
+    );
+
+    let status = run_within(
+        daemon.leash_as(USER_B, &user_b, &["status"]),
+        STATUS_DEADLINE,
+    );
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "another user's status got no answer within {STATUS_DEADLINE:?} ({status:?}) after \
+         the attack ({mode}, {report:?}):\n{}",
+        daemon.log()
+    );
+    let run = run_within(
+        daemon.leash_as(USER_B, &user_b, &["run", "--", "true"]),
+        RUN_DEADLINE,
+    );
+    assert!(
+        run.is_some_and(|s| s.success()),
+        "another user's leash run did not work within {RUN_DEADLINE:?} ({run:?}) after the \
+         attack ({mode}):\n{}",
+        daemon.log()
+    );
+    let report = report.expect("the attacker sent everything it meant to");
+    if mode == "queued" {
+        assert!(
+            !report.contains("queued 0 "),
+            "nothing was left queued on a connection: {report}"
+        );
+    }
+    let during = open_fds(daemon.pid());
+    eprintln!("daemon descriptors: {before} before, {during} during the attack");
+    assert!(
+        during <= before + HELD_AT_MOST,
+        "the daemon's descriptors went from {before} to {during}"
+    );
+
+    // The attacker goes: its peers reset the lingering sockets, and every stuck close ends.
+    drop(attacker);
+    drop(attacker_group);
+    let back = wait_for(Duration::from_secs(20), || {
+        open_fds(daemon.pid()) <= before + 4
+    });
+    assert!(
+        back,
+        "the daemon kept {} descriptors after the attacker left ({before} before): {:?}",
+        open_fds(daemon.pid()),
+        fd_targets(daemon.pid())
+    );
+    eprintln!("test took {:?}", started.elapsed());
+}
+
+/// The attacker process; killed (with its group) when dropped.
+struct Attacker {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Attacker {
+    fn start(daemon: &Daemon, group: &Cgroup, mode: &str, rounds: u32, flood: u32) -> Self {
+        let mut argv = setpriv_args(USER_A);
+        argv.extend(
+            [
+                &python(),
+                "-c",
+                ATTACKER,
+                path_str(&daemon.socket),
+                mode,
+                AT_ONCE,
+                &rounds.to_string(),
+                &flood.to_string(),
+            ]
+            .map(String::from),
+        );
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let mut child = group
+            .command("setpriv", &argv)
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the attacker");
+        let stdout = child.stdout.take().expect("the attacker's stdout");
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// The attacker's `sent` line, once it has sent everything, or None at the deadline.
+    fn wait_sent(&mut self, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.starts_with("sent") => return Some(line),
+                Ok(line) => eprintln!("attacker: {line}"),
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
+impl Drop for Attacker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `command`, killed (and failed) if it has not exited within `deadline`.
+fn run_within(mut command: std::process::Command, deadline: Duration) -> Option<ExitStatus> {
+    let mut child = command.stderr(Stdio::inherit()).spawn().unwrap();
+    let mut status = None;
+    wait_for(deadline, || {
+        status = child.try_wait().ok().flatten();
+        status.is_some()
+    });
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    status
+}
+
+/// How many descriptors process `pid` has open.
+fn open_fds(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count())
+}
+
+/// What process `pid`'s descriptors are (their /proc/PID/fd links), for a failure's message.
+fn fd_targets(pid: u32) -> Vec<String> {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|entry| {
+        let target = fs::read_link(entry.ok()?.path()).ok()?;
+        Some(target.display().to_string())
+    })
+    .collect()
+}
