@@ -197,6 +197,20 @@ fn attack(mode: &str, rounds: u32, flood: u32) {
         "the daemon's descriptors went from {before} to {during}"
     );
 
+    if mode == "direct" {
+        // Sent directly, a lingering socket is closed abortively: nothing waits, even while
+        // its peer is still there.
+        let closed = wait_for(Duration::from_secs(10), || {
+            open_fds(daemon.pid()) <= before + 4
+        });
+        assert!(
+            closed,
+            "the daemon still holds {} descriptors ({before} before): {:?}",
+            open_fds(daemon.pid()),
+            fd_targets(daemon.pid())
+        );
+    }
+
     // The attacker goes: its peers reset the lingering sockets, and every stuck close ends.
     drop(attacker);
     drop(attacker_group);
