@@ -78,15 +78,19 @@ def pipe_ends(n):
 
 line = json.dumps({"id": 1, "op": "status"}).encode() + b"\n"
 
+kept = []
+
 def send(s, fds):
     try:
         socket.send_fds(s, [line], fds)
-        return True
     except OSError:
+        # Not sent: kept open, as the attacker's own last close of a lingering socket would
+        # wait out its linger.
+        kept.extend(fds)
         return False
-    finally:
-        for fd in fds:
-            os.close(fd)
+    for fd in fds:
+        os.close(fd)
+    return True
 
 def connect():
     s = socket.socket(socket.AF_UNIX)
@@ -103,7 +107,9 @@ for _ in range(rounds):
         elif mode == "nested":
             send(s, pipe_ends(4) + [holder()])
         elif mode == "queued":
-            # A pipe end ends the connection as it is read; what follows stays queued.
+            # Over its uid's request rate, the connection is not read for half a second; then
+            # a pipe end ends it as it is read, and what follows it stays queued.
+            s.sendall(line * 250)
             send(s, pipe_ends(1))
             queued += sum(send(s, pipe_ends(4) + [lingering()]) for _ in range(2))
     for s in connections:

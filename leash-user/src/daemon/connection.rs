@@ -45,53 +45,78 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 const UNREAD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Serves a connection, then closes the daemon's end of it apart (`disposal`): a client may
-/// have left descriptors queued on it, and the last close of the socket closes them. The
-/// daemon's end is held twice for that, so that whatever drops tokio's handles, this one is
-/// the last.
+/// have left descriptors queued on it, and the last close of the socket closes them. So the
+/// socket is never dropped on the way: setting up only borrows it, and serving hands it back.
 pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     let credentials = stream.peer_cred();
     // Unknown, the uid is charged as -1, which no user has.
     let uid = credentials.as_ref().map_or(u32::MAX, |c| c.uid());
-    let last = match stream.as_fd().try_clone_to_owned() {
-        Ok(last) => last,
-        Err(e) => {
-            let pid = credentials.ok().and_then(|c| c.pid()).unwrap_or(0);
-            setup_failed(&daemon, pid, "cannot hold the connection's socket", &e);
-            close_refused(&daemon, uid, stream);
-            return;
+    let (stream, slot) = match set_up(&daemon, &stream, credentials) {
+        Err(slot) => (Some(stream), slot),
+        Ok(lease) => {
+            let Lease {
+                slot,
+                peer,
+                host,
+                for_owner,
+            } = lease;
+            let span = tracing::info_span!("lease", lease = peer.lease, uid, host = peer.pid);
+            // Dropped when the connection ends, which ends the owner's watch.
+            let (_serving, served) = oneshot::channel::<()>();
+            daemon.jobs.urgent(move |owner| {
+                super::enforcement::watch_host(owner, peer.lease, for_owner, Some(served));
+            });
+            let stream = async {
+                tracing::info!("lease opened");
+                let stream = serve_lease(&daemon, stream, peer, &host).await;
+                daemon.memory_freed.store(true, Ordering::Relaxed);
+                stream
+            }
+            .instrument(span)
+            .await;
+            (stream, Some(slot))
         }
     };
-    let slot = serve_connection(&daemon, stream, credentials).await;
-    let slot = slot.map(|slot| Box::new(slot) as Box<dyn Send>);
-    daemon.disposal.close_connection(uid, last, slot);
-}
-
-/// Closes a connection refused before it was served (see [`serve`]).
-fn close_refused(daemon: &Daemon, uid: u32, stream: UnixStream) {
+    let Some(stream) = stream else {
+        return;
+    };
     match stream.into_std() {
-        Ok(stream) => daemon.disposal.close_connection(uid, stream.into(), None),
+        Ok(stream) => {
+            let slot = slot.map(|slot| Box::new(slot) as Box<dyn Send>);
+            daemon.disposal.close_connection(uid, stream.into(), slot);
+        }
         // It could not be taken from tokio, and was closed there.
         Err(e) => tracing::warn!(uid, "dropping a connection: {e}"),
     }
 }
 
-/// Serves a connection; returns its uid's connection slot, if it got one, to be dropped once
-/// its socket is closed.
-async fn serve_connection(
-    daemon: &Arc<Daemon>,
-    stream: UnixStream,
+/// A connection set up to be served.
+struct Lease {
+    slot: ConnectionSlot,
+    peer: Peer,
+    /// The host's pidfd, readable when it exits.
+    host: AsyncFd<OwnedFd>,
+    /// Another, for the owner's watch.
+    for_owner: OwnedFd,
+}
+
+/// Sets a connection up: its uid's slot, its host watched, its lease. Err: it is not served,
+/// and its slot, if it got one, is dropped once its socket is closed.
+fn set_up(
+    daemon: &Daemon,
+    stream: &UnixStream,
     credentials: io::Result<tokio::net::unix::UCred>,
-) -> Option<ConnectionSlot> {
+) -> Result<Lease, Option<ConnectionSlot>> {
     let credentials = match credentials {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!("connection without peer credentials: {e}");
-            return None;
+            return Err(None);
         }
     };
     let (uid, Some(pid)) = (credentials.uid(), credentials.pid()) else {
         tracing::warn!("connection without a peer pid");
-        return None;
+        return Err(None);
     };
     // Counted before anything else is spent on it: over its uid's limit, a connection costs
     // one line and is closed.
@@ -102,7 +127,7 @@ async fn serve_connection(
             let line = ServerLine::error(None, ErrorCode::LimitReached, why);
             // Best effort: a client that does not read it is closed all the same.
             let _ = stream.try_write(&super::outbox::encode(&line));
-            return None;
+            return Err(None);
         }
     };
     // The host is watched twice: by the owner, which ends the lease the moment the host dies
@@ -115,28 +140,28 @@ async fn serve_connection(
         Ok(watched) => watched,
         Err(e) => {
             setup_failed(daemon, pid, "cannot watch the connecting process", &e);
-            return Some(slot);
+            return Err(Some(slot));
         }
     };
     // Read after the pidfd is open: the start time is the connected process's. Unknown, the
     // host could not be told from a later process by its pid: refuse the connection.
     let host_start_ticks = match crate::proc::read_process(pid as u32) {
         Ok(Some(process)) => process.start_ticks,
-        Ok(None) => return Some(slot),
+        Ok(None) => return Err(Some(slot)),
         Err(e) => {
             setup_failed(daemon, pid, "cannot read the connecting process", &e);
-            return Some(slot);
+            return Err(Some(slot));
         }
     };
     // Its pid namespace, from its numbers in each (None: it has exited).
     let Some(view) = PidView::of_client(pid as u32) else {
-        return Some(slot);
+        return Err(Some(slot));
     };
     let lease = match daemon.open_lease(uid, pid as u32, host_start_ticks) {
         Ok(lease) => lease,
         Err(e) => {
             setup_failed(daemon, pid, "cannot make a lease token", &e);
-            return Some(slot);
+            return Err(Some(slot));
         }
     };
     let peer = Peer {
@@ -146,20 +171,12 @@ async fn serve_connection(
         lease,
         view,
     };
-    let span = tracing::info_span!("lease", lease, uid, host = pid);
-    // Dropped when the connection ends, which ends the owner's watch.
-    let (_serving, served) = oneshot::channel::<()>();
-    daemon.jobs.urgent(move |owner| {
-        super::enforcement::watch_host(owner, lease, for_owner, Some(served));
-    });
-    async move {
-        tracing::info!("lease opened");
-        serve_lease(daemon, stream, peer, &host).await;
-        daemon.memory_freed.store(true, Ordering::Relaxed);
-    }
-    .instrument(span)
-    .await;
-    Some(slot)
+    Ok(Lease {
+        slot,
+        peer,
+        host,
+        for_owner,
+    })
 }
 
 /// A connection that could not be set up is dropped (out of descriptors, say: it is the
@@ -180,13 +197,14 @@ fn setup_failed(daemon: &Daemon, pid: i32, what: &str, error: &std::io::Error) {
     }
 }
 
-/// Serves requests until the lease ends, then ends it.
+/// Serves requests until the lease ends, then ends it. Returns the connection's socket (None
+/// only if its writer task failed, which dropped its half there).
 async fn serve_lease(
     daemon: &Arc<Daemon>,
     stream: UnixStream,
     peer: Peer,
     host: &AsyncFd<OwnedFd>,
-) {
+) -> Option<UnixStream> {
     let (reader, writer) = stream.into_split();
     let pidfds = Pidfds::default();
     let mut reader = BufReader::new(RequestStream::new(
@@ -196,8 +214,20 @@ async fn serve_lease(
         daemon.disposal.clone(),
     ));
     let outbox = Outbox::counted(daemon.metrics.clone());
-    // A slow reader slows only its own writer task, never the daemon.
-    let mut writer_task = tokio::spawn(outbox.clone().write_to(writer));
+    // A slow reader slows only its own writer task, never the daemon. Stopped, the task hands
+    // its half back: the socket's last close is the caller's.
+    let (stop_writer, stopped) = oneshot::channel::<()>();
+    let mut writer_task = tokio::spawn({
+        let outbox = outbox.clone();
+        let mut writer = writer;
+        async move {
+            tokio::select! {
+                () = outbox.write_to(&mut writer) => {}
+                _ = stopped => {}
+            }
+            writer
+        }
+    });
     let mut session = Session {
         peer,
         outbox: outbox.clone(),
@@ -275,14 +305,15 @@ async fn serve_lease(
     };
     let _ = tokio::time::timeout(FLUSH_TIMEOUT, settled).await;
     outbox.close();
-    if tokio::time::timeout(FLUSH_TIMEOUT, &mut writer_task)
-        .await
-        .is_err()
-    {
-        writer_task.abort();
-        // Until the task has dropped its half: the socket's last close is the caller's.
-        let _ = writer_task.await;
-    }
+    let writer = match tokio::time::timeout(FLUSH_TIMEOUT, &mut writer_task).await {
+        Ok(done) => done,
+        Err(_) => {
+            let _ = stop_writer.send(());
+            writer_task.await
+        }
+    };
+    let writer = writer.ok()?;
+    reader.into_inner().into_half().reunite(writer).ok()
 }
 
 enum Line {

@@ -94,6 +94,11 @@ impl RequestStream {
         }
     }
 
+    /// The read half, once reading is over (to reunite it with its write half).
+    pub fn into_half(self) -> OwnedReadHalf {
+        self.half
+    }
+
     /// Counts the lines of `chunk`, just read, and files the descriptors that came with it
     /// under the last line that begins in it; those that are not pidfds go to the disposal, in
     /// `room`. Err: something that is not a pidfd.
