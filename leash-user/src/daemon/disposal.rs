@@ -77,9 +77,17 @@ impl Disposal {
     /// Room for `count` descriptors of `uid`, or None: too many of its own, or of everyone's,
     /// wait to be closed.
     pub fn reserve(&self, uid: u32, count: usize) -> Option<Reservation> {
+        if count == 0 {
+            // Nothing to keep room for (most reads): no lane is made for it.
+            return Some(Reservation {
+                disposal: self.clone(),
+                uid,
+                counted: 0,
+            });
+        }
         let mut state = self.state();
         let lane_counted = state.uids.get(&uid).map_or(0, |lane| lane.counted);
-        if count > 0 && (lane_counted + count > PER_UID || state.counted + count > OVERALL) {
+        if lane_counted + count > PER_UID || state.counted + count > OVERALL {
             return None;
         }
         state.count(uid, count);
@@ -314,6 +322,11 @@ mod tests {
         assert!(
             disposal.reserve(1000, 0).is_some(),
             "nothing to dispose of needs no room"
+        );
+        drop(disposal.reserve(5000, 0));
+        assert!(
+            !disposal.state().uids.contains_key(&5000),
+            "and leaves nothing behind"
         );
         assert!(disposal.reserve(1001, 1).is_some(), "another uid has room");
         drop(held);
