@@ -4,20 +4,23 @@
 //! directly (the 5th of 5 descriptors in a message: a daemon that took 4 had the kernel close
 //! the 5th in its serving thread), inside an AF_UNIX socket that holds them queued (its close
 //! closes them), and queued on the connection itself behind a line that ends it (the
-//! connection's close closes them). Meanwhile another user's `status` answers and their
+//! connection's close closes them), and to the metrics socket (where a plain read had the
+//! kernel close them in the daemon's thread). Meanwhile another user's `status` answers and their
 //! `leash run` works, and the daemon's descriptors stay bounded; once the attacker is gone
 //! they all come back.
 
 use std::{
     fs,
     io::{BufRead, BufReader},
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
     process::{Child, ExitStatus, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
 };
 
 use leash_tests::{
-    Cgroup,
+    Cgroup, Removed,
     daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args},
     python, wait_for,
 };
@@ -37,7 +40,7 @@ const HELD_AT_MOST: usize = 1024 + 128 + 64;
 /// ends each on connections of their own; prints `sent` and holds every peer (unread) until
 /// it is killed.
 const ATTACKER: &str = r#"
-import json, os, socket, struct, sys
+import json, os, socket, struct, sys, time
 path, mode, at_once, rounds, flood = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 peers = []
 listener = socket.socket()
@@ -77,6 +80,8 @@ def pipe_ends(n):
     return ends
 
 line = json.dumps({"id": 1, "op": "status"}).encode() + b"\n"
+if mode == "metrics":
+    line = b"GET /metrics HTTP/1.1\r\nHost: leash\r\n\r\n"
 
 kept = []
 
@@ -98,21 +103,48 @@ def connect():
     s.connect(path)
     return s
 
+# The daemon's close of what is sent must be the last, so the attacker closes its own copies
+# before the daemon reads them (else its own close would be the one to wait). On the daemon's
+# socket: more requests than its uid's rate allows (200 a second), so that it does not read the
+# connection for half a second, then more padding than it reads at once (8 KiB), so that it
+# cannot have read what follows before. On the metrics socket: its 8 connections held while the
+# attack connections wait to be accepted.
+burst = line * 201 + b" " * 9000 + b"\n"
+def wait_end(s, deadline):
+    # Whether the daemon ended the connection (end of file) before the deadline; its replies
+    # are read meanwhile, and thrown away.
+    try:
+        while True:
+            s.settimeout(max(0.01, deadline - time.monotonic()))
+            if not s.recv(65536):
+                return 1
+    except socket.timeout:
+        return 0
+    except OSError:
+        return 1
+
+deadline = time.monotonic() + 20
 queued = 0
+ended = 0
 for _ in range(rounds):
+    blockers = [connect() for _ in range(8 if mode == "metrics" else 0)]
     connections = [connect() for _ in range(at_once)]
     for s in connections:
-        if mode == "direct":
+        if mode != "metrics":
+            s.sendall(burst)
+        if mode in ("direct", "metrics"):
             send(s, pipe_ends(4) + [lingering()])
         elif mode == "nested":
             send(s, pipe_ends(4) + [holder()])
         elif mode == "queued":
-            # Over its uid's request rate, the connection is not read for half a second; then
-            # a pipe end ends it as it is read, and what follows it stays queued.
-            s.sendall(line * 250)
+            # A pipe end ends the connection as it is read; what follows it stays queued.
             send(s, pipe_ends(1))
             queued += sum(send(s, pipe_ends(4) + [lingering()]) for _ in range(2))
+    for s in blockers:
+        s.close()
+    # Once the daemon has ended them, it has taken (or left queued) all they carried.
     for s in connections:
+        ended += wait_end(s, deadline)
         s.close()
 sent = 0
 try:
@@ -122,13 +154,13 @@ try:
         s.close()
 except OSError as e:
     print("flood stopped:", e, flush=True)
-print("sent", "queued", queued, "flood", sent, flush=True)
+print("sent", "queued", queued, "flood", sent, "ended", ended, "of", rounds * at_once, flush=True)
 sys.stdin.read()
 "#;
 
 #[test]
 fn lingering_sockets_five_to_a_message_hold_up_no_one() {
-    attack("direct", 4, 0);
+    attack("direct", 2, 0);
 }
 
 #[test]
@@ -143,12 +175,37 @@ fn lingering_sockets_queued_on_an_ended_connection_hold_up_no_one() {
     attack("queued", 2, 0);
 }
 
-/// Runs the attacker (`mode`, `rounds`, `flood`) as USER_A, then checks that USER_B is served
-/// and the daemon's descriptors stay bounded, and come back once the attacker is gone.
+#[test]
+fn lingering_sockets_sent_to_the_metrics_socket_hold_up_no_one() {
+    // A plain read there would have the kernel close them in the daemon's thread.
+    let dir = Removed(PathBuf::from(format!(
+        "/tmp/leash-fd-metrics-{}",
+        std::process::id()
+    )));
+    fs::create_dir(&dir.0).unwrap();
+    fs::set_permissions(&dir.0, fs::Permissions::from_mode(0o755)).unwrap();
+    let metrics = dir.0.join("metrics.sock");
+    attack_on(
+        "metrics",
+        4,
+        0,
+        &["--metrics", path_str(&metrics)],
+        Some(&metrics),
+    );
+}
+
 fn attack(mode: &str, rounds: u32, flood: u32) {
-    let Some(daemon) = Daemon::start(&[]) else {
+    attack_on(mode, rounds, flood, &[], None);
+}
+
+/// Runs the attacker (`mode`, `rounds`, `flood`) as USER_A against a daemon started with
+/// `args`, on `target` (the daemon's own socket if None), then checks that USER_B is served
+/// and the daemon's descriptors stay bounded, and come back once the attacker is gone.
+fn attack_on(mode: &str, rounds: u32, flood: u32, args: &[&str], target: Option<&Path>) {
+    let Some(daemon) = Daemon::start(args) else {
         return;
     };
+    let target = target.unwrap_or(&daemon.socket);
     let started = Instant::now();
     let user_b = Cgroup::new("fd-user-b");
     // Served once first: the daemon has its programs and maps loaded, its threads started.
@@ -162,7 +219,7 @@ fn attack(mode: &str, rounds: u32, flood: u32) {
     );
     let before = open_fds(daemon.pid());
     let attacker_group = Cgroup::new("fd-attacker");
-    let mut attacker = Attacker::start(&daemon, &attacker_group, mode, rounds, flood);
+    let mut attacker = Attacker::start(target, &attacker_group, mode, rounds, flood);
     let report = attacker.wait_sent(Duration::from_secs(60));
     eprintln!(
         "attacker ({mode}): {report:?} after {:?}",
@@ -190,9 +247,20 @@ fn attack(mode: &str, rounds: u32, flood: u32) {
         daemon.log()
     );
     let report = report.expect("the attacker sent everything it meant to");
+    let words: Vec<&str> = report.split_whitespace().collect();
+    let field = |name: &str| {
+        let at = words.iter().position(|w| *w == name)?;
+        words.get(at + 1)?.parse::<u32>().ok()
+    };
+    assert_eq!(
+        field("ended"),
+        field("of"),
+        "the daemon did not end every attack connection: {report}"
+    );
     if mode == "queued" {
-        assert!(
-            !report.contains("queued 0 "),
+        assert_ne!(
+            field("queued"),
+            Some(0),
             "nothing was left queued on a connection: {report}"
         );
     }
@@ -203,7 +271,7 @@ fn attack(mode: &str, rounds: u32, flood: u32) {
         "the daemon's descriptors went from {before} to {during}"
     );
 
-    if mode == "direct" {
+    if mode == "direct" || mode == "metrics" {
         // Sent directly, a lingering socket is closed abortively: nothing waits, even while
         // its peer is still there.
         let closed = wait_for(Duration::from_secs(10), || {
@@ -239,14 +307,14 @@ struct Attacker {
 }
 
 impl Attacker {
-    fn start(daemon: &Daemon, group: &Cgroup, mode: &str, rounds: u32, flood: u32) -> Self {
+    fn start(target: &Path, group: &Cgroup, mode: &str, rounds: u32, flood: u32) -> Self {
         let mut argv = setpriv_args(USER_A);
         argv.extend(
             [
                 &python(),
                 "-c",
                 ATTACKER,
-                path_str(&daemon.socket),
+                path_str(target),
                 mode,
                 AT_ONCE,
                 &rounds.to_string(),
