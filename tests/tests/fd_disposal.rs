@@ -10,9 +10,11 @@
 //! they all come back.
 
 use std::{
+    collections::BTreeSet,
     fs,
     io::{BufRead, BufReader},
     os::unix::fs::PermissionsExt,
+    os::unix::net::UnixStream,
     path::{Path, PathBuf},
     process::{Child, ExitStatus, Stdio},
     sync::mpsc,
@@ -124,15 +126,16 @@ def wait_end(s, deadline):
         return 1
 
 deadline = time.monotonic() + 20
+held = []
 queued = 0
 ended = 0
 for _ in range(rounds):
     blockers = [connect() for _ in range(8 if mode == "metrics" else 0)]
     connections = [connect() for _ in range(at_once)]
     for s in connections:
-        if mode != "metrics":
+        if mode not in ("metrics", "embryo"):
             s.sendall(burst)
-        if mode in ("direct", "metrics"):
+        if mode in ("direct", "metrics", "embryo"):
             send(s, pipe_ends(4) + [lingering()])
         elif mode == "nested":
             send(s, pipe_ends(4) + [holder()])
@@ -142,6 +145,10 @@ for _ in range(rounds):
             queued += sum(send(s, pipe_ends(4) + [lingering()]) for _ in range(2))
     for s in blockers:
         s.close()
+    if mode == "embryo":
+        # Never accepted: the daemon cannot read them before it closes its listener.
+        held.extend(connections)
+        continue
     # Once the daemon has ended them, it has taken (or left queued) all they carried.
     for s in connections:
         ended += wait_end(s, deadline)
@@ -196,6 +203,96 @@ fn lingering_sockets_sent_to_the_metrics_socket_hold_up_no_one() {
 
 fn attack(mode: &str, rounds: u32, flood: u32) {
     attack_on(mode, rounds, flood, &[], None);
+}
+
+#[test]
+fn lingering_sockets_on_connections_not_yet_accepted_hold_up_no_shutdown() {
+    // The daemon runs out of descriptors, so connections wait in its listener's queue; the
+    // attacker sends on them. Its shutdown closes the listener, and them with it, before it
+    // kills every tree.
+    leash::sys::raise_fd_limit().expect("raising this test's own descriptor limit");
+    let Some(daemon) = Daemon::start_wrapped(&["prlimit", "--nofile=64:128", "--"], &[]) else {
+        return;
+    };
+    let pid = daemon.pid();
+    let tree = Cgroup::new("fd-shutdown-tree");
+    let mut host = daemon
+        .leash()
+        .args(["run", "--grace", "100ms", "--"])
+        .args(tree.argv("sleep", &["600"]))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    tree.settle_exactly(&["sleep"]);
+    let idle: Vec<UnixStream> = (0..200)
+        .map(|_| UnixStream::connect(&daemon.socket).expect("connecting to the daemon"))
+        .collect();
+    // Every descriptor it may have in use, so accept(2) itself fails (as in fd_exhaustion).
+    let steady = wait_until_steady(pid);
+    let lowest_free = (0..).find(|fd| !steady.contains(fd)).unwrap_or(0);
+    set_soft_limit(pid, lowest_free);
+
+    let attacker_group = Cgroup::new("fd-attacker");
+    let mut attacker = Attacker::start(&daemon.socket, &attacker_group, "embryo", 1, 0);
+    let report = attacker.wait_sent(Duration::from_secs(60));
+    assert!(
+        report.is_some(),
+        "the attacker did not send what it meant to"
+    );
+
+    let started = Instant::now();
+    leash_tests::daemon::signal(pid, "TERM");
+    // Descriptors for the kill, once it accepts no more connections.
+    let stopping = wait_for(Duration::from_secs(10), || {
+        daemon.log().contains("shutting down")
+    });
+    assert!(stopping, "the daemon did not begin to shut down");
+    set_soft_limit(pid, 128);
+    let emptied = tree.wait_empty(Duration::from_secs(10));
+    let exited = wait_for(Duration::from_secs(10), || !leash_tests::daemon::alive(pid));
+    eprintln!(
+        "shutdown: tree empty after {emptied:?}, daemon exited: {exited} ({:?})",
+        started.elapsed()
+    );
+    assert!(
+        emptied.is_some(),
+        "the shutdown did not kill the tree:\n{}",
+        daemon.log()
+    );
+    assert!(exited, "the daemon did not exit:\n{}", daemon.log());
+    let _ = host.kill();
+    let _ = host.wait();
+    drop(idle);
+}
+
+/// The descriptors process `pid` has open once they have not changed for about 300 ms.
+fn wait_until_steady(pid: u32) -> BTreeSet<u64> {
+    let look = || -> BTreeSet<u64> {
+        fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|dir| {
+                dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut last = look();
+    let mut unchanged = 0;
+    let steady = wait_for(Duration::from_secs(30), || {
+        let now = look();
+        unchanged = if now == last { unchanged + 1 } else { 0 };
+        last = now;
+        unchanged >= 30
+    });
+    assert!(steady, "the daemon's descriptors never settled");
+    last
+}
+
+fn set_soft_limit(pid: u32, soft: u64) {
+    let status = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &format!("--nofile={soft}:128")])
+        .status()
+        .unwrap();
+    assert!(status.success(), "prlimit --pid failed");
 }
 
 /// Runs the attacker (`mode`, `rounds`, `flood`) as USER_A against a daemon started with

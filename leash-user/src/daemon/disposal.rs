@@ -113,6 +113,13 @@ impl Disposal {
         self.forced(uid, 1).dispose_then(vec![socket], slot);
     }
 
+    /// Closes the daemon's listening socket, as it stops: the connections not accepted yet are
+    /// closed with it, and what their clients queued on them. Charged to root, whose share no
+    /// client takes.
+    pub fn close_listener(&self, listener: OwnedFd) {
+        self.forced(0, 1).dispose(vec![listener]);
+    }
+
     /// Room for `count` descriptors of `uid`, over the bounds if need be.
     fn forced(&self, uid: u32, count: usize) -> Reservation {
         self.count(uid, count);

@@ -259,7 +259,7 @@ pub async fn run(config: Config) -> Result<()> {
                         "handing over: exiting with every tree tracked in the pins; the next \
                          daemon takes them over"
                     );
-                    drop(listener);
+                    close_listener(&daemon, listener);
                     remove_sockets(&daemon.config);
                     return Ok(());
                 }
@@ -268,7 +268,7 @@ pub async fn run(config: Config) -> Result<()> {
         }
     }
     tracing::info!("shutting down: killing every live tree");
-    drop(listener);
+    close_listener(&daemon, listener);
     remove_sockets(&daemon.config);
     let (stopped, stopping) = oneshot::channel();
     daemon.jobs.urgent(|owner| {
@@ -285,6 +285,17 @@ pub async fn run(config: Config) -> Result<()> {
     let _ = stopping.await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Closes the listener apart (`disposal`): the connections it has not accepted yet go with it,
+/// and what their clients queued on them, whose close may block. Here, it would hold up the
+/// kill of every tree that follows.
+fn close_listener(daemon: &Daemon, listener: UnixListener) {
+    match listener.into_std() {
+        Ok(listener) => daemon.disposal.close_listener(listener.into()),
+        // It could not be taken from tokio, and was closed there.
+        Err(e) => tracing::warn!("closing the listener: {e}"),
+    }
 }
 
 /// How often the allocator's free memory is given back, at most (and only after a connection
