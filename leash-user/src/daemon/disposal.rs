@@ -114,8 +114,7 @@ impl Disposal {
     }
 
     /// Closes the daemon's listening socket, as it stops: the connections not accepted yet are
-    /// closed with it, and what their clients queued on them. Charged to root, whose share no
-    /// client takes.
+    /// closed with it, and what their clients queued on them. Charged to root (uid 0).
     pub fn close_listener(&self, listener: OwnedFd) {
         self.forced(0, 1).dispose(vec![listener]);
     }
