@@ -195,7 +195,10 @@ export declare class Lease {
   spawn(command: string, args: readonly string[], options?: LeashSpawnOptions): ChildProcess;
   /** The tree of a child spawned by this lease; rejects with the error the child emitted. */
   treeOf(child: ChildProcess): Promise<TreeId | null>;
-  /** Registers a running process, and the descendants it has, as a new tree. */
+  /**
+   * Registers a running process, and the descendants it has, as a new tree. The process is
+   * named by a pidfd (through `leash adopt`), right in a container's pid namespace too.
+   */
   adopt(pid: number, options?: TreeOptions): Promise<TreeId | null>;
   /** Kills a tree: resolves once it is empty. */
   kill(tree: TreeId, options?: { graceMs?: number }): Promise<KillSummary>;

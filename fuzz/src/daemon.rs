@@ -54,6 +54,7 @@ impl InProcessDaemon {
             },
             pin_root: None,
             metrics: None,
+            metrics_group: None,
         };
         log_if_asked();
         let thread = thread::Builder::new()

@@ -176,6 +176,9 @@ impl Client {
         })
         .map_err(|e| match e {
             sys::SpawnHeldError::Spawn(e) => Error::Spawn(e),
+            thread @ sys::SpawnHeldError::Thread(_) => {
+                Error::Spawn(io::Error::other(thread.to_string()))
+            }
             sys::SpawnHeldError::Register(e) => e,
         })?;
         let tree = tree.ok_or_else(|| Error::Protocol("registration did not run".into()))?;

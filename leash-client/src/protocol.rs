@@ -21,6 +21,10 @@ pub const SOCKET_ENV: &str = "LEASH_SOCKET";
 /// The longest grace period a request may ask for.
 pub const MAX_GRACE_MS: u64 = 10 * 60 * 1000;
 
+/// The highest pid Linux can give (PID_MAX_LIMIT of a 64-bit kernel, the most `pid_max` may
+/// be set to). A request that names a process by a higher number, or by 0, is a bad request.
+pub const MAX_PID: u32 = 4 * 1024 * 1024;
+
 pub type TreeId = u32;
 pub type LeaseId = u64;
 
@@ -44,7 +48,11 @@ pub enum Op {
     Register {
         /// The process, as the daemon's pid namespace numbers it; absent: the client itself,
         /// or the process of the pidfd sent with this line (`pidfd`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "pid_in_range"
+        )]
         pid: Option<u32>,
         /// The process is named by a pidfd attached to this request's line (SCM_RIGHTS): right
         /// in any pid namespace, as a number is not.
@@ -75,6 +83,22 @@ pub enum Op {
     Subscribe,
     /// The daemon's state: version, programs, capacity and fill, events dropped.
     Status,
+}
+
+/// A `pid` field: a number from 1 to [`MAX_PID`], or null. Out of range, it is refused as the
+/// line is read (`bad_request`, like any ill-typed field), rather than reaching the kernel as a
+/// pid no process can have (4294967295 does not fit a `pid_t`).
+fn pid_in_range<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<u32>, D::Error> {
+    let pid = Option::<u32>::deserialize(deserializer)?;
+    match pid {
+        Some(number) if number == 0 || number > MAX_PID => Err(serde::de::Error::invalid_value(
+            serde::de::Unexpected::Unsigned(number.into()),
+            &"a pid, from 1 to 4194304",
+        )),
+        pid => Ok(pid),
+    }
 }
 
 /// What happens to the rest of a tree when its root exits.
@@ -191,9 +215,9 @@ pub struct LeaseInfo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KillSummary {
     pub tree: TreeId,
-    /// Members sent SIGTERM.
+    /// Members sent SIGTERM, those of the trees nested in it included.
     pub terminated: u64,
-    /// SIGKILLs sent, over all rounds.
+    /// SIGKILLs sent, over all rounds, those to the nested trees' members included.
     pub killed: u64,
     pub rounds: u32,
     /// From the start of the kill to an empty tree.
@@ -484,6 +508,27 @@ mod tests {
                 .message
                 .starts_with("not JSON: ")
         );
+        for out_of_range in [0, MAX_PID + 1, i32::MAX as u32 + 1, u32::MAX] {
+            let line = format!(r#"{{"id":8,"op":"register","pid":{out_of_range}}}"#);
+            let error = decode_request(line.as_bytes()).unwrap_err();
+            assert_eq!(error.id, Some(8), "{line}");
+            assert!(
+                error.message.contains("a pid, from 1 to"),
+                "{}",
+                error.message
+            );
+        }
+        for (line, expected) in [
+            (r#"{"id":8,"op":"register","pid":4194304}"#, Some(MAX_PID)),
+            (r#"{"id":8,"op":"register","pid":null,"pidfd":true}"#, None),
+            (r#"{"id":8,"op":"register","pidfd":true}"#, None),
+        ] {
+            let decoded = decode_request(line.as_bytes()).unwrap();
+            assert!(
+                matches!(decoded.op, Op::Register { pid, .. } if pid == expected),
+                "{line}"
+            );
+        }
         let reply = decode_request(br#"{"id":9}"#).unwrap_err().reply();
         assert_eq!(reply.id, Some(9));
         assert_eq!(reply.error.unwrap().code, ErrorCode::BadRequest);

@@ -74,19 +74,25 @@ pub fn spawn_held<E: Send>(
     unsafe { command.pre_exec(hold) };
 
     let result = thread::scope(|scope| {
-        let registrar = scope.spawn(move || {
-            let mut pid = [0u8; 4];
-            // End of file: the child never reached the gate (spawn failed before it).
-            pid_from_child.read_exact(&mut pid).ok()?;
-            let registered = register(u32::from_ne_bytes(pid));
-            // An explicit answer either way, not only the end of the pipe: a child another
-            // thread forks meanwhile holds a copy of go_to_child until it execs, and could
-            // keep this child waiting for the end of file as long. A failed write means the
-            // child is gone; spawn reports that.
-            let answer = if registered.is_ok() { GO } else { NO_GO };
-            let _ = go_to_child.write_all(&[answer]);
-            Some(registered)
-        });
+        // A thread of its own can fail to start (RLIMIT_NPROC counts threads, the user's
+        // processes may have used them all): an error to report, not a panic. Nothing was
+        // forked yet, so nothing is left to clean up.
+        let registrar = thread::Builder::new()
+            .name("leash-register".into())
+            .spawn_scoped(scope, move || {
+                let mut pid = [0u8; 4];
+                // End of file: the child never reached the gate (spawn failed before it).
+                pid_from_child.read_exact(&mut pid).ok()?;
+                let registered = register(u32::from_ne_bytes(pid));
+                // An explicit answer either way, not only the end of the pipe: a child another
+                // thread forks meanwhile holds a copy of go_to_child until it execs, and could
+                // keep this child waiting for the end of file as long. A failed write means the
+                // child is gone; spawn reports that.
+                let answer = if registered.is_ok() { GO } else { NO_GO };
+                let _ = go_to_child.write_all(&[answer]);
+                Some(registered)
+            })
+            .map_err(SpawnHeldError::Thread)?;
         // On a refusal the child exits at the gate and spawn reaps it before it returns.
         let spawned = command.spawn();
         drop((pid_to_parent, go_from_parent));
@@ -117,6 +123,12 @@ pub fn spawn_held<E: Send>(
 pub enum SpawnHeldError<E> {
     #[error("could not start the command: {0}")]
     Spawn(#[from] io::Error),
+    /// The thread that registers the child could not be started (nothing was forked).
+    #[error(
+        "could not start a thread to register the command: {0} (is the user at its process \
+         limit, RLIMIT_NPROC or ulimit -u?)"
+    )]
+    Thread(io::Error),
     #[error("could not register the command's process")]
     Register(#[source] E),
 }

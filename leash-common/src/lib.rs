@@ -3,6 +3,13 @@
 //! with the `user` feature. Nothing else lives here.
 #![no_std]
 
+/// Who a tree's members are charged to, whatever uids its processes run as: a user (their
+/// uid, in the initial user namespace), which includes every user namespace they own and so
+/// every subordinate uid they map; or, for a user namespace that root owns (an unprivileged
+/// pod, a system container), that namespace (`1 << 32 | its inode number`). 0 is root, which
+/// has no quota.
+pub type Account = u64;
+
 /// Identifies a registered tree. Allocated by user space; 0 is never a tree.
 pub type TreeId = u32;
 
@@ -22,28 +29,34 @@ pub mod map {
     pub const STATS: &str = "STATS";
     /// Ring buffer of [`super::Event`] records. Best effort: drops are counted in `STATS`.
     pub const EVENTS: &str = "EVENTS";
-    /// `HashMap<u32, i64>`: per owner uid, members that joined at fork less members that left
-    /// at exit, over all the uid's trees. Written by the programs only (atomic adds), created
-    /// by user space before the uid's first tree.
-    pub const UID_JOINED: &str = "UID_JOINED";
-    /// `HashMap<u32, i64>`: per owner uid, members user space put in less those it took out.
-    /// Written by user space only. With `UID_JOINED`, the uid's members now.
-    pub const UID_SEEDED: &str = "UID_SEEDED";
+    /// `HashMap<Account, i64>`: per account, members that joined at fork less members that
+    /// left at exit, over all the account's trees; under [`super::ALL_ACCOUNTS`], over every
+    /// tree. Written by the programs only (atomic adds), created by user space (before the
+    /// account's first tree; `ALL_ACCOUNTS` as the maps are made).
+    pub const ACCOUNT_JOINED: &str = "ACCOUNT_JOINED";
+    /// `HashMap<Account, i64>`: per account, members user space put in less those it took out;
+    /// under [`super::ALL_ACCOUNTS`], over every tree. Written by user space only. With
+    /// `ACCOUNT_JOINED`, the account's members now.
+    pub const ACCOUNT_SEEDED: &str = "ACCOUNT_SEEDED";
+    /// `Array<Whois>` of one entry: user space writes the pid it asks about, the whois program
+    /// writes what the kernel knows of it (see [`super::Whois`]).
+    pub const WHOIS: &str = "WHOIS";
     /// Every map, as pinned.
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 8] = [
         MEMBERS,
         TREE_COUNTERS,
         TREE_CONTROL,
         STATS,
         EVENTS,
-        UID_JOINED,
-        UID_SEEDED,
+        ACCOUNT_JOINED,
+        ACCOUNT_SEEDED,
+        WHOIS,
     ];
 }
 
 /// The version of this ABI (the maps' layouts and meanings). Pinned maps are kept under it, so
 /// a daemon never takes over maps it would misread.
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 /// Names of the programs in the object.
 pub mod program {
@@ -53,6 +66,8 @@ pub mod program {
     pub const EXIT: &str = "leash_exit";
     /// tp_btf on `sched_process_exec`: tells what a member runs now (an event only).
     pub const EXEC: &str = "leash_exec";
+    /// A task iterator (`iter/task`): fills `WHOIS` for the process it names.
+    pub const WHOIS: &str = "leash_whois";
 }
 
 /// Names of the read-only globals user space sets at load time (`EbpfLoader::override_global`).
@@ -66,24 +81,111 @@ pub mod global {
     /// Nanoseconds per clock tick of /proc's start times: a member entry that user space made
     /// from /proc carries a start time of that resolution.
     pub const NS_PER_TICK: &str = "NS_PER_TICK";
-    /// Members one non-root uid may have over all its trees, or [`super::NO_LIMIT`] for no
-    /// limit. A fork beyond it is refused the way a doomed tree's is, and the tree is killed.
+    /// Members one account other than root may have over all its trees, or
+    /// [`super::NO_LIMIT`] for no limit. A fork beyond it is refused the way a doomed tree's
+    /// is, and the tree is killed.
     pub const MEMBERS_PER_UID: &str = "MEMBERS_PER_UID";
     /// Byte offset of `task_struct.signal` (from the kernel's BTF).
     pub const TASK_SIGNAL_OFFSET: &str = "TASK_SIGNAL_OFFSET";
     /// Byte offset of `signal_struct.live`, the thread group's live threads (from the kernel's
     /// BTF): 0 once the group is dead.
     pub const SIGNAL_LIVE_OFFSET: &str = "SIGNAL_LIVE_OFFSET";
+    /// Members the trees may have at once, over all of them. The member map holds
+    /// [`super::MEMBER_RESERVE`] more: a child forked at the capacity still joins (into the
+    /// reserve), so it is tracked before it runs, and its forker is killed and its tree with
+    /// it, as at the quota. Fail closed with no window.
+    pub const MEMBER_CAPACITY: &str = "MEMBER_CAPACITY";
+    /// [`super::NamespaceOffsets`]: where the whois program finds a task's namespaces.
+    pub const NAMESPACE_OFFSETS: &str = "NAMESPACE_OFFSETS";
 }
+
+/// Byte offsets of the fields the whois program reads (from the kernel's BTF): from a task to
+/// the user namespace of its credentials and their owners, and to its pid namespaces.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceOffsets {
+    /// `task_struct.pid` (the thread id).
+    pub task_pid: u32,
+    /// `task_struct.real_cred`: the credentials others see the task by.
+    pub task_real_cred: u32,
+    /// `cred.user_ns`
+    pub cred_user_ns: u32,
+    /// `user_namespace.parent` (NULL in the initial one).
+    pub user_ns_parent: u32,
+    /// `user_namespace.owner`: the uid that made it, in its parent namespace.
+    pub user_ns_owner: u32,
+    /// `user_namespace.ns` + `ns_common.inum`
+    pub user_ns_inum: u32,
+    /// `task_struct.thread_pid`
+    pub task_thread_pid: u32,
+    /// `pid.level`: how deep the task's pid namespace is (0: the initial one).
+    pub pid_level: u32,
+    /// `pid.numbers`: one `struct upid` per level.
+    pub pid_numbers: u32,
+    /// `sizeof(struct upid)`
+    pub upid_size: u32,
+    /// `upid.ns`
+    pub upid_ns: u32,
+    /// `pid_namespace.ns` + `ns_common.inum`
+    pub pid_ns_inum: u32,
+}
+
+/// The deepest pid namespace nesting the kernel allows (`MAX_PID_NS_LEVEL`), plus one.
+pub const PID_NS_LEVELS: usize = 33;
+
+/// What the kernel knows of one process, which user space cannot read for itself without the
+/// right to trace it: the value in `WHOIS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Whois {
+    /// The process asked about (its thread group id): written by user space.
+    pub pid: Pid,
+    /// 1 once the program has found it.
+    pub found: u32,
+    /// The uid that owns the outermost user namespace the process is in, below the initial
+    /// one, as the initial namespace numbers it; 0 if the process is in the initial one.
+    pub user_ns_owner: u32,
+    /// That namespace's inode number; 0 if the process is in the initial one.
+    pub user_ns_inum: u32,
+    /// How many of `pid_ns` are filled: the depth of its pid namespace, plus one.
+    pub pid_ns_levels: u32,
+    /// The inode numbers of its pid namespaces, the initial one first, its own last.
+    pub pid_ns: [u32; PID_NS_LEVELS],
+}
+
+impl Whois {
+    /// A question about `pid`.
+    pub const fn asking(pid: Pid) -> Self {
+        Self {
+            pid,
+            found: 0,
+            user_ns_owner: 0,
+            user_ns_inum: 0,
+            pid_ns_levels: 0,
+            pid_ns: [0; PID_NS_LEVELS],
+        }
+    }
+}
+
+/// The key of `ACCOUNT_JOINED` and `ACCOUNT_SEEDED` that counts every member, whoever owns it:
+/// how the fork program knows the member map is at its capacity. No account has it.
+pub const ALL_ACCOUNTS: Account = u64::MAX;
 
 /// The value of [`global::MEMBERS_PER_UID`] that sets no limit.
 pub const NO_LIMIT: u32 = u32::MAX;
+
+/// Entries the member map holds beyond [`global::MEMBER_CAPACITY`]. Every fork past the
+/// capacity kills its forker, so the reserve fills only as fast as forks are in flight at once
+/// between the count and the forker's exit: a few per CPU. Should it ever be full, the child is
+/// not tracked (a failed insert, `ForkFailed`), and user space kills it on the event.
+pub const MEMBER_RESERVE: u32 = 4096;
 
 /// Indexes of the global counters in the `STATS` per-CPU array.
 pub mod stat {
     /// Event records that did not fit in the ring buffer.
     pub const EVENTS_DROPPED: u32 = 0;
-    /// Children of members that could not be inserted into `MEMBERS` (map full).
+    /// Children of members forked past the member capacity: tracked in the reserve, or (the
+    /// reserve full too) not inserted at all.
     pub const INSERTS_FAILED: u32 = 1;
     /// Members whose thread group died.
     pub const EXITS: u32 = 2;
@@ -114,11 +216,12 @@ pub struct TreeCounters {
     pub joined: u64,
     /// Members that left (their thread group died).
     pub left: u64,
-    /// Children that should have joined but could not be inserted (map full).
+    /// Children forked past the member capacity (tracked in the reserve, or not at all if even
+    /// that was full): the tree is to be killed, `untrackable`.
     pub failed: u64,
     /// Boot-time nanoseconds at which the root's thread group died; 0 while it lives.
     pub root_exit_ns: u64,
-    /// Forks made while the tree's owner had its whole member quota: the tree is to be killed.
+    /// Forks made while the tree's account had its whole member quota: the tree is to be killed.
     pub over_quota: u64,
 }
 
@@ -142,8 +245,8 @@ pub struct TreeControl {
     /// back to it.
     pub parent: TreeId,
     pub _reserved: u32,
-    /// Who holds the tree. The programs never read it: it is kept here, beside the tree, so a
-    /// daemon that takes over the pinned maps after a restart knows whose tree it is.
+    /// Who holds the tree. Kept here, beside the tree, so a daemon that takes over the pinned
+    /// maps after a restart knows whose tree it is; the programs read only its account.
     pub holder: Holder,
 }
 
@@ -162,6 +265,8 @@ pub struct Holder {
     pub grace_ms: u32,
     /// [`holder_flags`] bits.
     pub flags: u32,
+    /// Whom the tree's members are charged to (the fork program reads it for the quota).
+    pub account: Account,
 }
 
 /// Bits of [`TreeControl::flags`].
@@ -234,4 +339,6 @@ mod pod {
     unsafe impl aya::Pod for super::TreeControl {}
     unsafe impl aya::Pod for super::Holder {}
     unsafe impl aya::Pod for super::Event {}
+    unsafe impl aya::Pod for super::NamespaceOffsets {}
+    unsafe impl aya::Pod for super::Whois {}
 }

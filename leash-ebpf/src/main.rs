@@ -13,6 +13,9 @@
 //! they need no tracefs, and they read `task_struct` at offsets from the kernel's BTF.
 //!
 //! Events go to a ring buffer, best effort; the maps are the truth.
+//!
+//! Beside them, a task iterator (`whois`) answers user space's questions about a client process
+//! that only the kernel can: the owner of its user namespace, its pid namespaces.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
@@ -20,6 +23,8 @@
 
 #[cfg(target_arch = "bpf")]
 mod programs;
+#[cfg(target_arch = "bpf")]
+mod whois;
 
 // The crate is built only for the BPF target; this keeps a host `cargo check --workspace` happy.
 #[cfg(not(target_arch = "bpf"))]

@@ -13,7 +13,8 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use leash_common::{
-    Event, EventKind, Member, NO_LIMIT, Pid, TreeControl, TreeCounters, TreeId, flags, stat,
+    ALL_ACCOUNTS, Account, Event, EventKind, Member, NO_LIMIT, Pid, TreeControl, TreeCounters,
+    TreeId, flags, stat,
 };
 
 // Capacities here are placeholders: user space sets the real ones at load time.
@@ -28,15 +29,15 @@ static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
 #[map]
-static UID_JOINED: HashMap<u32, u64> = HashMap::with_max_entries(1, 0);
+static ACCOUNT_JOINED: HashMap<Account, u64> = HashMap::with_max_entries(1, 0);
 #[map]
-static UID_SEEDED: HashMap<u32, i64> = HashMap::with_max_entries(1, 0);
+static ACCOUNT_SEEDED: HashMap<Account, i64> = HashMap::with_max_entries(1, 0);
 
 // Offsets differ between kernels; user space finds them in the kernel's BTF and sets these at
 // load.
 // They are read through volatile loads so the compiler cannot fold the placeholder values.
 #[unsafe(no_mangle)]
-static TASK_TGID_OFFSET: u32 = 0;
+pub(crate) static TASK_TGID_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TASK_START_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
@@ -49,6 +50,8 @@ static SIGNAL_LIVE_OFFSET: u32 = 0;
 static NS_PER_TICK: u64 = 10_000_000;
 #[unsafe(no_mangle)]
 static MEMBERS_PER_UID: u32 = NO_LIMIT;
+#[unsafe(no_mangle)]
+static MEMBER_CAPACITY: u32 = NO_LIMIT;
 
 const SIGKILL: u32 = 9;
 const BPF_NOEXIST: u64 = 1;
@@ -82,25 +85,30 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
     let control = unsafe { TREE_CONTROL.get(&tree) }
         .copied()
         .unwrap_or_default();
-    let owner = control.holder.owner_uid;
-    let over_quota = over_quota(owner);
+    let account = control.holder.account;
+    let over_quota = over_quota(account);
+    let over_capacity = over_capacity();
     let start_ns = read_task::<u64>(child, &TASK_START_OFFSET).unwrap_or(0);
     let member = Member {
         tree,
         parent,
         start_ns,
     };
-    // Over the quota, the child is still tracked (so it dies with its tree), and the tree
-    // makes no more.
+    // Over the quota or the capacity, the child is still tracked (so it dies with its tree:
+    // past the capacity, in the map's reserve), and the tree makes no more.
     let joined = MEMBERS.insert(&child_tgid, &member, BPF_NOEXIST).is_ok();
     // As at exit: the event before the count.
     if joined {
         count(stat::JOINS);
         emit(EventKind::Fork, tree, child_tgid, parent);
-        add_to_uid(owner, 1);
+        add_to_account(account, 1);
+        add_to_account(ALL_ACCOUNTS, 1);
     } else {
-        count(stat::INSERTS_FAILED);
         emit_at(EventKind::ForkFailed, tree, child_tgid, parent, start_ns);
+    }
+    let untrackable = over_capacity || !joined;
+    if untrackable {
+        count(stat::INSERTS_FAILED);
     }
     let mut quota_spent = over_quota;
     if let Some(counters) = TREE_COUNTERS.get_ptr_mut(&tree) {
@@ -109,7 +117,8 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
             quota_spent |= (*counters).over_quota != 0;
             if joined {
                 add(&raw mut (*counters).joined, 1);
-            } else {
+            }
+            if untrackable {
                 add(&raw mut (*counters).failed, 1);
             }
             if over_quota {
@@ -117,10 +126,11 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
             }
         }
     }
-    if control.flags & flags::DOOMED != 0 || quota_spent || !joined {
+    if control.flags & flags::DOOMED != 0 || quota_spent || untrackable {
         // The forker dies before it returns to user space; the child is tracked and killed by
-        // user space (or, untracked, killed by user space on the ForkFailed event), and if it
-        // execs first, it dies as it execs (leash_exec). A fork storm cannot outrun that.
+        // user space (or, untracked because even the reserve was full, killed by user space on
+        // the ForkFailed event), and if it execs first, it dies as it execs (leash_exec). A
+        // fork storm cannot outrun that.
         let _ = unsafe { bpf_send_signal(SIGKILL) };
         emit(EventKind::ForkKilled, tree, parent, 0);
     }
@@ -155,7 +165,8 @@ pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
     let control = unsafe { TREE_CONTROL.get(&tree) }
         .copied()
         .unwrap_or_default();
-    add_to_uid(control.holder.owner_uid, u64::MAX);
+    add_to_account(control.holder.account, u64::MAX);
+    add_to_account(ALL_ACCOUNTS, u64::MAX);
     let is_root = control.root == tgid;
     // The event goes out before the counters count the exit: whoever sees the counters say
     // "empty" finds every exit event already in the ring buffer.
@@ -233,29 +244,51 @@ fn is_member(task: *const u8, entry: &Member) -> bool {
     start == entry.start_ns || start / tick == entry.start_ns / tick
 }
 
-/// Whether `owner` has all the members its quota allows (root has no quota).
-fn over_quota(owner: u32) -> bool {
+/// Whether `account` has all the members its quota allows (root has no quota).
+fn over_quota(account: Account) -> bool {
     let quota = unsafe { read_volatile(&MEMBERS_PER_UID) };
-    if owner == 0 || quota == NO_LIMIT {
+    if account == 0 || quota == NO_LIMIT {
         return false;
     }
-    let joined = unsafe { UID_JOINED.get(&owner) }.map_or(0, |&n| n as i64);
-    let seeded = unsafe { UID_SEEDED.get(&owner) }.copied().unwrap_or(0);
-    joined.wrapping_add(seeded) >= i64::from(quota)
+    members_of(account) >= i64::from(quota)
 }
 
-/// Adds `delta` (two's complement: `u64::MAX` is -1) to `owner`'s joined members.
-fn add_to_uid(owner: u32, delta: u64) {
-    if let Some(joined) = UID_JOINED.get_ptr_mut(&owner) {
+/// Whether the trees have all the members the capacity allows, over all of them (user space's
+/// entries and the programs' together).
+fn over_capacity() -> bool {
+    let capacity = unsafe { read_volatile(&MEMBER_CAPACITY) };
+    if capacity == NO_LIMIT {
+        return false;
+    }
+    members_of(ALL_ACCOUNTS) >= i64::from(capacity)
+}
+
+/// The members `account` has now, over all its trees (every member, for [`ALL_ACCOUNTS`]).
+fn members_of(account: Account) -> i64 {
+    let joined = unsafe { ACCOUNT_JOINED.get(&account) }.map_or(0, |&n| n as i64);
+    let seeded = unsafe { ACCOUNT_SEEDED.get(&account) }
+        .copied()
+        .unwrap_or(0);
+    joined.wrapping_add(seeded)
+}
+
+/// Adds `delta` (two's complement: `u64::MAX` is -1) to `account`'s joined members.
+fn add_to_account(account: Account, delta: u64) {
+    if let Some(joined) = ACCOUNT_JOINED.get_ptr_mut(&account) {
         // SAFETY: the pointer is into the map value and stays valid for this program run.
         unsafe { add(joined, delta) };
     }
 }
 
-fn read_task<T>(task: *const u8, offset: &u32) -> Option<T> {
-    let offset = unsafe { read_volatile(offset) } as usize;
+/// Reads a `T` at the offset a global holds (read through a volatile load: see the globals).
+pub(crate) fn read_task<T>(task: *const u8, offset: &u32) -> Option<T> {
+    read_at(task, unsafe { read_volatile(offset) })
+}
+
+/// Reads a `T` at `offset` bytes into the kernel object at `base`.
+pub(crate) fn read_at<T>(base: *const u8, offset: u32) -> Option<T> {
     // SAFETY: bpf_probe_read_kernel checks the address; a bad one returns an error, not a fault.
-    unsafe { bpf_probe_read_kernel(task.wrapping_add(offset) as *const T) }.ok()
+    unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const T) }.ok()
 }
 
 /// An atomic add whose result is unused, which compiles to BPF_XADD: counters shared by all

@@ -148,6 +148,29 @@ pub fn namespace_pids(pid: Pid) -> Option<Vec<Pid>> {
     numbers.split_whitespace().map(|n| n.parse().ok()).collect()
 }
 
+/// Whether process `pid` runs in the initial user namespace: its /proc/PID/uid_map, which
+/// anyone may read, maps every uid to itself (only the initial namespace's does, or one root
+/// made as its copy, where a uid is the same user). None if it cannot be read (it has exited).
+pub fn in_initial_user_namespace(pid: Pid) -> Option<bool> {
+    let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).ok()?;
+    let ranges: Vec<Vec<&str>> = map
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    Some(ranges == [["0", "0", "4294967295"]])
+}
+
+/// The inode number of this process's pid namespace (from /proc/self/ns/pid, which a process
+/// may read of itself): what names the daemon's namespace among its clients'.
+pub fn own_pid_namespace() -> std::io::Result<u32> {
+    let link = std::fs::read_link("/proc/self/ns/pid")?;
+    let link = link.to_string_lossy();
+    link.strip_prefix("pid:[")
+        .and_then(|rest| rest.strip_suffix(']'))
+        .and_then(|inum| inum.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("unexpected /proc/self/ns/pid: {link}")))
+}
+
 /// The pid of the process pidfd `fd` names, from /proc/self/fdinfo: None if `fd` is not a pidfd
 /// (only a pidfd's fdinfo has a `Pid:` line); 0 or below if the process has been reaped, or is
 /// in no pid namespace the daemon sees.
@@ -284,6 +307,12 @@ pub fn ns_to_ticks(ns: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_process_runs_in_the_initial_user_namespace() {
+        assert_eq!(in_initial_user_namespace(std::process::id()), Some(true));
+        assert!(own_pid_namespace().unwrap() > 0);
+    }
 
     fn p(pid: Pid, ppid: Pid) -> ProcessInfo {
         ProcessInfo {

@@ -3,7 +3,7 @@
 //! call hosts need: starting a process held before exec.)
 
 use std::{
-    ffi::CString,
+    ffi::{CStr, CString, OsStr, OsString},
     io,
     os::{
         fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
@@ -48,6 +48,68 @@ pub fn mount_with(
 pub fn umask(mask: u32) -> u32 {
     // SAFETY: umask takes a number, touches no memory of ours and cannot fail.
     unsafe { libc::umask(mask as libc::mode_t) as u32 }
+}
+
+/// The id of the group named `name` in the system's group database (getgrnam_r: /etc/group,
+/// or whatever NSS is set up to ask). None if there is no such group.
+pub fn group_id(name: &str) -> io::Result<Option<u32>> {
+    let name = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut buffer = vec![0u8; 1024];
+    loop {
+        // SAFETY: zeroed group and null pointer are valid out-parameters; name is
+        // NUL-terminated; buffer is valid for its length and outlives the call, and the
+        // strings the result points into are not read.
+        let (rc, found) = unsafe {
+            let mut group: libc::group = std::mem::zeroed();
+            let mut result: *mut libc::group = std::ptr::null_mut();
+            let rc = libc::getgrnam_r(
+                name.as_ptr(),
+                &raw mut group,
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                &raw mut result,
+            );
+            (rc, (!result.is_null()).then_some(group.gr_gid))
+        };
+        match rc {
+            0 => return Ok(found),
+            // A group with many members needs more room; 1 MiB is more than any sane one.
+            libc::ERANGE if buffer.len() < 1 << 20 => buffer.resize(buffer.len() * 4, 0),
+            errno => return Err(io::Error::from_raw_os_error(errno)),
+        }
+    }
+}
+
+unsafe extern "C" {
+    /// The C library's environment: "NAME=VALUE" strings, up to a null pointer.
+    static mut environ: *mut *mut libc::c_char;
+}
+
+/// Removes variable `name` from this process's environment and returns its value, once wiped
+/// where /proc/PID/environ shows it. The kernel shows the block the process was started with,
+/// which unsetenv leaves as it was: a secret there is readable by every process of the same
+/// user for as long as this one runs. Call it before any other thread starts.
+pub fn take_env_secret(name: &str) -> Option<OsString> {
+    let prefix = format!("{name}=");
+    let mut value = None;
+    // SAFETY: no other thread runs (the caller's promise), so nothing changes the environment
+    // meanwhile. Every entry of `environ` up to the null one is a NUL-terminated string of this
+    // process's own, writable memory (the block the kernel set up on the stack, or one setenv
+    // allocated); the bytes overwritten are the value's, before its NUL.
+    unsafe {
+        let mut entry = environ;
+        while !entry.is_null() && !(*entry).is_null() {
+            let bytes = CStr::from_ptr(*entry).to_bytes();
+            if let Some(found) = bytes.strip_prefix(prefix.as_bytes()) {
+                let length = found.len();
+                value.get_or_insert_with(|| OsStr::from_bytes(found).to_owned());
+                std::ptr::write_bytes((*entry).add(prefix.len()), 0, length);
+            }
+            entry = entry.add(1);
+        }
+        std::env::remove_var(name);
+    }
+    value
 }
 
 /// Whether `path` is the root of a mounted BPF filesystem (statfs's magic number).
@@ -217,6 +279,111 @@ impl AsFd for Pidfd {
 impl AsRawFd for Pidfd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
+    }
+}
+
+/// Signals taken from a descriptor (signalfd) instead of by their default action: `leash run`
+/// forwards them to its tree. They are blocked in the thread that makes it, and so in every
+/// thread it starts later, and in every child it forks, unless [`SignalFd::unblock_in`].
+pub struct SignalFd {
+    fd: OwnedFd,
+    set: libc::sigset_t,
+}
+
+impl SignalFd {
+    /// Blocks `signals` and opens a non-blocking signalfd for them. Make it before any thread
+    /// is started: one started earlier would still take them the default way.
+    pub fn block(signals: &[i32]) -> io::Result<Self> {
+        // SAFETY: a zeroed sigset is valid storage for sigemptyset; the set outlives the calls
+        // that read it, and signalfd returns a new descriptor or -1.
+        let (fd, set) = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&raw mut set);
+            for &signal in signals {
+                if libc::sigaddset(&raw mut set, signal) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut());
+            if rc != 0 {
+                return Err(io::Error::from_raw_os_error(rc));
+            }
+            let fd = libc::signalfd(-1, &raw const set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
+            (fd, set)
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this descriptor, and nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Self { fd, set })
+    }
+
+    /// Unblocks the signals again in the child `command` forks, before it execs: a mask is
+    /// inherited across fork and exec, and a command that could not be stopped by SIGTERM
+    /// would be another command.
+    pub fn unblock_in(&self, command: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt;
+        let set = self.set;
+        let unblock = move || -> io::Result<()> {
+            // SAFETY: sigprocmask is async-signal-safe and allocates nothing; `set` is a copy
+            // owned by the closure. The child has one thread, whose mask this is.
+            if unsafe { libc::sigprocmask(libc::SIG_UNBLOCK, &raw const set, std::ptr::null_mut()) }
+                != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        };
+        // SAFETY: the closure makes one async-signal-safe call and allocates nothing.
+        unsafe { command.pre_exec(unblock) };
+    }
+
+    /// The next signal that came, if one did (never waits).
+    pub fn take(&self) -> io::Result<Option<i32>> {
+        // SAFETY: plain data; zeroed is a valid value.
+        let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+        let size = size_of::<libc::signalfd_siginfo>();
+        // SAFETY: info is valid for `size` bytes.
+        let read = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut info).cast(), size) };
+        match read {
+            n if n == size as isize => Ok(i32::try_from(info.ssi_signo).ok()),
+            -1 if io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock => Ok(None),
+            -1 => Err(io::Error::last_os_error()),
+            _ => Err(io::Error::other("a short read from a signalfd")),
+        }
+    }
+}
+
+impl AsFd for SignalFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Waits until one of `fds` is readable; returns the index of the first that is.
+pub fn wait_readable(fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
+    let mut polls: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        // SAFETY: `polls` is valid for its length; no timeout.
+        let rc = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, -1) };
+        if rc < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        if let Some(ready) = polls.iter().position(|p| p.revents != 0) {
+            return Ok(ready);
+        }
     }
 }
 
@@ -565,6 +732,67 @@ pub fn release_free_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
+const BPF_ITER_CREATE: libc::c_long = 33;
+
+/// A new descriptor of the BPF link `id`: it holds the link whatever becomes of the one that
+/// made it (aya's own link handles do not lend theirs).
+pub fn bpf_link_fd_by_id(id: u32) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    struct GetFdById {
+        link_id: u32,
+        next_id: u32,
+        open_flags: u32,
+    }
+    let attr = GetFdById {
+        link_id: id,
+        next_id: 0,
+        open_flags: 0,
+    };
+    // SAFETY: attr is the bpf_attr prefix of this command and outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_GET_FD_BY_ID,
+            &raw const attr,
+            size_of::<GetFdById>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// A new iterator of the iterator link `link`: reading it to its end runs the program once per
+/// object (and once more with none).
+pub fn bpf_iter_create(link: BorrowedFd<'_>) -> io::Result<std::fs::File> {
+    #[repr(C)]
+    struct IterCreate {
+        link_fd: u32,
+        flags: u32,
+    }
+    let attr = IterCreate {
+        link_fd: link.as_raw_fd() as u32,
+        flags: 0,
+    };
+    // SAFETY: attr is the bpf_attr prefix of this command and outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_ITER_CREATE,
+            &raw const attr,
+            size_of::<IterCreate>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }.into())
 }
 
 #[cfg(test)]

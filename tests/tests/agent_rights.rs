@@ -15,10 +15,11 @@ use leash_tests::{
 };
 use serde_json::Value;
 
-/// The agent: argv is SOCKET OUT OTHER_TREE HELPER_TOKEN.
+/// The agent: argv is SOCKET OUT OTHER_TREE HELPER_TOKEN OUTSIDE_PID.
 const AGENT: &str = r#"
 import json, os, socket, subprocess, sys, time
 sock, out, other, helper = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+outside = int(sys.argv[5])
 s = socket.socket(socket.AF_UNIX)
 s.connect(sock)
 f = s.makefile("rw")
@@ -36,6 +37,11 @@ r["release_own"] = ask({"id": 2, "op": "release", "tree": own})
 # Were it allowed, this would start killing this very process (the test then sees no report).
 r["kill_own"] = ask({"id": 8, "op": "kill", "tree": own, "grace_ms": 600000})
 r["kill_other"] = ask({"id": 3, "op": "kill", "tree": other, "grace_ms": 0})
+# Its host (`leash run`, outside the tree, of the same uid): were it allowed, the host would be
+# a member of a tree nested in the agent's, and its own kill of the agent's tree would find
+# nothing.
+r["register_host"] = ask({"id": 11, "op": "register", "pid": os.getppid()})
+r["register_outside"] = ask({"id": 12, "op": "register", "pid": outside, "lease": helper})
 # Under a helper's lease (another host, which outlives this one), keeping its children.
 r["register_self"] = ask({"id": 4, "op": "register", "pid": os.getpid(), "on_root_exit": "keep", "lease": helper})
 child = subprocess.Popen(["sleep", "600"], start_new_session=True)
@@ -92,8 +98,15 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
         .expect("the other host's tree")
         .tree;
 
+    // A process of the same uid in no tree: the agent may signal it, but not put it on a leash.
+    let bystander = Cgroup::new("bystander");
+    let mut setpriv = leash_tests::daemon::setpriv_args(USER_A);
+    setpriv.extend(["sleep".to_owned(), "600".to_owned()]);
+    let setpriv: Vec<&str> = setpriv.iter().map(String::as_str).collect();
+    let mut bystander_process = bystander.command("setpriv", &setpriv).spawn().unwrap();
     let agent = Cgroup::new("agent");
     let other_arg = other_tree.to_string();
+    let outside_arg = bystander_process.id().to_string();
     let mut host = run_as_user(
         &agent,
         &[
@@ -104,6 +117,7 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
             path_str(&out.0),
             &other_arg,
             &helper_token,
+            &outside_arg,
         ],
     );
     assert!(
@@ -118,6 +132,16 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
     assert_eq!(error_code(&results["release_own"]), "permission_denied");
     assert_eq!(error_code(&results["kill_own"]), "permission_denied");
     assert_eq!(error_code(&results["kill_other"]), "not_found");
+    assert_eq!(
+        error_code(&results["register_host"]),
+        "permission_denied",
+        "the agent may not put its host on a leash"
+    );
+    assert_eq!(
+        error_code(&results["register_outside"]),
+        "permission_denied",
+        "nor a process of its uid outside its tree"
+    );
     assert_eq!(
         results["visible"].as_array().unwrap().len(),
         1,
@@ -174,4 +198,6 @@ fn the_agent_cannot_release_or_kill_its_own_tree_and_what_it_registers_stays_ins
     assert_eq!(other.procs().len(), 2, "the other host's tree is intact");
     other_host.kill().unwrap();
     let _ = other_host.wait();
+    bystander_process.kill().unwrap();
+    let _ = bystander_process.wait();
 }

@@ -1,12 +1,18 @@
-//! Fail closed: a tree that cannot be fully tracked (the member map is full) is killed by the
-//! daemon, not left half-watched, and the child that did not fit is killed too: the member
-//! that forked it dies in the kernel as it forks, and the daemon kills the child on the kernel's
-//! word.
+//! Fail closed: a tree that forks past the member capacity is killed by the daemon, not left
+//! half-watched. The child forked at the capacity is tracked all the same (in the map's reserve)
+//! and its forker dies in the kernel as it forks, so nothing it starts gets away: a `setsid`
+//! grandchild forked the moment the child runs is a member too.
 
 use std::time::Duration;
 
 use leash_client::{EventKind, TreeOptions};
 use leash_tests::daemon::{Daemon, LeashedTree};
+
+/// Kills `tree`'s members as soon as it is found untrackable.
+const NO_GRACE: TreeOptions = TreeOptions {
+    on_root_exit: leash_client::RootExitPolicy::Kill,
+    grace: Some(Duration::ZERO),
+};
 
 #[test]
 fn a_tree_the_map_cannot_hold_is_killed() {
@@ -51,4 +57,46 @@ fn a_tree_the_map_cannot_hold_is_killed() {
         status.inserts_failed
     );
     assert!(status.inserts_failed > 0);
+}
+
+/// The escape a full map used to allow: the child that did not fit forked a `setsid` grandchild
+/// before the daemon could kill it, and the grandchild, never a member, lived on. Every child
+/// is a member now, so every trial's cgroup empties.
+#[test]
+fn nothing_forked_at_the_capacity_escapes() {
+    const TRIALS: usize = 20;
+    let Some(daemon) = Daemon::start(&["--max-members", "16"]) else {
+        return;
+    };
+    let mut host = daemon.client();
+    // Eight workers fork at once; each subshell, a worker's child, forks a new session's sleep
+    // and exits, until the capacity stops them.
+    let script = "for w in 1 2 3 4 5 6 7 8; do \
+                    (i=0; while [ $i -lt 20 ]; do (setsid sleep 600 &); i=$((i+1)); done) & \
+                  done; wait";
+    let mut escapes = Vec::new();
+    for trial in 0..TRIALS {
+        let mut tree = LeashedTree::spawn(
+            &mut host,
+            &format!("capacity-escape-{trial}"),
+            "sh",
+            &["-c", script],
+            &NO_GRACE,
+        );
+        let _ = tree.root.wait();
+        if tree.cgroup.wait_empty(Duration::from_secs(10)).is_none() {
+            escapes.push((trial, tree.cgroup.procs()));
+        }
+    }
+    let status = host.status().unwrap();
+    eprintln!(
+        "{TRIALS} trials at a capacity of 16: {} escaped, {} forks past the capacity",
+        escapes.len(),
+        status.inserts_failed
+    );
+    assert!(escapes.is_empty(), "left running: {escapes:?}");
+    assert!(
+        status.inserts_failed >= TRIALS as u64,
+        "every trial hit the capacity"
+    );
 }

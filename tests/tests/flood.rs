@@ -96,7 +96,7 @@ fn a_flood_by_one_user_delays_no_other_users_enforcement() {
             let log = daemon.log();
             ["connections", "requests"].iter().all(|limit| {
                 log.lines().any(|line| {
-                    line.contains("uid over its limit") && line.contains(&format!("\"{limit}\""))
+                    line.contains("over its limit") && line.contains(&format!("\"{limit}\""))
                 })
             })
         }),

@@ -74,6 +74,53 @@ fn bad_input_gets_errors_and_changes_nothing() {
             br#"{"id":8,"op":"register","pid":1}"#.to_vec(),
             "bad_request",
         ),
+        // Numbers out of their field's range are the client's mistake, not the daemon's:
+        // before, a pid past i32::MAX reached pidfd_open and came back `internal`.
+        (
+            "pid 4294967295",
+            br#"{"id":20,"op":"register","pid":4294967295}"#.to_vec(),
+            "bad_request",
+        ),
+        (
+            "pid past i32",
+            br#"{"id":21,"op":"register","pid":2147483648}"#.to_vec(),
+            "bad_request",
+        ),
+        (
+            "pid past any pid_max",
+            br#"{"id":22,"op":"register","pid":4194305}"#.to_vec(),
+            "bad_request",
+        ),
+        (
+            "pid 0",
+            br#"{"id":23,"op":"register","pid":0}"#.to_vec(),
+            "bad_request",
+        ),
+        (
+            "negative pid",
+            br#"{"id":24,"op":"register","pid":-5}"#.to_vec(),
+            "bad_request",
+        ),
+        (
+            "pid too big for u32",
+            br#"{"id":25,"op":"register","pid":4294967296}"#.to_vec(),
+            "bad_request",
+        ),
+        (
+            "tree too big for u32",
+            br#"{"id":26,"op":"kill","tree":4294967296}"#.to_vec(),
+            "bad_request",
+        ),
+        (
+            "negative grace",
+            br#"{"id":27,"op":"kill","tree":1,"grace_ms":-1}"#.to_vec(),
+            "bad_request",
+        ),
+        (
+            "fractional tree",
+            br#"{"id":28,"op":"release","tree":1.5}"#.to_vec(),
+            "bad_request",
+        ),
         (
             "huge grace",
             br#"{"id":10,"op":"kill","tree":1,"grace_ms":99999999999}"#.to_vec(),

@@ -611,6 +611,21 @@ fn endpoints_that_are_not_loopback_or_are_taken_are_refused() {
     }
     let said = start_second("metrics.sock");
     assert!(said.contains("neither an absolute path"), "{said}");
+    // A group restricts a socket's file; nothing restricts who connects to a port.
+    let with_group = |metrics: &str, group: &str| {
+        let output = Command::new(leash_binary())
+            .args(["--socket", path_str(&second), "daemon", "--no-pin"])
+            .args(["--metrics", metrics, "--metrics-group", group])
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{metrics} {group} was accepted");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let said = with_group("127.0.0.1:0", "0");
+    assert!(said.contains("applies to a Unix socket"), "{said}");
+    let other = dir.0.join("other.sock");
+    let said = with_group(path_str(&other), "no-such-group-of-leash");
+    assert!(said.contains("no such group"), "{said}");
     // The first daemon's endpoint is untouched.
     assert!(scrape(&socket).contains("\nleash_trees 0\n"));
 }
@@ -678,4 +693,85 @@ fn idle_and_junk_clients_stop_neither_scrapes_nor_enforcement() {
     }
     // And scrapes go on.
     assert!(scrape(&socket).contains("\nleash_trees "));
+}
+
+/// argv: SOCKET. Connects to the metrics socket and prints the status line of a scrape, or
+/// `refused ERRNO` if the connection is not allowed.
+const SCRAPE_AS: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    print("refused", e.errno)
+    sys.exit()
+s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+print(s.makefile("rb").readline().decode().strip())
+"#;
+
+/// What a scrape of `socket` by `uid`, with the supplementary `groups`, gets: the status line,
+/// or `refused ERRNO`.
+fn scrape_as(socket: &Path, uid: u32, groups: &[u32]) -> String {
+    let mut args = setpriv_args(uid);
+    if !groups.is_empty() {
+        let groups: Vec<String> = groups.iter().map(u32::to_string).collect();
+        args.retain(|a| a != "--clear-groups");
+        args.push(format!("--groups={}", groups.join(",")));
+    }
+    args.extend(["/usr/bin/python3", "-c", SCRAPE_AS, path_str(socket)].map(String::from));
+    let output = Command::new("setpriv")
+        .args(&args)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// A local user who may connect to the metrics socket may also hold its few connections and
+/// keep the scraper out (1000 connections did): so the socket is root's alone, 0600, or root's
+/// and a named group's, 0660, for the scraper's user. Before, it was 0666.
+#[test]
+fn the_metrics_socket_is_roots_or_its_groups_alone() {
+    const SCRAPERS: u32 = 61050;
+    let dir = SocketDir::new();
+    let socket = dir.socket();
+    let mode = |path: &Path| {
+        let meta = fs::metadata(path).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        (meta.mode() & 0o777, meta.uid(), meta.gid())
+    };
+    {
+        let Some(_daemon) = Daemon::start(&["--metrics", path_str(&socket)]) else {
+            return;
+        };
+        assert_eq!(mode(&socket), (0o600, 0, 0), "root's alone by default");
+        assert_eq!(scrape_as(&socket, USER_A, &[]), "refused 13");
+        assert_eq!(scrape_as(&socket, USER_A, &[SCRAPERS]), "refused 13");
+        assert!(scrape(&socket).contains("\nleash_trees "), "root scrapes");
+    }
+    // As the unit runs it: without CAP_CHOWN, in the group (SupplementaryGroups=).
+    let group = SCRAPERS.to_string();
+    let wrapper = [
+        "setpriv",
+        "--bounding-set=-all,+bpf,+perfmon,+sys_admin,+kill",
+        "--inh-caps=-all",
+        &format!("--groups={group}"),
+    ];
+    let args = ["--metrics", path_str(&socket), "--metrics-group", &group];
+    let Some(_daemon) = Daemon::start_wrapped(&wrapper, &args) else {
+        return;
+    };
+    assert_eq!(
+        mode(&socket),
+        (0o660, 0, SCRAPERS),
+        "root's and the group's"
+    );
+    assert_eq!(scrape_as(&socket, USER_A, &[SCRAPERS]), "HTTP/1.1 200 OK");
+    assert_eq!(scrape_as(&socket, USER_A, &[]), "refused 13");
+    assert!(scrape(&socket).contains("\nleash_trees "), "root scrapes");
 }

@@ -214,7 +214,9 @@ fn exec_shim_in(daemon: &Daemon, container: Container) {
 }
 
 /// A Python host and a Node host, each with its library, inside: the command it spawns is on
-/// a leash under the pid the host knows it by, and dies with the host.
+/// a leash under the pid the host knows it by, and dies with the host; so is a running process
+/// it adopts (by a pidfd: Node's through the `leash adopt` shim, where a bare pid from inside
+/// was refused before).
 #[test]
 fn the_host_libraries_work_in_a_container() {
     if hosts_skipped("container host libraries'") {
@@ -273,12 +275,17 @@ fn node_host(libraries: &Path) -> String {
     format!(
         r#"
 const {{ Lease }} = await import("{}/node/src/index.js");
+const {{ spawn }} = await import("node:child_process");
 const [socket, leash] = process.argv.slice(-2);
 const lease = await Lease.connect({{ socket, leash }});
 const command = lease.spawn("sh", ["-c", "setsid sleep 600 & exec sleep 600"]);
 await lease.treeOf(command);
 const roots = (await lease.trees()).map((tree) => tree.root);
-console.log(JSON.stringify({{ pid: command.pid, roots }}));
+const running = spawn("sleep", ["600"], {{ stdio: "ignore" }});
+const adopted = await lease.adopt(running.pid);
+const adoptedRoot = (await lease.trees()).filter((t) => t.tree === adopted).map((t) => t.root);
+const report = {{ pid: command.pid, roots, adopted: [running.pid, adoptedRoot] }};
+console.log(JSON.stringify(report));
 setInterval(() => {{}}, 1000);
 "#,
         libraries.display()

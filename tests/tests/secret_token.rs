@@ -15,7 +15,11 @@ use std::{
 };
 
 use leash_client::Client;
-use leash_tests::{Cgroup, daemon::Daemon, leash_binary, wait_for};
+use leash_tests::{
+    Cgroup,
+    daemon::{Daemon, USER_A, path_str, setpriv_args},
+    leash_binary, wait_for,
+};
 
 fn contains(haystack: &[u8], needle: &str) -> bool {
     haystack
@@ -270,4 +274,66 @@ sys.stdin.read()
     let _ = python.wait();
     let emptied = cgroup.wait_empty(Duration::from_secs(10));
     assert!(emptied.is_some(), "the tree outlived its Python host");
+}
+
+/// A shim given its token in LEASH_LEASE, run as an unprivileged user, waits for a daemon that
+/// takes its `hello` and says nothing (a slow registration). Meanwhile any process of that user
+/// can read the shim's /proc/PID/environ, which shows the block the shim was started with:
+/// unsetenv does not change it, so the shim wipes the value there first. Before, the token was
+/// readable there until the shim exec'd its command.
+#[test]
+fn a_shim_given_leash_lease_wipes_it_from_its_environ_while_it_registers() {
+    use std::{
+        io::{BufRead, BufReader},
+        os::unix::{fs::PermissionsExt, net::UnixListener, process::CommandExt},
+    };
+    let dir = leash_tests::Removed(PathBuf::from(format!(
+        "/tmp/leash-environ-{}",
+        std::process::id()
+    )));
+    fs::create_dir_all(&dir.0).unwrap();
+    fs::set_permissions(&dir.0, fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = dir.0.join("slow.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    fs::set_permissions(&socket, fs::Permissions::from_mode(0o777)).unwrap();
+    let token = "0123456789abcdef0123456789abcdef";
+    let mut shim = Command::new(leash_binary())
+        .args(["--socket", path_str(&socket), "exec", "--", "true"])
+        .env("LEASH_LEASE", token)
+        .uid(USER_A)
+        .gid(USER_A)
+        .current_dir("/")
+        .spawn()
+        .unwrap();
+    // The shim has its token and is registering: its hello came.
+    let (connection, _) = listener.accept().unwrap();
+    let mut hello = String::new();
+    BufReader::new(&connection).read_line(&mut hello).unwrap();
+    assert!(hello.contains("\"hello\""), "{hello}");
+    // Read as the shim's own user, as an agent of that user would.
+    let environ = Command::new("setpriv")
+        .args(setpriv_args(USER_A))
+        .arg("cat")
+        .arg(format!("/proc/{}/environ", shim.id()))
+        .output()
+        .unwrap();
+    assert!(environ.status.success(), "{environ:?}");
+    assert!(
+        !environ.stdout.is_empty(),
+        "the shim's environment was readable"
+    );
+    // Only the variable is shown: the rest is the test runner's environment.
+    let leash_vars: Vec<String> = environ
+        .stdout
+        .split(|&b| b == 0)
+        .filter(|entry| entry.starts_with(b"LEASH_"))
+        .map(|entry| String::from_utf8_lossy(entry).into_owned())
+        .collect();
+    assert!(
+        !contains(&environ.stdout, token),
+        "the token is in the waiting shim's environment: {leash_vars:?}"
+    );
+    // No daemon after all: the shim gives up, and its command never runs.
+    drop(connection);
+    assert_eq!(shim.wait().unwrap().code(), Some(125));
 }

@@ -9,7 +9,7 @@ import { Connection } from "./connection.js";
 import { LeashError, connectionLost } from "./errors.js";
 import { EventReader } from "./events.js";
 import { leashBinary, socketPath } from "./locate.js";
-import { spawnArguments, spawnLeashed, validGrace } from "./spawn.js";
+import { adoptThroughShim, spawnArguments, spawnLeashed, validGrace } from "./spawn.js";
 
 const noop = () => {};
 const CONNECT = Symbol("Lease.connect");
@@ -144,16 +144,29 @@ export class Lease {
     );
   }
 
-  /** Registers a running process, with the descendants it has, as the root of a new tree. */
+  /**
+   * Registers a running process, with the descendants it has, as the root of a new tree. The
+   * process is named to the daemon by a pidfd, through the `leash adopt` shim: right in a
+   * container's pid namespace too.
+   */
   async adopt(pid, options = {}) {
     if (!this.#leashed) return null;
-    const grace = validGrace(options.graceMs) ?? this.#graceMs;
-    const request = { op: "register", pid };
-    if (grace !== undefined) request.grace_ms = grace;
-    if (options.keepOnRootExit) request.on_root_exit = "keep";
-    const reply = await this.#request(request);
-    this.#trees.add(reply.registered.tree);
-    return reply.registered.tree;
+    const graceMs = validGrace(options.graceMs) ?? this.#graceMs;
+    // The token of the lease as it is now (a new one after a reconnection).
+    await this.#connected();
+    const token = this.#token;
+    const { tree } = await adoptThroughShim(
+      {
+        leash: this.#leash,
+        socket: this.#socket,
+        token,
+        refusal: (code, message) => this.#refusal(token, code, message),
+      },
+      pid,
+      { graceMs, keepOnRootExit: options.keepOnRootExit },
+    );
+    this.#trees.add(tree);
+    return tree;
   }
 
   /** Kills a tree; resolves, with the daemon's summary, once it is empty. */

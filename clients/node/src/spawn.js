@@ -129,3 +129,55 @@ async function failure(outcome, lifecycle, shim, file, fileArgs) {
     }
   }
 }
+
+/** The most of the adopt shim's standard error kept for an error message. */
+const MAX_STDERR_CHARS = 4096;
+
+/**
+ * Registers the running process `pid` (a number of this process's pid namespace), with its
+ * descendants, under the lease, through the `leash adopt` shim: the shim names the process to
+ * the daemon by a pidfd, which is right in a container's pid namespace as a bare pid is not
+ * (node cannot send a descriptor over a Unix socket itself). The token goes on a descriptor,
+ * as for a spawn.
+ * @param {object} shim as for spawnLeashed
+ * @returns {Promise<{tree: number, root: number}>}
+ */
+export async function adoptThroughShim(shim, pid, options) {
+  if (!Number.isSafeInteger(pid) || pid <= 0) {
+    throw new RangeError(`adopt: pid must be a whole number above 0: ${pid}`);
+  }
+  const grace = validGrace(options.graceMs);
+  const shimArgs = ["--socket", shim.socket, "adopt", "--lease-fd", "3", "--status-fd", "4"];
+  if (grace !== undefined) shimArgs.push("--grace", `${grace}ms`);
+  if (options.keepOnRootExit) shimArgs.push("--keep-on-root-exit");
+  shimArgs.push("--", `${pid}`);
+  const child = nodeSpawn(shim.leash, shimArgs, {
+    stdio: ["ignore", "ignore", "pipe", "pipe", "pipe"],
+  });
+  const ended = new Promise((resolve) => {
+    child.once("error", (error) => resolve({ error }));
+    child.once("close", (code, signal) => resolve({ code, signal }));
+  });
+  const [, , stderr, tokenStream, statusStream] = child.stdio;
+  if (!child.pid || !tokenStream || !statusStream) {
+    const { error } = await ended;
+    throw new LeashError("failed", `starting leash adopt (${shim.leash}): ${error?.message}`);
+  }
+  let said = "";
+  stderr.setEncoding("utf8");
+  stderr.on("data", (chunk) => {
+    if (said.length < MAX_STDERR_CHARS) said += chunk;
+  });
+  tokenStream.on("error", noop);
+  tokenStream.end(`${shim.token}\n`);
+  const outcome = outcomeOf(await readReport(statusStream));
+  const { code, signal } = await ended;
+  if (outcome.kind === "running") return { tree: outcome.tree, root: outcome.root };
+  if (outcome.kind === "refused") throw shim.refusal(outcome.code, outcome.message);
+  const how = signal ? `signal ${signal}` : `exit code ${code}`;
+  throw new LeashError(
+    "failed",
+    `leash adopt (${shim.leash}) ended (${how}) without saying whether ${pid} was registered ` +
+      `(a leash older than \`adopt\` exits 2): ${said.trim()}`,
+  );
+}

@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use leash::{
     Capacity, daemon,
@@ -56,10 +56,16 @@ pub struct DaemonArgs {
     /// /run/leash/metrics.sock; its directory must be root's alone, like --socket's; the socket
     /// is removed when the daemon stops) or 127.0.0.1:PORT, [::1]:PORT (port 0: the kernel
     /// picks one, and the log says which). The endpoint has no authentication, so any other
-    /// address is refused: every local user may read the figures (counts only: no pid, uid or
-    /// command), and a scraper on this machine may carry them further.
+    /// address is refused. The socket is root's alone (0600), or its group's too with
+    /// --metrics-group; a loopback port is open to every local user (the figures are counts
+    /// only: no pid, uid or command), and any of them could hold its few connections and keep
+    /// a scraper out.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<MetricsAddr>,
+    /// The group (a name, or a number) that may connect to the --metrics socket besides root:
+    /// the socket is then 0660 root:GROUP. Put the scraper's user in it. Only for a Unix socket.
+    #[arg(long, value_name = "GROUP", requires = "metrics")]
+    metrics_group: Option<String>,
 }
 
 pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
@@ -99,6 +105,7 @@ pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
             requests_per_second: args.requests_per_second_per_uid.max(1),
         },
         pin_root: (!args.no_pin).then_some(args.pin_dir),
+        metrics_group: metrics_group(args.metrics.as_ref(), args.metrics_group.as_deref())?,
         metrics: args.metrics,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -108,4 +115,28 @@ pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
         .context("starting the async runtime")?;
     runtime.block_on(daemon::run(config))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The group id `--metrics-group` names: a number, or a group's name. Refused beside a TCP
+/// address, whose connections no file mode restricts.
+fn metrics_group(addr: Option<&MetricsAddr>, group: Option<&str>) -> Result<Option<u32>> {
+    let Some(group) = group else {
+        return Ok(None);
+    };
+    if let Some(MetricsAddr::Tcp(tcp)) = addr {
+        bail!(
+            "--metrics-group applies to a Unix socket, not to {tcp}: every local user may \
+             connect to a loopback port (serve the metrics on a socket, e.g. \
+             /run/leash/metrics.sock, to keep them to a group)"
+        );
+    }
+    // A number first: it needs no group database (the image has none).
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(Some(gid));
+    }
+    match leash::sys::group_id(group) {
+        Ok(Some(gid)) => Ok(Some(gid)),
+        Ok(None) => bail!("--metrics-group {group}: no such group"),
+        Err(e) => bail!("--metrics-group {group}: cannot look it up ({e}); give its number"),
+    }
 }

@@ -3,16 +3,17 @@
 use std::{
     fs::File,
     io::Write,
-    os::unix::process::CommandExt,
+    os::{fd::AsFd, unix::process::CommandExt},
     path::Path,
-    process::{Command, ExitCode},
+    process::{Child, Command, ExitCode},
     time::Duration,
 };
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
+use leash::sys::{Pidfd, SignalFd, wait_readable};
 use leash_client::{
-    Client, EventKind, LEASE_ENV, RootExitPolicy, TreeOptions, protocol::ExecReport,
+    Client, ErrorCode, EventKind, LEASE_ENV, RootExitPolicy, TreeOptions, protocol::ExecReport,
     read_lease_token, sys,
 };
 
@@ -58,8 +59,8 @@ pub struct ExecArgs {
     /// Read the host's lease token from file descriptor N (3 or above), a pipe or file the host
     /// passed: up to a newline or the end of it (at most 256 bytes). N is closed before CMD
     /// runs, so CMD never holds it. The way to prefer: nothing CMD starts can see the token.
-    /// Otherwise LEASH_LEASE holds the token; it is removed from CMD's environment (the shim's
-    /// own environment is readable by the same user until it execs).
+    /// Otherwise LEASH_LEASE holds the token: the shim wipes it from its own environment as it
+    /// starts (where /proc/PID/environ shows it), and CMD never gets it.
     #[arg(long, value_name = "N")]
     lease_fd: Option<i32>,
     /// Report the outcome to the host on file descriptor M (3 or above; the same as N when
@@ -81,6 +82,24 @@ pub struct ExecArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct AdoptArgs {
+    /// Read the host's lease token from file descriptor N, as `leash exec --lease-fd` does
+    /// (or from LEASH_LEASE, as it does).
+    #[arg(long, value_name = "N")]
+    lease_fd: Option<i32>,
+    /// Report the outcome on file descriptor M, one JSON line, as `leash exec --status-fd`
+    /// does: {"registered":{"tree":T,"root":PID}} or {"error":{"code":C,"message":M}}.
+    /// Without it, the tree's id is printed.
+    #[arg(long, value_name = "M")]
+    status_fd: Option<i32>,
+    #[command(flatten)]
+    enforcement: EnforcementArgs,
+    /// The process, by its number in this command's pid namespace.
+    #[arg(value_name = "PID")]
+    pid: u32,
+}
+
+#[derive(Args, Debug)]
 pub struct KillArgs {
     /// The tree's id.
     tree: u32,
@@ -89,21 +108,44 @@ pub struct KillArgs {
     grace: Option<Duration>,
 }
 
+/// The signals `leash run` forwards to its tree as a kill: a container runtime's stop (SIGTERM
+/// to the first process, which ignores it by default when it is pid 1), `timeout`'s, a
+/// terminal's Ctrl-C (SIGINT) and hang-up (SIGHUP).
+const FORWARDED: [i32; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+/// How often the wait for the end of the tree looks for a forwarded signal.
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
 pub fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
+    // First, before any thread starts, so that none takes them the default way (see
+    // SignalFd::block).
+    let signals = SignalFd::block(&FORWARDED).context("taking SIGTERM, SIGINT and SIGHUP")?;
     let mut client = Client::connect_to(socket)?;
     // Before the spawn, so the end of the tree cannot be missed.
     client.subscribe()?;
     let (program, rest) = args.command.split_first().context("no command")?;
-    let (tree, mut child) = client.spawn(
-        Command::new(program).args(rest),
-        &args.enforcement.options(),
-    )?;
+    let mut command = Command::new(program);
+    command.args(rest);
+    signals.unblock_in(&mut command);
+    let (tree, mut child) = client.spawn(&mut command, &args.enforcement.options())?;
     tracing::debug!(tree, pid = child.id(), "running on a leash");
-    let status = child.wait().context("waiting for the command")?;
+    let root = Pidfd::open(child.id()).context("watching the command")?;
+    let status = loop {
+        let ready =
+            wait_readable(&[signals.as_fd(), root.as_fd()]).context("waiting for the command")?;
+        if let Some(signal) = signals.take().context("reading a signal")? {
+            return Ok(forward(&mut client, tree, &mut child, signal));
+        }
+        if ready == 1 {
+            break child.wait().context("waiting for the command")?;
+        }
+    };
     // What the command left behind is killed (or, kept, runs out) before we exit: leaving
     // would end the lease and kill it anyway.
     loop {
-        match client.next_event(None) {
+        if let Some(signal) = signals.take().context("reading a signal")? {
+            return Ok(forward(&mut client, tree, &mut child, signal));
+        }
+        match client.next_event(Some(SIGNAL_CHECK)) {
             Ok(Some(event))
                 if event.tree == tree
                     && matches!(event.kind, EventKind::TreeEmpty | EventKind::Released) =>
@@ -120,14 +162,46 @@ pub fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
     Ok(super::exit_code(status))
 }
 
+/// Signal `signal` came: kills the tree (its grace, then SIGKILL) and, once it is empty, exits
+/// 128+N, as a shell reports a command that signal ended. `leash run` stands for its tree: a
+/// stop that returned before the tree was gone would leave it running unseen for the grace.
+fn forward(client: &mut Client, tree: u32, child: &mut Child, signal: i32) -> ExitCode {
+    tracing::debug!(tree, signal, "signal: killing the tree");
+    let emptied = match client.kill(tree, None) {
+        Ok(summary) => {
+            tracing::debug!(?summary, "the tree is empty");
+            true
+        }
+        // It ended on its own meanwhile.
+        Err(leash_client::Error::Daemon {
+            code: ErrorCode::NotFound,
+            ..
+        }) => true,
+        // Exiting ends the lease, and the daemon (or, while it is away, the next one) kills
+        // the tree all the same: do not wait for a command that may still run.
+        Err(e) => {
+            tracing::warn!("killing the tree on signal {signal}: {e}");
+            false
+        }
+    };
+    if emptied {
+        // The root was in the tree: it has exited, and is reaped here.
+        let _ = child.wait();
+    }
+    ExitCode::from(u8::try_from(128 + signal).unwrap_or(u8::MAX))
+}
+
 pub fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {
-    // First, before this process opens anything that could take the number of a descriptor
+    // First of all: wiped where /proc/PID/environ shows it, so that no process of the same
+    // user reads the token there while this one registers (the command never gets it).
+    let from_env = leash::sys::take_env_secret(LEASE_ENV);
+    // Then, before this process opens anything that could take the number of a descriptor
     // that was not inherited after all.
     let mut status = args
         .status_fd
         .map(|fd| ExecStatus::take(fd, args.lease_fd))
         .transpose()?;
-    let registered = lease_token(args.lease_fd).and_then(|token| {
+    let registered = lease_token(args.lease_fd, from_env).and_then(|token| {
         let mut client = Client::connect_to(socket)?;
         // Itself, as the connection names it: right in a container's pid namespace too.
         let tree = client.register_self(&token, &args.enforcement.options())?;
@@ -161,6 +235,47 @@ pub fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(127))
 }
 
+pub fn adopt(socket: &Path, args: AdoptArgs) -> Result<ExitCode> {
+    // As exec does, and for the same reasons.
+    let from_env = leash::sys::take_env_secret(LEASE_ENV);
+    let mut status = args
+        .status_fd
+        .map(|fd| ExecStatus::take(fd, args.lease_fd))
+        .transpose()?;
+    let registered = lease_token(args.lease_fd, from_env)
+        .and_then(|token| adopt_by_pidfd(socket, args.pid, &token, &args.enforcement));
+    match (registered, &mut status) {
+        (Ok(tree), Some(status)) => status.registered_as(args.pid, tree),
+        (Ok(tree), None) => println!("{tree}"),
+        (Err(error), None) => return Err(error),
+        (Err(error), Some(status)) => {
+            status.refused(&error);
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Registers process `pid` of this pid namespace under the lease of `token`, named by a pidfd:
+/// right whatever namespace the daemon runs in, and never another process that later gets the
+/// number. As `Client::adopt` does, a number that opens no pidfd goes to the daemon as it is,
+/// for the daemon's own words (no such process, or a thread's id).
+fn adopt_by_pidfd(
+    socket: &Path,
+    pid: u32,
+    token: &str,
+    enforcement: &EnforcementArgs,
+) -> Result<u32> {
+    let pidfd = sys::pidfd_open(pid);
+    let mut client = Client::connect_to(socket)?;
+    let options = enforcement.options();
+    let tree = match &pidfd {
+        Ok(pidfd) => client.register_pidfd(pidfd.as_fd(), Some(token), &options)?,
+        Err(_) => client.register(pid, Some(token), &options)?,
+    };
+    Ok(tree)
+}
+
 /// `leash exec --status-fd`: where the shim tells the host library what became of the command,
 /// so that a refusal is an error at spawn time, in the daemon's words, and not a child that
 /// exits 125. The descriptor is close-on-exec: it reads as closed once the command runs.
@@ -181,10 +296,11 @@ impl ExecStatus {
     }
 
     fn registered(&mut self, tree: u32) {
-        self.write(&ExecReport::Registered {
-            root: std::process::id(),
-            tree,
-        });
+        self.registered_as(std::process::id(), tree);
+    }
+
+    fn registered_as(&mut self, root: u32, tree: u32) {
+        self.write(&ExecReport::Registered { root, tree });
     }
 
     fn refused(&mut self, error: &anyhow::Error) {
@@ -219,9 +335,9 @@ impl ExecStatus {
     }
 }
 
-/// The lease token, from descriptor `fd` (closed once read) or from LEASH_LEASE: exactly one.
-fn lease_token(fd: Option<i32>) -> Result<String> {
-    let from_env = std::env::var_os(LEASE_ENV);
+/// The lease token, from descriptor `fd` (closed once read) or from LEASH_LEASE (`from_env`):
+/// exactly one.
+fn lease_token(fd: Option<i32>, from_env: Option<std::ffi::OsString>) -> Result<String> {
     match (fd, from_env) {
         (Some(fd), None) => {
             let file =

@@ -49,6 +49,9 @@ enum Commands {
     /// command is killed (even with SIGKILL), the whole tree dies with it. Exits with CMD's
     /// status (128+N for signal N), or 125 if leash failed and CMD never ran (no daemon, or
     /// the daemon refused to register it, e.g. the uid holds as many trees as allowed).
+    ///
+    /// SIGTERM, SIGINT and SIGHUP to this command kill the tree (with its grace period); it
+    /// exits 128+N once the tree is empty.
     Run(host::RunArgs),
     /// Register this process under another host's lease, then exec CMD: the way to spawn under
     /// a lease from any language (prefix the argv).
@@ -58,11 +61,23 @@ enum Commands {
     /// command line: every local user can read a process's arguments (/proc/PID/cmdline), and
     /// whoever holds the token can put processes under the host's lease. The descriptor is
     /// closed and LEASH_LEASE removed before CMD runs, so neither CMD nor anything it starts
-    /// inherits the token. Exits 125 if leash failed and CMD never ran, 127 if CMD could not
-    /// be executed. With `--status-fd M` the host is told on descriptor M, one JSON line each,
-    /// whether CMD was registered (and its tree), refused (and why), or could not be executed:
-    /// what the Python and Node host libraries spawn with (docs/HOSTS.md).
+    /// inherits the token; LEASH_LEASE is wiped from the shim's own environment as it starts,
+    /// so /proc/PID/environ does not show it while the shim registers. Exits 125 if leash
+    /// failed and CMD never ran, 127 if CMD could not be executed. With `--status-fd M` the
+    /// host is told on descriptor M, one JSON line each, whether CMD was registered (and its
+    /// tree), refused (and why), or could not be executed: what the Python and Node host
+    /// libraries spawn with (docs/HOSTS.md).
     Exec(host::ExecArgs),
+    /// Register a running process PID, with its descendants, as a new tree under another
+    /// host's lease: the way a host that cannot send a descriptor over a socket (Node.js) names
+    /// the process by a pidfd, which is right in a container's pid namespace as a bare pid is
+    /// not.
+    ///
+    /// The lease token comes as for `leash exec`: on descriptor `--lease-fd N`, or in
+    /// LEASH_LEASE. PID is a number of this command's pid namespace; the daemon checks that
+    /// both this command and the lease's owner may signal the process. Prints the tree's id,
+    /// or, with `--status-fd M`, reports on descriptor M as `leash exec` does (`root` is PID).
+    Adopt(host::AdoptArgs),
     /// Kill a tree (SIGTERM, the grace period, then SIGKILL until it is empty).
     Kill(host::KillArgs),
     /// The live view: leases, their trees as process trees, events as they happen.
@@ -98,6 +113,7 @@ pub fn main() -> ExitCode {
         Commands::Daemon(args) => daemon::daemon(cli.socket, args),
         Commands::Run(args) => host::run(&cli.socket, args),
         Commands::Exec(args) => host::exec(&cli.socket, args),
+        Commands::Adopt(args) => host::adopt(&cli.socket, args),
         Commands::Kill(args) => host::kill(&cli.socket, args),
         Commands::Watch(args) => watch::watch(&cli.socket, args),
         Commands::Ls(args) => show::ls(&cli.socket, args),

@@ -6,7 +6,8 @@
 //! - kill: that host, root, or a process of the tree's uid that runs in no tree (a user at a
 //!   terminal, who could signal the members anyway).
 //! - see (list, events): a process in a tree sees its own tree and the trees nested in it;
-//!   any other sees its uid's trees, root all.
+//!   any other sees its uid's trees, root all; and only those registered from its own pid
+//!   namespace or one nested in it (a container's trees are its own, whatever its uid).
 //!
 //! Above all of these: a process in a tree may never release or kill that tree, nor any tree it
 //! is nested in, whoever it runs as. Whatever it registers is nested inside its own tree.
@@ -62,6 +63,8 @@ pub struct Requester<'a> {
     /// The tree the requesting process runs in, then each tree that one is nested in; empty
     /// when it runs in none.
     pub confined: &'a [TreeId],
+    /// The requesting process's pid namespace.
+    pub pid_namespace: u32,
 }
 
 /// A tree, as the rules see it.
@@ -71,6 +74,8 @@ pub struct TreeFacts<'a> {
     pub owner: u32,
     /// The tree, then each tree it is nested in.
     pub chain: &'a [TreeId],
+    /// The pid namespaces of the host that registered it, its own first.
+    pub registered_from: &'a [u32],
 }
 
 /// What the rules say of a request on a tree.
@@ -82,8 +87,13 @@ pub enum Verdict {
     Denied(&'static str),
 }
 
-/// Whether the client may see the tree (list, events).
+/// Whether the client may see the tree (list, events). Only a tree registered from its own
+/// pid namespace or one nested in it: a container sees its own trees, never those of another
+/// container of the same uid; the host's namespace sees them all.
 pub fn may_see(who: Requester<'_>, tree: TreeFacts<'_>) -> bool {
+    if !tree.registered_from.contains(&who.pid_namespace) {
+        return false;
+    }
     match who.confined.first() {
         Some(own) => tree.chain.contains(own),
         None => may_manage(who.uid, tree.owner),
@@ -132,6 +142,50 @@ pub fn may_kill(who: Requester<'_>, tree: TreeFacts<'_>) -> Verdict {
 mod tests {
     use super::*;
 
+    const HOST_NS: u32 = 4026531836;
+    const CONTAINER_NS: u32 = 4026532500;
+
+    #[test]
+    fn a_container_sees_only_what_was_registered_from_it_or_below() {
+        let host = Requester {
+            uid: 1000,
+            lease: 1,
+            confined: &[],
+            pid_namespace: HOST_NS,
+        };
+        let container = Requester {
+            lease: 2,
+            pid_namespace: CONTAINER_NS,
+            ..host
+        };
+        let sibling = Requester {
+            lease: 3,
+            pid_namespace: CONTAINER_NS + 1,
+            ..host
+        };
+        let from_host = TreeFacts {
+            lease: 1,
+            owner: 1000,
+            chain: &[4],
+            registered_from: &[HOST_NS],
+        };
+        let from_container = TreeFacts {
+            lease: 2,
+            chain: &[5],
+            registered_from: &[CONTAINER_NS, HOST_NS],
+            ..from_host
+        };
+        assert!(may_see(host, from_host) && may_see(host, from_container));
+        assert!(may_see(container, from_container));
+        assert!(!may_see(container, from_host), "the host's tree, same uid");
+        assert!(
+            !may_see(sibling, from_container),
+            "another container's, same uid"
+        );
+        assert_eq!(may_kill(sibling, from_container), Verdict::Hidden);
+        assert_eq!(may_release(container, from_host), Verdict::Hidden);
+    }
+
     #[test]
     fn a_member_cannot_loosen_its_tree_or_any_above_it() {
         // The agent runs in tree 5, nested in tree 2; it holds lease 9 (its own connection).
@@ -139,16 +193,19 @@ mod tests {
             uid: 1000,
             lease: 9,
             confined: &[5, 2],
+            pid_namespace: HOST_NS,
         };
         let own = TreeFacts {
             lease: 1,
             owner: 1000,
             chain: &[5, 2],
+            registered_from: &[HOST_NS],
         };
         let outer = TreeFacts {
             lease: 1,
             owner: 1000,
             chain: &[2],
+            registered_from: &[HOST_NS],
         };
         for tree in [own, outer] {
             assert!(matches!(
@@ -177,6 +234,7 @@ mod tests {
             lease: 9,
             owner: 1000,
             chain: &[7, 5, 2],
+            registered_from: &[HOST_NS],
         };
         assert_eq!(may_release(agent, its_own), Verdict::Allowed);
         assert_eq!(may_kill(agent, its_own), Verdict::Allowed);
@@ -185,6 +243,7 @@ mod tests {
             lease: 3,
             owner: 1000,
             chain: &[8],
+            registered_from: &[HOST_NS],
         };
         assert_eq!(may_kill(agent, other), Verdict::Hidden);
         assert!(!may_see(agent, other));
@@ -196,22 +255,26 @@ mod tests {
             lease: 1,
             owner: 1000,
             chain: &[4],
+            registered_from: &[HOST_NS],
         };
         let holder = Requester {
             uid: 1000,
             lease: 1,
             confined: &[],
+            pid_namespace: HOST_NS,
         };
         let terminal = Requester { lease: 2, ..holder };
         let root = Requester {
             uid: 0,
             lease: 3,
             confined: &[],
+            pid_namespace: HOST_NS,
         };
         let stranger = Requester {
             uid: 1001,
             lease: 4,
             confined: &[],
+            pid_namespace: HOST_NS,
         };
         assert_eq!(may_release(holder, tree), Verdict::Allowed);
         assert_eq!(may_release(root, tree), Verdict::Allowed);

@@ -10,6 +10,7 @@ use std::{
 };
 
 use leash_client::protocol::{ErrorCode, MAX_LINE_BYTES, ServerLine};
+use leash_common::Account;
 use tokio::{
     io::{AsyncBufRead, AsyncBufReadExt, BufReader, unix::AsyncFd},
     net::UnixStream,
@@ -18,7 +19,7 @@ use tokio::{
 use tracing::Instrument;
 
 use super::{
-    Daemon,
+    Daemon, identity,
     limits::ConnectionSlot,
     outbox::Outbox,
     pid_view::PidView,
@@ -31,6 +32,10 @@ use crate::sys;
 #[derive(Clone, Copy, Debug)]
 pub struct Peer {
     pub uid: u32,
+    /// Whom its trees and requests are charged to (see `identity`).
+    pub account: Account,
+    /// Its pid namespace (inode number): it sees the trees registered from it or below.
+    pub pid_namespace: u32,
     pub pid: u32,
     /// The connected process's start time in clock ticks (0 if it could not be read).
     pub start_ticks: u64,
@@ -49,10 +54,8 @@ const UNREAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// socket is never dropped on the way: setting up only borrows it, and serving hands it back.
 pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     let credentials = stream.peer_cred();
-    // Unknown, the uid is charged as -1, which no user has.
-    let uid = credentials.as_ref().map_or(u32::MAX, |c| c.uid());
-    let (stream, slot) = match set_up(&daemon, &stream, credentials) {
-        Err(slot) => (Some(stream), slot),
+    let (stream, account, slot) = match set_up(&daemon, &stream, credentials).await {
+        Err((account, slot)) => (Some(stream), account, slot),
         Ok(lease) => {
             let Lease {
                 slot,
@@ -60,21 +63,24 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
                 host,
                 for_owner,
             } = lease;
-            let span = tracing::info_span!("lease", lease = peer.lease, uid, host = peer.pid);
+            let span =
+                tracing::info_span!("lease", lease = peer.lease, uid = peer.uid, host = peer.pid);
             // Dropped when the connection ends, which ends the owner's watch.
             let (_serving, served) = oneshot::channel::<()>();
             daemon.jobs.urgent(move |owner| {
                 super::enforcement::watch_host(owner, peer.lease, for_owner, Some(served));
             });
             let stream = async {
-                tracing::info!("lease opened");
+                // DEBUG: most connections only ask; a lease that holds a tree says so at INFO
+                // then.
+                tracing::debug!("lease opened");
                 let stream = serve_lease(&daemon, stream, peer, &host).await;
                 daemon.memory_freed.store(true, Ordering::Relaxed);
                 stream
             }
             .instrument(span)
             .await;
-            (stream, Some(slot))
+            (stream, peer.account, Some(slot))
         }
     };
     let Some(stream) = stream else {
@@ -83,10 +89,12 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     match stream.into_std() {
         Ok(stream) => {
             let slot = slot.map(|slot| Box::new(slot) as Box<dyn Send>);
-            daemon.disposal.close_connection(uid, stream.into(), slot);
+            daemon
+                .disposal
+                .close_connection(account, stream.into(), slot);
         }
         // It could not be taken from tokio, and was closed there.
-        Err(e) => tracing::warn!(uid, "dropping a connection: {e}"),
+        Err(e) => tracing::warn!(account, "dropping a connection: {e}"),
     }
 }
 
@@ -100,36 +108,28 @@ struct Lease {
     for_owner: OwnedFd,
 }
 
-/// Sets a connection up: its uid's slot, its host watched, its lease. Err: it is not served,
-/// and its slot, if it got one, is dropped once its socket is closed.
-fn set_up(
+/// Sets a connection up: its host watched, who it is, its account's slot, its lease. Err: it
+/// is not served; what its socket is charged to (its account, or its uid before that is
+/// known), and its slot, if it got one, to be dropped once its socket is closed.
+async fn set_up(
     daemon: &Daemon,
     stream: &UnixStream,
     credentials: io::Result<tokio::net::unix::UCred>,
-) -> Result<Lease, Option<ConnectionSlot>> {
+) -> Result<Lease, (Account, Option<ConnectionSlot>)> {
     let credentials = match credentials {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!("connection without peer credentials: {e}");
-            return Err(None);
+            // Unknown, it is charged as uid -1, which no user has.
+            return Err((u32::MAX.into(), None));
         }
     };
-    let (uid, Some(pid)) = (credentials.uid(), credentials.pid()) else {
+    let uid = credentials.uid();
+    let Some(pid) = credentials.pid() else {
         tracing::warn!("connection without a peer pid");
-        return Err(None);
+        return Err((uid.into(), None));
     };
-    // Counted before anything else is spent on it: over its uid's limit, a connection costs
-    // one line and is closed.
-    let slot = match daemon.limits.open_connection(uid) {
-        Ok(slot) => slot,
-        Err(why) => {
-            daemon.metrics.refused(ErrorCode::LimitReached);
-            let line = ServerLine::error(None, ErrorCode::LimitReached, why);
-            // Best effort: a client that does not read it is closed all the same.
-            let _ = stream.try_write(&super::outbox::encode(&line));
-            return Err(None);
-        }
-    };
+    let refused = || Err((Account::from(uid), None));
     // The host is watched twice: by the owner, which ends the lease the moment the host dies
     // whatever load the connections are under, and here, to stop serving.
     let watched = sys::peer_pidfd(stream.as_fd(), pid as u32).and_then(|pidfd| {
@@ -140,32 +140,56 @@ fn set_up(
         Ok(watched) => watched,
         Err(e) => {
             setup_failed(daemon, pid, "cannot watch the connecting process", &e);
-            return Err(Some(slot));
+            return refused();
         }
     };
     // Read after the pidfd is open: the start time is the connected process's. Unknown, the
     // host could not be told from a later process by its pid: refuse the connection.
     let host_start_ticks = match crate::proc::read_process(pid as u32) {
         Ok(Some(process)) => process.start_ticks,
-        Ok(None) => return Err(Some(slot)),
+        Ok(None) => return refused(),
         Err(e) => {
             setup_failed(daemon, pid, "cannot read the connecting process", &e);
-            return Err(Some(slot));
+            return refused();
         }
     };
     // Its pid namespace, from its numbers in each (None: it has exited).
     let Some(view) = PidView::of_client(pid as u32) else {
-        return Err(Some(slot));
+        return refused();
     };
-    let lease = match daemon.open_lease(uid, pid as u32, host_start_ticks) {
+    let who = match identity::identify(daemon, pid as u32, uid, view).await {
+        // The answer is the connected process's if that still runs (same start time) after it.
+        Ok(Some(who)) if still_running(pid as u32, host_start_ticks) => who,
+        Ok(_) => return refused(),
+        Err(e) => {
+            let e = std::io::Error::other(format!("{e:#}"));
+            setup_failed(daemon, pid, "cannot tell who the connecting process is", &e);
+            return refused();
+        }
+    };
+    // Counted before anything else is spent on it: over its account's limit, a connection
+    // costs one line and is closed.
+    let slot = match daemon.limits.open_connection(who.account) {
+        Ok(slot) => slot,
+        Err(why) => {
+            daemon.metrics.refused(ErrorCode::LimitReached);
+            let line = ServerLine::error(None, ErrorCode::LimitReached, why);
+            // Best effort: a client that does not read it is closed all the same.
+            let _ = stream.try_write(&super::outbox::encode(&line));
+            return Err((who.account, None));
+        }
+    };
+    let lease = match daemon.open_lease(uid, &who, pid as u32, host_start_ticks) {
         Ok(lease) => lease,
         Err(e) => {
             setup_failed(daemon, pid, "cannot make a lease token", &e);
-            return Err(Some(slot));
+            return Err((who.account, Some(slot)));
         }
     };
     let peer = Peer {
         uid,
+        account: who.account,
+        pid_namespace: who.pid_namespace(),
         pid: pid as u32,
         start_ticks: host_start_ticks,
         lease,
@@ -177,6 +201,11 @@ fn set_up(
         host,
         for_owner,
     })
+}
+
+/// Whether process `pid` is still the one that started at `start_ticks`.
+fn still_running(pid: u32, start_ticks: u64) -> bool {
+    crate::proc::read_process(pid).is_ok_and(|p| p.is_some_and(|p| p.start_ticks == start_ticks))
 }
 
 /// A connection that could not be set up is dropped (out of descriptors, say: it is the
@@ -210,7 +239,7 @@ async fn serve_lease(
     let mut reader = BufReader::new(RequestStream::new(
         reader,
         pidfds.clone(),
-        peer.uid,
+        peer.account,
         daemon.disposal.clone(),
     ));
     let outbox = Outbox::counted(daemon.metrics.clone());
@@ -289,8 +318,8 @@ async fn serve_lease(
         }
     };
     // The lease ends first: its trees' kills never wait on the connection's last replies.
-    tracing::info!(ended_by, "lease ended");
     let lease = peer.lease;
+    daemon.log_lease_end(lease, ended_by);
     daemon.subscribers.remove(lease);
     daemon
         .jobs

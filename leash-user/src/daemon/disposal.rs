@@ -6,8 +6,8 @@
 //! are. So nothing a client sent, and no connection socket that may hold some, is closed on a
 //! serving thread: it is closed here, on a few threads of its own.
 //!
-//! Each uid's descriptors are closed in order by one thread at a time, so a close that blocks
-//! holds up that uid alone. What waits is bounded: [`PER_UID`] descriptors per uid and
+//! Each account's descriptors are closed in order by one thread at a time, so a close that blocks
+//! holds up that account alone. What waits is bounded: [`PER_ACCOUNT`] descriptors per account and
 //! [`OVERALL`] for all, on at most [`THREADS`] threads. A request whose descriptors find no
 //! room is refused, with its connection, before they are read (they stay in the client's
 //! message). A connection's own socket is closed in place when nothing queued on it carries
@@ -21,13 +21,15 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
+use leash_common::Account;
+
 use crate::sys;
 
-/// Descriptors of one uid that may wait to be closed (queued, or being closed).
-pub const PER_UID: usize = 1024;
-/// Descriptors of every uid together.
+/// Descriptors of one account that may wait to be closed (queued, or being closed).
+pub const PER_ACCOUNT: usize = 1024;
+/// Descriptors of every account together.
 pub const OVERALL: usize = 4096;
-/// Threads that close, at most; each serves one uid at a time.
+/// Threads that close, at most; each serves one account at a time.
 pub const THREADS: usize = 8;
 
 /// The daemon's disposal: cheap to clone, one for the whole daemon.
@@ -36,15 +38,15 @@ pub struct Disposal(Arc<Mutex<State>>);
 
 #[derive(Default)]
 struct State {
-    uids: HashMap<u32, Lane>,
+    accounts: HashMap<Account, Lane>,
     /// Uids with descriptors queued and no thread serving them, in turn.
-    waiting: VecDeque<u32>,
+    waiting: VecDeque<Account>,
     threads: usize,
-    /// Descriptors counted, every uid's.
+    /// Descriptors counted, every account's.
     counted: usize,
 }
 
-/// One uid's descriptors waiting to be closed.
+/// One account's descriptors waiting to be closed.
 #[derive(Default)]
 struct Lane {
     queue: VecDeque<Batch>,
@@ -65,7 +67,7 @@ struct Batch {
 /// Room kept for descriptors about to be read, so that whatever the read brings has a place.
 pub struct Reservation {
     disposal: Disposal,
-    uid: u32,
+    account: Account,
     counted: usize,
 }
 
@@ -74,76 +76,76 @@ impl Disposal {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Room for `count` descriptors of `uid`, or None: too many of its own, or of everyone's,
+    /// Room for `count` descriptors of `account`, or None: too many of its own, or of everyone's,
     /// wait to be closed.
-    pub fn reserve(&self, uid: u32, count: usize) -> Option<Reservation> {
+    pub fn reserve(&self, account: Account, count: usize) -> Option<Reservation> {
         if count == 0 {
             // Nothing to keep room for (most reads): no lane is made for it.
             return Some(Reservation {
                 disposal: self.clone(),
-                uid,
+                account,
                 counted: 0,
             });
         }
         let mut state = self.state();
-        let lane_counted = state.uids.get(&uid).map_or(0, |lane| lane.counted);
-        if lane_counted + count > PER_UID || state.counted + count > OVERALL {
+        let lane_counted = state.accounts.get(&account).map_or(0, |lane| lane.counted);
+        if lane_counted + count > PER_ACCOUNT || state.counted + count > OVERALL {
             return None;
         }
-        state.count(uid, count);
+        state.count(account, count);
         Some(Reservation {
             disposal: self.clone(),
-            uid,
+            account,
             counted: count,
         })
     }
 
-    /// Closes the daemon's end of a connection of `uid`, and drops `slot` once it is closed.
+    /// Closes the daemon's end of a connection of `account`, and drops `slot` once it is closed.
     /// Shut down first, it can be queued nothing more; if no descriptor is queued on it either,
     /// its close releases nothing of the client's and is done here. Otherwise it goes to the
     /// disposal, over the bounds if need be (see [`carries_no_descriptors`] for what bounds
     /// those).
-    pub fn close_connection(&self, uid: u32, socket: OwnedFd, slot: Option<Box<dyn Send>>) {
+    pub fn close_connection(&self, account: Account, socket: OwnedFd, slot: Option<Box<dyn Send>>) {
         let _ = sys::shutdown(socket.as_fd());
         if carries_no_descriptors(&socket) {
             drop(socket);
             drop(slot);
             return;
         }
-        self.forced(uid, 1).dispose_then(vec![socket], slot);
+        self.forced(account, 1).dispose_then(vec![socket], slot);
     }
 
     /// Closes the daemon's listening socket, as it stops: the connections not accepted yet are
-    /// closed with it, and what their clients queued on them. Charged to root (uid 0).
+    /// closed with it, and what their clients queued on them. Charged to root (account 0).
     pub fn close_listener(&self, listener: OwnedFd) {
         self.forced(0, 1).dispose(vec![listener]);
     }
 
-    /// Room for `count` descriptors of `uid`, over the bounds if need be.
-    fn forced(&self, uid: u32, count: usize) -> Reservation {
-        self.count(uid, count);
+    /// Room for `count` descriptors of `account`, over the bounds if need be.
+    fn forced(&self, account: Account, count: usize) -> Reservation {
+        self.count(account, count);
         Reservation {
             disposal: self.clone(),
-            uid,
+            account,
             counted: count,
         }
     }
 
-    fn count(&self, uid: u32, count: usize) {
-        self.state().count(uid, count);
+    fn count(&self, account: Account, count: usize) {
+        self.state().count(account, count);
     }
 
-    /// Queues `batch` for `uid` and sees that a thread serves it.
-    fn queue(&self, uid: u32, batch: Batch) {
+    /// Queues `batch` for `account` and sees that a thread serves it.
+    fn queue(&self, account: Account, batch: Batch) {
         let mut state = self.state();
-        let lane = state.uids.entry(uid).or_default();
+        let lane = state.accounts.entry(account).or_default();
         lane.queue.push_back(batch);
         if lane.served {
             return;
         }
         lane.served = true;
         if state.threads >= THREADS {
-            state.waiting.push_back(uid);
+            state.waiting.push_back(account);
             return;
         }
         state.threads += 1;
@@ -151,33 +153,33 @@ impl Disposal {
         let disposal = self.clone();
         let started = std::thread::Builder::new()
             .name("leash-disposal".into())
-            .spawn(move || disposal.serve(uid));
+            .spawn(move || disposal.serve(account));
         if let Err(e) = started {
-            // Its descriptors wait (counted) for a thread that ends to take the uid up.
-            tracing::warn!(uid, "cannot start a thread to close descriptors: {e}");
+            // Its descriptors wait (counted) for a thread that ends to take the account up.
+            tracing::warn!(account, "cannot start a thread to close descriptors: {e}");
             let mut state = self.state();
             state.threads -= 1;
-            state.waiting.push_back(uid);
+            state.waiting.push_back(account);
         }
     }
 
-    /// A thread's work: closes `uid`'s batches in order, then those of each uid that waits,
+    /// A thread's work: closes `account`'s batches in order, then those of each account that waits,
     /// until none is left.
-    fn serve(&self, mut uid: u32) {
+    fn serve(&self, mut account: Account) {
         loop {
             let next = {
                 let mut state = self.state();
                 match state
-                    .uids
-                    .get_mut(&uid)
+                    .accounts
+                    .get_mut(&account)
                     .and_then(|lane| lane.queue.pop_front())
                 {
                     Some(batch) => Some(batch),
                     None => {
-                        state.forget_if_idle(uid, true);
+                        state.forget_if_idle(account, true);
                         match state.waiting.pop_front() {
                             Some(waiting) => {
-                                uid = waiting;
+                                account = waiting;
                                 None
                             }
                             None => {
@@ -193,7 +195,7 @@ impl Disposal {
                 batch.close();
                 let mut state = self.state();
                 state.counted -= counted;
-                if let Some(lane) = state.uids.get_mut(&uid) {
+                if let Some(lane) = state.accounts.get_mut(&account) {
                     lane.counted -= counted;
                 }
             }
@@ -204,7 +206,7 @@ impl Disposal {
 /// Whether nothing queued on the Unix stream `socket`, shut down, carries a descriptor: it
 /// is all peeked at, and no descriptor comes with it. (More than [`PEEK_BYTES`] queued, or a
 /// peek that stops short, counts as carrying some.) Those that do carry some go to the
-/// disposal whatever its bounds: one with a connection slot is bounded by its uid's connection
+/// disposal whatever its bounds: one with a connection slot is bounded by its account's connection
 /// limit; one refused at the door (over that limit) holds at least one descriptor in flight
 /// of its client's, and the kernel bounds those per user (by RLIMIT_NOFILE).
 fn carries_no_descriptors(socket: &OwnedFd) -> bool {
@@ -224,20 +226,20 @@ fn carries_no_descriptors(socket: &OwnedFd) -> bool {
 const PEEK_BYTES: usize = 64 * 1024;
 
 impl State {
-    fn count(&mut self, uid: u32, count: usize) {
+    fn count(&mut self, account: Account, count: usize) {
         self.counted += count;
-        self.uids.entry(uid).or_default().counted += count;
+        self.accounts.entry(account).or_default().counted += count;
     }
 
-    /// Drops `uid`'s lane if nothing of it is counted or queued; `unserve`: the thread that
+    /// Drops `account`'s lane if nothing of it is counted or queued; `unserve`: the thread that
     /// served it has left it.
-    fn forget_if_idle(&mut self, uid: u32, unserve: bool) {
-        if let Some(lane) = self.uids.get_mut(&uid) {
+    fn forget_if_idle(&mut self, account: Account, unserve: bool) {
+        if let Some(lane) = self.accounts.get_mut(&account) {
             if unserve {
                 lane.served = false;
             }
             if lane.counted == 0 && lane.queue.is_empty() && !lane.served {
-                self.uids.remove(&uid);
+                self.accounts.remove(&account);
             }
         }
     }
@@ -267,13 +269,14 @@ impl Reservation {
         }
         let extra = fds.len().saturating_sub(self.counted);
         if extra > 0 {
-            self.disposal.count(self.uid, extra);
+            self.disposal.count(self.account, extra);
             self.counted += extra;
         }
         // The batch takes what it holds; the rest of the room is given back as self drops.
         let counted = fds.len();
         self.counted -= counted;
-        self.disposal.queue(self.uid, Batch { fds, counted, then });
+        self.disposal
+            .queue(self.account, Batch { fds, counted, then });
     }
 }
 
@@ -284,10 +287,10 @@ impl Drop for Reservation {
         }
         let mut state = self.disposal.state();
         state.counted -= self.counted;
-        if let Some(lane) = state.uids.get_mut(&self.uid) {
+        if let Some(lane) = state.accounts.get_mut(&self.account) {
             lane.counted -= self.counted;
         }
-        state.forget_if_idle(self.uid, false);
+        state.forget_if_idle(self.account, false);
     }
 }
 
@@ -311,7 +314,7 @@ mod tests {
         while Instant::now() < deadline {
             {
                 let state = disposal.state();
-                if state.counted == 0 && state.uids.is_empty() && state.threads == 0 {
+                if state.counted == 0 && state.accounts.is_empty() && state.threads == 0 {
                     return true;
                 }
             }
@@ -321,9 +324,9 @@ mod tests {
     }
 
     #[test]
-    fn a_uid_gets_no_more_room_than_its_share() {
+    fn an_account_gets_no_more_room_than_its_share() {
         let disposal = Disposal::default();
-        let held = disposal.reserve(1000, PER_UID).unwrap();
+        let held = disposal.reserve(1000, PER_ACCOUNT).unwrap();
         assert!(disposal.reserve(1000, 1).is_none(), "over its own share");
         assert!(
             disposal.reserve(1000, 0).is_some(),
@@ -331,20 +334,23 @@ mod tests {
         );
         drop(disposal.reserve(5000, 0));
         assert!(
-            !disposal.state().uids.contains_key(&5000),
+            !disposal.state().accounts.contains_key(&5000),
             "and leaves nothing behind"
         );
-        assert!(disposal.reserve(1001, 1).is_some(), "another uid has room");
+        assert!(
+            disposal.reserve(1001, 1).is_some(),
+            "another account has room"
+        );
         drop(held);
         assert!(disposal.reserve(1000, 1).is_some(), "room given back");
         assert!(settled(&disposal));
     }
 
     #[test]
-    fn all_uids_together_get_no_more_than_the_overall_bound() {
+    fn all_accounts_together_get_no_more_than_the_overall_bound() {
         let disposal = Disposal::default();
-        let held: Vec<Reservation> = (0..OVERALL / PER_UID)
-            .map(|uid| disposal.reserve(uid as u32, PER_UID).unwrap())
+        let held: Vec<Reservation> = (0..OVERALL / PER_ACCOUNT)
+            .map(|account| disposal.reserve(account as Account, PER_ACCOUNT).unwrap())
             .collect();
         assert!(disposal.reserve(99_999, 1).is_none());
         drop(held);
@@ -354,8 +360,8 @@ mod tests {
     #[test]
     fn what_is_disposed_of_is_closed_and_its_room_given_back() {
         let disposal = Disposal::default();
-        for uid in 0..(THREADS as u32 * 3) {
-            let reservation = disposal.reserve(uid, 10).unwrap();
+        for account in 0..(THREADS as Account * 3) {
+            let reservation = disposal.reserve(account, 10).unwrap();
             reservation.dispose(fds(4));
         }
         assert!(settled(&disposal), "{} still counted", counted(&disposal));

@@ -129,21 +129,21 @@ fn forward(daemon: &Daemon, kernel: TreeEvent) {
         KernelEventKind::Exit | KernelEventKind::RootExit => EventKind::Exit,
         KernelEventKind::ForkKilled | KernelEventKind::ForkFailed => return,
     };
-    let Some((owner, lease)) = daemon
+    let Some((audience, lease)) = daemon
         .state()
         .trees
         .get(&kernel.tree)
-        .map(|entry| (entry.owner_uid, entry.lease))
+        .map(|entry| (entry.audience(), entry.lease))
     else {
         return;
     };
-    if !daemon.subscribers.any_for(owner, lease) {
+    if !daemon.subscribers.any_for(audience.owner, lease) {
         return;
     }
     let mut forwarded = event(kind, kernel.tree, lease, Some(kernel.pid));
     forwarded.parent = (kind == EventKind::Fork).then_some(kernel.parent);
     forwarded.comm = Some(kernel.comm);
-    daemon.emit(owner, forwarded);
+    daemon.emit(&audience, forwarded);
 }
 
 /// The backstop: reads every live tree's state in the kernel.
@@ -185,7 +185,7 @@ pub async fn sweep(owner: Rc<Owner>) {
 /// Records a root's exit once and applies the tree's policy.
 fn root_exited(owner: &Rc<Owner>, tree: TreeId) {
     let daemon = &owner.daemon;
-    let (owner_uid, lease, root, policy) = {
+    let (audience, lease, root, policy) = {
         let mut state = daemon.state();
         let Some(entry) = state.trees.get_mut(&tree) else {
             return;
@@ -195,7 +195,7 @@ fn root_exited(owner: &Rc<Owner>, tree: TreeId) {
         }
         entry.root_exited = true;
         (
-            entry.owner_uid,
+            entry.audience(),
             entry.lease,
             entry.root.clone(),
             entry.on_root_exit,
@@ -203,7 +203,7 @@ fn root_exited(owner: &Rc<Owner>, tree: TreeId) {
     };
     tracing::info!(tree, root = root[0], ?policy, "root exited");
     daemon.emit_about_root(
-        owner_uid,
+        &audience,
         event(EventKind::RootExited, tree, lease, Some(root[0])),
         &root,
     );
@@ -256,7 +256,7 @@ fn end_tree(owner: &Rc<Owner>, tree: TreeId, kill: Option<KillSummary>) {
     }
     let mut empty = event(EventKind::TreeEmpty, tree, entry.lease, None);
     empty.kill = kill;
-    owner.daemon.emit(entry.owner_uid, empty);
+    owner.daemon.emit(&entry.audience(), empty);
 }
 
 /// Starts killing `tree`, and every tree nested in it, unless a kill is already under way;
@@ -272,7 +272,7 @@ pub fn start_kill(
     reason: &'static str,
 ) -> Option<watch::Receiver<Option<KillOutcome>>> {
     let daemon = &owner.daemon;
-    let (owner_uid, lease, grace, done, pending, grace_asked) = {
+    let (audience, lease, grace, done, pending, grace_asked) = {
         let mut state = daemon.state();
         let entry = state.trees.get_mut(&tree)?;
         let grace = grace.map_or(entry.grace, |asked| asked.min(entry.grace));
@@ -293,7 +293,7 @@ pub fn start_kill(
         entry.unkillable = false;
         daemon.metrics.kill_started(reason);
         (
-            entry.owner_uid,
+            entry.audience(),
             entry.lease,
             grace,
             done,
@@ -317,16 +317,24 @@ pub fn start_kill(
         .collect();
     let mut started = event(EventKind::KillStarted, tree, lease, None);
     started.reason = Some(reason.to_owned());
-    daemon.emit(owner_uid, started);
+    daemon.emit(&audience, started);
     let span = tracing::info_span!("kill", tree, reason, grace_ms = grace.as_millis());
     let owner = owner.clone();
     tokio::task::spawn_local(
         async move {
-            // Done when the nested trees are done too; a failure of theirs is the kill's.
+            // Done when the nested trees are done too; a failure of theirs is the kill's, and
+            // their members count in its summary (an agent that moved its processes into
+            // nested trees does not make its host's kill look empty).
             let mut result = drive_kill(&owner, tree, grace_asked, reason).await;
             for inner in nested {
-                if let (Ok(_), Err(e)) = (&result, outcome(inner).await) {
-                    result = Err(e);
+                match (&mut result, outcome(inner).await) {
+                    (Ok(summary), Ok(inner)) => {
+                        summary.terminated += inner.terminated;
+                        summary.killed += inner.killed;
+                        summary.rounds = summary.rounds.max(inner.rounds);
+                    }
+                    (Ok(_), Err(e)) => result = Err(e),
+                    (Err(_), _) => {}
                 }
             }
             match &result {
@@ -349,16 +357,16 @@ pub fn start_kill(
 /// A kill gave up: the tree stays, doomed, and says so; another kill may try again.
 fn kill_failed(daemon: &Daemon, tree: TreeId, error: &KillError) {
     daemon.metrics.kill_failed();
-    let Some((owner, lease)) = daemon.state().trees.get_mut(&tree).map(|entry| {
+    let Some((audience, lease)) = daemon.state().trees.get_mut(&tree).map(|entry| {
         entry.kill = None;
         entry.unkillable = true;
-        (entry.owner_uid, entry.lease)
+        (entry.audience(), entry.lease)
     }) else {
         return;
     };
     let mut failed = event(EventKind::KillFailed, tree, lease, None);
     failed.reason = Some(error.to_string());
-    daemon.emit(owner, failed);
+    daemon.emit(&audience, failed);
 }
 
 /// Steps the kill engine, holding the tracker only for each step; between steps, the owner's
@@ -446,7 +454,7 @@ pub fn watch_host(
         };
         tokio::select! {
             _ = host.readable() => {
-                tracing::info!(lease, ended_by = "host exited", "lease ended");
+                owner.daemon.log_lease_end(lease, "host exited");
                 end_lease(&owner, lease);
             }
             () = served => {}

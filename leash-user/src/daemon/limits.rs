@@ -1,7 +1,9 @@
-//! Per-uid fairness: how many connections a uid may hold open, how many requests it may make a
-//! second, and one heavy job (a /proc walk, a member listing) at a time. One user's flood then
-//! costs that user alone. Root is exempt from the counts (it is also the one who can stop the
-//! daemon) but not from the one-heavy-job rule, which only orders its own work.
+//! Per-account fairness: how many connections an account may hold open, how many requests it
+//! may make a second, and one heavy job (a /proc walk, a member listing) at a time. One user's
+//! flood then costs that user alone, whatever uids they hold (an account is a user with every
+//! subordinate uid of theirs: see `identity`). Root is exempt from the counts (it is also the
+//! one who can stop the daemon) but not from the one-heavy-job rule, which only orders its own
+//! work.
 
 use std::{
     collections::HashMap,
@@ -9,14 +11,17 @@ use std::{
     time::{Duration, Instant},
 };
 
+use leash_common::Account;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// The per-uid limits a daemon enforces.
+use super::identity::describe;
+
+/// The per-account limits a daemon enforces (named per uid, as most accounts are one).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct UidLimits {
-    /// Connections a non-root uid may hold open at once.
+    /// Connections an account other than root may hold open at once.
     pub connections: usize,
-    /// Request cost a non-root uid may spend a second (a request costs 1, a `list` or a
+    /// Request cost an account other than root may spend a second (a request costs 1, a `list` or a
     /// `register` more); up to a second's worth may be spent at once.
     pub requests_per_second: u32,
 }
@@ -30,14 +35,14 @@ impl Default for UidLimits {
     }
 }
 
-/// How long a connection over its uid's rate is not read, at least.
+/// How long a connection over its account's rate is not read, at least.
 const OVER_RATE_PAUSE: Duration = Duration::from_millis(500);
-/// How often a uid's refusals are logged, at most.
+/// How often an account's refusals are logged, at most.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
 pub struct Limits {
     limits: UidLimits,
-    uids: Mutex<HashMap<u32, UidUse>>,
+    accounts: Mutex<HashMap<Account, UidUse>>,
 }
 
 struct UidUse {
@@ -50,7 +55,7 @@ struct UidUse {
     refused_requests: Refusals,
 }
 
-/// Refusals of one kind to one uid, logged at most every [`LOG_EVERY`]: one kind's lines never
+/// Refusals of one kind to one account, logged at most every [`LOG_EVERY`]: one kind's lines never
 /// hide the other's.
 #[derive(Default)]
 struct Refusals {
@@ -59,20 +64,20 @@ struct Refusals {
     logged: Option<Instant>,
 }
 
-/// A connection held open; its uid's count goes down when it is dropped.
+/// A connection held open; its account's count goes down when it is dropped.
 pub struct ConnectionSlot {
     limits: Arc<Limits>,
-    uid: u32,
+    account: Account,
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
-        let mut uids = self.limits.uids();
-        if let Some(usage) = uids.get_mut(&self.uid) {
+        let mut accounts = self.limits.accounts();
+        if let Some(usage) = accounts.get_mut(&self.account) {
             usage.connections = usage.connections.saturating_sub(1);
-            // A uid with nothing open and a full budget has nothing worth remembering.
+            // An account with nothing open and a full budget has nothing worth remembering.
             if usage.connections == 0 && usage.refill(self.limits.limits) >= self.limits.burst() {
-                uids.remove(&self.uid);
+                accounts.remove(&self.account);
             }
         }
     }
@@ -82,20 +87,24 @@ impl Limits {
     pub fn new(limits: UidLimits) -> Arc<Self> {
         Arc::new(Self {
             limits,
-            uids: Mutex::new(HashMap::new()),
+            accounts: Mutex::new(HashMap::new()),
         })
     }
 
-    fn uids(&self) -> MutexGuard<'_, HashMap<u32, UidUse>> {
-        self.uids.lock().unwrap_or_else(|e| e.into_inner())
+    fn accounts(&self) -> MutexGuard<'_, HashMap<Account, UidUse>> {
+        self.accounts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn burst(&self) -> f64 {
         f64::from(self.limits.requests_per_second)
     }
 
-    fn usage<'a>(&self, uids: &'a mut HashMap<u32, UidUse>, uid: u32) -> &'a mut UidUse {
-        uids.entry(uid).or_insert_with(|| UidUse {
+    fn usage<'a>(
+        &self,
+        accounts: &'a mut HashMap<Account, UidUse>,
+        account: Account,
+    ) -> &'a mut UidUse {
+        accounts.entry(account).or_insert_with(|| UidUse {
             connections: 0,
             budget: self.burst(),
             refilled: Instant::now(),
@@ -105,39 +114,40 @@ impl Limits {
         })
     }
 
-    /// Counts a new connection of `uid`, or says why it is refused.
-    pub fn open_connection(self: &Arc<Self>, uid: u32) -> Result<ConnectionSlot, String> {
-        let mut uids = self.uids();
-        let usage = self.usage(&mut uids, uid);
-        if uid != 0 && usage.connections >= self.limits.connections {
-            usage.refused_connections.add("connections", uid);
+    /// Counts a new connection of `account`, or says why it is refused.
+    pub fn open_connection(self: &Arc<Self>, account: Account) -> Result<ConnectionSlot, String> {
+        let mut accounts = self.accounts();
+        let usage = self.usage(&mut accounts, account);
+        if account != 0 && usage.connections >= self.limits.connections {
+            usage.refused_connections.add("connections", account);
             return Err(format!(
-                "uid {uid} has {} connections open, the most allowed; close some first",
+                "{} has {} connections open, the most allowed; close some first",
+                describe(account),
                 usage.connections
             ));
         }
         usage.connections += 1;
         Ok(ConnectionSlot {
             limits: self.clone(),
-            uid,
+            account,
         })
     }
 
-    /// Spends `cost` of `uid`'s request budget; when it is spent, says how long until it is
-    /// back (the request is refused, and the connection reads nothing more meanwhile).
-    pub fn spend(&self, uid: u32, cost: u32) -> Result<(), Duration> {
-        if uid == 0 {
+    /// Spends `cost` of `account`'s request budget; when it is spent, says how long until it
+    /// is back (the request is refused, and the connection reads nothing more meanwhile).
+    pub fn spend(&self, account: Account, cost: u32) -> Result<(), Duration> {
+        if account == 0 {
             return Ok(());
         }
-        let mut uids = self.uids();
-        let usage = self.usage(&mut uids, uid);
+        let mut accounts = self.accounts();
+        let usage = self.usage(&mut accounts, account);
         let cost = f64::from(cost).min(self.burst());
         if usage.refill(self.limits) >= cost {
             usage.budget -= cost;
             return Ok(());
         }
-        usage.refused_requests.add("requests", uid);
-        // Until the request could be paid, and never less than OVER_RATE_PAUSE: a uid's
+        usage.refused_requests.add("requests", account);
+        // Until the request could be paid, and never less than OVER_RATE_PAUSE: an account's
         // connections would otherwise all wake for each token earned, and all but one be
         // refused again.
         let missing = cost - usage.budget;
@@ -146,9 +156,9 @@ impl Limits {
         Err(refilled.max(OVER_RATE_PAUSE))
     }
 
-    /// Waits for `uid`'s turn at heavy work: one such job per uid at a time.
-    pub async fn heavy(&self, uid: u32) -> OwnedSemaphorePermit {
-        let semaphore = self.usage(&mut self.uids(), uid).heavy.clone();
+    /// Waits for `account`'s turn at heavy work: one such job per account at a time.
+    pub async fn heavy(&self, account: Account) -> OwnedSemaphorePermit {
+        let semaphore = self.usage(&mut self.accounts(), account).heavy.clone();
         semaphore
             .acquire_owned()
             .await
@@ -173,8 +183,8 @@ impl UidUse {
 }
 
 impl Refusals {
-    /// Counts a refusal; logs at most one line per uid and kind every [`LOG_EVERY`].
-    fn add(&mut self, what: &'static str, uid: u32) {
+    /// Counts a refusal; logs at most one line per account and kind every [`LOG_EVERY`].
+    fn add(&mut self, what: &'static str, account: Account) {
         self.count += 1;
         let now = Instant::now();
         if self
@@ -182,10 +192,10 @@ impl Refusals {
             .is_none_or(|at| now.duration_since(at) >= LOG_EVERY)
         {
             tracing::warn!(
-                uid,
+                account = describe(account),
                 limit = what,
                 refused = self.count,
-                "uid over its limit: refusing (logged at most every {LOG_EVERY:?})"
+                "over its limit: refusing (logged at most every {LOG_EVERY:?})"
             );
             self.count = 0;
             self.logged = Some(now);

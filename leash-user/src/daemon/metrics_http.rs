@@ -1,9 +1,11 @@
 //! `leash daemon --metrics ADDR`: the daemon's figures ([`super::metrics`]) for Prometheus, as
 //! `GET /metrics` over HTTP/1.x, on a Unix socket or a loopback TCP address.
 //!
-//! The daemon runs as root and the endpoint has no authentication: every local user can reach
-//! it (the figures are counts, with no pid, uid or command in them), and nobody else can, since
-//! it listens on loopback only. It is written for hostile clients: a request head is at most
+//! The daemon runs as root and the endpoint has no authentication. A Unix socket is root's
+//! (0600), or root's and a named group's (0660, `--metrics-group`): whoever may connect may
+//! also hold the few connections served at once, and keep the scraper out. A loopback port is
+//! open to every local user (the figures are counts, with no pid, uid or command in them), and
+//! to nobody else. It is written for hostile clients: a request head is at most
 //! 8 KiB and must come within 5 s, the response must be taken within 5 s, at most 8
 //! connections are served at once (more wait in the kernel's queue), and every connection is
 //! closed after one response. The figures are read at most once a second, on a blocking
@@ -123,11 +125,14 @@ impl fmt::Display for Listener {
 }
 
 /// Binds `addr`, or says why not: a Unix socket as the daemon's own socket is (its directory
-/// root's alone, a stale socket replaced, a live one refused); a TCP address that is in use is
-/// refused.
-pub async fn bind(addr: &MetricsAddr) -> Result<Listener> {
+/// root's alone, a stale socket replaced, a live one refused), but 0600 root's, or 0660 with
+/// `group`: a user who may connect may also hold the few connections served at once, and so
+/// keep the scraper out. A TCP address that is in use is refused.
+pub async fn bind(addr: &MetricsAddr, group: Option<u32>) -> Result<Listener> {
     match addr {
-        MetricsAddr::Unix(path) => super::bind(path, "--metrics").map(Listener::Unix),
+        MetricsAddr::Unix(path) => {
+            super::bind(path, "--metrics", super::SocketAccess::Root { group }).map(Listener::Unix)
+        }
         MetricsAddr::Tcp(tcp) => TcpListener::bind(tcp)
             .await
             .map(Listener::Tcp)
@@ -189,18 +194,19 @@ impl Server {
     /// ends the connection. Its socket is closed as the protocol's are, apart if something
     /// queued on it carries a descriptor.
     async fn serve_unix(&self, stream: UnixStream) {
-        let uid = stream.peer_cred().map_or(u32::MAX, |c| c.uid());
+        // Charged to its uid (who it is beyond that is not asked here); -1 when unknown.
+        let account = stream.peer_cred().map_or(u32::MAX, |c| c.uid()).into();
         let disposal = self.daemon.disposal.clone();
         let (reader, writer) = stream.into_split();
-        let reader = RequestStream::new(reader, Pidfds::default(), uid, disposal.clone());
+        let reader = RequestStream::new(reader, Pidfds::default(), account, disposal.clone());
         let mut stream = tokio::io::join(reader, writer);
         self.serve_connection(&mut stream).await;
         let (reader, writer) = stream.into_inner();
         let stream = reader.into_half().reunite(writer).map(UnixStream::into_std);
         match stream {
-            Ok(Ok(stream)) => disposal.close_connection(uid, stream.into(), None),
+            Ok(Ok(stream)) => disposal.close_connection(account, stream.into(), None),
             // It could not be taken from tokio, and was closed there.
-            _ => tracing::warn!(uid, "metrics: dropping a connection"),
+            _ => tracing::warn!(account, "metrics: dropping a connection"),
         }
     }
 

@@ -10,7 +10,8 @@
 //! - [`requests`]: what each request does.
 //! - [`outbox`]: a connection's replies and events, bounded in bytes.
 //! - [`subscribers`]: who hears of which events.
-//! - [`limits`]: per-uid caps on connections, request rate and heavy work.
+//! - [`identity`]: who a client is beyond its uid: its account, its pid namespaces.
+//! - [`limits`]: per-account caps on connections, request rate and heavy work.
 //! - [`auth`]: the kill(2) rule and tree ownership.
 //! - [`metrics`], [`metrics_text`], [`metrics_http`]: the figures for Prometheus (`--metrics`).
 
@@ -19,6 +20,7 @@ mod auth;
 mod connection;
 mod disposal;
 mod enforcement;
+mod identity;
 mod limits;
 mod metrics;
 mod metrics_http;
@@ -48,14 +50,17 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use leash_client::protocol::{Event, KillSummary, LeaseId, RootExitPolicy, TreeId};
+use leash_common::Account;
 use tokio::{
     net::UnixListener,
     signal::unix::{SignalKind, signal},
     sync::{oneshot, watch},
 };
 
+use subscribers::Audience;
+
 use crate::{
-    kernel::{Capacity, KillError, Origin, Tracker, TrackerView},
+    kernel::{Capacity, KillError, Origin, Tracker, TrackerView, Whois},
     sys, trusted_dir,
 };
 
@@ -75,6 +80,8 @@ pub struct Config {
     pub pin_root: Option<PathBuf>,
     /// Where the metrics are served, if anywhere.
     pub metrics: Option<MetricsAddr>,
+    /// The group that may connect to a metrics Unix socket, besides root.
+    pub metrics_group: Option<u32>,
 }
 
 /// The outcome of a kill, as every waiter sees it.
@@ -94,9 +101,12 @@ struct PendingKill {
 struct TreeEntry {
     lease: LeaseId,
     owner_uid: u32,
-    /// The uid that asked for it: the owner's, or another's that used the lease's token. Both
-    /// count it against their limits.
-    registrar_uid: u32,
+    /// The lease's account, and the account of the client that asked for it (the same, or
+    /// another's that used the lease's token): both count it against their limits.
+    account: Account,
+    registrar_account: Account,
+    /// The pid namespaces of the lease's host, its own first: clients in these see the tree.
+    registered_from: Arc<[u32]>,
     /// The root's number in each pid namespace it is in, the daemon's first (`NSpid`): how
     /// clients in containers are told it, even once it has exited.
     root: Box<[u32]>,
@@ -113,9 +123,14 @@ struct TreeEntry {
 struct Lease {
     token: String,
     uid: u32,
+    account: Account,
+    /// The host's pid namespaces, its own first.
+    pid_namespaces: Arc<[u32]>,
     host_pid: u32,
     /// The host's start time in /proc's clock ticks (with the pid, it names the host).
     host_start_ticks: u64,
+    /// A tree was registered under it: from then on its end is worth an INFO line.
+    held_trees: bool,
 }
 
 #[derive(Debug, Default)]
@@ -145,6 +160,11 @@ pub struct Daemon {
     metrics: Arc<metrics::Metrics>,
     /// Where what clients sent is closed, and their connections' sockets.
     disposal: disposal::Disposal,
+    /// What the kernel knows of clients that /proc does not tell; asked one at a time.
+    whois: Arc<Whois>,
+    whois_turn: tokio::sync::Semaphore,
+    /// The daemon's own pid namespace (inode number).
+    pid_namespace: u32,
     config: Config,
 }
 
@@ -155,9 +175,15 @@ impl Daemon {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Opens a lease for the host `host_pid` (started at `host_start_ticks`) and uid `uid`,
-    /// with a new secret token.
-    fn open_lease(&self, uid: u32, host_pid: u32, host_start_ticks: u64) -> io::Result<LeaseId> {
+    /// Opens a lease for the host `host_pid` (started at `host_start_ticks`) of uid `uid`, who
+    /// is `who`, with a new secret token.
+    fn open_lease(
+        &self,
+        uid: u32,
+        who: &identity::ClientIdentity,
+        host_pid: u32,
+        host_start_ticks: u64,
+    ) -> io::Result<LeaseId> {
         let token = new_token()?;
         let mut state = self.state();
         let id = state.next_lease;
@@ -167,23 +193,69 @@ impl Daemon {
             Lease {
                 token,
                 uid,
+                account: who.account,
+                pid_namespaces: who.pid_namespaces.clone(),
                 host_pid,
                 host_start_ticks,
+                held_trees: false,
             },
         );
         Ok(id)
     }
 
-    /// Sends an event of a tree `owner_uid` owns to the subscribers who may hear it.
-    fn emit(&self, owner_uid: u32, event: Event) {
-        self.subscribers.deliver(owner_uid, event, None);
+    /// Notes that `lease` now holds a tree; at its first, says so at INFO. A connection that
+    /// only asks (`status`, `list`, `watch`) is logged at DEBUG alone: a client that connects
+    /// in a loop must not fill the log.
+    fn lease_holds_a_tree(&self, lease: LeaseId) {
+        let first = {
+            let mut state = self.state();
+            let Some(entry) = state.leases.get_mut(&lease) else {
+                return;
+            };
+            let first = !entry.held_trees;
+            entry.held_trees = true;
+            first.then_some((entry.uid, entry.host_pid))
+        };
+        if let Some((uid, host)) = first {
+            tracing::info!(lease, uid, host, "lease holds its first tree");
+        }
+    }
+
+    /// Logs the end of `lease` (before it is removed): at INFO if it ever held a tree, at
+    /// DEBUG if it only asked.
+    fn log_lease_end(&self, lease: LeaseId, ended_by: &str) {
+        let held_trees = self
+            .state()
+            .leases
+            .get(&lease)
+            .is_some_and(|entry| entry.held_trees);
+        if held_trees {
+            tracing::info!(lease, ended_by, "lease ended");
+        } else {
+            tracing::debug!(lease, ended_by, "lease ended");
+        }
+    }
+
+    /// Sends an event of a tree to the subscribers of its `audience`.
+    fn emit(&self, audience: &Audience, event: Event) {
+        self.subscribers.deliver(audience, event, None);
     }
 
     /// Sends an event about a tree's root, whose numbers in each pid namespace are
     /// `root_numbers`: subscribers in containers are told its number there even once it is gone.
-    fn emit_about_root(&self, owner_uid: u32, event: Event, root_numbers: &[u32]) {
+    fn emit_about_root(&self, audience: &Audience, event: Event, root_numbers: &[u32]) {
         self.subscribers
-            .deliver(owner_uid, event, Some(root_numbers));
+            .deliver(audience, event, Some(root_numbers));
+    }
+}
+
+impl TreeEntry {
+    /// Who may hear of the tree's events.
+    fn audience(&self) -> Audience {
+        Audience {
+            owner: self.owner_uid,
+            registered_from: self.registered_from.clone(),
+        }
     }
 }
 
@@ -197,12 +269,16 @@ pub async fn run(config: Config) -> Result<()> {
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut hangup = signal(SignalKind::hangup())?;
     // The socket first: it refuses to start beside a live daemon, which holds the pins.
-    let listener = bind(&config.socket, "--socket")?;
+    let listener = bind(&config.socket, "--socket", SocketAccess::Everyone)?;
     // Before the programs load too: an endpoint that is taken is refused at once.
     let metrics_listener = match &config.metrics {
-        Some(addr) => Some(metrics_http::bind(addr).await.inspect_err(|_| {
-            let _ = fs::remove_file(&config.socket);
-        })?),
+        Some(addr) => Some(
+            metrics_http::bind(addr, config.metrics_group)
+                .await
+                .inspect_err(|_| {
+                    let _ = fs::remove_file(&config.socket);
+                })?,
+        ),
         None => None,
     };
     let loaded = match &config.pin_root {
@@ -220,6 +296,9 @@ pub async fn run(config: Config) -> Result<()> {
     let view = tracker
         .shared_view()
         .inspect_err(|_| remove_sockets(&config))?;
+    let pid_namespace = crate::proc::own_pid_namespace()
+        .context("reading the daemon's pid namespace")
+        .inspect_err(|_| remove_sockets(&config))?;
     let (jobs, queues) = owner::queues();
     let daemon = Arc::new(Daemon {
         view,
@@ -235,6 +314,9 @@ pub async fn run(config: Config) -> Result<()> {
         setup_failures: Mutex::default(),
         metrics: Arc::default(),
         disposal: disposal::Disposal::default(),
+        whois: tracker.whois(),
+        whois_turn: tokio::sync::Semaphore::new(1),
+        pid_namespace,
         config,
     });
     owner::start(daemon.clone(), tracker, queues, origin == Origin::TakenOver)
@@ -328,23 +410,55 @@ fn remove_sockets(config: &Config) {
     }
 }
 
+/// Who may connect to a socket the daemon binds, by its file's mode.
+#[derive(Clone, Copy, Debug)]
+enum SocketAccess {
+    /// 0666: anyone; what they may do is checked per request.
+    Everyone,
+    /// 0600, root's alone; 0660 with its group set to this one, if given.
+    Root { group: Option<u32> },
+}
+
 /// Binds a socket, the one `option` names: its directory is made if needed (0755) and must be
 /// root's alone (see `trusted_dir`), a stale socket is replaced, a live daemon's is not.
-/// Anyone may connect; what they may do is checked per request.
-fn bind(path: &Path, option: &str) -> Result<UnixListener> {
+fn bind(path: &Path, option: &str, access: SocketAccess) -> Result<UnixListener> {
     let dir = path
         .parent()
         .filter(|dir| !dir.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     trusted_dir::ensure(dir, 0o755, option)?;
     remove_stale(path, option)?;
-    // The socket is made 0666 (0777 less the mask), so its mode is never set by path after
-    // it is visible, which would follow whatever the path names by then. Nothing else makes
-    // files now: the daemon binds before it starts any task.
-    let umask = sys::umask(0o111);
+    // The socket is made with its mode (0777 less the mask), so its mode is never set by path
+    // after it is visible, which would follow whatever the path names by then. Nothing else
+    // makes files now: the daemon binds before it starts any task.
+    let mask = match access {
+        SocketAccess::Everyone => 0o111,
+        SocketAccess::Root { group: None } => 0o177,
+        SocketAccess::Root { group: Some(_) } => 0o117,
+    };
+    let umask = sys::umask(mask);
     let bound = UnixListener::bind(path);
     sys::umask(umask);
-    bound.with_context(|| format!("binding {}", path.display()))
+    let listener = bound.with_context(|| format!("binding {}", path.display()))?;
+    if let SocketAccess::Root { group: Some(gid) } = access {
+        // Until now the socket is 0660 root:root: no one but root could connect. The directory
+        // is root's alone (checked above), so the path still names the socket just made, and
+        // lchown would not follow a symlink anyway. Without CAP_CHOWN (the unit and the pod
+        // bound it out), a file's owner may give it only to a group it is in.
+        std::os::unix::fs::lchown(path, None, Some(gid))
+            .inspect_err(|_| {
+                let _ = fs::remove_file(path);
+            })
+            .with_context(|| {
+                format!(
+                    "giving {} to group {gid} (the daemon must be in the group, e.g. \
+                     SupplementaryGroups= in its unit, supplementalGroups in its pod, or have \
+                     CAP_CHOWN)",
+                    path.display()
+                )
+            })?;
+    }
+    Ok(listener)
 }
 
 /// Removes a socket left by a daemon that died. Anything else at `path` (a file, a symlink)

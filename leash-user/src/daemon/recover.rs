@@ -8,14 +8,37 @@ use std::{
     collections::{HashMap, hash_map::Entry},
     os::fd::OwnedFd,
     rc::Rc,
+    sync::Arc,
     time::Duration,
 };
 
 use leash_client::protocol::{LeaseId, RootExitPolicy, TreeId};
 use leash_common::{Holder, Pid, holder_flags};
 
-use super::{TreeEntry, enforcement, owner::Owner};
+use super::{Daemon, TreeEntry, enforcement, identity::ClientIdentity, owner::Owner};
 use crate::proc;
+
+/// A recorded host's new lease, and its pid namespaces.
+type HeldHost = (LeaseId, Arc<[u32]>);
+
+/// Who the host recorded in `holder` is: its account as recorded, and its pid namespaces as
+/// the kernel says now (the daemon's own if it is gone: its lease then ends at once).
+fn host_identity(daemon: &Daemon, holder: &Holder) -> ClientIdentity {
+    let pid_namespaces = daemon
+        .whois
+        .ask(holder.host_pid)
+        .ok()
+        .flatten()
+        .filter(|_| proc::alive_start(holder.host_pid) == Some(holder.host_start_ticks))
+        .map_or_else(
+            || [daemon.pid_namespace].into(),
+            |found| found.pid_namespaces.into(),
+        );
+    ClientIdentity {
+        account: holder.account,
+        pid_namespaces,
+    }
+}
 
 /// Holds every tree found in the maps again: one lease per recorded host, watched until the
 /// host exits. A tree with no recorded holder is killed (fail closed).
@@ -33,22 +56,24 @@ pub fn hold_again(owner: &Rc<Owner>) {
             })
             .collect()
     };
-    let mut hosts: HashMap<(Pid, u64), LeaseId> = HashMap::new();
+    // Per recorded host (pid, start time): its lease, and the pid namespaces it is in.
+    let mut hosts: HashMap<(Pid, u64), HeldHost> = HashMap::new();
     let (mut unheld, mut doomed) = (Vec::new(), Vec::new());
     for &(tree, holder, root, is_doomed) in &found {
-        let lease = if holder.host_pid == 0 {
+        let (lease, registered_from) = if holder.host_pid == 0 {
             unheld.push(tree);
-            0
+            (0, [daemon.pid_namespace].into())
         } else {
             match hosts.entry((holder.host_pid, holder.host_start_ticks)) {
-                Entry::Occupied(known) => *known.get(),
+                Entry::Occupied(known) => known.get().clone(),
                 Entry::Vacant(new) => {
-                    match daemon.open_lease(holder.owner_uid, new.key().0, new.key().1) {
-                        Ok(lease) => *new.insert(lease),
+                    let who = host_identity(daemon, &holder);
+                    match daemon.open_lease(holder.owner_uid, &who, new.key().0, new.key().1) {
+                        Ok(lease) => new.insert((lease, who.pid_namespaces)).clone(),
                         Err(e) => {
                             tracing::error!(tree, "cannot open a lease for it: {e}");
                             unheld.push(tree);
-                            0
+                            (0, [daemon.pid_namespace].into())
                         }
                     }
                 }
@@ -67,7 +92,9 @@ pub fn hold_again(owner: &Rc<Owner>) {
             TreeEntry {
                 lease,
                 owner_uid: holder.owner_uid,
-                registrar_uid: holder.owner_uid,
+                account: holder.account,
+                registrar_account: holder.account,
+                registered_from,
                 root: super::requests::root_numbers(root),
                 on_root_exit,
                 grace: Duration::from_millis(holder.grace_ms.into()),
@@ -89,7 +116,7 @@ pub fn hold_again(owner: &Rc<Owner>) {
     for tree in doomed {
         enforcement::start_kill(owner, tree, None, "resumed");
     }
-    for ((pid, start_ticks), lease) in hosts {
+    for ((pid, start_ticks), (lease, _)) in hosts {
         watch_host_again(owner, lease, pid, start_ticks);
     }
 }

@@ -13,8 +13,8 @@
 //! A descriptor that is not a pidfd ends the connection, and is closed apart (`disposal`): its
 //! close may block. Each read is peeked at first, and the kinds of the descriptors it would
 //! bring are checked on the copies the peek makes: the read happens only when the disposal
-//! has room for those that are not pidfds. A uid whose descriptors wait there, their closes
-//! stuck, has further ones refused, and its connection ended, before they are read.
+//! has room for those that are not pidfds. An account whose descriptors wait there, their
+//! closes stuck, has further ones refused, and its connection ended, before they are read.
 
 use std::{
     collections::VecDeque,
@@ -29,6 +29,8 @@ use tokio::{
     io::{AsyncRead, Interest, ReadBuf},
     net::unix::OwnedReadHalf,
 };
+
+use leash_common::Account;
 
 use super::disposal::{Disposal, Reservation};
 use crate::{proc, sys};
@@ -78,18 +80,18 @@ pub struct RequestStream {
     pidfds: Pidfds,
     /// Newlines read so far: the number of the line the next byte is in.
     newlines: u64,
-    /// The client's uid, whose room in the disposal its descriptors take.
-    uid: u32,
+    /// The client's account, whose room in the disposal its descriptors take.
+    account: Account,
     disposal: Disposal,
 }
 
 impl RequestStream {
-    pub fn new(half: OwnedReadHalf, pidfds: Pidfds, uid: u32, disposal: Disposal) -> Self {
+    pub fn new(half: OwnedReadHalf, pidfds: Pidfds, account: Account, disposal: Disposal) -> Self {
         Self {
             half,
             pidfds,
             newlines: 0,
-            uid,
+            account,
             disposal,
         }
     }
@@ -130,7 +132,7 @@ impl RequestStream {
 fn receive(
     socket: BorrowedFd<'_>,
     buf: &mut [u8],
-    uid: u32,
+    account: Account,
     disposal: &Disposal,
     received: &mut Vec<OwnedFd>,
     room: &mut Option<Reservation>,
@@ -142,14 +144,14 @@ fn receive(
         .filter(|fd| proc::pidfd_pid(fd.as_fd()).is_none())
         .count();
     drop(copies);
-    *room = disposal.reserve(uid, not_pidfds);
+    *room = disposal.reserve(account, not_pidfds);
     if room.is_none() {
         tracing::debug!(
-            uid,
+            account,
             "descriptors refused: too many wait to be closed already"
         );
         return Err(io::Error::other(
-            "descriptors refused: too many of this uid's wait to be closed",
+            "descriptors refused: too many of this account's wait to be closed",
         ));
     }
     sys::recv_with_fds(socket, &mut buf[..peeked], received)
@@ -179,12 +181,12 @@ impl AsyncRead for RequestStream {
             ready!(stream.poll_read_ready(cx))?;
             let mut received = Vec::new();
             let mut room = None;
-            let (uid, disposal) = (this.uid, &this.disposal);
+            let (account, disposal) = (this.account, &this.disposal);
             let read = stream.try_io(Interest::READABLE, || {
                 receive(
                     stream.as_fd(),
                     buf.initialize_unfilled(),
-                    uid,
+                    account,
                     disposal,
                     &mut received,
                     &mut room,

@@ -13,11 +13,13 @@ use leash_client::protocol::{
     PROTOCOL_VERSION, Reply, Request, RootExitPolicy, ServerLine, StatusInfo, TreeId, TreeInfo,
     decode_request,
 };
-use leash_common::{Holder, Member, Pid, holder_flags};
+use leash_common::{Account, Holder, Member, Pid, holder_flags};
+
+use super::identity::describe;
 
 use crate::{
     kernel::{Adoption, IdentifyError, KillError, identify, identify_pidfd},
-    proc::ProcessRef,
+    proc::{self, ProcessRef},
     sys::Pidfd,
 };
 
@@ -33,7 +35,7 @@ use super::{
     owner::Owner,
     pid_view::PidView,
     request_stream::Pidfds,
-    subscribers::Hears,
+    subscribers::{Audience, Hears},
 };
 
 /// What a request costs of its uid's budget (see `limits`): most are map lookups; these read
@@ -89,22 +91,22 @@ impl Session {
             Ok(request) => request,
             Err(DecodeError { id, message }) => {
                 self.send_error(id, ErrorCode::BadRequest, message);
-                return daemon.limits.spend(self.peer.uid, 1);
+                return daemon.limits.spend(self.peer.account, 1);
             }
         };
         let cost = match op {
             Op::Register { .. } | Op::List { .. } => HEAVY_COST,
             _ => 1,
         };
-        if let Err(pause) = daemon.limits.spend(self.peer.uid, cost) {
+        if let Err(pause) = daemon.limits.spend(self.peer.account, cost) {
             let limits = daemon.limits.limits();
             self.outbox.reply(&ServerLine::error(
                 Some(id),
                 ErrorCode::LimitReached,
                 format!(
-                    "uid {} is over its {} requests a second (list and register count {HEAVY_COST}); \
+                    "{} is over its {} requests a second (list and register count {HEAVY_COST}); \
                      retry in {} ms",
-                    self.peer.uid,
+                    describe(self.peer.account),
                     limits.requests_per_second,
                     pause.as_millis().max(1)
                 ),
@@ -270,7 +272,7 @@ impl Session {
                 format!("pid {pid} cannot be registered (init, 0, or the daemon itself)"),
             ));
         }
-        let (lease, mut holder) = self.lease_for(daemon, token)?;
+        let (lease, mut holder, registered_from) = self.lease_for(daemon, token)?;
         let owner_uid = holder.owner_uid;
         let on_root_exit = on_root_exit.unwrap_or_default();
         holder.grace_ms = u32::try_from(grace.as_millis()).unwrap_or(u32::MAX);
@@ -300,23 +302,52 @@ impl Session {
             effective: owner_uid,
             saved: owner_uid,
         };
-        if !may_signal(requester, target) || !may_signal(owner, target) {
-            return Err(refuse(
+        // The refusal names the uid whose right failed: with another lease's token, that may
+        // be the lease's owner and not the client.
+        let denied = |uid: u32, role: &str| {
+            refuse(
                 ErrorCode::PermissionDenied,
                 format!(
-                    "process {pid} belongs to uid {}; uid {} may not signal it",
-                    target.real, self.peer.uid
+                    "process {pid} belongs to uid {}; uid {uid}{role} may not signal it",
+                    target.real
                 ),
-            ));
+            )
+        };
+        if !may_signal(requester, target) {
+            return Err(denied(self.peer.uid, ""));
         }
-        // A tree registered with another lease's token counts against both uids.
-        self.check_limits(daemon, owner_uid)?;
-        if self.peer.uid != owner_uid {
-            self.check_limits(daemon, self.peer.uid)?;
+        if !may_signal(owner, target) {
+            return Err(denied(owner_uid, ", which holds the lease,"));
+        }
+        // One /proc walk per account at a time: a user's registrations queue behind each
+        // other, not in front of anyone else's. Taken before the limits are checked, so that
+        // the check sees every tree the account's earlier registrations filed.
+        let _turn = daemon.limits.heavy(self.peer.account).await;
+        // A tree registered with another lease's token counts against both accounts.
+        self.check_limits(daemon, holder.account)?;
+        if self.peer.account != holder.account {
+            self.check_limits(daemon, self.peer.account)?;
         }
         // What a process in a tree registers is nested in that tree (and a process that is in
-        // a tree already stays in it: see Tracker::start_adoption).
-        let nest_in = self.confinement(daemon).first().copied();
+        // a tree already stays in it: see Tracker::start_adoption), and it may register only
+        // what is in its tree already: its host, or any process outside, would otherwise come
+        // under the agent's tree, and the host's own kill and release of it would find nothing.
+        let confinement = self.confinement(daemon);
+        let nest_in = confinement.first().copied();
+        if let Some(own) = nest_in {
+            let inside = daemon.view.member(pid).is_some_and(|member| {
+                proc::ns_to_ticks(member.start_ns) == process.start_ticks
+                    && daemon.view.enclosing(member.tree).contains(&own)
+            });
+            if !inside {
+                return Err(refuse(
+                    ErrorCode::PermissionDenied,
+                    format!(
+                        "process {pid} is outside tree {own}, which the client runs in: a                          process in a tree may register only processes of its own tree"
+                    ),
+                ));
+            }
+        }
         // A first look (the owner checks again as it makes the tree).
         if daemon.state().trees.len() >= daemon.view.capacity().trees as usize {
             return Err(refuse(
@@ -324,14 +355,17 @@ impl Session {
                 "the daemon's tree capacity is full",
             ));
         }
-        // One /proc walk per uid at a time: a user's registrations queue behind each other,
-        // not in front of anyone else's.
-        let _turn = daemon.limits.heavy(self.peer.uid).await;
         let numbers = root_numbers(pid);
+        let audience = Audience {
+            owner: owner_uid,
+            registered_from: registered_from.clone(),
+        };
         let entry = TreeEntry {
             lease,
             owner_uid,
-            registrar_uid: self.peer.uid,
+            account: holder.account,
+            registrar_account: self.peer.account,
+            registered_from,
             root: numbers.clone(),
             on_root_exit,
             grace,
@@ -342,6 +376,7 @@ impl Session {
         let adopted = adopt(daemon, process, nest_in, holder, entry).await;
         daemon.memory_freed.store(true, Ordering::Relaxed);
         let tree = adopted?;
+        daemon.lease_holds_a_tree(lease);
         let status = daemon.view.tree_status(tree).ok();
         let (members, nested_in) = (
             status.map_or(0, |s| s.members),
@@ -356,7 +391,7 @@ impl Session {
             "tree registered"
         );
         let registered = enforcement::registered_event(tree, lease, pid);
-        daemon.emit_about_root(owner_uid, registered, &numbers);
+        daemon.emit_about_root(&audience, registered, &numbers);
         Ok(Reply::Registered {
             tree,
             root: self.peer.view.pick(&numbers),
@@ -373,7 +408,7 @@ impl Session {
             // unknown (0), the entry is taken as the client's: fail closed.
             Some(member)
                 if self.peer.start_ticks == 0
-                    || crate::proc::ns_to_ticks(member.start_ns) == self.peer.start_ticks =>
+                    || proc::ns_to_ticks(member.start_ns) == self.peer.start_ticks =>
             {
                 view.enclosing(member.tree)
             }
@@ -387,6 +422,7 @@ impl Session {
             uid: self.peer.uid,
             lease: self.peer.lease,
             confined,
+            pid_namespace: self.peer.pid_namespace,
         }
     }
 
@@ -398,11 +434,11 @@ impl Session {
         rule: fn(Requester<'_>, TreeFacts<'_>) -> Verdict,
     ) -> Result<(), Refusal> {
         let confined = self.confinement(daemon);
-        let Some((lease, owner)) = daemon
+        let Some((lease, owner, registered_from)) = daemon
             .state()
             .trees
             .get(&tree)
-            .map(|entry| (entry.lease, entry.owner_uid))
+            .map(|entry| (entry.lease, entry.owner_uid, entry.registered_from.clone()))
         else {
             return Err(not_found(tree));
         };
@@ -411,24 +447,25 @@ impl Session {
             lease,
             owner,
             chain: &chain,
+            registered_from: &registered_from,
         };
         match rule(self.requester(&confined), facts) {
             Verdict::Allowed => Ok(()),
             Verdict::Hidden => Err(not_found(tree)),
             Verdict::Denied(why) => Err(refuse(
                 ErrorCode::PermissionDenied,
-                format!("tree {tree}: {why}"),
+                format!("tree {tree}: uid {} is refused: {why}", self.peer.uid),
             )),
         }
     }
 
-    /// The lease a new tree goes under, and who holds it: this connection's, or the one a
-    /// token names.
+    /// The lease a new tree goes under, who holds it, and the pid namespaces of its host (the
+    /// tree is registered from there): this connection's, or the one a token names.
     fn lease_for(
         &self,
         daemon: &Daemon,
         token: Option<&str>,
-    ) -> Result<(LeaseId, Holder), Refusal> {
+    ) -> Result<(LeaseId, Holder, Arc<[u32]>), Refusal> {
         let state = daemon.state();
         let found = match token {
             None => state
@@ -449,26 +486,27 @@ impl Session {
             host_pid: lease.host_pid,
             owner_uid: lease.uid,
             host_start_ticks: lease.host_start_ticks,
+            account: lease.account,
             ..Holder::default()
         };
-        Ok((id, holder))
+        Ok((id, holder, lease.pid_namespaces.clone()))
     }
 
-    fn check_limits(&self, daemon: &Daemon, uid: u32) -> Result<(), Refusal> {
-        if uid == 0 {
+    fn check_limits(&self, daemon: &Daemon, account: Account) -> Result<(), Refusal> {
+        if account == 0 {
             return Ok(());
         }
         let held = daemon
             .state()
             .trees
             .values()
-            .filter(|t| t.owner_uid == uid || t.registrar_uid == uid)
+            .filter(|t| t.account == account || t.registrar_account == account)
             .count();
         let limit = daemon.config.max_trees_per_uid;
         if held >= limit {
             return Err(refuse(
                 ErrorCode::LimitReached,
-                format!("uid {uid} holds {held} trees, the most allowed"),
+                format!("{} holds {held} trees, the most allowed", describe(account)),
             ));
         }
         Ok(())
@@ -497,7 +535,7 @@ impl Session {
             .map_err(|e| refuse(ErrorCode::Internal, format!("{e:#}")))?;
         tracing::info!(tree, "tree released");
         daemon.emit(
-            entry.owner_uid,
+            &entry.audience(),
             enforcement::released_event(tree, entry.lease),
         );
         Ok(Reply::Released { tree })
@@ -550,6 +588,7 @@ impl Session {
                         lease: entry.lease,
                         owner: entry.owner_uid,
                         chain: &chain,
+                        registered_from: &entry.registered_from,
                     };
                     may_see(who, facts)
                         .then(|| tree_info(tree, entry, &state, chain.get(1), self.peer.view))
@@ -560,7 +599,7 @@ impl Session {
         if trees.is_empty() {
             return Ok(Reply::Trees(trees));
         }
-        let _turn = daemon.limits.heavy(self.peer.uid).await;
+        let _turn = daemon.limits.heavy(self.peer.account).await;
         let (daemon, view) = (daemon.clone(), self.peer.view);
         tokio::task::spawn_blocking(move || {
             let entries = daemon.view.member_entries()?;
@@ -584,9 +623,13 @@ impl Session {
             } else {
                 Hears::Uid(self.peer.uid)
             };
-            daemon
-                .subscribers
-                .add(hears, self.peer.lease, self.outbox.clone(), self.peer.view);
+            daemon.subscribers.add(
+                hears,
+                self.peer.lease,
+                self.outbox.clone(),
+                self.peer.view,
+                self.peer.pid_namespace,
+            );
         }
         Reply::Subscribed
     }
@@ -599,7 +642,10 @@ impl Session {
             let leases = state
                 .leases
                 .values()
-                .filter(|lease| may_manage(self.peer.uid, lease.uid))
+                .filter(|lease| {
+                    may_manage(self.peer.uid, lease.uid)
+                        && lease.pid_namespaces.contains(&self.peer.pid_namespace)
+                })
                 .count();
             (state.trees.keys().copied().collect(), leases)
         };
@@ -792,7 +838,7 @@ fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, view: PidVi
     }
     let mut room = MAX_LISTED;
     for info in trees {
-        info.host_comm = crate::proc::process(info.host_pid).map(|p| p.comm);
+        info.host_comm = proc::process(info.host_pid).map(|p| p.comm);
         info.host_pid = view.number(info.host_pid);
         let mut members = by_tree.remove(&info.tree).unwrap_or_default();
         info.member_count = members.len() as u64;
@@ -806,7 +852,7 @@ fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, view: PidVi
                 pid: view.number(pid),
                 parent: view.number(m.parent),
                 start_ns: m.start_ns,
-                comm: crate::proc::process(pid).map(|p| p.comm),
+                comm: proc::process(pid).map(|p| p.comm),
             })
             .collect();
     }
@@ -815,7 +861,7 @@ fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, view: PidVi
 /// The numbers process `pid` has in each pid namespace it is in (just `pid` if they cannot be
 /// read): what names a tree's root to clients in containers, even after it has exited.
 pub(super) fn root_numbers(pid: Pid) -> Box<[Pid]> {
-    crate::proc::namespace_pids(pid)
+    proc::namespace_pids(pid)
         .filter(|numbers| numbers.first() == Some(&pid))
         .unwrap_or_else(|| vec![pid])
         .into()

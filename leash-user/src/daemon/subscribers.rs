@@ -25,11 +25,21 @@ pub enum Hears {
     Lease(LeaseId),
 }
 
-/// One subscriber: its lease, where its events go, and how it numbers processes.
+/// Who may hear of a tree's events: its owner's uid (for [`Hears::Uid`]), and the pid
+/// namespaces it was registered from (a subscriber in none of them hears nothing of it).
+#[derive(Clone, Debug)]
+pub struct Audience {
+    pub owner: u32,
+    pub registered_from: Arc<[u32]>,
+}
+
+/// One subscriber: its lease, where its events go, how it numbers processes, and its pid
+/// namespace.
 struct Subscriber {
     lease: LeaseId,
     outbox: Outbox,
     view: PidView,
+    pid_namespace: u32,
 }
 
 type Filed = HashMap<Hears, Vec<Subscriber>>;
@@ -42,13 +52,21 @@ impl Subscribers {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Files the connection of `lease`; it hears until [`Subscribers::remove`]. Its events
-    /// carry pids as `view` numbers them.
-    pub fn add(&self, hears: Hears, lease: LeaseId, outbox: Outbox, view: PidView) {
+    /// Files the connection of `lease`, a client in pid namespace `pid_namespace`; it hears
+    /// until [`Subscribers::remove`]. Its events carry pids as `view` numbers them.
+    pub fn add(
+        &self,
+        hears: Hears,
+        lease: LeaseId,
+        outbox: Outbox,
+        view: PidView,
+        pid_namespace: u32,
+    ) {
         let subscriber = Subscriber {
             lease,
             outbox,
             view,
+            pid_namespace,
         };
         self.filed().entry(hears).or_default().push(subscriber);
     }
@@ -68,27 +86,37 @@ impl Subscribers {
             .any(|hears| filed.contains_key(hears))
     }
 
-    /// Sends `event`, of a tree `owner` owns, to those who may hear it: encoded once for all of
-    /// them, but for subscribers in containers, whose writers number its pids their way. An
-    /// event about a tree's root comes with the root's numbers (`root_numbers`), picked here.
-    pub fn deliver(&self, owner: u32, event: Event, root_numbers: Option<&[u32]>) {
+    /// Sends `event`, of a tree heard of by `audience`, to those who may hear it: encoded once
+    /// for all of them, but for subscribers in containers, whose writers number its pids their
+    /// way. An event about a tree's root comes with the root's numbers (`root_numbers`), picked
+    /// here.
+    pub fn deliver(&self, audience: &Audience, event: Event, root_numbers: Option<&[u32]>) {
         let lease = event.lease;
         let mut filed = self.filed();
         let mut line: Option<Arc<[u8]>> = None;
-        for hears in [Hears::Everything, Hears::Uid(owner), Hears::Lease(lease)] {
+        for hears in [
+            Hears::Everything,
+            Hears::Uid(audience.owner),
+            Hears::Lease(lease),
+        ] {
             let Some(subscribers) = filed.get_mut(&hears) else {
                 continue;
             };
             let line = line.get_or_insert_with(|| encode(&ServerLine::event(event.clone())).into());
             // A closed outbox is a subscriber that left: forget it.
-            subscribers.retain(|Subscriber { outbox, view, .. }| match root_numbers {
-                _ if view.is_daemons() => outbox.event(line),
+            subscribers.retain(|subscriber| match root_numbers {
+                _ if !audience.registered_from.contains(&subscriber.pid_namespace) => true,
+                _ if subscriber.view.is_daemons() => subscriber.outbox.event(line),
                 Some(numbers) => {
                     let mut numbered = event.clone();
-                    numbered.pid = Some(view.pick(numbers));
-                    outbox.event(&encode(&ServerLine::event(numbered)).into())
+                    numbered.pid = Some(subscriber.view.pick(numbers));
+                    subscriber
+                        .outbox
+                        .event(&encode(&ServerLine::event(numbered)).into())
                 }
-                None => outbox.event_to_number(&event, *view, line.len()),
+                None => subscriber
+                    .outbox
+                    .event_to_number(&event, subscriber.view, line.len()),
             });
         }
         filed.retain(|_, subscribers| !subscribers.is_empty());
@@ -111,6 +139,17 @@ mod tests {
     use crate::daemon::enforcement;
     use leash_client::protocol::EventKind;
 
+    const HOST_NS: u32 = 4026531836;
+    const CONTAINER_NS: u32 = 4026532500;
+
+    /// A tree of `owner`'s registered from the daemon's namespace.
+    fn from_host(owner: u32) -> Audience {
+        Audience {
+            owner,
+            registered_from: [HOST_NS].into(),
+        }
+    }
+
     fn queued(outbox: &Outbox) -> bool {
         !outbox.written().is_empty()
     }
@@ -124,28 +163,38 @@ mod tests {
             1,
             Outbox::clone(&root),
             PidView::default(),
+            HOST_NS,
         );
-        subscribers.add(Hears::Uid(1000), 2, Outbox::clone(&own), PidView::default());
+        subscribers.add(
+            Hears::Uid(1000),
+            2,
+            Outbox::clone(&own),
+            PidView::default(),
+            HOST_NS,
+        );
         subscribers.add(
             Hears::Uid(1001),
             3,
             Outbox::clone(&other),
             PidView::default(),
+            HOST_NS,
         );
         subscribers.add(
             Hears::Lease(7),
             4,
             Outbox::clone(&confined),
             PidView::default(),
+            HOST_NS,
         );
         subscribers.add(
             Hears::Lease(8),
             5,
             Outbox::clone(&elsewhere),
             PidView::default(),
+            HOST_NS,
         );
         subscribers.deliver(
-            1000,
+            &from_host(1000),
             enforcement::event(EventKind::Fork, 1, 7, Some(42)),
             None,
         );
@@ -154,18 +203,72 @@ mod tests {
     }
 
     #[test]
+    fn a_container_hears_only_of_trees_registered_from_it_or_below() {
+        let from_container = Audience {
+            owner: 1000,
+            registered_from: [CONTAINER_NS, HOST_NS].into(),
+        };
+        for (audience, heard_in_container) in [(from_host(1000), false), (from_container, true)] {
+            let subscribers = Subscribers::default();
+            let (host, container, sibling) = Default::default();
+            let nested = PidView::nested(1);
+            subscribers.add(
+                Hears::Uid(1000),
+                1,
+                Outbox::clone(&host),
+                PidView::default(),
+                HOST_NS,
+            );
+            subscribers.add(
+                Hears::Uid(1000),
+                2,
+                Outbox::clone(&container),
+                nested,
+                CONTAINER_NS,
+            );
+            subscribers.add(
+                Hears::Uid(1000),
+                3,
+                Outbox::clone(&sibling),
+                nested,
+                CONTAINER_NS + 1,
+            );
+            let event = enforcement::event(EventKind::Fork, 1, 7, Some(42));
+            subscribers.deliver(&audience, event, None);
+            assert!(queued(&host), "the host's namespace hears of every tree");
+            assert_eq!(queued(&container), heard_in_container, "{audience:?}");
+            assert!(
+                !queued(&sibling),
+                "another container, same uid: {audience:?}"
+            );
+        }
+    }
+
+    #[test]
     fn a_subscriber_that_left_is_forgotten() {
         let subscribers = Subscribers::default();
         let gone = Outbox::default();
-        subscribers.add(Hears::Uid(1000), 2, gone.clone(), PidView::default());
+        subscribers.add(
+            Hears::Uid(1000),
+            2,
+            gone.clone(),
+            PidView::default(),
+            HOST_NS,
+        );
         gone.close();
         subscribers.deliver(
-            1000,
+            &from_host(1000),
             enforcement::event(EventKind::Fork, 1, 7, Some(42)),
             None,
         );
         assert!(!subscribers.any_for(1000, 7));
-        subscribers.add(Hears::Uid(1000), 3, Outbox::default(), PidView::default());
+        subscribers.add(
+            Hears::Uid(1000),
+            3,
+            Outbox::default(),
+            PidView::default(),
+            HOST_NS,
+        );
         subscribers.remove(3);
         assert!(!subscribers.any_for(1000, 7));
     }
@@ -174,12 +277,28 @@ mod tests {
     fn a_subscriber_in_a_container_is_sent_its_own_numbers() {
         let subscribers = Subscribers::default();
         let (host, container) = (Outbox::default(), Outbox::default());
-        subscribers.add(Hears::Uid(1000), 1, host.clone(), PidView::default());
-        subscribers.add(Hears::Uid(1000), 2, container.clone(), PidView::nested(1));
+        subscribers.add(
+            Hears::Uid(1000),
+            1,
+            host.clone(),
+            PidView::default(),
+            HOST_NS,
+        );
+        subscribers.add(
+            Hears::Uid(1000),
+            2,
+            container.clone(),
+            PidView::nested(1),
+            CONTAINER_NS,
+        );
         // This process runs in the daemon's namespace: a container nested in it cannot see it.
         let me = std::process::id();
+        let from_container = Audience {
+            owner: 1000,
+            registered_from: [CONTAINER_NS, HOST_NS].into(),
+        };
         subscribers.deliver(
-            1000,
+            &from_container,
             enforcement::event(EventKind::Exec, 1, 7, Some(me)),
             None,
         );

@@ -47,6 +47,30 @@ impl TaskOffsets {
     }
 }
 
+/// Where the whois program finds a task's namespaces (see `leash_common::NamespaceOffsets`).
+pub fn namespace_offsets() -> Result<leash_common::NamespaceOffsets> {
+    let btf = Btf::from_file(Path::new(VMLINUX_BTF))
+        .with_context(|| format!("reading kernel BTF from {VMLINUX_BTF}"))?;
+    let at = |structure, field| field_offset(&btf, structure, field);
+    let inum = at("ns_common", "inum")?;
+    let upid_ns = at("upid", "ns")?;
+    Ok(leash_common::NamespaceOffsets {
+        task_pid: at("task_struct", "pid")?,
+        task_real_cred: at("task_struct", "real_cred")?,
+        cred_user_ns: at("cred", "user_ns")?,
+        user_ns_parent: at("user_namespace", "parent")?,
+        user_ns_owner: at("user_namespace", "owner")?,
+        user_ns_inum: at("user_namespace", "ns")? + inum,
+        task_thread_pid: at("task_struct", "thread_pid")?,
+        pid_level: at("pid", "level")?,
+        pid_numbers: at("pid", "numbers")?,
+        // `struct upid` is an int and a pointer: its size is the pointer's end.
+        upid_size: upid_ns + size_of::<u64>() as u32,
+        upid_ns,
+        pid_ns_inum: at("pid_namespace", "ns")? + inum,
+    })
+}
+
 /// The byte offset of `field` in `structure`, looking through anonymous structs and unions
 /// (task_struct wraps its randomizable part in one).
 pub fn field_offset(btf: &Btf, structure: &str, field: &str) -> Result<u32> {
@@ -102,6 +126,14 @@ mod tests {
 
     /// Reads this machine's BTF: the offsets must be plausible and distinct. (Exact values are
     /// per kernel build, so they are not asserted.)
+    #[test]
+    fn namespace_offsets_of_this_kernel() {
+        let offsets = namespace_offsets().unwrap();
+        assert_eq!(offsets.upid_size, 16, "{offsets:?}");
+        assert_ne!(offsets.task_real_cred, offsets.task_thread_pid);
+        assert!(offsets.user_ns_parent.is_multiple_of(8), "{offsets:?}");
+    }
+
     #[test]
     fn task_offsets_of_this_kernel() {
         if !Path::new(VMLINUX_BTF).exists() {

@@ -8,18 +8,19 @@ mod pins;
 mod register;
 pub mod support;
 mod view;
+pub mod whois;
 
-use std::{fmt, mem::offset_of, ops::Deref};
+use std::{fmt, mem::offset_of, ops::Deref, os::fd::OwnedFd};
 
 use anyhow::{Context, Result, anyhow, bail};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, Map, MapData, RingBuf},
-    programs::{BtfTracePoint, links::FdLink},
+    programs::{BtfTracePoint, Iter, links::FdLink},
 };
 use leash_common::{
-    Event, EventKind, Holder, Member, NO_LIMIT, Pid, TreeControl, TreeCounters, TreeId, global,
-    map, program,
+    ALL_ACCOUNTS, Account, Event, EventKind, Holder, MEMBER_RESERVE, Member, NO_LIMIT, Pid,
+    TreeControl, TreeCounters, TreeId, global, map, program,
 };
 
 use crate::{proc, sys};
@@ -28,6 +29,7 @@ pub use kill::{KILL_ROUNDS_TIMEOUT, Kill, KillError, KillReport, KillStep, SIGNA
 pub use pins::Pins;
 pub use register::{Adoption, IdentifyError, identify, identify_pidfd};
 pub use view::{TrackerView, fill_comms};
+pub use whois::{Identity, UserNamespace, Whois};
 
 /// The compiled programs, embedded at build time by build.rs.
 static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
@@ -42,8 +44,9 @@ pub const PROGRAMS_ATTACHED: [(&str, &str); 3] = [
 /// Map capacities, fixed when the programs are loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacity {
-    /// Processes tracked at once, over all trees. A child that finds the map full is counted
-    /// as a failed insert of its tree.
+    /// Processes tracked at once, over all trees. A child forked past it is still tracked (the
+    /// map keeps a reserve beyond it: `leash_common::MEMBER_RESERVE`), its forker is killed,
+    /// and it counts as a failed insert of its tree, which is killed as untrackable.
     pub members: u32,
     /// Trees registered at once.
     pub trees: u32,
@@ -172,10 +175,11 @@ pub struct Tracker {
     /// The maps clients read, which the tracker writes through too.
     view: TrackerView,
     events: RingBuf<MapData>,
-    uid_joined: HashMap<MapData, u32, i64>,
-    uid_seeded: HashMap<MapData, u32, i64>,
+    account_joined: HashMap<MapData, Account, i64>,
+    account_seeded: HashMap<MapData, Account, i64>,
     next_tree: TreeId,
     pins: Option<Pins>,
+    whois: std::sync::Arc<Whois>,
     // Holds the programs and (unpinned) their links. None when taken over from pins: the
     // pinned links hold the programs then.
     _programs: Option<Ebpf>,
@@ -205,7 +209,8 @@ impl Tracker {
     /// CAP_BPF + CAP_PERFMON) and a kernel with BTF.
     pub fn load(capacity: Capacity) -> Result<Self> {
         let attached = Attached::load(capacity)?;
-        Self::from_programs(attached.ebpf, capacity, None)
+        let whois = link_fd(&attached.whois)?;
+        Self::from_programs(attached.ebpf, whois, capacity, None)
     }
 
     /// Like [`Tracker::load`], with the links and maps pinned under `root`, so tracking goes on
@@ -246,8 +251,8 @@ impl Tracker {
             pins.remove()?;
             pins = Pins::at(root)?;
         }
-        let ebpf = match Attached::load(capacity)?.pin(&mut pins) {
-            Ok(ebpf) => ebpf,
+        let (ebpf, whois_link) = match Attached::load(capacity)?.pin(&mut pins) {
+            Ok(pinned) => pinned,
             Err(e) => {
                 // Half-pinned programs would go on running with nobody to read their maps.
                 let _ = pins.remove();
@@ -256,13 +261,19 @@ impl Tracker {
         };
         tracing::info!(dir = %pins.dir().display(), "programs and maps pinned");
         Ok((
-            Self::from_programs(ebpf, capacity, Some(pins))?,
+            Self::from_programs(ebpf, whois_link, capacity, Some(pins))?,
             Origin::Loaded,
         ))
     }
 
-    fn from_programs(mut ebpf: Ebpf, capacity: Capacity, pins: Option<Pins>) -> Result<Self> {
-        Ok(Self {
+    fn from_programs(
+        mut ebpf: Ebpf,
+        whois_link: OwnedFd,
+        capacity: Capacity,
+        pins: Option<Pins>,
+    ) -> Result<Self> {
+        let whois = Whois::new(whois_link, take_map(&mut ebpf, map::WHOIS)?)?;
+        let mut tracker = Self {
             view: TrackerView::new(
                 take_map(&mut ebpf, map::MEMBERS)?,
                 take_map(&mut ebpf, map::TREE_COUNTERS)?,
@@ -271,12 +282,21 @@ impl Tracker {
                 capacity,
             )?,
             events: RingBuf::try_from(take_map(&mut ebpf, map::EVENTS)?)?,
-            uid_joined: HashMap::try_from(take_map(&mut ebpf, map::UID_JOINED)?)?,
-            uid_seeded: HashMap::try_from(take_map(&mut ebpf, map::UID_SEEDED)?)?,
+            account_joined: HashMap::try_from(take_map(&mut ebpf, map::ACCOUNT_JOINED)?)?,
+            account_seeded: HashMap::try_from(take_map(&mut ebpf, map::ACCOUNT_SEEDED)?)?,
             next_tree: 1,
             pins,
+            whois: whois.into(),
             _programs: Some(ebpf),
-        })
+        };
+        // Every member counts here: the programs only ever add to an existing entry.
+        tracker
+            .account_joined
+            .insert(ALL_ACCOUNTS, 0, BPF_NOEXIST)?;
+        tracker
+            .account_seeded
+            .insert(ALL_ACCOUNTS, 0, BPF_NOEXIST)?;
+        Ok(tracker)
     }
 
     fn take_over(pins: Pins) -> Result<Self> {
@@ -291,7 +311,7 @@ impl Tracker {
         let control = pins.open_map(map::TREE_CONTROL)?;
         let events = pins.open_map(map::EVENTS)?;
         let capacity = Capacity {
-            members: max_entries(&members)?,
+            members: max_entries(&members)?.saturating_sub(MEMBER_RESERVE),
             trees: max_entries(&control)?,
             event_bytes: max_entries(&events)?,
             // Set in the pinned programs, which do not say it back.
@@ -306,9 +326,14 @@ impl Tracker {
                 capacity,
             )?,
             events: RingBuf::try_from(events)?,
-            uid_joined: HashMap::try_from(pins.open_map(map::UID_JOINED)?)?,
-            uid_seeded: HashMap::try_from(pins.open_map(map::UID_SEEDED)?)?,
+            account_joined: HashMap::try_from(pins.open_map(map::ACCOUNT_JOINED)?)?,
+            account_seeded: HashMap::try_from(pins.open_map(map::ACCOUNT_SEEDED)?)?,
             next_tree: 1,
+            whois: Whois::new(
+                link_fd(&pins.open_link(program::WHOIS)?)?,
+                pins.open_map(map::WHOIS)?,
+            )?
+            .into(),
             pins: Some(pins),
             _programs: None,
         };
@@ -334,6 +359,12 @@ impl Tracker {
         self.pins.as_ref().map(Pins::dir)
     }
 
+    /// What the kernel knows of a process that /proc does not tell (its namespaces), for any
+    /// thread to ask.
+    pub fn whois(&self) -> std::sync::Arc<Whois> {
+        self.whois.clone()
+    }
+
     /// A view of the maps for readers on other threads: new descriptors of the same maps, so
     /// it sees every write the tracker makes, at once, and needs no lock.
     pub fn shared_view(&self) -> Result<TrackerView> {
@@ -351,7 +382,7 @@ impl Tracker {
 
     /// A descriptor that polls readable when events are waiting (a duplicate of the ring
     /// buffer's, so it can be watched without holding the tracker).
-    pub fn events_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+    pub fn events_fd(&self) -> std::io::Result<OwnedFd> {
         use std::os::fd::AsFd;
         self.events.as_fd().try_clone_to_owned()
     }
@@ -400,19 +431,19 @@ impl Tracker {
                 self.add_seeded(tree, -removed)?;
             }
         }
-        let owner = self.holder(tree).map(|h| h.owner_uid).ok();
+        let account = self.holder(tree).map(|h| h.account).ok();
         let _ = self.view.counters.remove(&tree);
         let _ = self.view.control.remove(&tree);
-        // The owner's quota entries go with its last tree.
-        if let Some(owner) = owner
+        // The account's quota entries go with its last tree.
+        if let Some(account) = account
             && !self
                 .control
                 .iter()
                 .filter_map(Result::ok)
-                .any(|(_, control)| control.holder.owner_uid == owner)
+                .any(|(_, control)| control.holder.account == account)
         {
-            let _ = self.uid_joined.remove(&owner);
-            let _ = self.uid_seeded.remove(&owner);
+            let _ = self.account_joined.remove(&account);
+            let _ = self.account_seeded.remove(&account);
         }
         tracing::debug!(tree, ?enclosing, "released");
         Ok(())
@@ -453,10 +484,10 @@ impl Tracker {
         let tree = self.next_tree;
         self.next_tree = self.next_tree.checked_add(1).context("tree ids ran out")?;
         // Counters first: the programs only ever add to an existing entry.
-        let owner = holder.owner_uid;
-        if self.uid_joined.get(&owner, 0).is_err() {
-            self.uid_joined.insert(owner, 0, BPF_NOEXIST)?;
-            self.uid_seeded.insert(owner, 0, 0)?;
+        let account = holder.account;
+        if self.account_joined.get(&account, 0).is_err() {
+            self.account_joined.insert(account, 0, BPF_NOEXIST)?;
+            self.account_seeded.insert(account, 0, 0)?;
         }
         self.view
             .counters
@@ -491,15 +522,24 @@ impl Tracker {
     }
 
     /// Counts `count` members put into `tree` by user space (negative: taken out), for the
-    /// tree and for its owner's quota.
+    /// tree and for its account's quota.
     fn add_seeded(&mut self, tree: TreeId, count: i64) -> Result<()> {
         let mut control = self.control.get(&tree, 0)?;
         control.seeded += count;
         self.view.control.insert(tree, control, 0)?;
-        let owner = control.holder.owner_uid;
-        let seeded = self.uid_seeded.get(&owner, 0).unwrap_or(0);
-        self.uid_seeded.insert(owner, seeded + count, 0)?;
+        for account in [control.holder.account, ALL_ACCOUNTS] {
+            let seeded = self.account_seeded.get(&account, 0).unwrap_or(0);
+            self.account_seeded.insert(account, seeded + count, 0)?;
+        }
         Ok(())
+    }
+
+    /// Whether the trees have every member the capacity allows: user space puts no more in
+    /// (the reserve beyond it is the programs', for children forked at the capacity).
+    fn at_capacity(&self) -> bool {
+        let count = |map: &HashMap<MapData, Account, i64>| map.get(&ALL_ACCOUNTS, 0).unwrap_or(0);
+        count(&self.account_joined) + count(&self.account_seeded)
+            >= i64::from(self.capacity().members)
     }
 }
 
@@ -510,6 +550,7 @@ const BPF_EXIST: u64 = 2;
 struct Attached {
     ebpf: Ebpf,
     links: Vec<(&'static str, aya::programs::tp_btf::BtfTracePointLinkId)>,
+    whois: FdLink,
 }
 
 impl Attached {
@@ -530,13 +571,19 @@ impl Attached {
                 &capacity.members_per_uid.unwrap_or(NO_LIMIT),
                 true,
             )
-            .map_max_entries(map::MEMBERS, capacity.members)
+            .override_global(global::MEMBER_CAPACITY, &capacity.members, true)
+            .override_global(global::NAMESPACE_OFFSETS, &btf::namespace_offsets()?, true)
+            .map_max_entries(
+                map::MEMBERS,
+                capacity.members.saturating_add(MEMBER_RESERVE),
+            )
             .map_max_entries(map::TREE_COUNTERS, capacity.trees)
             .map_max_entries(map::TREE_CONTROL, capacity.trees)
             .map_max_entries(map::EVENTS, capacity.event_bytes)
-            // One entry per uid that owns a tree: never more than there are trees.
-            .map_max_entries(map::UID_JOINED, capacity.trees)
-            .map_max_entries(map::UID_SEEDED, capacity.trees)
+            // One entry per uid that owns a tree (never more than there are trees), and one
+            // for all of them.
+            .map_max_entries(map::ACCOUNT_JOINED, capacity.trees + 1)
+            .map_max_entries(map::ACCOUNT_SEEDED, capacity.trees + 1)
             .load(PROGRAMS)
             .context("loading the leash eBPF object (are you root?)")?;
 
@@ -555,23 +602,47 @@ impl Attached {
                 .with_context(|| format!("attaching {name} to {tracepoint}"))?;
             links.push((name, link));
         }
-        Ok(Self { ebpf, links })
+        let whois = attach_whois(&mut ebpf, &kernel_btf)?;
+        Ok(Self { ebpf, links, whois })
     }
 
     /// Pins the links (taken out of their programs, they then outlive this process) and the
     /// maps; returns the programs, which hold the maps.
-    fn pin(self, pins: &mut Pins) -> Result<Ebpf> {
-        let Self { mut ebpf, links } = self;
+    fn pin(self, pins: &mut Pins) -> Result<(Ebpf, OwnedFd)> {
+        let Self {
+            mut ebpf,
+            links,
+            whois,
+        } = self;
         for (name, link) in links {
             let program: &mut BtfTracePoint = program_mut(&mut ebpf, name)?.try_into()?;
             pins.pin_link(name, FdLink::from(program.take_link(link)?))?;
         }
+        let whois_link = link_fd(&whois)?;
+        pins.pin_link(program::WHOIS, whois)?;
         for name in map::ALL {
             let map = ebpf.map(name).context("a map missing from the object")?;
             pins.pin_map(name, map)?;
         }
-        Ok(ebpf)
+        Ok((ebpf, whois_link))
     }
+}
+
+/// Loads and attaches the whois iterator.
+fn attach_whois(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Result<FdLink> {
+    let program: &mut Iter = program_mut(ebpf, program::WHOIS)?.try_into()?;
+    program
+        .load("task", kernel_btf)
+        .context("loading the whois task iterator (task iterators need Linux 5.8)")?;
+    let link = program.attach().context("attaching the whois iterator")?;
+    Ok(FdLink::try_from(program.take_link(link)?)?)
+}
+
+/// A descriptor of `link` of its own (aya's handles lend none), which holds the link whatever
+/// becomes of the handle.
+fn link_fd(link: &FdLink) -> Result<OwnedFd> {
+    let id = link.info()?.id();
+    sys::bpf_link_fd_by_id(id).context("opening a BPF link by its id")
 }
 
 fn program_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {

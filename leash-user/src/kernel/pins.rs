@@ -75,9 +75,7 @@ impl Pins {
 
     /// Whether a previous daemon left every link and every map pinned here.
     pub fn complete(&self) -> bool {
-        PROGRAMS_ATTACHED
-            .iter()
-            .all(|(program, _)| self.link_path(program).exists())
+        pinned_links().all(|program| self.link_path(program).exists())
             && map::ALL.iter().all(|m| self.map_path(m).exists())
     }
 
@@ -109,13 +107,22 @@ impl Pins {
     /// Opens the links a previous daemon pinned, to unpin them at a clean shutdown. Their
     /// programs have been attached all along.
     pub fn open_links(&mut self) -> Result<()> {
-        for (program, _) in PROGRAMS_ATTACHED {
-            let path = self.link_path(program);
-            let link = PinnedLink::from_pin(&path)
-                .with_context(|| format!("opening the pinned link {}", path.display()))?;
+        for program in pinned_links() {
+            let link = self.open_pinned(program)?;
             self.links.push(link);
         }
         Ok(())
+    }
+
+    /// Opens the link of `program` a previous daemon pinned (to use it: the whois iterator).
+    pub fn open_link(&self, program: &str) -> Result<FdLink> {
+        Ok(self.open_pinned(program)?.into())
+    }
+
+    fn open_pinned(&self, program: &str) -> Result<PinnedLink> {
+        let path = self.link_path(program);
+        PinnedLink::from_pin(&path)
+            .with_context(|| format!("opening the pinned link {}", path.display()))
     }
 
     /// Removes every pin. The programs detach when the last descriptor of their link closes,
@@ -139,6 +146,14 @@ impl Pins {
     fn map_path(&self, name: &str) -> PathBuf {
         self.dir.join("maps").join(name)
     }
+}
+
+/// The programs whose links are pinned: the tracepoints', and the whois iterator's.
+fn pinned_links() -> impl Iterator<Item = &'static str> {
+    PROGRAMS_ATTACHED
+        .iter()
+        .map(|(program, _)| *program)
+        .chain([leash_common::program::WHOIS])
 }
 
 /// `v` and a number: the directory of one ABI version's pins.

@@ -204,6 +204,7 @@ impl Tracker {
                     SpawnHeldError::Spawn(e) => anyhow::Error::new(e)
                         .context(format!("starting {:?}", command.get_program())),
                     SpawnHeldError::Register(e) => e.context("registering the new process"),
+                    thread @ SpawnHeldError::Thread(_) => anyhow::Error::msg(thread.to_string()),
                 })
             }
         }
@@ -221,6 +222,12 @@ impl Tracker {
     fn seed(&mut self, tree: TreeId, process: &ProcessInfo) -> Result<bool> {
         if let Some(current) = self.member(process.pid) {
             return self.move_down(tree, process, current);
+        }
+        if self.at_capacity() {
+            bail!(
+                "the member map is full ({} processes on a leash, the daemon's capacity)",
+                self.capacity().members
+            );
         }
         let member = Member {
             tree,

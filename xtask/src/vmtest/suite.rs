@@ -39,6 +39,10 @@ pub const LEFT_OUT: &[(&str, &str)] = &[
     ("metrics", "user space: the metrics endpoint; its checks run Python's prometheus_client and promtool, which the guests do not have"),
     ("host_python", "needs Python with pytest, which the guests do not have; the library's kernel paths are the exec shim's (exec_shim)"),
     ("host_node", "needs Node.js and the Claude Agent SDK, which the guests do not have; the library's kernel paths are the exec shim's (exec_shim)"),
+    ("subordinate_uids", "user space: accounts per user; the kernel path, the whois iterator reading a user namespace's owner, is whois's"),
+    ("tenancy", "user space: who sees which tree; the kernel path, the whois iterator reading pid namespaces, is whois's"),
+    ("kill_nested", "user space: a kill's summary over nested trees"),
+    ("log_volume", "user space: what the daemon logs at INFO"),
     ("deploy_manifests", "lints the image definition and the Kubernetes manifests with tools of the Python environment, which the guests do not have; no kernel path"),
 ];
 
