@@ -192,13 +192,10 @@ fn lingering_sockets_sent_to_the_metrics_socket_hold_up_no_one() {
     fs::create_dir(&dir.0).unwrap();
     fs::set_permissions(&dir.0, fs::Permissions::from_mode(0o755)).unwrap();
     let metrics = dir.0.join("metrics.sock");
-    attack_on(
-        "metrics",
-        4,
-        0,
-        &["--metrics", path_str(&metrics)],
-        Some(&metrics),
-    );
+    // The socket is root's and a scrapers' group's: the attacker is in that group.
+    let group = USER_A.to_string();
+    let args = ["--metrics", path_str(&metrics), "--metrics-group", &group];
+    attack_on("metrics", 4, 0, &args, Some(&metrics));
 }
 
 fn attack(mode: &str, rounds: u32, flood: u32) {
