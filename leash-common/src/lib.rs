@@ -68,7 +68,25 @@ pub mod program {
     pub const EXEC: &str = "leash_exec";
     /// A task iterator (`iter/task`): fills `WHOIS` for the process it names.
     pub const WHOIS: &str = "leash_whois";
+    /// fmod_ret on `security_ptrace_access_check`: refuses a member attach-mode access to any
+    /// process outside its tree (ptrace attach, `pidfd_getfd`, `process_vm_writev`,
+    /// /proc/PID/mem). In the object as an `fentry` section, which aya parses; user space
+    /// loads it as fmod_ret itself.
+    pub const PTRACE_GUARD: &str = "leash_ptrace_guard";
+    /// The fallback where the kernel cannot attach `PTRACE_GUARD` (no BPF trampolines): the
+    /// syscall tracepoints below SIGKILL a member that reaches outside its tree.
+    /// `syscalls/sys_enter_ptrace`, for PTRACE_ATTACH and PTRACE_SEIZE.
+    pub const PTRACE_ATTACH_TP: &str = "leash_ptrace_attach";
+    /// `syscalls/sys_enter_pidfd_getfd`.
+    pub const PIDFD_GETFD_TP: &str = "leash_pidfd_getfd";
+    /// `syscalls/sys_enter_process_vm_writev`.
+    pub const VM_WRITEV_TP: &str = "leash_vm_writev";
 }
+
+/// How far up the chain of nested trees the ptrace guard looks for the accessor's own tree. A
+/// process in a tree nested deeper than this below the accessor's is treated as outside it:
+/// refused, never let through.
+pub const MAX_TREE_NESTING: u32 = 16;
 
 /// Names of the read-only globals user space sets at load time (`EbpfLoader::override_global`).
 pub mod global {

@@ -16,6 +16,9 @@
 //!
 //! Beside them, a task iterator (`whois`) answers user space's questions about a client process
 //! that only the kernel can: the owner of its user namespace, its pid namespaces.
+//!
+//! The ptrace guard (ptrace.rs) refuses a member attach-mode access to processes outside its
+//! tree.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
@@ -23,6 +26,8 @@
 
 #[cfg(target_arch = "bpf")]
 mod programs;
+#[cfg(target_arch = "bpf")]
+mod ptrace;
 #[cfg(target_arch = "bpf")]
 mod whois;
 

@@ -19,11 +19,11 @@ use leash_common::{
 
 // Capacities here are placeholders: user space sets the real ones at load time.
 #[map]
-static MEMBERS: HashMap<Pid, Member> = HashMap::with_max_entries(1, 0);
+pub(crate) static MEMBERS: HashMap<Pid, Member> = HashMap::with_max_entries(1, 0);
 #[map]
 static TREE_COUNTERS: HashMap<TreeId, TreeCounters> = HashMap::with_max_entries(1, 0);
 #[map]
-static TREE_CONTROL: HashMap<TreeId, TreeControl> = HashMap::with_max_entries(1, 0);
+pub(crate) static TREE_CONTROL: HashMap<TreeId, TreeControl> = HashMap::with_max_entries(1, 0);
 #[map]
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
 #[map]
@@ -53,7 +53,7 @@ static MEMBERS_PER_UID: u32 = NO_LIMIT;
 #[unsafe(no_mangle)]
 static MEMBER_CAPACITY: u32 = NO_LIMIT;
 
-const SIGKILL: u32 = 9;
+pub(crate) const SIGKILL: u32 = 9;
 const BPF_NOEXIST: u64 = 1;
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
@@ -215,7 +215,7 @@ pub fn leash_exec(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-fn current_tgid() -> u32 {
+pub(crate) fn current_tgid() -> u32 {
     (bpf_get_current_pid_tgid() >> 32) as u32
 }
 
@@ -233,7 +233,7 @@ fn group_dead(task: *const u8) -> bool {
 /// Whether `entry` is the entry of the process `task` (any of its threads) belongs to: the
 /// same start time, to the resolution of the entry (user space makes entries from /proc's
 /// clock ticks; the programs, exact).
-fn is_member(task: *const u8, entry: &Member) -> bool {
+pub(crate) fn is_member(task: *const u8, entry: &Member) -> bool {
     let Some(leader) = read_task::<*const u8>(task, &TASK_GROUP_LEADER_OFFSET) else {
         return false;
     };

@@ -688,6 +688,196 @@ impl From<Pidfd> for OwnedFd {
     }
 }
 
+/// `union bpf_attr` as BPF_PROG_LOAD reads it, up to `attach_prog_fd` (Linux 5.5).
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+    prog_btf_fd: u32,
+    func_info_rec_size: u32,
+    func_info: u64,
+    func_info_cnt: u32,
+    line_info_rec_size: u32,
+    line_info: u64,
+    line_info_cnt: u32,
+    attach_btf_id: u32,
+    attach_prog_fd: u32,
+    _pad: u32,
+}
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
+const BPF_PROG_TYPE_TRACING: u32 = 26;
+const BPF_MODIFY_RETURN: u32 = 26;
+
+/// What the verifier said of a program it refused, beside the errno.
+#[derive(Debug)]
+pub struct LoadError {
+    pub error: io::Error,
+    pub log: String,
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.error)?;
+        let log = self.log.trim();
+        if !log.is_empty() {
+            // The end of the log says why.
+            let tail: Vec<&str> = log.lines().rev().take(12).collect();
+            write!(f, "; verifier log, last lines:")?;
+            for line in tail.iter().rev() {
+                write!(f, "\n  {line}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// BPF_PROG_LOAD of a tracing program of attach type BPF_MODIFY_RETURN (fmod_ret) on the
+/// kernel function whose BTF id (in vmlinux) is `attach_btf_id`. aya 0.14 cannot load this
+/// type. A refusal is retried once with the verifier's log, which the error carries.
+pub fn load_fmod_ret(
+    name: &str,
+    insns: &[aya_obj::generated::bpf_insn],
+    license: &std::ffi::CStr,
+    attach_btf_id: u32,
+) -> Result<OwnedFd, LoadError> {
+    let mut prog_name = [0u8; 16];
+    // 15 bytes at most, and NUL-terminated: the kernel refuses a name without its NUL.
+    let shown = name.len().min(15);
+    prog_name[..shown].copy_from_slice(&name.as_bytes()[..shown]);
+    let load = |log: &mut Vec<u8>| {
+        let mut attr = ProgLoadAttr {
+            prog_type: BPF_PROG_TYPE_TRACING,
+            insn_cnt: insns.len() as u32,
+            insns: insns.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            log_level: u32::from(!log.is_empty()),
+            log_size: log.len() as u32,
+            log_buf: if log.is_empty() {
+                0
+            } else {
+                log.as_mut_ptr() as u64
+            },
+            prog_name,
+            expected_attach_type: BPF_MODIFY_RETURN,
+            attach_btf_id,
+            ..ProgLoadAttr::default()
+        };
+        // SAFETY: attr is a valid bpf_attr prefix for BPF_PROG_LOAD; insns (8-byte
+        // instructions, insn_cnt of them), license (NUL-terminated) and log (log_size bytes,
+        // written by the kernel) outlive the call.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_LOAD,
+                &raw mut attr,
+                size_of::<ProgLoadAttr>(),
+            )
+        };
+        if fd < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            // SAFETY: the kernel returned a new descriptor that nothing else owns.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+        }
+    };
+    match load(&mut Vec::new()) {
+        Ok(fd) => Ok(fd),
+        Err(_) => {
+            let mut log = vec![0u8; 1 << 20];
+            match load(&mut log) {
+                Ok(fd) => Ok(fd),
+                Err(error) => {
+                    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                    Err(LoadError {
+                        error,
+                        log: String::from_utf8_lossy(&log[..end]).into_owned(),
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// Attaches a loaded tracing program (fentry, fexit, fmod_ret) where its load named, through
+/// BPF_RAW_TRACEPOINT_OPEN with no name: the way that works on every kernel from Linux 5.5
+/// (BPF_LINK_CREATE came to tracing programs later; this one attached on 5.10, 6.1 and 6.12).
+/// The descriptor returned is a BPF link (5.7): it can be pinned, and the program stays
+/// attached while the link or its pin lives.
+pub fn attach_tracing(program: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    struct RawTracepointAttr {
+        name: u64,
+        prog_fd: u32,
+        _pad: u32,
+    }
+    let mut attr = RawTracepointAttr {
+        name: 0,
+        prog_fd: program.as_raw_fd() as u32,
+        _pad: 0,
+    };
+    // SAFETY: attr is a valid bpf_attr prefix for BPF_RAW_TRACEPOINT_OPEN (a null name).
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_RAW_TRACEPOINT_OPEN,
+            &raw mut attr,
+            size_of::<RawTracepointAttr>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// BPF_OBJ_PIN: pins a BPF object (here a link) at `path` on a BPF filesystem.
+pub fn pin_object(object: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    #[repr(C)]
+    struct PinAttr {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+    }
+    let path = CString::new(path.as_os_str().as_bytes())?;
+    let mut attr = PinAttr {
+        pathname: path.as_ptr() as u64,
+        bpf_fd: object.as_raw_fd() as u32,
+        file_flags: 0,
+    };
+    // SAFETY: attr is a valid bpf_attr prefix for BPF_OBJ_PIN; path is NUL-terminated and
+    // outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_PIN,
+            &raw mut attr,
+            size_of::<PinAttr>(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// CLOCK_BOOTTIME in nanoseconds: the clock of the kernel's task start times and of the
 /// programs' `bpf_ktime_get_boot_ns`.
 pub fn boottime_ns() -> u64 {

@@ -244,7 +244,8 @@ impl Cgroup {
         self.procs()
     }
 
-    fn kill_all(&self) {
+    /// Kills every process in the group (and the groups below) and waits for it to empty.
+    pub fn kill_all(&self) {
         let _ = fs::write(self.path.join("cgroup.kill"), "1");
         // cgroup.kill signals the processes cgroup.procs lists, which leaves out a process
         // whose main thread has exited while others run: signal every thread too.

@@ -136,6 +136,17 @@ fn the_daemon_keeps_another_users_tree_on_a_leash_with_only_the_units_capabiliti
         "no_new_privs is set"
     );
 
+    // A ptrace guard is in place: the fmod_ret program needs only bpf(); the fallback's
+    // tracepoints need perf_event_open too.
+    let programs = daemon.client().status().unwrap().programs;
+    assert!(
+        programs
+            .iter()
+            .any(|p| p.starts_with("leash_ptrace_guard") || p.starts_with("leash_ptrace_attach")),
+        "no ptrace guard under the unit's restrictions: {programs:?}\n{}",
+        daemon.log()
+    );
+
     let cgroup = Cgroup::new("capabilities");
     let mut host = daemon
         .leash_as(

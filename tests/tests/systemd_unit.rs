@@ -91,7 +91,7 @@ fn the_unit_keeps_what_the_daemon_needs() {
     assert!(nofile >= 65536, "LimitNOFILE={nofile}");
     // The system calls the daemon makes beyond a service's usual ones.
     let filter = values("SystemCallFilter");
-    for call in ["@system-service", "bpf", "mount"] {
+    for call in ["@system-service", "bpf", "mount", "perf_event_open"] {
         assert!(filter.contains(&call), "SystemCallFilter= lacks {call}");
     }
     // A kernel that cannot run leash makes the daemon exit 78, and no restart changes that.

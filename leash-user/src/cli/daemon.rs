@@ -7,6 +7,7 @@ use clap::Args;
 use leash::{
     Capacity, daemon,
     daemon::{MetricsAddr, UidLimits},
+    kernel::GuardChoice,
 };
 
 /// Below this open file limit, the daemon warns that it serves few connections at once.
@@ -66,6 +67,13 @@ pub struct DaemonArgs {
     /// the socket is then 0660 root:GROUP. Put the scraper's user in it. Only for a Unix socket.
     #[arg(long, value_name = "GROUP", requires = "metrics")]
     metrics_group: Option<String>,
+    /// Which ptrace guard refuses a member's ptrace attach, pidfd_getfd, process_vm_writev
+    /// and /proc/PID/mem writes to processes outside its tree: `auto` (fmod_ret on
+    /// security_ptrace_access_check, or where the kernel cannot attach it, syscall tracepoints
+    /// that SIGKILL the member), `tracepoints` (the fallback alone), or `off`. The log and
+    /// `leash status` say which is in place.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "tracepoints", "off"])]
+    ptrace_guard: String,
 }
 
 pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
@@ -95,6 +103,11 @@ pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
                 None => Some(Capacity::default_members_per_uid(args.max_members)),
                 Some(0) => None,
                 Some(quota) => Some(quota),
+            },
+            ptrace_guard: match args.ptrace_guard.as_str() {
+                "tracepoints" => GuardChoice::Tracepoints,
+                "off" => GuardChoice::Off,
+                _ => GuardChoice::Auto,
             },
             ..Capacity::default()
         },

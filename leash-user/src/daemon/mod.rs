@@ -151,6 +151,8 @@ pub struct Daemon {
     limits: Arc<limits::Limits>,
     /// Where the pins are, if pinned.
     pinned_at: Option<PathBuf>,
+    /// The ptrace guard in place, for `status`.
+    ptrace_guard: crate::kernel::Guard,
     /// Set when a connection ends or heavy work is done: the allocator's free memory is then
     /// given back.
     memory_freed: AtomicBool,
@@ -310,6 +312,7 @@ pub async fn run(config: Config) -> Result<()> {
         subscribers: Default::default(),
         limits: limits::Limits::new(config.uid_limits),
         pinned_at: tracker.pin_dir().map(Path::to_path_buf),
+        ptrace_guard: tracker.ptrace_guard(),
         memory_freed: AtomicBool::new(false),
         setup_failures: Mutex::default(),
         metrics: Arc::default(),

@@ -659,6 +659,7 @@ impl Session {
             protocol: PROTOCOL_VERSION,
             programs: crate::kernel::PROGRAMS_ATTACHED
                 .iter()
+                .chain(daemon.ptrace_guard.programs())
                 .map(|(name, at)| format!("{name} ({at})"))
                 .collect(),
             member_capacity: capacity.members,

@@ -5,6 +5,7 @@
 pub mod btf;
 mod kill;
 mod pins;
+pub mod ptrace_guard;
 mod register;
 pub mod support;
 mod view;
@@ -27,6 +28,7 @@ use crate::{proc, sys};
 
 pub use kill::{KILL_ROUNDS_TIMEOUT, Kill, KillError, KillReport, KillStep, SIGNALS_PER_STEP};
 pub use pins::Pins;
+pub use ptrace_guard::{Guard, GuardChoice};
 pub use register::{Adoption, IdentifyError, identify, identify_pidfd};
 pub use view::{TrackerView, fill_comms};
 pub use whois::{Identity, UserNamespace, Whois};
@@ -56,6 +58,8 @@ pub struct Capacity {
     /// fill the map that every user's trees share. None: no limit. A fork beyond it gets the
     /// tree killed.
     pub members_per_uid: Option<u32>,
+    /// Which ptrace guard to attach (see [`ptrace_guard`]).
+    pub ptrace_guard: GuardChoice,
 }
 
 impl Capacity {
@@ -73,6 +77,7 @@ impl Default for Capacity {
             trees: 4096,
             event_bytes: 1 << 20,
             members_per_uid: Some(Self::default_members_per_uid(members)),
+            ptrace_guard: GuardChoice::Auto,
         }
     }
 }
@@ -180,6 +185,11 @@ pub struct Tracker {
     next_tree: TreeId,
     pins: Option<Pins>,
     whois: std::sync::Arc<Whois>,
+    /// The ptrace guard in place (pinned, or held below).
+    guard: Guard,
+    /// The guard's links this process holds: all of them unpinned, or those the kernel cannot
+    /// pin (classic tracepoints before Linux 5.15).
+    _guard_links: Vec<ptrace_guard::HeldLink>,
     // Holds the programs and (unpinned) their links. None when taken over from pins: the
     // pinned links hold the programs then.
     _programs: Option<Ebpf>,
@@ -210,7 +220,14 @@ impl Tracker {
     pub fn load(capacity: Capacity) -> Result<Self> {
         let attached = Attached::load(capacity)?;
         let whois = link_fd(&attached.whois)?;
-        Self::from_programs(attached.ebpf, whois, capacity, None)
+        let guard_links = attached.guard_links.into_iter().map(|(_, link)| link);
+        Self::from_programs(
+            attached.ebpf,
+            whois,
+            capacity,
+            None,
+            (attached.guard, guard_links.collect()),
+        )
     }
 
     /// Like [`Tracker::load`], with the links and maps pinned under `root`, so tracking goes on
@@ -251,7 +268,7 @@ impl Tracker {
             pins.remove()?;
             pins = Pins::at(root)?;
         }
-        let (ebpf, whois_link) = match Attached::load(capacity)?.pin(&mut pins) {
+        let (ebpf, whois_link, guard) = match Attached::load(capacity)?.pin(&mut pins) {
             Ok(pinned) => pinned,
             Err(e) => {
                 // Half-pinned programs would go on running with nobody to read their maps.
@@ -261,7 +278,7 @@ impl Tracker {
         };
         tracing::info!(dir = %pins.dir().display(), "programs and maps pinned");
         Ok((
-            Self::from_programs(ebpf, whois_link, capacity, Some(pins))?,
+            Self::from_programs(ebpf, whois_link, capacity, Some(pins), guard)?,
             Origin::Loaded,
         ))
     }
@@ -271,7 +288,9 @@ impl Tracker {
         whois_link: OwnedFd,
         capacity: Capacity,
         pins: Option<Pins>,
+        (guard, guard_links): GuardInPlace,
     ) -> Result<Self> {
+        tracing::info!(?guard, "{}", guard.describe());
         let whois = Whois::new(whois_link, take_map(&mut ebpf, map::WHOIS)?)?;
         let mut tracker = Self {
             view: TrackerView::new(
@@ -287,6 +306,8 @@ impl Tracker {
             next_tree: 1,
             pins,
             whois: whois.into(),
+            guard,
+            _guard_links: guard_links,
             _programs: Some(ebpf),
         };
         // Every member counts here: the programs only ever add to an existing entry.
@@ -316,7 +337,16 @@ impl Tracker {
             event_bytes: max_entries(&events)?,
             // Set in the pinned programs, which do not say it back.
             members_per_uid: None,
+            ptrace_guard: GuardChoice::Auto,
         };
+        let guard = pins.guard();
+        if guard == Guard::Absent {
+            tracing::warn!(
+                "the previous daemon left no ptrace guard pinned: none is in place until a \
+                 clean restart (SIGTERM, then start)"
+            );
+        }
+        tracing::info!(?guard, "{}", guard.describe());
         let mut tracker = Self {
             view: TrackerView::new(
                 members,
@@ -335,6 +365,8 @@ impl Tracker {
             )?
             .into(),
             pins: Some(pins),
+            guard,
+            _guard_links: Vec::new(),
             _programs: None,
         };
         tracker.next_tree = tracker.trees().last().map_or(1, |&last| last + 1);
@@ -352,6 +384,11 @@ impl Tracker {
             Some(pins) => pins.remove(),
             None => Ok(()),
         }
+    }
+
+    /// The ptrace guard in place.
+    pub fn ptrace_guard(&self) -> Guard {
+        self.guard
     }
 
     /// Where the pins are, if this tracker is pinned.
@@ -546,11 +583,16 @@ impl Tracker {
 const BPF_NOEXIST: u64 = 1;
 const BPF_EXIST: u64 = 2;
 
+/// The ptrace guard attached, and the links of it this process must hold (those not pinned).
+type GuardInPlace = (Guard, Vec<ptrace_guard::HeldLink>);
+
 /// The programs, loaded with the kernel's offsets and attached.
 struct Attached {
     ebpf: Ebpf,
     links: Vec<(&'static str, aya::programs::tp_btf::BtfTracePointLinkId)>,
     whois: FdLink,
+    guard: Guard,
+    guard_links: Vec<(&'static str, ptrace_guard::HeldLink)>,
 }
 
 impl Attached {
@@ -603,16 +645,27 @@ impl Attached {
             links.push((name, link));
         }
         let whois = attach_whois(&mut ebpf, &kernel_btf)?;
-        Ok(Self { ebpf, links, whois })
+        // After the trackers: a guard is worth nothing without the membership it reads.
+        let (guard, guard_links) = ptrace_guard::attach(&mut ebpf, capacity.ptrace_guard);
+        Ok(Self {
+            ebpf,
+            links,
+            whois,
+            guard,
+            guard_links,
+        })
     }
 
     /// Pins the links (taken out of their programs, they then outlive this process) and the
-    /// maps; returns the programs, which hold the maps.
-    fn pin(self, pins: &mut Pins) -> Result<(Ebpf, OwnedFd)> {
+    /// maps; returns the programs, which hold the maps, the whois link, and the guard with the
+    /// links of it that the kernel cannot pin.
+    fn pin(self, pins: &mut Pins) -> Result<(Ebpf, OwnedFd, GuardInPlace)> {
         let Self {
             mut ebpf,
             links,
             whois,
+            guard,
+            guard_links,
         } = self;
         for (name, link) in links {
             let program: &mut BtfTracePoint = program_mut(&mut ebpf, name)?.try_into()?;
@@ -620,11 +673,31 @@ impl Attached {
         }
         let whois_link = link_fd(&whois)?;
         pins.pin_link(program::WHOIS, whois)?;
+        let mut unpinned = Vec::new();
+        for (name, link) in guard_links {
+            match link {
+                ptrace_guard::HeldLink::Raw(fd) => pins.pin_raw_link(name, fd)?,
+                ptrace_guard::HeldLink::TracePoint(link)
+                    if ptrace_guard::tracepoint_links_pin() =>
+                {
+                    pins.pin_link(name, FdLink::try_from(link)?)?
+                }
+                held @ ptrace_guard::HeldLink::TracePoint(_) => {
+                    tracing::warn!(
+                        program = name,
+                        "the fallback ptrace guard cannot be pinned on this kernel (classic \
+                         tracepoint links are pinnable from Linux 5.15): it ends with this \
+                         daemon, and a daemon that takes over the pins has none"
+                    );
+                    unpinned.push(held);
+                }
+            }
+        }
         for name in map::ALL {
             let map = ebpf.map(name).context("a map missing from the object")?;
             pins.pin_map(name, map)?;
         }
-        Ok((ebpf, whois_link))
+        Ok((ebpf, whois_link, (guard, unpinned)))
     }
 }
 

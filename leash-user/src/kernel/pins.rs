@@ -19,7 +19,7 @@ use aya::{
 };
 use leash_common::{ABI_VERSION, map};
 
-use super::PROGRAMS_ATTACHED;
+use super::{PROGRAMS_ATTACHED, ptrace_guard::Guard};
 use crate::{sys, trusted_dir};
 
 /// Where bpffs is mounted by convention; mounted there if nothing is.
@@ -96,6 +96,23 @@ impl Pins {
         Ok(())
     }
 
+    /// Pins a link made by raw `bpf()` (the fmod_ret guard's), and holds it as the others.
+    pub fn pin_raw_link(&mut self, program: &str, link: std::os::fd::OwnedFd) -> Result<()> {
+        use std::os::fd::AsFd;
+        let path = self.link_path(program);
+        fs::create_dir_all(path.parent().unwrap_or(&self.dir))?;
+        sys::pin_object(link.as_fd(), &path)
+            .with_context(|| format!("pinning the link of {program} at {}", path.display()))?;
+        let pinned = self.open_pinned(program)?;
+        self.links.push(pinned);
+        Ok(())
+    }
+
+    /// The ptrace guard a previous daemon left pinned here.
+    pub fn guard(&self) -> Guard {
+        Guard::pinned(|program| self.link_path(program).exists())
+    }
+
     /// Opens a map a previous daemon pinned.
     pub fn open_map(&self, name: &str) -> Result<Map> {
         let path = self.map_path(name);
@@ -107,7 +124,8 @@ impl Pins {
     /// Opens the links a previous daemon pinned, to unpin them at a clean shutdown. Their
     /// programs have been attached all along.
     pub fn open_links(&mut self) -> Result<()> {
-        for program in pinned_links() {
+        let guard = self.guard().programs().iter().map(|(program, _)| *program);
+        for program in pinned_links().chain(guard) {
             let link = self.open_pinned(program)?;
             self.links.push(link);
         }

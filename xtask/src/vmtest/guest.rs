@@ -36,6 +36,10 @@ export LEASH_TEST_SKIP_SYSTEMD=1
 # Nor have they Node.js or the host libraries' sources: the tests that run a host library are
 # left out (their kernel paths are the exec shim's, which exec_shim and pid_namespace test).
 export LEASH_TEST_SKIP_HOSTS=1
+# Nor gdb: the ptrace guard's test checks gdb on the host only, and its helper everywhere.
+export LEASH_TEST_NO_GDB=1
+# Debian's kernels have BPF trampolines: the ptrace guard must be the fmod_ret program there.
+export LEASH_TEST_REQUIRE_FMOD_RET=1
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev

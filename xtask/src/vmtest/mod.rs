@@ -183,6 +183,10 @@ fn cache_dir() -> PathBuf {
     env::var_os(CACHE_VAR).map_or_else(|| PathBuf::from(DEFAULT_CACHE), PathBuf::from)
 }
 
+/// The binaries of the build the tests run, beside the test binaries: `leash`, and the tests
+/// crate's helpers (tests/src/bin/).
+const GUEST_PROGRAMS: [&str; 2] = ["leash", "ptrace-probe"];
+
 /// The initramfs of the test run: see initramfs.rs. Returns its size.
 fn build_initramfs(
     binaries: &[suite::TestBinary],
@@ -195,15 +199,18 @@ fn build_initramfs(
     for binary in binaries {
         image.add_host_file(&binary.path, true)?;
     }
-    // The tests run the `leash` of their build: target/PROFILE/leash, beside their deps/.
-    let leash = binaries[0]
-        .path
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join("leash"))
-        .filter(|leash| leash.is_file())
-        .context("no leash binary beside the test binaries")?;
-    image.add_host_file(&leash, true)?;
+    // The tests run the `leash` of their build: target/PROFILE/leash, beside their deps/; and
+    // the tests crate's own helper binaries, which cargo puts there too.
+    for program in GUEST_PROGRAMS {
+        let path = binaries[0]
+            .path
+            .parent()
+            .and_then(Path::parent)
+            .map(|dir| dir.join(program))
+            .filter(|path| path.is_file())
+            .with_context(|| format!("no {program} binary beside the test binaries"))?;
+        image.add_host_file(&path, true)?;
+    }
     // cargo runs a test binary in its package's directory.
     let workdir = workspace_root().join("tests");
     image.add_dir(&workdir);

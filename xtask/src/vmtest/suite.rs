@@ -59,7 +59,7 @@ pub struct TestBinary {
 pub fn build(only: &[String]) -> Result<Vec<TestBinary>> {
     // The tests run target/debug/leash, found next to their own directory.
     cargo(&["build", "--package", "leash-user"])?;
-    let built = build_test_binaries()?;
+    let built = build_test_binaries(only)?;
     for name in only {
         if !built.iter().any(|binary| &binary.name == name) {
             bail!(
@@ -87,18 +87,21 @@ pub fn build(only: &[String]) -> Result<Vec<TestBinary>> {
 }
 
 /// `cargo test -p leash-tests --no-run`, reading where each test binary went from cargo's JSON
-/// messages (the file names carry a hash).
-fn build_test_binaries() -> Result<Vec<TestBinary>> {
+/// messages (the file names carry a hash). Only the binaries `only` names when it is not empty
+/// (each of them is checked to exist by cargo then), every one otherwise.
+fn build_test_binaries(only: &[String]) -> Result<Vec<TestBinary>> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut targets = Vec::new();
+    if only.is_empty() {
+        targets.push("--tests".to_owned());
+    }
+    for name in only {
+        targets.extend(["--test".to_owned(), name.clone()]);
+    }
     let mut child = Command::new(cargo)
-        .args([
-            "test",
-            "--package",
-            "leash-tests",
-            "--tests",
-            "--no-run",
-            "--message-format=json-render-diagnostics",
-        ])
+        .args(["test", "--package", "leash-tests"])
+        .args(&targets)
+        .args(["--no-run", "--message-format=json-render-diagnostics"])
         .current_dir(workspace_root())
         .stdout(Stdio::piped())
         .spawn()

@@ -1,0 +1,286 @@
+//! The ptrace guard: the programs that refuse a member attach-mode access (ptrace attach,
+//! `pidfd_getfd`, `process_vm_writev`, /proc/PID/mem) to processes outside its tree, even of its
+//! own uid (leash-ebpf's ptrace.rs). Which one this kernel takes, and attaching it.
+//!
+//! - fmod_ret on `security_ptrace_access_check` (Linux 5.7, with BPF trampolines: x86_64 since
+//!   5.5, arm64 since 6.0, and CONFIG_SECURITY): the access fails with EPERM. aya 0.14 cannot
+//!   load fmod_ret programs, so this module relocates the program itself, with aya-obj, against
+//!   the maps aya made, and loads and attaches it with raw `bpf()` calls (sys.rs).
+//! - Where that fails, syscall tracepoints that SIGKILL the member as it asks. They do not see
+//!   /proc/PID/mem, and they refuse every `pidfd_getfd` a member makes.
+
+use std::{
+    collections::HashSet,
+    os::fd::{AsFd, AsRawFd, OwnedFd},
+};
+
+use anyhow::{Context, Result, bail};
+use aya::{
+    Ebpf,
+    maps::Map,
+    programs::{TracePoint, trace_point::TracePointLink},
+};
+use btf_rs::{Btf, Type};
+use leash_common::program;
+
+use super::{PROGRAMS, btf::VMLINUX_BTF, program_mut};
+use crate::sys;
+
+/// The kernel function the fmod_ret program modifies the return of.
+const TARGET: &str = "security_ptrace_access_check";
+
+/// Which guard to attach: the daemon's `--ptrace-guard`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GuardChoice {
+    /// fmod_ret, or the tracepoints where it cannot attach.
+    #[default]
+    Auto,
+    /// The tracepoints, even where fmod_ret would attach.
+    Tracepoints,
+    /// None: a member may reach any process its uid may.
+    Off,
+}
+
+/// The guard in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guard {
+    /// The access is refused with EPERM, in the kernel's check.
+    FmodRet,
+    /// The member is SIGKILLed as it asks (ptrace attach, `pidfd_getfd`, `process_vm_writev`).
+    Tracepoints,
+    /// No guard.
+    Absent,
+}
+
+/// The fmod_ret program and where it attaches.
+pub const FMOD_RET_PROGRAMS: [(&str, &str); 1] = [(
+    program::PTRACE_GUARD,
+    "fmod_ret/security_ptrace_access_check",
+)];
+
+/// The fallback's programs and where they attach.
+pub const TRACEPOINT_PROGRAMS: [(&str, &str); 3] = [
+    (
+        program::PTRACE_ATTACH_TP,
+        "tracepoint/syscalls/sys_enter_ptrace",
+    ),
+    (
+        program::PIDFD_GETFD_TP,
+        "tracepoint/syscalls/sys_enter_pidfd_getfd",
+    ),
+    (
+        program::VM_WRITEV_TP,
+        "tracepoint/syscalls/sys_enter_process_vm_writev",
+    ),
+];
+
+impl Guard {
+    /// Its programs and where each attaches.
+    pub fn programs(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Self::FmodRet => &FMOD_RET_PROGRAMS,
+            Self::Tracepoints => &TRACEPOINT_PROGRAMS,
+            Self::Absent => &[],
+        }
+    }
+
+    /// The guard whose links are pinned, as `pinned(program)` says of each.
+    pub fn pinned(pinned: impl Fn(&str) -> bool) -> Self {
+        [Self::FmodRet, Self::Tracepoints]
+            .into_iter()
+            .find(|guard| guard.programs().iter().all(|(name, _)| pinned(name)))
+            .unwrap_or(Self::Absent)
+    }
+
+    /// What it refuses, for the log and `leash status`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::FmodRet => {
+                "ptrace guard: fmod_ret on security_ptrace_access_check refuses (EPERM) a \
+                 member's attach-mode access to processes outside its tree"
+            }
+            Self::Tracepoints => {
+                "ptrace guard: fallback tracepoints SIGKILL a member that ptrace-attaches to, \
+                 or process_vm_writev's into, a process outside its tree, or calls \
+                 pidfd_getfd; /proc/PID/mem is not covered"
+            }
+            Self::Absent => {
+                "no ptrace guard: a member may ptrace, pidfd_getfd or write the memory of any \
+                 process its uid may, outside its tree too"
+            }
+        }
+    }
+}
+
+/// A guard's link, held by this process until it is pinned (or for good, if it cannot be).
+pub enum HeldLink {
+    /// A BPF link made by raw `bpf()` (the fmod_ret program).
+    Raw(OwnedFd),
+    /// A tracepoint's link, taken out of its program.
+    TracePoint(TracePointLink),
+}
+
+/// Attaches the guard `choice` asks for to the programs of `ebpf` (loaded, their maps made):
+/// fmod_ret, else the tracepoints. Never fails: the daemon runs without a guard rather than not
+/// at all, and says so.
+pub fn attach(ebpf: &mut Ebpf, choice: GuardChoice) -> (Guard, Vec<(&'static str, HeldLink)>) {
+    if choice == GuardChoice::Off {
+        return (Guard::Absent, Vec::new());
+    }
+    if choice == GuardChoice::Auto {
+        match attach_fmod_ret(ebpf) {
+            Ok(link) => {
+                return (
+                    Guard::FmodRet,
+                    vec![(program::PTRACE_GUARD, HeldLink::Raw(link))],
+                );
+            }
+            Err(e) => tracing::warn!(
+                "the fmod_ret ptrace guard cannot attach ({e:#}); trying the syscall \
+                 tracepoints instead"
+            ),
+        }
+    }
+    match attach_tracepoints(ebpf) {
+        Ok(links) => (Guard::Tracepoints, links),
+        Err(e) => {
+            tracing::warn!("the fallback ptrace guard cannot attach either: {e:#}");
+            (Guard::Absent, Vec::new())
+        }
+    }
+}
+
+/// Relocates the fmod_ret program against the maps aya made for `ebpf` (the `.rodata` with the
+/// offsets among them), loads it and attaches it. Returns the link.
+fn attach_fmod_ret(ebpf: &Ebpf) -> Result<OwnedFd> {
+    let mut object = aya_obj::Object::parse(PROGRAMS).context("parsing the programs' object")?;
+    // Each map of the object, with the descriptor of the one aya made for it.
+    let maps: Vec<(String, i32, aya_obj::Map)> = ebpf
+        .maps()
+        .filter_map(|(name, map)| {
+            let parsed = object.maps.get(name)?.clone();
+            Some(map_fd(map).map(|fd| (name.to_owned(), fd, parsed)))
+        })
+        .collect::<Result<_>>()?;
+    let text_sections: HashSet<usize> = object
+        .functions
+        .keys()
+        .map(|(section, _)| *section)
+        .collect();
+    object
+        .relocate_maps(
+            maps.iter().map(|(name, fd, map)| (name.as_str(), *fd, map)),
+            &text_sections,
+        )
+        .context("relocating the guard's maps")?;
+    object
+        .relocate_calls(&text_sections)
+        .context("relocating the guard's calls")?;
+    let function = object
+        .programs
+        .get(program::PTRACE_GUARD)
+        .and_then(|p| object.functions.get(&p.function_key()))
+        .with_context(|| format!("program {} missing from the object", program::PTRACE_GUARD))?;
+    let target = function_btf_id(TARGET)?;
+    let loaded = sys::load_fmod_ret(
+        program::PTRACE_GUARD,
+        &function.instructions,
+        &object.license,
+        target,
+    )
+    .with_context(|| format!("loading {} as fmod_ret on {TARGET}", program::PTRACE_GUARD))?;
+    sys::attach_tracing(loaded.as_fd()).with_context(|| {
+        format!(
+            "attaching {} to {TARGET} (the kernel needs BPF trampolines)",
+            program::PTRACE_GUARD
+        )
+    })
+}
+
+/// The descriptor of a map of the programs' kinds.
+fn map_fd(map: &Map) -> Result<i32> {
+    let data = match map {
+        Map::HashMap(data) | Map::PerCpuArray(data) | Map::RingBuf(data) | Map::Array(data) => data,
+        _ => bail!("a map of an unexpected type in the programs' object"),
+    };
+    Ok(data.fd().as_fd().as_raw_fd())
+}
+
+/// The BTF id of the kernel function `name` in vmlinux.
+fn function_btf_id(name: &str) -> Result<u32> {
+    let btf = Btf::from_file(VMLINUX_BTF)
+        .with_context(|| format!("reading kernel BTF from {VMLINUX_BTF}"))?;
+    let ids = btf.resolve_ids_by_name(name).unwrap_or_default();
+    ids.into_iter()
+        .find(|&id| matches!(btf.resolve_type_by_id(id), Ok(Type::Func(_))))
+        .with_context(|| {
+            format!("no function {name} in the kernel's BTF (a kernel without CONFIG_SECURITY)")
+        })
+}
+
+fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<(&'static str, HeldLink)>> {
+    ensure_tracefs();
+    let mut links = Vec::new();
+    for (name, at) in TRACEPOINT_PROGRAMS {
+        let (category, event) = at
+            .strip_prefix("tracepoint/")
+            .and_then(|rest| rest.split_once('/'))
+            .context("a tracepoint is category/name")?;
+        let program: &mut TracePoint = program_mut(ebpf, name)?.try_into()?;
+        program
+            .load()
+            .with_context(|| format!("loading {name} for {at}"))?;
+        let id = program
+            .attach(category, event)
+            .with_context(|| format!("attaching {name} to {at}"))?;
+        links.push((name, HeldLink::TracePoint(program.take_link(id)?)));
+    }
+    Ok(links)
+}
+
+/// Whether a classic tracepoint's link is a BPF link, which can be pinned (Linux 5.15); before,
+/// aya attaches through a perf event, which lives only as long as its descriptor.
+pub fn tracepoint_links_pin() -> bool {
+    aya::util::KernelVersion::current().is_ok_and(|v| v >= aya::util::KernelVersion::new(5, 15, 0))
+}
+
+/// Classic tracepoints are found through tracefs, which some machines do not mount at boot.
+fn ensure_tracefs() {
+    let tracefs = std::path::Path::new("/sys/kernel/tracing");
+    if tracefs.join("events").exists() || !tracefs.exists() {
+        return;
+    }
+    match sys::mount_with(c"tracefs", tracefs, None) {
+        Ok(()) => tracing::info!(path = %tracefs.display(), "mounted tracefs"),
+        Err(e) => tracing::warn!("cannot mount tracefs at {}: {e}", tracefs.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pinned_guard_is_the_one_whose_links_are_all_there() {
+        assert_eq!(Guard::pinned(|_| false), Guard::Absent);
+        assert_eq!(
+            Guard::pinned(|name| name == program::PTRACE_GUARD),
+            Guard::FmodRet
+        );
+        assert_eq!(
+            Guard::pinned(|name| name != program::PTRACE_GUARD),
+            Guard::Tracepoints
+        );
+        assert_eq!(
+            Guard::pinned(|name| name == program::PTRACE_ATTACH_TP),
+            Guard::Absent,
+            "a fallback with links missing is not in place"
+        );
+    }
+
+    /// This machine's kernel has the function (CONFIG_SECURITY) in its BTF.
+    #[test]
+    fn the_target_has_a_btf_id() {
+        assert!(function_btf_id(TARGET).unwrap() > 0);
+    }
+}
