@@ -521,27 +521,62 @@ pub fn async_readable<T: Into<OwnedFd>>(fd: T) -> io::Result<AsyncFd<OwnedFd>> {
     unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(io::Error::from)
 }
 
-/// Descriptors taken from one received message at most; more are closed by the kernel.
-pub const MAX_RECEIVED_FDS: usize = 4;
+/// The most descriptors one message may carry (the kernel's SCM_MAX_FD): the control buffer
+/// has room for them all, so the kernel never has to close any for want of room.
+pub const SCM_MAX_FD: usize = 253;
+
+/// Room for a message's control data: every descriptor it may carry, and credentials beside
+/// them should SO_PASSCRED ever be set (without room for both, the kernel truncates).
+const CONTROL_SPACE: usize = {
+    // SAFETY: CMSG_SPACE only computes a size.
+    let rights = unsafe { libc::CMSG_SPACE((SCM_MAX_FD * size_of::<RawFd>()) as u32) };
+    // SAFETY: as above.
+    let credentials = unsafe { libc::CMSG_SPACE(size_of::<libc::ucred>() as u32) };
+    (rights + credentials) as usize
+};
 
 /// Reads from the Unix socket `socket` into `buf` (recvmsg), and the descriptors sent with
-/// what was read (SCM_RIGHTS) into `fds`, close-on-exec: at most [`MAX_RECEIVED_FDS`] a call.
-/// A plain read() would have the kernel close them unseen.
+/// what was read (SCM_RIGHTS) into `fds`, close-on-exec. A plain read() would have the kernel
+/// close them unseen; so would a control buffer too small for them, and the kernel would
+/// close them here, in the calling thread, where a close may block (a TCP socket lingering on
+/// a send queue its peer never reads waits out its linger). Should the control data be
+/// truncated all the same, what did arrive is in `fds` and the read is an error.
 pub fn recv_with_fds(
     socket: BorrowedFd<'_>,
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
 ) -> io::Result<usize> {
-    const SPACE: usize = 64;
+    recvmsg_rights(socket, buf, 0, fds)
+}
+
+/// What [`recv_with_fds`] would read now, without reading it (MSG_PEEK): the bytes, and the
+/// descriptors that came with them into `copies`. Reading as many bytes next reads the same
+/// messages (the kernel stops at the first one that carries descriptors, peeking or not), so
+/// the descriptors it brings are of the same files. Those in `copies` are copies the kernel
+/// makes of the queued ones, which keep their files open: closing a copy is never the last
+/// close of its file, and cannot block.
+pub fn peek_with_fds(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+    copies: &mut Vec<OwnedFd>,
+) -> io::Result<usize> {
+    recvmsg_rights(socket, buf, libc::MSG_PEEK, copies)
+}
+
+fn recvmsg_rights(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+    flags: libc::c_int,
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<usize> {
     #[repr(C)]
     union Control {
         header: libc::cmsghdr,
-        bytes: [u8; SPACE],
+        bytes: [u8; CONTROL_SPACE],
     }
-    // SAFETY: CMSG_SPACE only computes a size.
-    let room = unsafe { libc::CMSG_SPACE((MAX_RECEIVED_FDS * size_of::<RawFd>()) as u32) };
-    const { assert!(size_of::<Control>() == SPACE) };
-    let mut control = Control { bytes: [0; SPACE] };
+    let mut control = Control {
+        bytes: [0; CONTROL_SPACE],
+    };
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -551,13 +586,13 @@ pub fn recv_with_fds(
     message.msg_iov = &raw mut iov;
     message.msg_iovlen = 1;
     message.msg_control = (&raw mut control).cast();
-    message.msg_controllen = (room as usize).min(SPACE) as _;
+    message.msg_controllen = CONTROL_SPACE as _;
     // SAFETY: message points at iov (over buf) and control, both alive for the call.
     let read = unsafe {
         libc::recvmsg(
             socket.as_raw_fd(),
             &raw mut message,
-            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT | flags,
         )
     };
     if read < 0 {
@@ -580,7 +615,63 @@ pub fn recv_with_fds(
             header = libc::CMSG_NXTHDR(&raw const message, header);
         }
     }
+    if message.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "control data truncated: descriptors were lost",
+        ));
+    }
     Ok(read as usize)
+}
+
+/// Makes the close of socket `fd` abortive (SO_LINGER on, 0 s): it resets the connection
+/// instead of waiting, for as long as the socket's own linger says, for a peer to take what
+/// is queued. Fails with ENOTSOCK for anything but a socket.
+pub fn set_abortive_close(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `linger` is a valid struct linger for the call, and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const linger).cast(),
+            size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Shuts socket `fd` down both ways: on a Unix stream socket, the peer can queue nothing more
+/// (its sends fail with EPIPE).
+pub fn shutdown(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: shutdown takes numbers only.
+    let rc = unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The bytes queued unread on socket `fd` (SIOCINQ). On a Unix stream socket every message
+/// has a byte at least, so 0 means that no descriptor waits there either.
+pub fn queued_bytes(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: FIONREAD (SIOCINQ) writes one int, into `queued`.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &raw mut queued) };
+    if rc == 0 {
+        Ok(usize::try_from(queued).unwrap_or(0))
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 impl Pidfd {

@@ -71,7 +71,11 @@ fn one_tenant_beside_another(daemon: &Daemon, container: Container) {
         !killed.status.success() && said.contains(&format!("no tree {tree}")),
         "{container:?}: the second container may not kill the first's tree: {said}"
     );
-    assert_eq!(first.procs(), members, "{container:?}: the first's tree lives");
+    assert_eq!(
+        first.procs(),
+        members,
+        "{container:?}: the first's tree lives"
+    );
 
     let _ = host.kill();
     let _ = host.wait();

@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use super::{
     Daemon, identity,
+    limits::ConnectionSlot,
     outbox::Outbox,
     pid_view::PidView,
     request_stream::{Pidfds, RequestStream},
@@ -48,18 +49,87 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a client may leave a full queue of replies unread before it is disconnected.
 const UNREAD_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Serves a connection, then closes the daemon's end of it apart (`disposal`): a client may
+/// have left descriptors queued on it, and the last close of the socket closes them. So the
+/// socket is never dropped on the way: setting up only borrows it, and serving hands it back.
 pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
-    let credentials = match stream.peer_cred() {
+    let credentials = stream.peer_cred();
+    let (stream, account, slot) = match set_up(&daemon, &stream, credentials).await {
+        Err((account, slot)) => (Some(stream), account, slot),
+        Ok(lease) => {
+            let Lease {
+                slot,
+                peer,
+                host,
+                for_owner,
+            } = lease;
+            let span =
+                tracing::info_span!("lease", lease = peer.lease, uid = peer.uid, host = peer.pid);
+            // Dropped when the connection ends, which ends the owner's watch.
+            let (_serving, served) = oneshot::channel::<()>();
+            daemon.jobs.urgent(move |owner| {
+                super::enforcement::watch_host(owner, peer.lease, for_owner, Some(served));
+            });
+            let stream = async {
+                // DEBUG: most connections only ask; a lease that holds a tree says so at INFO
+                // then.
+                tracing::debug!("lease opened");
+                let stream = serve_lease(&daemon, stream, peer, &host).await;
+                daemon.memory_freed.store(true, Ordering::Relaxed);
+                stream
+            }
+            .instrument(span)
+            .await;
+            (stream, peer.account, Some(slot))
+        }
+    };
+    let Some(stream) = stream else {
+        return;
+    };
+    match stream.into_std() {
+        Ok(stream) => {
+            let slot = slot.map(|slot| Box::new(slot) as Box<dyn Send>);
+            daemon
+                .disposal
+                .close_connection(account, stream.into(), slot);
+        }
+        // It could not be taken from tokio, and was closed there.
+        Err(e) => tracing::warn!(account, "dropping a connection: {e}"),
+    }
+}
+
+/// A connection set up to be served.
+struct Lease {
+    slot: ConnectionSlot,
+    peer: Peer,
+    /// The host's pidfd, readable when it exits.
+    host: AsyncFd<OwnedFd>,
+    /// Another, for the owner's watch.
+    for_owner: OwnedFd,
+}
+
+/// Sets a connection up: its host watched, who it is, its account's slot, its lease. Err: it
+/// is not served; what its socket is charged to (its account, or its uid before that is
+/// known), and its slot, if it got one, to be dropped once its socket is closed.
+async fn set_up(
+    daemon: &Daemon,
+    stream: &UnixStream,
+    credentials: io::Result<tokio::net::unix::UCred>,
+) -> Result<Lease, (Account, Option<ConnectionSlot>)> {
+    let credentials = match credentials {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!("connection without peer credentials: {e}");
-            return;
+            // Unknown, it is charged as uid -1, which no user has.
+            return Err((u32::MAX.into(), None));
         }
     };
-    let (uid, Some(pid)) = (credentials.uid(), credentials.pid()) else {
+    let uid = credentials.uid();
+    let Some(pid) = credentials.pid() else {
         tracing::warn!("connection without a peer pid");
-        return;
+        return Err((uid.into(), None));
     };
+    let refused = || Err((Account::from(uid), None));
     // The host is watched twice: by the owner, which ends the lease the moment the host dies
     // whatever load the connections are under, and here, to stop serving.
     let watched = sys::peer_pidfd(stream.as_fd(), pid as u32).and_then(|pidfd| {
@@ -69,56 +139,51 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     let (host, for_owner) = match watched {
         Ok(watched) => watched,
         Err(e) => {
-            setup_failed(&daemon, pid, "cannot watch the connecting process", &e);
-            return;
+            setup_failed(daemon, pid, "cannot watch the connecting process", &e);
+            return refused();
         }
     };
     // Read after the pidfd is open: the start time is the connected process's. Unknown, the
     // host could not be told from a later process by its pid: refuse the connection.
     let host_start_ticks = match crate::proc::read_process(pid as u32) {
         Ok(Some(process)) => process.start_ticks,
-        Ok(None) => return,
+        Ok(None) => return refused(),
         Err(e) => {
-            setup_failed(&daemon, pid, "cannot read the connecting process", &e);
-            return;
+            setup_failed(daemon, pid, "cannot read the connecting process", &e);
+            return refused();
         }
     };
     // Its pid namespace, from its numbers in each (None: it has exited).
     let Some(view) = PidView::of_client(pid as u32) else {
-        return;
+        return refused();
     };
-    let who = match identity::identify(&daemon, pid as u32, uid, view).await {
+    let who = match identity::identify(daemon, pid as u32, uid, view).await {
         // The answer is the connected process's if that still runs (same start time) after it.
         Ok(Some(who)) if still_running(pid as u32, host_start_ticks) => who,
-        Ok(_) => return,
+        Ok(_) => return refused(),
         Err(e) => {
             let e = std::io::Error::other(format!("{e:#}"));
-            setup_failed(
-                &daemon,
-                pid,
-                "cannot tell who the connecting process is",
-                &e,
-            );
-            return;
+            setup_failed(daemon, pid, "cannot tell who the connecting process is", &e);
+            return refused();
         }
     };
     // Counted before anything else is spent on it: over its account's limit, a connection
     // costs one line and is closed.
-    let _slot = match daemon.limits.open_connection(who.account) {
+    let slot = match daemon.limits.open_connection(who.account) {
         Ok(slot) => slot,
         Err(why) => {
             daemon.metrics.refused(ErrorCode::LimitReached);
             let line = ServerLine::error(None, ErrorCode::LimitReached, why);
             // Best effort: a client that does not read it is closed all the same.
             let _ = stream.try_write(&super::outbox::encode(&line));
-            return;
+            return Err((who.account, None));
         }
     };
     let lease = match daemon.open_lease(uid, &who, pid as u32, host_start_ticks) {
         Ok(lease) => lease,
         Err(e) => {
-            setup_failed(&daemon, pid, "cannot make a lease token", &e);
-            return;
+            setup_failed(daemon, pid, "cannot make a lease token", &e);
+            return Err((who.account, Some(slot)));
         }
     };
     let peer = Peer {
@@ -130,20 +195,12 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
         lease,
         view,
     };
-    let span = tracing::info_span!("lease", lease, uid, host = pid);
-    // Dropped when the connection ends, which ends the owner's watch.
-    let (_serving, served) = oneshot::channel::<()>();
-    daemon.jobs.urgent(move |owner| {
-        super::enforcement::watch_host(owner, lease, for_owner, Some(served));
-    });
-    async move {
-        // DEBUG: most connections only ask; a lease that holds a tree says so at INFO then.
-        tracing::debug!("lease opened");
-        serve_lease(&daemon, stream, peer, &host).await;
-        daemon.memory_freed.store(true, Ordering::Relaxed);
-    }
-    .instrument(span)
-    .await;
+    Ok(Lease {
+        slot,
+        peer,
+        host,
+        for_owner,
+    })
 }
 
 /// Whether process `pid` is still the one that started at `start_ticks`.
@@ -169,19 +226,37 @@ fn setup_failed(daemon: &Daemon, pid: i32, what: &str, error: &std::io::Error) {
     }
 }
 
-/// Serves requests until the lease ends, then ends it.
+/// Serves requests until the lease ends, then ends it. Returns the connection's socket (None
+/// only if its writer task failed, which dropped its half there).
 async fn serve_lease(
     daemon: &Arc<Daemon>,
     stream: UnixStream,
     peer: Peer,
     host: &AsyncFd<OwnedFd>,
-) {
+) -> Option<UnixStream> {
     let (reader, writer) = stream.into_split();
     let pidfds = Pidfds::default();
-    let mut reader = BufReader::new(RequestStream::new(reader, pidfds.clone()));
+    let mut reader = BufReader::new(RequestStream::new(
+        reader,
+        pidfds.clone(),
+        peer.account,
+        daemon.disposal.clone(),
+    ));
     let outbox = Outbox::counted(daemon.metrics.clone());
-    // A slow reader slows only its own writer task, never the daemon.
-    let mut writer_task = tokio::spawn(outbox.clone().write_to(writer));
+    // A slow reader slows only its own writer task, never the daemon. Stopped, the task hands
+    // its half back: the socket's last close is the caller's.
+    let (stop_writer, stopped) = oneshot::channel::<()>();
+    let mut writer_task = tokio::spawn({
+        let outbox = outbox.clone();
+        let mut writer = writer;
+        async move {
+            tokio::select! {
+                () = outbox.write_to(&mut writer) => {}
+                _ = stopped => {}
+            }
+            writer
+        }
+    });
     let mut session = Session {
         peer,
         outbox: outbox.clone(),
@@ -259,12 +334,15 @@ async fn serve_lease(
     };
     let _ = tokio::time::timeout(FLUSH_TIMEOUT, settled).await;
     outbox.close();
-    if tokio::time::timeout(FLUSH_TIMEOUT, &mut writer_task)
-        .await
-        .is_err()
-    {
-        writer_task.abort();
-    }
+    let writer = match tokio::time::timeout(FLUSH_TIMEOUT, &mut writer_task).await {
+        Ok(done) => done,
+        Err(_) => {
+            let _ = stop_writer.send(());
+            writer_task.await
+        }
+    };
+    let writer = writer.ok()?;
+    reader.into_inner().into_half().reunite(writer).ok()
 }
 
 enum Line {

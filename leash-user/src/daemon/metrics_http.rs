@@ -24,12 +24,18 @@ use std::{
 use anyhow::{Context, Result};
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
-    net::{TcpListener, UnixListener},
+    net::{TcpListener, UnixListener, UnixStream},
     sync::{Mutex, Semaphore},
     time::timeout,
 };
 
-use super::{Daemon, accept::RateLimit, metrics, metrics_text::CONTENT_TYPE};
+use super::{
+    Daemon,
+    accept::RateLimit,
+    metrics,
+    metrics_text::CONTENT_TYPE,
+    request_stream::{Pidfds, RequestStream},
+};
 
 /// The longest request head (request line and headers) read.
 pub const MAX_REQUEST_BYTES: usize = 8 * 1024;
@@ -151,7 +157,7 @@ pub async fn serve(listener: Listener, daemon: Arc<Daemon>) {
         let accepted = match &listener {
             Listener::Unix(listener) => listener.accept().await.map(|(stream, _)| {
                 tokio::spawn(async move {
-                    server.serve_connection(stream).await;
+                    server.serve_unix(stream).await;
                     drop(slot);
                 });
             }),
@@ -182,6 +188,28 @@ struct Server {
 }
 
 impl Server {
+    /// A connection on the Unix socket. It is read with recvmsg, as the protocol's are: a
+    /// plain read would have the kernel close a descriptor sent with the request right here,
+    /// where its close may block (see `disposal`). HTTP takes none, and one that is not a pidfd
+    /// ends the connection. Its socket is closed as the protocol's are, apart if something
+    /// queued on it carries a descriptor.
+    async fn serve_unix(&self, stream: UnixStream) {
+        // Charged to its uid (who it is beyond that is not asked here); -1 when unknown.
+        let account = stream.peer_cred().map_or(u32::MAX, |c| c.uid()).into();
+        let disposal = self.daemon.disposal.clone();
+        let (reader, writer) = stream.into_split();
+        let reader = RequestStream::new(reader, Pidfds::default(), account, disposal.clone());
+        let mut stream = tokio::io::join(reader, writer);
+        self.serve_connection(&mut stream).await;
+        let (reader, writer) = stream.into_inner();
+        let stream = reader.into_half().reunite(writer).map(UnixStream::into_std);
+        match stream {
+            Ok(Ok(stream)) => disposal.close_connection(account, stream.into(), None),
+            // It could not be taken from tokio, and was closed there.
+            _ => tracing::warn!(account, "metrics: dropping a connection"),
+        }
+    }
+
     /// One request, one response, then the connection is closed. A client that is too slow,
     /// or goes away, is dropped without a word.
     async fn serve_connection(&self, mut stream: impl AsyncRead + AsyncWrite + Unpin) {

@@ -6,6 +6,7 @@
 //! - [`enforcement`]: the kill driver, root-exit detection, lease ends, shutdown.
 //! - [`accept`]: accepting connections, backing off when descriptors run out.
 //! - [`connection`]: one task per client: bounded lines in, replies and events out, the lease.
+//! - [`disposal`]: closing what clients sent on threads of its own, bounded per uid.
 //! - [`requests`]: what each request does.
 //! - [`outbox`]: a connection's replies and events, bounded in bytes.
 //! - [`subscribers`]: who hears of which events.
@@ -17,6 +18,7 @@
 mod accept;
 mod auth;
 mod connection;
+mod disposal;
 mod enforcement;
 mod identity;
 mod limits;
@@ -158,6 +160,8 @@ pub struct Daemon {
     setup_failures: Mutex<accept::RateLimit>,
     /// What happened, counted for `--metrics`.
     metrics: Arc<metrics::Metrics>,
+    /// Where what clients sent is closed, and their connections' sockets.
+    disposal: disposal::Disposal,
     /// What the kernel knows of clients that /proc does not tell; asked one at a time.
     whois: Arc<Whois>,
     whois_turn: tokio::sync::Semaphore,
@@ -312,6 +316,7 @@ pub async fn run(config: Config) -> Result<()> {
         memory_freed: AtomicBool::new(false),
         setup_failures: Mutex::default(),
         metrics: Arc::default(),
+        disposal: disposal::Disposal::default(),
         whois: tracker.whois(),
         whois_turn: tokio::sync::Semaphore::new(1),
         pid_namespace,
@@ -339,7 +344,7 @@ pub async fn run(config: Config) -> Result<()> {
                         "handing over: exiting with every tree tracked in the pins; the next \
                          daemon takes them over"
                     );
-                    drop(listener);
+                    close_listener(&daemon, listener);
                     remove_sockets(&daemon.config);
                     return Ok(());
                 }
@@ -348,7 +353,7 @@ pub async fn run(config: Config) -> Result<()> {
         }
     }
     tracing::info!("shutting down: killing every live tree");
-    drop(listener);
+    close_listener(&daemon, listener);
     remove_sockets(&daemon.config);
     let (stopped, stopping) = oneshot::channel();
     daemon.jobs.urgent(|owner| {
@@ -365,6 +370,17 @@ pub async fn run(config: Config) -> Result<()> {
     let _ = stopping.await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Closes the listener apart (`disposal`): the connections it has not accepted yet go with it,
+/// and what their clients queued on them, whose close may block. Here, it would hold up the
+/// kill of every tree that follows.
+fn close_listener(daemon: &Daemon, listener: UnixListener) {
+    match listener.into_std() {
+        Ok(listener) => daemon.disposal.close_listener(listener.into()),
+        // It could not be taken from tokio, and was closed there.
+        Err(e) => tracing::warn!("closing the listener: {e}"),
+    }
 }
 
 /// How often the allocator's free memory is given back, at most (and only after a connection

@@ -8,17 +8,20 @@
 //! a request refused before it is read (over the uid's rate, say) cannot leave its pidfd to
 //! the next one. The kernel hands descriptors over with the first byte of the message they
 //! came with, and a recvmsg returns no data past that message: descriptors read with a chunk
-//! belong to the last line that begins in it. At most [`MAX_WAITING`] wait; more are closed. A
-//! descriptor that is not a pidfd ends the connection, and is closed on a thread of its own:
-//! closing a file can wait on its filesystem (a FUSE server that never answers a flush), and no
-//! client may make the daemon wait.
+//! belong to the last line that begins in it. At most [`MAX_WAITING`] wait; more are closed.
+//!
+//! A descriptor that is not a pidfd ends the connection, and is closed apart (`disposal`): its
+//! close may block. Each read is peeked at first, and the kinds of the descriptors it would
+//! bring are checked on the copies the peek makes: the read happens only when the disposal
+//! has room for those that are not pidfds. An account whose descriptors wait there, their
+//! closes stuck, has further ones refused, and its connection ended, before they are read.
 
 use std::{
     collections::VecDeque,
     io,
-    os::fd::{AsFd, OwnedFd},
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
     pin::Pin,
-    sync::{Arc, Mutex, OnceLock, mpsc},
+    sync::{Arc, Mutex},
     task::{Context, Poll, ready},
 };
 
@@ -27,6 +30,9 @@ use tokio::{
     net::unix::OwnedReadHalf,
 };
 
+use leash_common::Account;
+
+use super::disposal::{Disposal, Reservation};
 use crate::{proc, sys};
 
 /// Pidfds waiting for their requests, per connection.
@@ -74,39 +80,81 @@ pub struct RequestStream {
     pidfds: Pidfds,
     /// Newlines read so far: the number of the line the next byte is in.
     newlines: u64,
+    /// The client's account, whose room in the disposal its descriptors take.
+    account: Account,
+    disposal: Disposal,
 }
 
 impl RequestStream {
-    pub fn new(half: OwnedReadHalf, pidfds: Pidfds) -> Self {
+    pub fn new(half: OwnedReadHalf, pidfds: Pidfds, account: Account, disposal: Disposal) -> Self {
         Self {
             half,
             pidfds,
             newlines: 0,
+            account,
+            disposal,
         }
     }
 
+    /// The read half, once reading is over (to reunite it with its write half).
+    pub fn into_half(self) -> OwnedReadHalf {
+        self.half
+    }
+
     /// Counts the lines of `chunk`, just read, and files the descriptors that came with it
-    /// under the last line that begins in it. Err: something that is not a pidfd.
-    fn file(&mut self, chunk: &[u8], received: Vec<OwnedFd>) -> io::Result<()> {
+    /// under the last line that begins in it; those that are not pidfds go to the disposal, in
+    /// `room`. Err: something that is not a pidfd.
+    fn file(&mut self, chunk: &[u8], received: Vec<OwnedFd>, room: Reservation) -> io::Result<()> {
         let line = last_line_begun(self.newlines, chunk);
         self.newlines += newlines(chunk);
-        let mut not_pidfds = 0;
+        let mut not_pidfds = Vec::new();
         for fd in received {
             if proc::pidfd_pid(fd.as_fd()).is_some() {
                 self.pidfds.keep(line, fd);
             } else {
-                not_pidfds += 1;
-                dispose(fd);
+                not_pidfds.push(fd);
             }
         }
-        if not_pidfds > 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "a descriptor that is not a pidfd",
-            ));
+        if not_pidfds.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        room.dispose(not_pidfds);
+        Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a descriptor that is not a pidfd",
+        ))
     }
+}
+
+/// Reads from `socket` into `buf` what [`sys::peek_with_fds`] shows, once `disposal` has room
+/// for the descriptors it brings that are not pidfds: then into `received`, with the room in
+/// `room`. A pidfd needs no room: its close never blocks.
+fn receive(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+    account: Account,
+    disposal: &Disposal,
+    received: &mut Vec<OwnedFd>,
+    room: &mut Option<Reservation>,
+) -> io::Result<usize> {
+    let mut copies = Vec::new();
+    let peeked = sys::peek_with_fds(socket, buf, &mut copies)?;
+    let not_pidfds = copies
+        .iter()
+        .filter(|fd| proc::pidfd_pid(fd.as_fd()).is_none())
+        .count();
+    drop(copies);
+    *room = disposal.reserve(account, not_pidfds);
+    if room.is_none() {
+        tracing::debug!(
+            account,
+            "descriptors refused: too many wait to be closed already"
+        );
+        return Err(io::Error::other(
+            "descriptors refused: too many of this account's wait to be closed",
+        ));
+    }
+    sys::recv_with_fds(socket, &mut buf[..peeked], received)
 }
 
 fn newlines(bytes: &[u8]) -> u64 {
@@ -132,14 +180,25 @@ impl AsyncRead for RequestStream {
             let stream = this.half.as_ref();
             ready!(stream.poll_read_ready(cx))?;
             let mut received = Vec::new();
+            let mut room = None;
+            let (account, disposal) = (this.account, &this.disposal);
             let read = stream.try_io(Interest::READABLE, || {
-                sys::recv_with_fds(stream.as_fd(), buf.initialize_unfilled(), &mut received)
+                receive(
+                    stream.as_fd(),
+                    buf.initialize_unfilled(),
+                    account,
+                    disposal,
+                    &mut received,
+                    &mut room,
+                )
             });
             let chunk = match &read {
                 Ok(read) => &buf.initialize_unfilled()[..*read],
                 Err(_) => &[],
             };
-            this.file(chunk, received)?;
+            if let Some(room) = room {
+                this.file(chunk, received, room)?;
+            }
             match read {
                 Ok(read) => {
                     buf.advance(read);
@@ -150,27 +209,6 @@ impl AsyncRead for RequestStream {
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
-    }
-}
-
-/// Closes `fd` on the one thread that closes what clients sent and the daemon does not keep.
-fn dispose(fd: OwnedFd) {
-    static DISPOSAL: OnceLock<Option<mpsc::Sender<OwnedFd>>> = OnceLock::new();
-    let disposal = DISPOSAL.get_or_init(|| {
-        let (sender, receiver) = mpsc::channel::<OwnedFd>();
-        std::thread::Builder::new()
-            .name("leash-fd-disposal".into())
-            .spawn(move || receiver.into_iter().for_each(drop))
-            .ok()
-            .map(|_| sender)
-    });
-    match disposal {
-        Some(sender) => {
-            // The thread runs as long as the daemon: the send cannot fail.
-            let _ = sender.send(fd);
-        }
-        // No thread could be started: closed here, as a last resort.
-        None => drop(fd),
     }
 }
 

@@ -1,0 +1,398 @@
+//! Closing what clients sent, where no close can hold up service. The last close of a file runs
+//! its release in the closing thread, and some releases wait on the client: a TCP socket with
+//! `SO_LINGER` and a send queue its peer never reads waits out the linger (years, if the client
+//! says so); a FUSE file flushes to a server that need never answer; a Unix socket releases
+//! the descriptors queued on it, and so does the daemon's end of a connection, whatever they
+//! are. So nothing a client sent, and no connection socket that may hold some, is closed on a
+//! serving thread: it is closed here, on a few threads of its own.
+//!
+//! Each account's descriptors are closed in order by one thread at a time, so a close that blocks
+//! holds up that account alone. What waits is bounded: [`PER_ACCOUNT`] descriptors per account and
+//! [`OVERALL`] for all, on at most [`THREADS`] threads. A request whose descriptors find no
+//! room is refused, with its connection, before they are read (they stay in the client's
+//! message). A connection's own socket is closed in place when nothing queued on it carries
+//! a descriptor, and otherwise always finds room (see [`Disposal::close_connection`]). Sockets
+//! are made to close abortively first (`SO_LINGER` 0 s), so a lingering socket sent directly
+//! never blocks.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    os::fd::{AsFd, OwnedFd},
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use leash_common::Account;
+
+use crate::sys;
+
+/// Descriptors of one account that may wait to be closed (queued, or being closed).
+pub const PER_ACCOUNT: usize = 1024;
+/// Descriptors of every account together.
+pub const OVERALL: usize = 4096;
+/// Threads that close, at most; each serves one account at a time.
+pub const THREADS: usize = 8;
+
+/// The daemon's disposal: cheap to clone, one for the whole daemon.
+#[derive(Clone, Default)]
+pub struct Disposal(Arc<Mutex<State>>);
+
+#[derive(Default)]
+struct State {
+    accounts: HashMap<Account, Lane>,
+    /// Uids with descriptors queued and no thread serving them, in turn.
+    waiting: VecDeque<Account>,
+    threads: usize,
+    /// Descriptors counted, every account's.
+    counted: usize,
+}
+
+/// One account's descriptors waiting to be closed.
+#[derive(Default)]
+struct Lane {
+    queue: VecDeque<Batch>,
+    /// Descriptors queued, being closed, or reserved for a read.
+    counted: usize,
+    /// Whether a thread serves it (or it waits in `State::waiting` for one).
+    served: bool,
+}
+
+struct Batch {
+    fds: Vec<OwnedFd>,
+    counted: usize,
+    /// Dropped once the descriptors are closed: a connection's slot, held until its socket
+    /// is really gone.
+    then: Option<Box<dyn Send>>,
+}
+
+/// Room kept for descriptors about to be read, so that whatever the read brings has a place.
+pub struct Reservation {
+    disposal: Disposal,
+    account: Account,
+    counted: usize,
+}
+
+impl Disposal {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Room for `count` descriptors of `account`, or None: too many of its own, or of everyone's,
+    /// wait to be closed.
+    pub fn reserve(&self, account: Account, count: usize) -> Option<Reservation> {
+        if count == 0 {
+            // Nothing to keep room for (most reads): no lane is made for it.
+            return Some(Reservation {
+                disposal: self.clone(),
+                account,
+                counted: 0,
+            });
+        }
+        let mut state = self.state();
+        let lane_counted = state.accounts.get(&account).map_or(0, |lane| lane.counted);
+        if lane_counted + count > PER_ACCOUNT || state.counted + count > OVERALL {
+            return None;
+        }
+        state.count(account, count);
+        Some(Reservation {
+            disposal: self.clone(),
+            account,
+            counted: count,
+        })
+    }
+
+    /// Closes the daemon's end of a connection of `account`, and drops `slot` once it is closed.
+    /// Shut down first, it can be queued nothing more; if no descriptor is queued on it either,
+    /// its close releases nothing of the client's and is done here. Otherwise it goes to the
+    /// disposal, over the bounds if need be (see [`carries_no_descriptors`] for what bounds
+    /// those).
+    pub fn close_connection(&self, account: Account, socket: OwnedFd, slot: Option<Box<dyn Send>>) {
+        let _ = sys::shutdown(socket.as_fd());
+        if carries_no_descriptors(&socket) {
+            drop(socket);
+            drop(slot);
+            return;
+        }
+        self.forced(account, 1).dispose_then(vec![socket], slot);
+    }
+
+    /// Closes the daemon's listening socket, as it stops: the connections not accepted yet are
+    /// closed with it, and what their clients queued on them. Charged to root (account 0).
+    pub fn close_listener(&self, listener: OwnedFd) {
+        self.forced(0, 1).dispose(vec![listener]);
+    }
+
+    /// Room for `count` descriptors of `account`, over the bounds if need be.
+    fn forced(&self, account: Account, count: usize) -> Reservation {
+        self.count(account, count);
+        Reservation {
+            disposal: self.clone(),
+            account,
+            counted: count,
+        }
+    }
+
+    fn count(&self, account: Account, count: usize) {
+        self.state().count(account, count);
+    }
+
+    /// Queues `batch` for `account` and sees that a thread serves it.
+    fn queue(&self, account: Account, batch: Batch) {
+        let mut state = self.state();
+        let lane = state.accounts.entry(account).or_default();
+        lane.queue.push_back(batch);
+        if lane.served {
+            return;
+        }
+        lane.served = true;
+        if state.threads >= THREADS {
+            state.waiting.push_back(account);
+            return;
+        }
+        state.threads += 1;
+        drop(state);
+        let disposal = self.clone();
+        let started = std::thread::Builder::new()
+            .name("leash-disposal".into())
+            .spawn(move || disposal.serve(account));
+        if let Err(e) = started {
+            // Its descriptors wait (counted) for a thread that ends to take the account up.
+            tracing::warn!(account, "cannot start a thread to close descriptors: {e}");
+            let mut state = self.state();
+            state.threads -= 1;
+            state.waiting.push_back(account);
+        }
+    }
+
+    /// A thread's work: closes `account`'s batches in order, then those of each account that waits,
+    /// until none is left.
+    fn serve(&self, mut account: Account) {
+        loop {
+            let next = {
+                let mut state = self.state();
+                match state
+                    .accounts
+                    .get_mut(&account)
+                    .and_then(|lane| lane.queue.pop_front())
+                {
+                    Some(batch) => Some(batch),
+                    None => {
+                        state.forget_if_idle(account, true);
+                        match state.waiting.pop_front() {
+                            Some(waiting) => {
+                                account = waiting;
+                                None
+                            }
+                            None => {
+                                state.threads -= 1;
+                                return;
+                            }
+                        }
+                    }
+                }
+            };
+            if let Some(batch) = next {
+                let counted = batch.counted;
+                batch.close();
+                let mut state = self.state();
+                state.counted -= counted;
+                if let Some(lane) = state.accounts.get_mut(&account) {
+                    lane.counted -= counted;
+                }
+            }
+        }
+    }
+}
+
+/// Whether nothing queued on the Unix stream `socket`, shut down, carries a descriptor: it
+/// is all peeked at, and no descriptor comes with it. (More than [`PEEK_BYTES`] queued, or a
+/// peek that stops short, counts as carrying some.) Those that do carry some go to the
+/// disposal whatever its bounds: one with a connection slot is bounded by its account's connection
+/// limit; one refused at the door (over that limit) holds at least one descriptor in flight
+/// of its client's, and the kernel bounds those per user (by RLIMIT_NOFILE).
+fn carries_no_descriptors(socket: &OwnedFd) -> bool {
+    let queued = match sys::queued_bytes(socket.as_fd()) {
+        Ok(0) => return true,
+        Ok(queued) if queued <= PEEK_BYTES => queued,
+        _ => return false,
+    };
+    let mut buf = vec![0; queued];
+    let mut copies = Vec::new();
+    let peeked = sys::peek_with_fds(socket.as_fd(), &mut buf, &mut copies);
+    // Copies of queued descriptors: closing them is never the last close.
+    peeked.is_ok_and(|peeked| peeked == queued) && copies.is_empty()
+}
+
+/// The most queued bytes looked through for descriptors before a connection is closed.
+const PEEK_BYTES: usize = 64 * 1024;
+
+impl State {
+    fn count(&mut self, account: Account, count: usize) {
+        self.counted += count;
+        self.accounts.entry(account).or_default().counted += count;
+    }
+
+    /// Drops `account`'s lane if nothing of it is counted or queued; `unserve`: the thread that
+    /// served it has left it.
+    fn forget_if_idle(&mut self, account: Account, unserve: bool) {
+        if let Some(lane) = self.accounts.get_mut(&account) {
+            if unserve {
+                lane.served = false;
+            }
+            if lane.counted == 0 && lane.queue.is_empty() && !lane.served {
+                self.accounts.remove(&account);
+            }
+        }
+    }
+}
+
+impl Batch {
+    fn close(self) {
+        for fd in self.fds {
+            // Not a socket (ENOTSOCK): nothing to make abortive.
+            let _ = sys::set_abortive_close(fd.as_fd());
+            drop(fd);
+        }
+        drop(self.then);
+    }
+}
+
+impl Reservation {
+    /// Closes `fds` apart, in the room kept for them. (More than was kept are taken all the
+    /// same: they are already the daemon's.)
+    pub fn dispose(self, fds: Vec<OwnedFd>) {
+        self.dispose_then(fds, None);
+    }
+
+    fn dispose_then(mut self, fds: Vec<OwnedFd>, then: Option<Box<dyn Send>>) {
+        if fds.is_empty() && then.is_none() {
+            return;
+        }
+        let extra = fds.len().saturating_sub(self.counted);
+        if extra > 0 {
+            self.disposal.count(self.account, extra);
+            self.counted += extra;
+        }
+        // The batch takes what it holds; the rest of the room is given back as self drops.
+        let counted = fds.len();
+        self.counted -= counted;
+        self.disposal
+            .queue(self.account, Batch { fds, counted, then });
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.counted == 0 {
+            return;
+        }
+        let mut state = self.disposal.state();
+        state.counted -= self.counted;
+        if let Some(lane) = state.accounts.get_mut(&self.account) {
+            lane.counted -= self.counted;
+        }
+        state.forget_if_idle(self.account, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn fds(count: usize) -> Vec<OwnedFd> {
+        (0..count)
+            .map(|_| OwnedFd::from(std::io::pipe().unwrap().0))
+            .collect()
+    }
+
+    fn counted(disposal: &Disposal) -> usize {
+        disposal.state().counted
+    }
+
+    fn settled(disposal: &Disposal) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            {
+                let state = disposal.state();
+                if state.counted == 0 && state.accounts.is_empty() && state.threads == 0 {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    #[test]
+    fn an_account_gets_no_more_room_than_its_share() {
+        let disposal = Disposal::default();
+        let held = disposal.reserve(1000, PER_ACCOUNT).unwrap();
+        assert!(disposal.reserve(1000, 1).is_none(), "over its own share");
+        assert!(
+            disposal.reserve(1000, 0).is_some(),
+            "nothing to dispose of needs no room"
+        );
+        drop(disposal.reserve(5000, 0));
+        assert!(
+            !disposal.state().accounts.contains_key(&5000),
+            "and leaves nothing behind"
+        );
+        assert!(
+            disposal.reserve(1001, 1).is_some(),
+            "another account has room"
+        );
+        drop(held);
+        assert!(disposal.reserve(1000, 1).is_some(), "room given back");
+        assert!(settled(&disposal));
+    }
+
+    #[test]
+    fn all_accounts_together_get_no_more_than_the_overall_bound() {
+        let disposal = Disposal::default();
+        let held: Vec<Reservation> = (0..OVERALL / PER_ACCOUNT)
+            .map(|account| disposal.reserve(account as Account, PER_ACCOUNT).unwrap())
+            .collect();
+        assert!(disposal.reserve(99_999, 1).is_none());
+        drop(held);
+        assert!(settled(&disposal));
+    }
+
+    #[test]
+    fn what_is_disposed_of_is_closed_and_its_room_given_back() {
+        let disposal = Disposal::default();
+        for account in 0..(THREADS as Account * 3) {
+            let reservation = disposal.reserve(account, 10).unwrap();
+            reservation.dispose(fds(4));
+        }
+        assert!(settled(&disposal), "{} still counted", counted(&disposal));
+    }
+
+    #[test]
+    fn a_connection_slot_is_dropped_once_its_socket_is_closed() {
+        let disposal = Disposal::default();
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (pipe, _) = std::io::pipe().unwrap();
+        leash_client::sys::send_with_fd(&theirs, b"queued\n", pipe.as_fd()).unwrap();
+        let (dropped, was_dropped) = std::sync::mpsc::channel::<()>();
+        struct Slot(std::sync::mpsc::Sender<()>);
+        impl Drop for Slot {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+        disposal.close_connection(7, ours.into(), Some(Box::new(Slot(dropped))));
+        assert!(was_dropped.recv_timeout(Duration::from_secs(10)).is_ok());
+        assert!(settled(&disposal));
+    }
+
+    #[test]
+    fn a_connection_with_nothing_queued_is_closed_in_place() {
+        let disposal = Disposal::default();
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        std::io::Write::write_all(&mut &theirs, b"no descriptors\n").unwrap();
+        let slot: Box<dyn Send> = Box::new(());
+        disposal.close_connection(7, ours.into(), Some(slot));
+        assert_eq!(disposal.state().threads, 0, "no thread was needed");
+        assert!(settled(&disposal));
+    }
+}
