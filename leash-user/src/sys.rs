@@ -525,8 +525,8 @@ pub fn async_readable<T: Into<OwnedFd>>(fd: T) -> io::Result<AsyncFd<OwnedFd>> {
 /// has room for them all, so the kernel never has to close any for want of room.
 pub const SCM_MAX_FD: usize = 253;
 
-/// Room for a message's control data: every descriptor it may carry, and credentials beside
-/// them should SO_PASSCRED ever be set (without room for both, the kernel truncates).
+/// Room for a message's control data: every descriptor it may carry, and the sender's
+/// credentials beside them (SO_PASSCRED; without room for both, the kernel truncates).
 const CONTROL_SPACE: usize = {
     // SAFETY: CMSG_SPACE only computes a size.
     let rights = unsafe { libc::CMSG_SPACE((SCM_MAX_FD * size_of::<RawFd>()) as u32) };
@@ -546,7 +546,40 @@ pub fn recv_with_fds(
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
 ) -> io::Result<usize> {
+    recvmsg_rights(socket, buf, 0, fds).map(|(read, _)| read)
+}
+
+/// [`recv_with_fds`], and the process that sent what was read: its pid in this process's pid
+/// namespace (0 if it has none here), from SCM_CREDENTIALS, which the kernel attaches to every
+/// message sent while the socket has SO_PASSCRED (see [`set_passcred`]) and never merges into
+/// one read with another sender's. None: no credentials came (sent before SO_PASSCRED was set).
+pub fn recv_with_fds_from(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<(usize, Option<u32>)> {
     recvmsg_rights(socket, buf, 0, fds)
+}
+
+/// Has the kernel say who sent each message read from the Unix socket `socket` from now on
+/// (SO_PASSCRED): the credentials of the sending process, which no sender can forge.
+pub fn set_passcred(socket: BorrowedFd<'_>) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid descriptor and a c_int option value that outlives the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&raw const on).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// What [`recv_with_fds`] would read now, without reading it (MSG_PEEK): the bytes, and the
@@ -560,7 +593,7 @@ pub fn peek_with_fds(
     buf: &mut [u8],
     copies: &mut Vec<OwnedFd>,
 ) -> io::Result<usize> {
-    recvmsg_rights(socket, buf, libc::MSG_PEEK, copies)
+    recvmsg_rights(socket, buf, libc::MSG_PEEK, copies).map(|(read, _)| read)
 }
 
 fn recvmsg_rights(
@@ -568,7 +601,7 @@ fn recvmsg_rights(
     buf: &mut [u8],
     flags: libc::c_int,
     fds: &mut Vec<OwnedFd>,
-) -> io::Result<usize> {
+) -> io::Result<(usize, Option<u32>)> {
     #[repr(C)]
     union Control {
         header: libc::cmsghdr,
@@ -598,19 +631,29 @@ fn recvmsg_rights(
     if read < 0 {
         return Err(io::Error::last_os_error());
     }
+    let mut sender = None;
     // SAFETY: the kernel filled message.msg_control up to msg_controllen; the CMSG_* macros
-    // walk the headers within it, and each SCM_RIGHTS payload holds whole descriptors, new
-    // to this process and owned by nothing else.
+    // walk the headers within it, each SCM_RIGHTS payload holds whole descriptors, new to this
+    // process and owned by nothing else, and an SCM_CREDENTIALS payload is one ucred.
     unsafe {
         let mut header = libc::CMSG_FIRSTHDR(&raw const message);
         while !header.is_null() {
-            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(header);
-                let payload = (*header).cmsg_len as usize - (data as usize - header as usize);
-                for i in 0..payload / size_of::<RawFd>() {
-                    let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
-                    fds.push(OwnedFd::from_raw_fd(fd));
+            let data = libc::CMSG_DATA(header);
+            let payload = (*header).cmsg_len as usize - (data as usize - header as usize);
+            match ((*header).cmsg_level, (*header).cmsg_type) {
+                (libc::SOL_SOCKET, libc::SCM_RIGHTS) => {
+                    for i in 0..payload / size_of::<RawFd>() {
+                        let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
+                        fds.push(OwnedFd::from_raw_fd(fd));
+                    }
                 }
+                (libc::SOL_SOCKET, libc::SCM_CREDENTIALS)
+                    if payload >= size_of::<libc::ucred>() =>
+                {
+                    let credentials = std::ptr::read_unaligned(data.cast::<libc::ucred>());
+                    sender = Some(credentials.pid as u32);
+                }
+                _ => {}
             }
             header = libc::CMSG_NXTHDR(&raw const message, header);
         }
@@ -621,7 +664,7 @@ fn recvmsg_rights(
             "control data truncated: descriptors were lost",
         ));
     }
-    Ok(read as usize)
+    Ok((read as usize, sender))
 }
 
 /// Makes the close of socket `fd` abortive (SO_LINGER on, 0 s): it resets the connection

@@ -23,7 +23,7 @@ use super::{
     limits::ConnectionSlot,
     outbox::Outbox,
     pid_view::PidView,
-    request_stream::{Pidfds, RequestStream},
+    request_stream::{Pidfds, RequestStream, Strangers},
     requests::Session,
 };
 use crate::sys;
@@ -53,6 +53,11 @@ const UNREAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// have left descriptors queued on it, and the last close of the socket closes them. So the
 /// socket is never dropped on the way: setting up only borrows it, and serving hands it back.
 pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
+    // First: from now on the kernel names the sender of every request (see request_stream). A
+    // connection it cannot be set on is served all the same, its requests taken as the host's.
+    if let Err(e) = sys::set_passcred(stream.as_fd()) {
+        tracing::warn!("cannot have the kernel name each request's sender (SO_PASSCRED): {e}");
+    }
     let credentials = stream.peer_cred();
     let (stream, account, slot) = match set_up(&daemon, &stream, credentials).await {
         Err((account, slot)) => (Some(stream), account, slot),
@@ -235,10 +240,12 @@ async fn serve_lease(
     host: &AsyncFd<OwnedFd>,
 ) -> Option<UnixStream> {
     let (reader, writer) = stream.into_split();
-    let pidfds = Pidfds::default();
+    let (pidfds, strangers) = (Pidfds::default(), Strangers::default());
     let mut reader = BufReader::new(RequestStream::new(
         reader,
+        peer.pid,
         pidfds.clone(),
+        strangers.clone(),
         peer.account,
         daemon.disposal.clone(),
     ));
@@ -262,6 +269,7 @@ async fn serve_lease(
         outbox: outbox.clone(),
         subscribed: false,
         pidfds,
+        strangers,
     };
     // The number of the request line being served, counted from 0: pidfds go with their line.
     let mut line_number = 0u64;

@@ -34,7 +34,7 @@ use super::{
     accept::RateLimit,
     metrics,
     metrics_text::CONTENT_TYPE,
-    request_stream::{Pidfds, RequestStream},
+    request_stream::{Pidfds, RequestStream, Strangers},
 };
 
 /// The longest request head (request line and headers) read.
@@ -198,7 +198,9 @@ impl Server {
         let account = stream.peer_cred().map_or(u32::MAX, |c| c.uid()).into();
         let disposal = self.daemon.disposal.clone();
         let (reader, writer) = stream.into_split();
-        let reader = RequestStream::new(reader, Pidfds::default(), account, disposal.clone());
+        // Without SO_PASSCRED, no read names its sender: no host to tell strangers from (0).
+        let (pidfds, strangers) = (Pidfds::default(), Strangers::default());
+        let reader = RequestStream::new(reader, 0, pidfds, strangers, account, disposal.clone());
         let mut stream = tokio::io::join(reader, writer);
         self.serve_connection(&mut stream).await;
         let (reader, writer) = stream.into_inner();

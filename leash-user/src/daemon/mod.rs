@@ -39,7 +39,7 @@ pub use metrics_http::MetricsAddr;
 use std::{
     collections::HashMap,
     fs, io,
-    os::unix::fs::FileTypeExt,
+    os::{fd::AsFd, unix::fs::FileTypeExt},
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex, MutexGuard,
@@ -272,6 +272,12 @@ pub async fn run(config: Config) -> Result<()> {
     let mut hangup = signal(SignalKind::hangup())?;
     // The socket first: it refuses to start beside a live daemon, which holds the pins.
     let listener = bind(&config.socket, "--socket", SocketAccess::Everyone)?;
+    // Connections inherit it (at connect on recent kernels, at accept on older ones): the
+    // kernel names the sender of all they carry (see request_stream); each is set again as it
+    // is served.
+    if let Err(e) = sys::set_passcred(listener.as_fd()) {
+        tracing::warn!("SO_PASSCRED on the listening socket: {e}");
+    }
     // Before the programs load too: an endpoint that is taken is refused at once.
     let metrics_listener = match &config.metrics {
         Some(addr) => Some(

@@ -1,4 +1,4 @@
-//! The request side of a connection: its bytes, and the pidfds sent with them. A client names a
+//! The request side of a connection: its bytes, who sent them, and the pidfds sent with them. A client names a
 //! process to register by a pidfd attached to the request's line (SCM_RIGHTS): right in any pid
 //! namespace, where a pid is a number of the client's. Reading with recvmsg keeps them; a plain
 //! read would have the kernel drop them.
@@ -9,6 +9,10 @@
 //! the next one. The kernel hands descriptors over with the first byte of the message they
 //! came with, and a recvmsg returns no data past that message: descriptors read with a chunk
 //! belong to the last line that begins in it. At most [`MAX_WAITING`] wait; more are closed.
+//!
+//! The socket has SO_PASSCRED, so each read comes from one sender, whom the kernel names: a line
+//! a process other than the one that connected sent (in whole or in part) is noted, and
+//! refused when it is served (see `Strangers`).
 //!
 //! A descriptor that is not a pidfd ends the connection, and is closed apart (`disposal`): its
 //! close may block. Each read is peeked at first, and the kinds of the descriptors it would
@@ -74,10 +78,48 @@ impl Pidfds {
     }
 }
 
+/// The lines of a connection that a process other than the one that connected sent, in whole
+/// or in part (a lease socket leaked to a child, or taken with `pidfd_getfd`): each range of
+/// line numbers with the first such sender's pid (0: one in no pid namespace the daemon sees).
+/// Pruned as lines are served.
+#[derive(Clone, Default)]
+pub struct Strangers(Arc<Mutex<VecDeque<(u64, u64, u32)>>>);
+
+impl Strangers {
+    fn lines(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, u64, u32)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Who other than the host sent (part of) line `line`, if anyone did.
+    pub fn sender_of(&self, line: u64) -> Option<u32> {
+        let mut lines = self.lines();
+        while lines.front().is_some_and(|&(_, last, _)| last < line) {
+            lines.pop_front();
+        }
+        match lines.front() {
+            Some(&(first, _, sender)) if first <= line => Some(sender),
+            _ => None,
+        }
+    }
+
+    /// Lines `first..=last` came (in part) from `sender`.
+    fn mark(&self, first: u64, last: u64, sender: u32) {
+        let mut lines = self.lines();
+        match lines.back_mut() {
+            // Reads from strangers in a row, or within one line, are one range.
+            Some((_, end, _)) if *end + 1 >= first => *end = (*end).max(last),
+            _ => lines.push_back((first, last, sender)),
+        }
+    }
+}
+
 /// A connection's read half, read with recvmsg.
 pub struct RequestStream {
     half: OwnedReadHalf,
     pidfds: Pidfds,
+    strangers: Strangers,
+    /// The process that connected (its pid in the daemon's namespace).
+    host: u32,
     /// Newlines read so far: the number of the line the next byte is in.
     newlines: u64,
     /// The client's account, whose room in the disposal its descriptors take.
@@ -86,10 +128,21 @@ pub struct RequestStream {
 }
 
 impl RequestStream {
-    pub fn new(half: OwnedReadHalf, pidfds: Pidfds, account: Account, disposal: Disposal) -> Self {
+    /// The read half of a connection (with SO_PASSCRED set) of process `host`, of `account`:
+    /// pidfds it sends go to `pidfds`, lines other processes send to `strangers`.
+    pub fn new(
+        half: OwnedReadHalf,
+        host: u32,
+        pidfds: Pidfds,
+        strangers: Strangers,
+        account: Account,
+        disposal: Disposal,
+    ) -> Self {
         Self {
             half,
             pidfds,
+            strangers,
+            host,
             newlines: 0,
             account,
             disposal,
@@ -101,11 +154,24 @@ impl RequestStream {
         self.half
     }
 
-    /// Counts the lines of `chunk`, just read, and files the descriptors that came with it
-    /// under the last line that begins in it; those that are not pidfds go to the disposal, in
-    /// `room`. Err: something that is not a pidfd.
-    fn file(&mut self, chunk: &[u8], received: Vec<OwnedFd>, room: Reservation) -> io::Result<()> {
+    /// Counts the lines of `chunk`, just read from `sender`, notes them if the host did not
+    /// send them, and files the descriptors that came with it under the last line that begins
+    /// in it; those that are not pidfds go to the disposal, in `room`. Err: something that is
+    /// not a pidfd.
+    fn file(
+        &mut self,
+        chunk: &[u8],
+        sender: Option<u32>,
+        received: Vec<OwnedFd>,
+        room: Reservation,
+    ) -> io::Result<()> {
         let line = last_line_begun(self.newlines, chunk);
+        // No credentials: sent before SO_PASSCRED was set, as the connection was made.
+        if let Some(sender) = sender.filter(|&sender| sender != self.host)
+            && !chunk.is_empty()
+        {
+            self.strangers.mark(self.newlines, line, sender);
+        }
         self.newlines += newlines(chunk);
         let mut not_pidfds = Vec::new();
         for fd in received {
@@ -136,6 +202,7 @@ fn receive(
     disposal: &Disposal,
     received: &mut Vec<OwnedFd>,
     room: &mut Option<Reservation>,
+    sender: &mut Option<u32>,
 ) -> io::Result<usize> {
     let mut copies = Vec::new();
     let peeked = sys::peek_with_fds(socket, buf, &mut copies)?;
@@ -154,7 +221,9 @@ fn receive(
             "descriptors refused: too many of this account's wait to be closed",
         ));
     }
-    sys::recv_with_fds(socket, &mut buf[..peeked], received)
+    let (read, sent_by) = sys::recv_with_fds_from(socket, &mut buf[..peeked], received)?;
+    *sender = sent_by;
+    Ok(read)
 }
 
 fn newlines(bytes: &[u8]) -> u64 {
@@ -181,6 +250,7 @@ impl AsyncRead for RequestStream {
             ready!(stream.poll_read_ready(cx))?;
             let mut received = Vec::new();
             let mut room = None;
+            let mut sender = None;
             let (account, disposal) = (this.account, &this.disposal);
             let read = stream.try_io(Interest::READABLE, || {
                 receive(
@@ -190,6 +260,7 @@ impl AsyncRead for RequestStream {
                     disposal,
                     &mut received,
                     &mut room,
+                    &mut sender,
                 )
             });
             let chunk = match &read {
@@ -197,7 +268,7 @@ impl AsyncRead for RequestStream {
                 Err(_) => &[],
             };
             if let Some(room) = room {
-                this.file(chunk, received, room)?;
+                this.file(chunk, sender, received, room)?;
             }
             match read {
                 Ok(read) => {
@@ -223,6 +294,20 @@ mod tests {
         assert_eq!(last_line_begun(3, b"tail\n{\"id\":5"), 4);
         assert_eq!(last_line_begun(3, b"middle of line 3"), 3);
         assert_eq!(last_line_begun(3, b""), 3);
+    }
+
+    #[test]
+    fn lines_a_stranger_sent_are_known_until_served() {
+        let strangers = Strangers::default();
+        strangers.mark(2, 2, 700);
+        strangers.mark(3, 5, 701);
+        strangers.mark(9, 9, 702);
+        assert_eq!(strangers.sender_of(1), None);
+        assert_eq!(strangers.sender_of(2), Some(700));
+        assert_eq!(strangers.sender_of(4), Some(700), "one range with line 2's");
+        assert_eq!(strangers.sender_of(6), None);
+        assert_eq!(strangers.sender_of(9), Some(702));
+        assert!(strangers.lines().len() == 1, "served ranges are forgotten");
     }
 
     #[test]

@@ -34,7 +34,7 @@ use super::{
     outbox::Outbox,
     owner::Owner,
     pid_view::PidView,
-    request_stream::Pidfds,
+    request_stream::{Pidfds, Strangers},
     subscribers::{Audience, Hears},
 };
 
@@ -52,6 +52,8 @@ pub struct Session {
     pub subscribed: bool,
     /// The pidfds this connection sent, for the requests that name their process by one.
     pub pidfds: Pidfds,
+    /// The lines that a process other than the host sent on this connection.
+    pub strangers: Strangers,
 }
 
 /// How a `register` names its process.
@@ -94,6 +96,23 @@ impl Session {
                 return daemon.limits.spend(self.peer.account, 1);
             }
         };
+        // A lease is its host's: a request another process sent on its connection (a socket
+        // leaked to a child, or taken from the host) is refused, and the lease goes on.
+        if let Some(sender) = self.strangers.sender_of(line_number) {
+            let message = format!(
+                "this request was sent by process {sender}, not by process {} that opened this \
+                 lease: a lease serves its host alone (a process of another connection, or one \
+                 that forked from the host, opens a lease of its own)",
+                self.peer.pid
+            );
+            tracing::info!(id, sender, "request refused: not sent by the lease's host");
+            self.outbox.reply(&ServerLine::error(
+                Some(id),
+                ErrorCode::PermissionDenied,
+                message,
+            ));
+            return daemon.limits.spend(self.peer.account, 1);
+        }
         let cost = match op {
             Op::Register { .. } | Op::List { .. } => HEAVY_COST,
             _ => 1,
