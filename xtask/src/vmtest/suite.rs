@@ -43,6 +43,8 @@ pub const LEFT_OUT: &[(&str, &str)] = &[
     ("tenancy", "user space: who sees which tree; the kernel path, the whois iterator reading pid namespaces, is whois's"),
     ("kill_nested", "user space: a kill's summary over nested trees"),
     ("log_volume", "user space: what the daemon logs at INFO"),
+    ("fd_disposal", "a load test of the daemon's closing of descriptors clients send (user space)"),
+    ("lease_sender", "user space: requests on a lease's connection from another process; SO_PASSCRED is older than every kernel leash supports"),
     ("deploy_manifests", "lints the image definition and the Kubernetes manifests with tools of the Python environment, which the guests do not have; no kernel path"),
 ];
 
