@@ -759,6 +759,29 @@ struct ProgLoadAttr {
     _pad: u32,
 }
 
+/// bpf(2): `command` with `attr`; returns what the call returned (a new descriptor, for the
+/// commands that make one).
+///
+/// # Safety
+///
+/// `attr` is the prefix of `union bpf_attr` that `command` reads, and every pointer in it is
+/// valid (for reads, or for the writes the command makes) for the duration of the call.
+unsafe fn bpf<T>(command: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
+    // SAFETY: the caller's contract.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, command, attr as *mut T, size_of::<T>()) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// A descriptor a bpf(2) command returned: new, and owned by nothing else.
+fn new_bpf_fd(fd: libc::c_long) -> OwnedFd {
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    unsafe { OwnedFd::from_raw_fd(fd as RawFd) }
+}
+
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
@@ -824,20 +847,7 @@ pub fn load_fmod_ret(
         // SAFETY: attr is a valid bpf_attr prefix for BPF_PROG_LOAD; insns (8-byte
         // instructions, insn_cnt of them), license (NUL-terminated) and log (log_size bytes,
         // written by the kernel) outlive the call.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_PROG_LOAD,
-                &raw mut attr,
-                size_of::<ProgLoadAttr>(),
-            )
-        };
-        if fd < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            // SAFETY: the kernel returned a new descriptor that nothing else owns.
-            Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-        }
+        unsafe { bpf(BPF_PROG_LOAD, &mut attr) }.map(new_bpf_fd)
     };
     match load(&mut Vec::new()) {
         Ok(fd) => Ok(fd),
@@ -875,19 +885,7 @@ pub fn attach_tracing(program: BorrowedFd<'_>) -> io::Result<OwnedFd> {
         _pad: 0,
     };
     // SAFETY: attr is a valid bpf_attr prefix for BPF_RAW_TRACEPOINT_OPEN (a null name).
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_RAW_TRACEPOINT_OPEN,
-            &raw mut attr,
-            size_of::<RawTracepointAttr>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    unsafe { bpf(BPF_RAW_TRACEPOINT_OPEN, &mut attr) }.map(new_bpf_fd)
 }
 
 /// BPF_OBJ_PIN: pins a BPF object (here a link) at `path` on a BPF filesystem.
@@ -906,19 +904,7 @@ pub fn pin_object(object: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     };
     // SAFETY: attr is a valid bpf_attr prefix for BPF_OBJ_PIN; path is NUL-terminated and
     // outlives the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_PIN,
-            &raw mut attr,
-            size_of::<PinAttr>(),
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    unsafe { bpf(BPF_OBJ_PIN, &mut attr) }.map(drop)
 }
 
 /// CLOCK_BOOTTIME in nanoseconds: the clock of the kernel's task start times and of the
@@ -979,25 +965,13 @@ pub fn bpf_link_fd_by_id(id: u32) -> io::Result<OwnedFd> {
         next_id: u32,
         open_flags: u32,
     }
-    let attr = GetFdById {
+    let mut attr = GetFdById {
         link_id: id,
         next_id: 0,
         open_flags: 0,
     };
-    // SAFETY: attr is the bpf_attr prefix of this command and outlives the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_LINK_GET_FD_BY_ID,
-            &raw const attr,
-            size_of::<GetFdById>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a new descriptor, owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    // SAFETY: attr is the bpf_attr prefix of this command, with no pointers.
+    unsafe { bpf(BPF_LINK_GET_FD_BY_ID, &mut attr) }.map(new_bpf_fd)
 }
 
 /// A new iterator of the iterator link `link`: reading it to its end runs the program once per
@@ -1008,24 +982,12 @@ pub fn bpf_iter_create(link: BorrowedFd<'_>) -> io::Result<std::fs::File> {
         link_fd: u32,
         flags: u32,
     }
-    let attr = IterCreate {
+    let mut attr = IterCreate {
         link_fd: link.as_raw_fd() as u32,
         flags: 0,
     };
-    // SAFETY: attr is the bpf_attr prefix of this command and outlives the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_ITER_CREATE,
-            &raw const attr,
-            size_of::<IterCreate>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a new descriptor, owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }.into())
+    // SAFETY: attr is the bpf_attr prefix of this command, with no pointers.
+    unsafe { bpf(BPF_ITER_CREATE, &mut attr) }.map(|fd| new_bpf_fd(fd).into())
 }
 
 #[cfg(test)]
