@@ -25,33 +25,33 @@ pub struct TaskOffsets {
     pub signal_live: u32,
 }
 
+/// The running kernel's BTF, parsed: read it once and take every offset from it (a parse of
+/// vmlinux's is the slowest step of loading the programs).
+pub fn kernel() -> Result<Btf> {
+    Btf::from_file(Path::new(VMLINUX_BTF)).with_context(|| {
+        format!("reading kernel BTF from {VMLINUX_BTF} (the kernel needs CONFIG_DEBUG_INFO_BTF=y)")
+    })
+}
+
 impl TaskOffsets {
     pub fn from_kernel() -> Result<Self> {
-        Self::from_file(Path::new(VMLINUX_BTF))
+        Self::from_btf(&kernel()?)
     }
 
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let btf = Btf::from_file(path).with_context(|| {
-            format!(
-                "reading kernel BTF from {} (the kernel needs CONFIG_DEBUG_INFO_BTF=y)",
-                path.display()
-            )
-        })?;
+    pub fn from_btf(btf: &Btf) -> Result<Self> {
         Ok(Self {
-            tgid: field_offset(&btf, "task_struct", "tgid")?,
-            start_boottime: field_offset(&btf, "task_struct", "start_boottime")?,
-            group_leader: field_offset(&btf, "task_struct", "group_leader")?,
-            signal: field_offset(&btf, "task_struct", "signal")?,
-            signal_live: field_offset(&btf, "signal_struct", "live")?,
+            tgid: field_offset(btf, "task_struct", "tgid")?,
+            start_boottime: field_offset(btf, "task_struct", "start_boottime")?,
+            group_leader: field_offset(btf, "task_struct", "group_leader")?,
+            signal: field_offset(btf, "task_struct", "signal")?,
+            signal_live: field_offset(btf, "signal_struct", "live")?,
         })
     }
 }
 
 /// Where the whois program finds a task's namespaces (see `leash_common::NamespaceOffsets`).
-pub fn namespace_offsets() -> Result<leash_common::NamespaceOffsets> {
-    let btf = Btf::from_file(Path::new(VMLINUX_BTF))
-        .with_context(|| format!("reading kernel BTF from {VMLINUX_BTF}"))?;
-    let at = |structure, field| field_offset(&btf, structure, field);
+pub fn namespace_offsets(btf: &Btf) -> Result<leash_common::NamespaceOffsets> {
+    let at = |structure, field| field_offset(btf, structure, field);
     let inum = at("ns_common", "inum")?;
     let upid_ns = at("upid", "ns")?;
     Ok(leash_common::NamespaceOffsets {
@@ -128,7 +128,7 @@ mod tests {
     /// per kernel build, so they are not asserted.)
     #[test]
     fn namespace_offsets_of_this_kernel() {
-        let offsets = namespace_offsets().unwrap();
+        let offsets = namespace_offsets(&kernel().unwrap()).unwrap();
         assert_eq!(offsets.upid_size, 16, "{offsets:?}");
         assert_ne!(offsets.task_real_cred, offsets.task_thread_pid);
         assert!(offsets.user_ns_parent.is_multiple_of(8), "{offsets:?}");

@@ -598,7 +598,10 @@ struct Attached {
 impl Attached {
     fn load(capacity: Capacity) -> Result<Self> {
         support::check()?;
-        let task = btf::TaskOffsets::from_kernel()?;
+        let kernel = btf::kernel()?;
+        let task = btf::TaskOffsets::from_btf(&kernel)?;
+        let namespaces = btf::namespace_offsets(&kernel)?;
+        drop(kernel);
         tracing::debug!(?task, ?capacity, "loading the leash programs");
 
         let mut ebpf = EbpfLoader::new()
@@ -614,7 +617,7 @@ impl Attached {
                 true,
             )
             .override_global(global::MEMBER_CAPACITY, &capacity.members, true)
-            .override_global(global::NAMESPACE_OFFSETS, &btf::namespace_offsets()?, true)
+            .override_global(global::NAMESPACE_OFFSETS, &namespaces, true)
             .map_max_entries(
                 map::MEMBERS,
                 capacity.members.saturating_add(MEMBER_RESERVE),
@@ -646,7 +649,8 @@ impl Attached {
         }
         let whois = attach_whois(&mut ebpf, &kernel_btf)?;
         // After the trackers: a guard is worth nothing without the membership it reads.
-        let (guard, guard_links) = ptrace_guard::attach(&mut ebpf, capacity.ptrace_guard);
+        let (guard, guard_links) =
+            ptrace_guard::attach(&mut ebpf, &kernel_btf, capacity.ptrace_guard);
         Ok(Self {
             ebpf,
             links,

@@ -20,10 +20,9 @@ use aya::{
     maps::Map,
     programs::{TracePoint, trace_point::TracePointLink},
 };
-use btf_rs::{Btf, Type};
 use leash_common::program;
 
-use super::{PROGRAMS, btf::VMLINUX_BTF, program_mut};
+use super::{PROGRAMS, program_mut};
 use crate::sys;
 
 /// The kernel function the fmod_ret program modifies the return of.
@@ -123,12 +122,16 @@ pub enum HeldLink {
 /// Attaches the guard `choice` asks for to the programs of `ebpf` (loaded, their maps made):
 /// fmod_ret, else the tracepoints. Never fails: the daemon runs without a guard rather than not
 /// at all, and says so.
-pub fn attach(ebpf: &mut Ebpf, choice: GuardChoice) -> (Guard, Vec<(&'static str, HeldLink)>) {
+pub fn attach(
+    ebpf: &mut Ebpf,
+    kernel_btf: &aya::Btf,
+    choice: GuardChoice,
+) -> (Guard, Vec<(&'static str, HeldLink)>) {
     if choice == GuardChoice::Off {
         return (Guard::Absent, Vec::new());
     }
     if choice == GuardChoice::Auto {
-        match attach_fmod_ret(ebpf) {
+        match attach_fmod_ret(ebpf, kernel_btf) {
             Ok(link) => {
                 return (
                     Guard::FmodRet,
@@ -152,7 +155,7 @@ pub fn attach(ebpf: &mut Ebpf, choice: GuardChoice) -> (Guard, Vec<(&'static str
 
 /// Relocates the fmod_ret program against the maps aya made for `ebpf` (the `.rodata` with the
 /// offsets among them), loads it and attaches it. Returns the link.
-fn attach_fmod_ret(ebpf: &Ebpf) -> Result<OwnedFd> {
+fn attach_fmod_ret(ebpf: &Ebpf, kernel_btf: &aya::Btf) -> Result<OwnedFd> {
     let mut object = aya_obj::Object::parse(PROGRAMS).context("parsing the programs' object")?;
     // Each map of the object, with the descriptor of the one aya made for it.
     let maps: Vec<(String, i32, aya_obj::Map)> = ebpf
@@ -181,7 +184,7 @@ fn attach_fmod_ret(ebpf: &Ebpf) -> Result<OwnedFd> {
         .get(program::PTRACE_GUARD)
         .and_then(|p| object.functions.get(&p.function_key()))
         .with_context(|| format!("program {} missing from the object", program::PTRACE_GUARD))?;
-    let target = function_btf_id(TARGET)?;
+    let target = function_btf_id(kernel_btf, TARGET)?;
     let loaded = sys::load_fmod_ret(
         program::PTRACE_GUARD,
         &function.instructions,
@@ -206,13 +209,10 @@ fn map_fd(map: &Map) -> Result<i32> {
     Ok(data.fd().as_fd().as_raw_fd())
 }
 
-/// The BTF id of the kernel function `name` in vmlinux.
-fn function_btf_id(name: &str) -> Result<u32> {
-    let btf = Btf::from_file(VMLINUX_BTF)
-        .with_context(|| format!("reading kernel BTF from {VMLINUX_BTF}"))?;
-    let ids = btf.resolve_ids_by_name(name).unwrap_or_default();
-    ids.into_iter()
-        .find(|&id| matches!(btf.resolve_type_by_id(id), Ok(Type::Func(_))))
+/// The BTF id of the kernel function `name` in vmlinux (`kernel_btf`, parsed already).
+fn function_btf_id(kernel_btf: &aya::Btf, name: &str) -> Result<u32> {
+    kernel_btf
+        .id_by_type_name_kind(name, aya_obj::btf::BtfKind::Func)
         .with_context(|| {
             format!("no function {name} in the kernel's BTF (a kernel without CONFIG_SECURITY)")
         })
@@ -281,6 +281,7 @@ mod tests {
     /// This machine's kernel has the function (CONFIG_SECURITY) in its BTF.
     #[test]
     fn the_target_has_a_btf_id() {
-        assert!(function_btf_id(TARGET).unwrap() > 0);
+        let kernel_btf = aya::Btf::from_sys_fs().unwrap();
+        assert!(function_btf_id(&kernel_btf, TARGET).unwrap() > 0);
     }
 }
