@@ -604,7 +604,10 @@ impl Attached {
         drop(kernel);
         tracing::debug!(?task, ?capacity, "loading the leash programs");
 
+        // Parsed once, for the loader's relocations and every attachment below.
+        let kernel_btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
         let mut ebpf = EbpfLoader::new()
+            .btf(Some(&kernel_btf))
             .override_global(global::TASK_TGID_OFFSET, &task.tgid, true)
             .override_global(global::TASK_START_OFFSET, &task.start_boottime, true)
             .override_global(global::TASK_GROUP_LEADER_OFFSET, &task.group_leader, true)
@@ -632,7 +635,6 @@ impl Attached {
             .load(PROGRAMS)
             .context("loading the leash eBPF object (are you root?)")?;
 
-        let kernel_btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
         let mut links = Vec::new();
         for (name, attach_to) in PROGRAMS_ATTACHED {
             let tracepoint = attach_to
