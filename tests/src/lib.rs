@@ -502,6 +502,22 @@ pub fn python() -> String {
         .clone()
 }
 
+/// The lines of `child`'s stdout (piped), as they come, read by a thread of their own: a test
+/// waits for the line it needs with a deadline (`recv_timeout`), never for the child to end.
+pub fn read_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::{BufRead, BufReader};
+    let stdout = child.stdout.take().expect("the child's stdout is piped");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

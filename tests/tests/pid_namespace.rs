@@ -9,10 +9,10 @@
 use std::{
     collections::BTreeSet,
     fs,
-    io::{BufRead, BufReader, Write},
+    io::Write,
     os::{fd::AsRawFd, unix::fs::PermissionsExt},
     path::Path,
-    process::{Child, ChildStdout, Command, Stdio},
+    process::{Command, Stdio},
     sync::mpsc,
     time::Duration,
 };
@@ -21,7 +21,7 @@ use leash_tests::{
     Cgroup,
     container::{CONTAINERS, Container},
     daemon::{Daemon, path_str},
-    hosts_skipped, wait_for, workspace_root,
+    hosts_skipped, read_lines, wait_for, workspace_root,
 };
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -384,20 +384,6 @@ fn bystander_args(container: Container) -> Vec<String> {
     let mut args = leash_tests::daemon::setpriv_args(container.uid());
     args.extend(["sleep", "600"].map(String::from));
     args
-}
-
-/// The lines of the child's stdout, as they come, read by a thread of their own.
-fn read_lines(child: &mut Child) -> mpsc::Receiver<String> {
-    let stdout: ChildStdout = child.stdout.take().unwrap();
-    let (sender, receiver) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    receiver
 }
 
 fn next_line(lines: &mpsc::Receiver<String>, container: Container) -> String {

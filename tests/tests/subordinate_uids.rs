@@ -7,8 +7,8 @@
 
 use std::{
     collections::BTreeSet,
-    io::{BufRead, BufReader, Write},
-    process::{Child, ChildStdout, Stdio},
+    io::Write,
+    process::{Child, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
 };
@@ -17,6 +17,7 @@ use leash_client::EventKind;
 use leash_tests::{
     Cgroup,
     daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args},
+    read_lines,
 };
 
 const SUBORDINATE: u32 = 300_000;
@@ -118,7 +119,7 @@ impl Alice {
             && wait_for_write(&format!("/proc/{pid}/gid_map"), &map);
         assert!(written, "could not write the namespace's maps");
         writeln!(namespace.stdin.as_mut().unwrap(), "mapped").unwrap();
-        let statuses = lines(namespace.stdout.take().unwrap());
+        let statuses = read_lines(&mut namespace);
         Self {
             bob,
             bobs,
@@ -158,17 +159,4 @@ fn wait_for_write(path: &str, contents: &str) -> bool {
     leash_tests::wait_for(Duration::from_secs(20), || {
         std::fs::write(path, contents).is_ok()
     })
-}
-
-/// The lines of `stdout`, as they come.
-fn lines(stdout: ChildStdout) -> mpsc::Receiver<String> {
-    let (sender, receiver) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if sender.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    receiver
 }
