@@ -1,7 +1,8 @@
 //! A user is a user, whatever uids they hold. Alice (uid 61001) has a user namespace whose uid
 //! map is written as `newuidmap` writes a rootless container's: her own uid as root inside,
 //! then nine subordinate uids of hers (300000 and up). Her nine `leash run`s, one per
-//! subordinate uid, are charged to her alone: her tree and member quotas hold across them, and
+//! subordinate uid, are charged to her alone: her tree, member and connection limits hold across
+//! them, and
 //! Bob's tree, started before, is untouched. (Charged per kernel uid, she would be nine users:
 //! every one of her trees would be registered, and each would have a quota of its own.)
 
@@ -46,6 +47,23 @@ fn subordinate_uids_share_their_users_tree_limit() {
     eprintln!("of nine leash runs, {refused} refused; trees: {listed}");
     assert_eq!(refused, 6, "daemon log:\n{}", daemon.log());
     assert_eq!(listed, 3 + 1, "her three trees and Bob's");
+    alice.bob_is_untouched();
+}
+
+#[test]
+fn subordinate_uids_share_their_users_connection_limit() {
+    let Some(daemon) = Daemon::start(&["--max-connections-per-uid", "3"]) else {
+        return;
+    };
+    // Each `leash run` holds one connection for as long as its command runs.
+    let mut alice = Alice::start(&daemon, "exec sleep 600");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut refused = 0;
+    while refused < 6 && Instant::now() < deadline {
+        refused += alice.refusals(Duration::from_millis(100));
+    }
+    eprintln!("of nine leash runs at 3 connections a user, {refused} refused");
+    assert_eq!(refused, 6, "daemon log:\n{}", daemon.log());
     alice.bob_is_untouched();
 }
 
