@@ -13,6 +13,8 @@ use clap::{Parser, Subcommand};
 
 mod fuzz;
 mod hosts;
+mod systemtest;
+mod userland;
 mod vmtest;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -50,6 +52,12 @@ enum Task {
     /// total; fails if a test fails on any kernel. Installs QEMU and busybox when missing, and
     /// caches the kernels in /var/cache/leash-vmtest (LEASH_VMTEST_CACHE=DIR to change it).
     Vmtest(vmtest::Options),
+    /// The Debian package under a real systemd (as root): a Debian 12 guest, booted under QEMU
+    /// with systemd as PID 1, installs the package, upgrades it while a tree runs (the daemon
+    /// hands over; the tree stays tracked), has its daemon SIGKILLed and restarted, scores the
+    /// unit, reads the journal, removes and purges it. The userland is made with debootstrap
+    /// once and cached in /var/cache/leash-vmtest/userlands.
+    Systemtest(systemtest::Options),
     /// Set up, build with optimizations, and run every benchmark side by side with its
     /// references, writing BENCHMARKS.md (as root).
     Bench {
@@ -90,6 +98,7 @@ fn main() -> ExitCode {
         Task::Setup => setup(),
         Task::Test { args } => test(&args),
         Task::Vmtest(options) => vmtest::vmtest(&options),
+        Task::Systemtest(options) => systemtest::systemtest(&options),
         Task::Run { args } => run(&args),
         Task::Bench { quick } => bench(quick),
         Task::Install { prefix, destdir } => install(&prefix, destdir.as_deref()),

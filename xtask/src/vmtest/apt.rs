@@ -19,6 +19,12 @@ const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 const DEFAULT_MIRROR: &str = "http://deb.debian.org";
 pub const MIRROR_VAR: &str = "LEASH_VMTEST_MIRROR";
 
+/// Debian's archive, or the mirror `LEASH_VMTEST_MIRROR` names (without a trailing slash).
+pub fn mirror() -> String {
+    let mirror = std::env::var(MIRROR_VAR).unwrap_or_else(|_| DEFAULT_MIRROR.to_owned());
+    mirror.trim_end_matches('/').to_owned()
+}
+
 pub struct Apt {
     suite: String,
     dir: PathBuf,
@@ -33,8 +39,7 @@ impl Apt {
             let path = dir.join(sub);
             fs::create_dir_all(&path).with_context(|| format!("making {}", path.display()))?;
         }
-        let mirror = std::env::var(MIRROR_VAR).unwrap_or_else(|_| DEFAULT_MIRROR.to_owned());
-        let mirror = mirror.trim_end_matches('/');
+        let mirror = mirror();
         let sources = [
             format!("{mirror}/debian {suite}"),
             format!("{mirror}/debian {suite}-updates"),

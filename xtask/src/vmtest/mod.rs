@@ -32,8 +32,11 @@ use anyhow::{Context, Result, bail};
 use crate::{apt_install, is_root, setup, workspace_root};
 use guest::GuestTest;
 use initramfs::Image;
-use qemu::{Accel, Ending};
+pub use qemu::{Accel, Ending};
 use report::Console;
+
+pub use apt::mirror;
+pub use qemu::boot;
 
 pub const CACHE_VAR: &str = "LEASH_VMTEST_CACHE";
 const DEFAULT_CACHE: &str = "/var/cache/leash-vmtest";
@@ -90,15 +93,7 @@ pub fn vmtest(options: &Options) -> Result<()> {
 
     let initrd = out.join("initramfs.cpio");
     build_initramfs(&binaries, &options.test_args, &out, &initrd)?;
-    let accel = match options.accel.as_str() {
-        "kvm" => Accel::Kvm,
-        "tcg" => Accel::Tcg,
-        _ => {
-            let probe = out.join("probe.cpio");
-            build_probe_initramfs(&out, &probe)?;
-            qemu::choose_accel(&kernels[0].vmlinuz, &probe)?
-        }
-    };
+    let accel = accelerator(&options.accel, &kernels[0].vmlinuz, &out)?;
 
     let timeout = Duration::from_secs(options.timeout);
     let results = run_kernels(&kernels, options.jobs.max(1), |kernel| {
@@ -107,6 +102,28 @@ pub fn vmtest(options: &Options) -> Result<()> {
         Ok(result)
     })?;
     summarize(&results)
+}
+
+/// The accelerator `choice` names (kvm, tcg), or for `auto` the one a short boot of `vmlinuz`
+/// finds working (its probe's initramfs is made in `out`).
+pub fn accelerator(choice: &str, vmlinuz: &Path, out: &Path) -> Result<Accel> {
+    Ok(match choice {
+        "kvm" => Accel::Kvm,
+        "tcg" => Accel::Tcg,
+        _ => {
+            let probe = out.join("probe.cpio");
+            build_probe_initramfs(out, &probe)?;
+            qemu::choose_accel(vmlinuz, &probe)?
+        }
+    })
+}
+
+/// The kernel `name`d in [`kernels::PINS`], fetched into the cache if it is not there yet.
+pub fn kernel(name: &str) -> Result<kernels::Kernel> {
+    let pins = kernels::select(&[name.to_owned()])?;
+    kernels::resolve(&pins, &cache_dir())?
+        .pop()
+        .with_context(|| format!("no kernel {name}"))
 }
 
 /// Runs `run` on every kernel, `jobs` at a time; returns the results in the kernels' order.
@@ -155,7 +172,7 @@ fn list() {
 }
 
 /// QEMU, busybox, objcopy, dpkg-deb and Debian's Python, installed when missing.
-fn ensure_tools() -> Result<()> {
+pub fn ensure_tools() -> Result<()> {
     let needs = [
         ("qemu-system-x86_64", "qemu-system-x86"),
         ("busybox", "busybox-static"),
@@ -179,7 +196,7 @@ fn ensure_tools() -> Result<()> {
     apt_install(&missing, false)
 }
 
-fn cache_dir() -> PathBuf {
+pub fn cache_dir() -> PathBuf {
     env::var_os(CACHE_VAR).map_or_else(|| PathBuf::from(DEFAULT_CACHE), PathBuf::from)
 }
 

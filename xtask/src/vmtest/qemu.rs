@@ -41,6 +41,7 @@ impl fmt::Display for Accel {
 }
 
 /// How a boot ended.
+#[derive(Debug)]
 pub enum Ending {
     /// QEMU exited (the guest powered off, or the kernel panicked and `panic=-1` rebooted it
     /// into `-no-reboot`).

@@ -1,0 +1,128 @@
+#!/bin/bash
+# The steps of `cargo xtask systemtest`, run inside a Debian guest whose PID 1 is systemd, by
+# the unit leash-systemtest.service once the system is up. Everything it prints goes to the
+# serial console; the host reads the lines that start with SYSTEMTEST. The packages to install
+# and what they are expected to score are in /root/systemtest.env.
+set -uo pipefail
+# shellcheck source=/dev/null
+. /root/systemtest.env
+
+say() { echo "SYSTEMTEST $*"; }
+ok() { say "ok: $*"; }
+finish() {
+    say "END $1"
+    sync
+    systemctl poweroff --force --force
+}
+fail() {
+    say "FAIL: $*"
+    journalctl --unit leash --no-pager --lines 80 | sed 's/^/  journal: /'
+    finish fail
+    exit 1
+}
+
+# await SECONDS WHAT COMMAND...: runs COMMAND every 0.1 s until it succeeds; fails the test
+# with WHAT if it has not within SECONDS.
+await() {
+    local seconds=$1 what=$2
+    shift 2
+    local deadline=$((SECONDS + seconds))
+    until "$@"; do
+        ((SECONDS < deadline)) || fail "$what: not within ${seconds} s"
+        sleep 0.1
+    done
+}
+
+running() { pgrep -fx "$1" >/dev/null; }
+# A tree N: a `leash run` host of the unprivileged user agent, whose command leaves one
+# sleeper in a session of its own (setsid) and becomes another.
+start_tree() {
+    setpriv --reuid=agent --regid=agent --init-groups -- \
+        leash run --grace 100ms -- sh -c "setsid sleep 100$1 & exec sleep 200$1" \
+        </dev/null >/dev/null 2>&1 &
+    HOST=$!
+    await 60 "tree $1 started" tree_alive "$1"
+}
+tree_alive() { running "sleep 100$1" && running "sleep 200$1"; }
+tree_gone() { ! running "sleep 100$1" && ! running "sleep 200$1"; }
+# SIGKILLs tree N's host: the daemon must kill the tree.
+kill_host() {
+    kill -KILL "$HOST"
+    await 60 "tree $1 killed after its host was SIGKILLed" tree_gone "$1"
+}
+
+active() { systemctl is-active --quiet leash && [ -S /run/leash/leash.sock ]; }
+main_pid() { systemctl show --property MainPID --value leash; }
+# restarted OLD_PID: another daemon runs and serves.
+restarted() {
+    local pid
+    pid=$(main_pid)
+    [ "$pid" != 0 ] && [ "$pid" != "$1" ] && active && leash status >/dev/null 2>&1
+}
+installed_version() { dpkg-query --show --showformat '${Version}' leash 2>/dev/null; }
+
+cd /root || fail "no /root"
+say "START $(uname -r), $(systemctl --version | head -1)"
+
+# 1. Install: the service is enabled and started.
+apt-get install --yes --quiet "/root/$DEB_A" || fail "apt-get install $DEB_A"
+await 60 "the service active after the install" active
+systemctl is-enabled --quiet leash || fail "the service is not enabled"
+ok "installed $(installed_version): $(leash --version), service $(systemctl is-active leash)"
+
+# 2. A tree of an unprivileged user dies with its host.
+start_tree 1
+kill_host 1
+ok "a tree of uid $(id -u agent) died with its SIGKILLed host"
+
+# 3. An upgrade hands over: the tree stays tracked and still dies with its host.
+start_tree 2
+before=$(main_pid)
+apt-get install --yes --quiet "/root/$DEB_B" || fail "apt-get install $DEB_B (upgrade)"
+[ "$(installed_version)" = "$VERSION_B" ] || fail "installed: $(installed_version), not $VERSION_B"
+await 60 "a new daemon after the upgrade" restarted "$before"
+tree_alive 2 || fail "the upgrade killed tree 2"
+journalctl --unit leash --no-pager | grep -q "handing over" ||
+    fail "the old daemon did not hand over"
+ok "upgraded to $VERSION_B: daemon $before handed over to $(main_pid), tree 2 still runs"
+kill_host 2
+ok "tree 2 died with its host after the upgrade"
+
+# 4. A daemon SIGKILLed is restarted by systemd, takes over, and enforcement goes on.
+start_tree 3
+before=$(main_pid)
+systemctl kill --signal KILL leash || fail "systemctl kill"
+await 60 "the daemon restarted after SIGKILL" restarted "$before"
+tree_alive 3 || fail "tree 3 did not survive its daemon's SIGKILL"
+kill_host 3
+ok "daemon $before SIGKILLed, $(main_pid) took over, tree 3 died with its host"
+
+# 5. The unit's exposure, as this systemd scores it.
+score=$(systemd-analyze security --no-pager leash.service | sed -n 's/.*Overall exposure level for leash.service: \([0-9.]*\).*/\1/p')
+[ -n "$score" ] || fail "systemd-analyze security printed no score"
+awk -v s="$score" -v max="$MAX_EXPOSURE" 'BEGIN { exit !(s <= max) }' ||
+    fail "systemd-analyze security: $score, over $MAX_EXPOSURE"
+ok "systemd-analyze security leash.service: $score (at most $MAX_EXPOSURE)"
+
+# 6. The journal answers what was killed, when and why.
+killed=$(journalctl --unit leash --output json --no-pager LEASH_EVENT=tree_killed | wc -l)
+[ "$killed" -ge 3 ] || fail "$killed tree_killed entries in the journal, expected 3 or more"
+ok "journalctl -u leash LEASH_EVENT=tree_killed: $killed entries"
+
+# 7. Remove: the service stops the documented way, killing every tree and removing the pins.
+start_tree 4
+apt-get remove --yes --quiet leash || fail "apt-get remove"
+await 60 "tree 4 killed by the removal" tree_gone 4
+! systemctl is-active --quiet leash || fail "the service still runs after the removal"
+[ ! -e /sys/fs/bpf/leash ] || fail "pins left after the removal: $(ls /sys/fs/bpf/leash)"
+ok "removed: tree 4 killed, the pins gone"
+
+# 8. Purge leaves nothing behind.
+apt-get purge --yes --quiet leash || fail "apt-get purge"
+left=$(find / -xdev \( -path /proc -o -path /sys -o -path /root \) -prune -o -iname '*leash*' \
+    -print | grep -v -e '^/usr/local/sbin/leash-systemtest$' -e 'leash-systemtest.service')
+left+=$(ls -d /run/leash /sys/fs/bpf/leash 2>/dev/null)
+[ -z "$left" ] || fail "left after the purge: $left"
+ok "purged: nothing left"
+
+finish pass

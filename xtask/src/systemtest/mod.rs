@@ -1,0 +1,293 @@
+//! `cargo xtask systemtest`: the Debian package under a real systemd. A Debian 12 userland with
+//! systemd (debootstrap, cached) is the whole root of a guest booted under QEMU on bookworm's
+//! kernel, as an initramfs (the cloud kernels' disk drivers are modules; an initramfs needs
+//! none), with systemd as PID 1. Its test unit installs the package, upgrades it to a second
+//! version while a tree runs, SIGKILLs the daemon, scores the unit, reads the journal, removes
+//! and purges the package (guest.sh), and powers off; the host reads the console.
+
+use std::{
+    fs,
+    ops::ControlFlow,
+    os::unix::fs::{PermissionsExt, symlink},
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{apt_install, output, status, userland::Userland, vmtest, workspace_root};
+
+/// The guest's userland: Debian 12 with systemd as init, and an unprivileged user to run trees.
+const USERLAND: Userland = Userland {
+    name: "bookworm-systemd",
+    suite: "bookworm",
+    include: &["systemd", "systemd-sysv", "dbus", "procps"],
+    // No login prompt on the console the host reads, and no timers of apt's own.
+    prepare: "useradd --create-home --uid 1000 agent
+        for unit in serial-getty@ttyS0.service getty@tty1.service apt-daily.timer \
+            apt-daily-upgrade.timer; do
+            ln -sf /dev/null /etc/systemd/system/$unit
+        done
+        echo leash-systemtest > /etc/hostname",
+};
+
+/// The kernel the guest boots: bookworm's own, as a Debian 12 machine runs.
+const KERNEL: &str = "bookworm-6.1";
+
+const GUEST_SCRIPT: &str = include_str!("guest.sh");
+const GUEST_UNIT: &str = "[Unit]
+Description=leash's system test
+After=multi-user.target
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/leash-systemtest
+StandardOutput=tty
+StandardError=tty
+TTYPath=/dev/ttyS0
+
+[Install]
+WantedBy=multi-user.target
+";
+
+/// What the guest's lines start with; see guest.sh.
+const MARKER: &str = "SYSTEMTEST ";
+
+#[derive(clap::Args)]
+pub struct Options {
+    /// The package to test (`cargo xtask deb` builds it); the newest target/debian/leash_*.deb
+    /// when absent. The upgrade installs the same package repackaged with a higher version.
+    #[arg(long)]
+    deb: Option<PathBuf>,
+    /// kvm, tcg, or auto: KVM when a short probe boot works, TCG (emulation) otherwise.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "kvm", "tcg"])]
+    accel: String,
+    /// How long the guest may take, in seconds, before its machine is stopped.
+    #[arg(long, default_value_t = 900, value_name = "SECONDS")]
+    timeout: u64,
+}
+
+pub fn systemtest(options: &Options) -> Result<()> {
+    vmtest::ensure_tools()?;
+    if !Path::new("/usr/bin/cpio").is_file() {
+        apt_install(&["cpio"], false)?;
+    }
+    let out = workspace_root().join("target/systemtest");
+    fs::create_dir_all(&out).with_context(|| format!("making {}", out.display()))?;
+    let deb_a = match &options.deb {
+        Some(deb) => deb.clone(),
+        None => newest_package()?,
+    };
+    let version_a = package_field(&deb_a, "Version")?;
+    let version_b = format!("{version_a}+systemtest1");
+    let deb_b = repackage(&deb_a, &version_b, &out)?;
+    let max_exposure = offline_exposure(&deb_a, &out)?;
+
+    let kernel = vmtest::kernel(KERNEL)?;
+    let root = out.join("root");
+    USERLAND.unpack(&root)?;
+    for deb in [&deb_a, &deb_b] {
+        let name = deb.file_name().context("a package without a name")?;
+        fs::copy(deb, root.join("root").join(name))
+            .with_context(|| format!("copying {}", deb.display()))?;
+    }
+    let env = format!(
+        "DEB_A={}\nDEB_B={}\nVERSION_B={version_b}\nMAX_EXPOSURE={max_exposure}\n",
+        file_name(&deb_a),
+        file_name(&deb_b)
+    );
+    write(&root.join("root/systemtest.env"), &env, 0o644)?;
+    write(
+        &root.join("usr/local/sbin/leash-systemtest"),
+        GUEST_SCRIPT,
+        0o755,
+    )?;
+    let unit = "etc/systemd/system/leash-systemtest.service";
+    write(&root.join(unit), GUEST_UNIT, 0o644)?;
+    let wants = root.join("etc/systemd/system/multi-user.target.wants");
+    fs::create_dir_all(&wants)?;
+    symlink(format!("/{unit}"), wants.join("leash-systemtest.service"))?;
+    // The kernel runs an initramfs's /init.
+    symlink("/lib/systemd/systemd", root.join("init"))?;
+    let initrd = out.join("root.cpio");
+    pack(&root, &initrd)?;
+    fs::remove_dir_all(&root).with_context(|| format!("removing {}", root.display()))?;
+
+    let accel = vmtest::accelerator(&options.accel, &kernel.vmlinuz, &out)?;
+    let log_path = out.join("console.log");
+    let mut log = Vec::new();
+    let mut ended = None;
+    let started = Instant::now();
+    eprintln!(
+        "xtask: booting {} ({accel}) with systemd; the console goes to {}",
+        kernel.name,
+        log_path.display()
+    );
+    let ending = vmtest::boot(
+        accel,
+        &kernel.vmlinuz,
+        &initrd,
+        Duration::from_secs(options.timeout),
+        |line| {
+            log.push(line.to_owned());
+            let Some(said) = line.find(MARKER).map(|at| &line[at + MARKER.len()..]) else {
+                return ControlFlow::Continue(());
+            };
+            println!("{said}");
+            match said.strip_prefix("END ") {
+                Some(verdict) => {
+                    ended = Some(verdict.trim() == "pass");
+                    ControlFlow::Break(())
+                }
+                None => ControlFlow::Continue(()),
+            }
+        },
+    )?;
+    fs::write(&log_path, log.join("\n") + "\n")
+        .with_context(|| format!("writing {}", log_path.display()))?;
+    let elapsed = started.elapsed();
+    match ended {
+        Some(true) => {
+            println!("systemtest: passed in {elapsed:.0?}");
+            Ok(())
+        }
+        Some(false) => bail!(
+            "the system test failed after {elapsed:.0?}; the console: {}",
+            log_path.display()
+        ),
+        None => bail!(
+            "the guest never finished ({ending:?}, after {elapsed:.0?}); the console: {}",
+            log_path.display()
+        ),
+    }
+}
+
+/// The newest package `cargo xtask deb` left in target/debian.
+fn newest_package() -> Result<PathBuf> {
+    let dir = workspace_root().join("target/debian");
+    let mut packages: Vec<(std::time::SystemTime, PathBuf)> = fs::read_dir(&dir)
+        .with_context(|| format!("reading {} (run `cargo xtask deb` first)", dir.display()))?
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| {
+            file_name(path).starts_with("leash_") && path.extension().is_some_and(|e| e == "deb")
+        })
+        .filter_map(|path| Some((fs::metadata(&path).ok()?.modified().ok()?, path)))
+        .collect();
+    packages.sort();
+    packages
+        .pop()
+        .map(|(_, path)| path)
+        .with_context(|| format!("no leash_*.deb in {}: run `cargo xtask deb`", dir.display()))
+}
+
+fn package_field(deb: &Path, field: &str) -> Result<String> {
+    Ok(
+        output(Command::new("dpkg-deb").arg("--field").arg(deb).arg(field))?
+            .trim()
+            .to_owned(),
+    )
+}
+
+/// The same package as `deb`, files and scripts, under `version`: an upgrade that changes
+/// nothing but the version.
+fn repackage(deb: &Path, version: &str, out: &Path) -> Result<PathBuf> {
+    let tree = out.join("repackage");
+    let _ = fs::remove_dir_all(&tree);
+    status(
+        Command::new("dpkg-deb")
+            .arg("--raw-extract")
+            .arg(deb)
+            .arg(&tree),
+    )?;
+    let control_path = tree.join("DEBIAN/control");
+    let control = fs::read_to_string(&control_path)?;
+    let control: String = control
+        .lines()
+        .map(|line| match line.strip_prefix("Version:") {
+            Some(_) => format!("Version: {version}\n"),
+            None => format!("{line}\n"),
+        })
+        .collect();
+    fs::write(&control_path, control)?;
+    let architecture = package_field(deb, "Architecture")?;
+    let repackaged = out.join(format!("leash_{version}_{architecture}.deb"));
+    status(
+        Command::new("dpkg-deb")
+            .args(["--root-owner-group", "--build"])
+            .arg(&tree)
+            .arg(&repackaged),
+    )?;
+    fs::remove_dir_all(&tree)?;
+    Ok(repackaged)
+}
+
+/// The exposure `systemd-analyze security --offline=yes` gives the package's unit here: the
+/// guest's systemd (the same Debian 12's) must score it as well or better.
+fn offline_exposure(deb: &Path, out: &Path) -> Result<String> {
+    let tree = out.join("unit");
+    let _ = fs::remove_dir_all(&tree);
+    status(
+        Command::new("dpkg-deb")
+            .arg("--extract")
+            .arg(deb)
+            .arg(&tree),
+    )?;
+    let unit = ["lib/systemd/system", "usr/lib/systemd/system"]
+        .iter()
+        .map(|dir| tree.join(dir).join("leash.service"))
+        .find(|path| path.is_file())
+        .context("the package holds no leash.service")?;
+    let report = output(
+        Command::new("systemd-analyze")
+            .args(["security", "--offline=yes", "--no-pager"])
+            .arg(&unit),
+    )?;
+    fs::remove_dir_all(&tree)?;
+    let score = report
+        .lines()
+        .find_map(|line| line.split("Overall exposure level for ").nth(1))
+        .and_then(|rest| rest.split_whitespace().nth(1))
+        .with_context(|| format!("no score in systemd-analyze security's report:\n{report}"))?;
+    eprintln!("xtask: systemd-analyze security --offline=yes on the package's unit: {score}");
+    Ok(score.to_owned())
+}
+
+/// `root` as an initramfs: cpio's newc, with every owner, mode and device node as they are.
+fn pack(root: &Path, to: &Path) -> Result<()> {
+    let archive = fs::File::create(to).with_context(|| format!("creating {}", to.display()))?;
+    let listing = Command::new("find")
+        .args([".", "-print0"])
+        .current_dir(root)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("running find")?;
+    status(
+        Command::new("cpio")
+            .args(["--null", "--create", "--quiet", "--format=newc"])
+            .current_dir(root)
+            .stdin(listing.stdout.context("find's output")?)
+            .stdout(archive),
+    )?;
+    eprintln!(
+        "xtask: the guest's root: {} MB",
+        fs::metadata(to)?.len() / 1_000_000
+    );
+    Ok(())
+}
+
+fn write(path: &Path, content: &str, mode: u32) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::write(path, content).with_context(|| format!("writing {}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
