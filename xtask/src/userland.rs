@@ -1,7 +1,9 @@
-//! Debian userlands made by `debootstrap` from Debian's archive, each cached as a tarball beside
+//! Debian userlands made by `mmdebstrap` from Debian's archive, each cached as a tarball beside
 //! the vmtest kernels (/var/cache/leash-vmtest/userlands, or under `LEASH_VMTEST_CACHE`), and
 //! unpacked afresh for each run: a run changes its copy (installs packages, makes users), never
-//! the cache.
+//! the cache. mmdebstrap rather than debootstrap: it resolves with apt and downloads in
+//! parallel, in half debootstrap's time here (bookworm with systemd: 91 s against 172 s), and
+//! writes the tarball itself.
 
 use std::{
     fs,
@@ -14,6 +16,14 @@ use anyhow::{Context, Result};
 
 use crate::{apt_install, status, vmtest};
 
+/// What no test reads: documentation and translations, a third of a minimal root.
+const EXCLUDED: [&str; 4] = [
+    "/usr/share/doc/*",
+    "/usr/share/man/*",
+    "/usr/share/locale/*",
+    "/usr/share/info/*",
+];
+
 /// A userland: a suite and what it holds beyond the minimal base.
 pub struct Userland {
     /// Names the cached tarball: two userlands of one suite with other packages differ.
@@ -21,8 +31,8 @@ pub struct Userland {
     pub suite: &'static str,
     /// Packages beyond `--variant=minbase`.
     pub include: &'static [&'static str],
-    /// Run in the new root before it is packed (`sh -c`, chrooted), for what every run needs:
-    /// users, masked units.
+    /// Run in the new root before it is packed (`sh -ec`, chrooted), for what every run
+    /// needs: users, masked units.
     pub prepare: &'static str,
 }
 
@@ -34,56 +44,34 @@ impl Userland {
         if tarball.is_file() {
             return Ok(tarball);
         }
-        ensure_debootstrap()?;
+        ensure_mmdebstrap()?;
         fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
-        let root = dir.join(format!("{}.partial", self.name));
-        let _ = fs::remove_dir_all(&root);
         let started = Instant::now();
         eprintln!(
-            "xtask: making the {} userland with debootstrap (once; cached in {})",
+            "xtask: making the {} userland with mmdebstrap (once; cached in {})",
             self.name,
             tarball.display()
         );
-        let mut debootstrap = Command::new("debootstrap");
-        debootstrap.arg("--variant=minbase");
-        if !self.include.is_empty() {
-            debootstrap.arg(format!("--include={}", self.include.join(",")));
-        }
-        debootstrap
-            .arg(self.suite)
-            .arg(&root)
-            .arg(format!("{}/debian", vmtest::mirror()));
-        status(&mut debootstrap)?;
-        status(Command::new("chroot").arg(&root).args([
-            "/bin/sh",
-            "-ec",
-            &format!(
-                "{}\napt-get clean\nrm -rf /var/lib/apt/lists/*",
-                self.prepare
-            ),
-        ]))?;
-        // Documentation and translations: a third of the root, and nothing a test reads.
-        for path in [
-            "usr/share/doc",
-            "usr/share/man",
-            "usr/share/locale",
-            "usr/share/info",
-        ] {
-            let _ = fs::remove_dir_all(root.join(path));
-        }
         let partial = tarball.with_extension("tar.partial");
-        status(
-            Command::new("tar")
-                .arg("--create")
-                .arg("--file")
-                .arg(&partial)
-                .arg("--directory")
-                .arg(&root)
-                .args(["--numeric-owner", "."]),
-        )?;
+        let mut mmdebstrap = Command::new("mmdebstrap");
+        mmdebstrap.args(["--quiet", "--variant=minbase", "--format=tar"]);
+        for path in EXCLUDED {
+            mmdebstrap.arg(format!("--dpkgopt=path-exclude={path}"));
+        }
+        if !self.include.is_empty() {
+            mmdebstrap.arg(format!("--include={}", self.include.join(",")));
+        }
+        if !self.prepare.is_empty() {
+            let script = self.prepare.replace('\'', "'\\''");
+            mmdebstrap.arg(format!("--customize-hook=chroot \"$1\" sh -ec '{script}'"));
+        }
+        mmdebstrap
+            .arg(self.suite)
+            .arg(&partial)
+            .arg(format!("{}/debian", vmtest::mirror()));
+        status(&mut mmdebstrap)?;
         fs::rename(&partial, &tarball)
             .with_context(|| format!("moving the userland to {}", tarball.display()))?;
-        let _ = fs::remove_dir_all(&root);
         eprintln!(
             "xtask: the {} userland took {:.0?}",
             self.name,
@@ -111,9 +99,9 @@ impl Userland {
     }
 }
 
-fn ensure_debootstrap() -> Result<()> {
-    if Path::new("/usr/sbin/debootstrap").is_file() {
+fn ensure_mmdebstrap() -> Result<()> {
+    if Path::new("/usr/bin/mmdebstrap").is_file() {
         return Ok(());
     }
-    apt_install(&["debootstrap"], false)
+    apt_install(&["mmdebstrap"], false)
 }

@@ -143,8 +143,9 @@ impl Pins {
             .with_context(|| format!("opening the pinned link {}", path.display()))
     }
 
-    /// Removes every pin. The programs detach when the last descriptor of their link closes,
-    /// and the maps go when nothing holds them.
+    /// Removes every pin, and the pins' root if nothing else is left in it (no other ABI's
+    /// pins): a stopped service leaves nothing on bpffs. The programs detach when the last
+    /// descriptor of their link closes, and the maps go when nothing holds them.
     pub fn remove(self) -> Result<()> {
         for link in self.links {
             // Unpinning removes the file; dropping the link closes its descriptor.
@@ -153,6 +154,10 @@ impl Pins {
         if self.dir.exists() {
             fs::remove_dir_all(&self.dir)
                 .with_context(|| format!("removing the pins in {}", self.dir.display()))?;
+        }
+        if let Some(root) = self.dir.parent() {
+            // Fails, and leaves it, when it is not empty.
+            let _ = fs::remove_dir(root);
         }
         Ok(())
     }
