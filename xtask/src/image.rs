@@ -49,7 +49,7 @@ const BUILD_STAGE_BINARY: &str = "src/target/release/leash";
 /// The DaemonSet's settings and podman's flags for each: the manifest's lines (trimmed, in
 /// order, comments left out) and the flags that do the same. A unit test checks that the
 /// manifest still says each; docs/DEPLOY.md has the same table.
-pub const DAEMONSET: &[(&[&str], &[&str])] = &[
+const DAEMONSET: &[(&[&str], &[&str])] = &[
     (&["hostPID: true"], &["--pid=host"]),
     (&["hostUsers: true"], &["--userns=host"]),
     (&["runAsUser: 0", "runAsGroup: 0"], &["--user=0:0"]),
@@ -360,9 +360,16 @@ impl Run {
             "a second container takes over (the tree dies with its host)",
             || {
                 self.start_container()?;
-                let listed = self.tree_members(self.hosts[host].id())?;
-                if listed.is_none() {
-                    bail!("the second daemon does not list the tree");
+                let pid = self.hosts[host].id();
+                let deadline = Instant::now() + START_DEADLINE;
+                while self
+                    .tree_members(pid)?
+                    .is_none_or(|sleeps| sleeps.len() != 2)
+                {
+                    if Instant::now() > deadline {
+                        bail!("the second daemon does not list the tree with its two sleeps");
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
                 }
                 self.kill_host(host)?;
                 self.await_gone(&members)
