@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 
 mod fuzz;
 mod hosts;
+mod image;
 mod systemtest;
 mod userland;
 mod vmtest;
@@ -91,6 +92,12 @@ enum Task {
         /// `request` or `connection`; both if absent.
         target: Option<String>,
     },
+    /// Build the image of dist/Containerfile with podman (as root; installs podman if missing):
+    /// the runtime stage, from the release binary and the C libraries it links staged here as
+    /// the build stage would. With --check, run it as the Kubernetes DaemonSet does and check
+    /// that it enforces a tree on this machine, hands over on `podman stop` and that the next
+    /// container takes over; PASS or FAIL and the time taken for each.
+    Image(image::Options),
 }
 
 fn main() -> ExitCode {
@@ -103,6 +110,7 @@ fn main() -> ExitCode {
         Task::Bench { quick } => bench(quick),
         Task::Install { prefix, destdir } => install(&prefix, destdir.as_deref()),
         Task::Fuzz { seconds, target } => fuzz::fuzz(seconds, target.as_deref()),
+        Task::Image(options) => image::image(&options),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
