@@ -53,6 +53,10 @@ enum Task {
     /// total; fails if a test fails on any kernel. Installs QEMU and busybox when missing, and
     /// caches the kernels in /var/cache/leash-vmtest (LEASH_VMTEST_CACHE=DIR to change it).
     Vmtest(vmtest::Options),
+    /// Make the Debian userlands the package's tests use (Debian 11 and 13, and 12 with systemd)
+    /// with mmdebstrap, those not cached yet, all at once; cached in
+    /// /var/cache/leash-vmtest/userlands (LEASH_VMTEST_CACHE=DIR to change it).
+    Userlands,
     /// The Debian package under a real systemd (as root): a Debian 12 guest, booted under QEMU
     /// with systemd as PID 1, installs the package, upgrades it while a tree runs (the daemon
     /// hands over; the tree stays tracked), has its daemon SIGKILLed and restarted, scores the
@@ -106,6 +110,7 @@ fn main() -> ExitCode {
         Task::Test { args } => test(&args),
         Task::Vmtest(options) => vmtest::vmtest(&options),
         Task::Systemtest(options) => systemtest::systemtest(&options),
+        Task::Userlands => userland::userlands(),
         Task::Run { args } => run(&args),
         Task::Bench { quick } => bench(quick),
         Task::Install { prefix, destdir } => install(&prefix, destdir.as_deref()),

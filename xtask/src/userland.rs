@@ -36,6 +36,67 @@ pub struct Userland {
     pub prepare: &'static str,
 }
 
+/// Debian 11, the oldest userland the binary must run in (glibc 2.31).
+pub const BULLSEYE: Userland = Userland {
+    name: "bullseye",
+    suite: "bullseye",
+    include: &[],
+    prepare: "",
+};
+
+/// Debian 13, the newest.
+pub const TRIXIE: Userland = Userland {
+    name: "trixie",
+    suite: "trixie",
+    include: &[],
+    prepare: "",
+};
+
+/// Debian 12 with systemd as init, and an unprivileged user to run trees: the system test's
+/// guest (systemtest/).
+pub const BOOKWORM_SYSTEMD: Userland = Userland {
+    name: "bookworm-systemd",
+    suite: "bookworm",
+    include: &["systemd", "systemd-sysv", "dbus", "procps"],
+    // No login prompt on the console the host reads, and no timers of apt's own.
+    prepare: "useradd --create-home --uid 1000 agent
+        for unit in serial-getty@ttyS0.service getty@tty1.service apt-daily.timer \
+            apt-daily-upgrade.timer; do
+            ln -sf /dev/null /etc/systemd/system/$unit
+        done
+        echo leash-systemtest > /etc/hostname",
+};
+
+/// Every userland the tests use.
+pub const ALL: [&Userland; 3] = [&BULLSEYE, &TRIXIE, &BOOKWORM_SYSTEMD];
+
+/// `cargo xtask userlands`: makes every userland not cached yet, all at once (fetching them is
+/// most of their cost, and the archive serves them in parallel).
+pub fn userlands() -> Result<()> {
+    ensure_mmdebstrap()?;
+    let started = Instant::now();
+    let results: Vec<Result<PathBuf>> = std::thread::scope(|scope| {
+        let makers: Vec<_> = ALL
+            .iter()
+            .map(|userland| scope.spawn(|| userland.tarball()))
+            .collect();
+        makers
+            .into_iter()
+            .map(|maker| {
+                maker
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("panicked")))
+            })
+            .collect()
+    });
+    for (userland, result) in ALL.iter().zip(results) {
+        let tarball = result.with_context(|| format!("the {} userland", userland.name))?;
+        println!("{}: {}", userland.name, tarball.display());
+    }
+    println!("userlands ready in {:.0?}", started.elapsed());
+    Ok(())
+}
+
 impl Userland {
     /// The cached tarball, made first if missing.
     pub fn tarball(&self) -> Result<PathBuf> {

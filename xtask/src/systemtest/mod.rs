@@ -16,21 +16,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{apt_install, output, status, userland::Userland, vmtest, workspace_root};
-
-/// The guest's userland: Debian 12 with systemd as init, and an unprivileged user to run trees.
-const USERLAND: Userland = Userland {
-    name: "bookworm-systemd",
-    suite: "bookworm",
-    include: &["systemd", "systemd-sysv", "dbus", "procps"],
-    // No login prompt on the console the host reads, and no timers of apt's own.
-    prepare: "useradd --create-home --uid 1000 agent
-        for unit in serial-getty@ttyS0.service getty@tty1.service apt-daily.timer \
-            apt-daily-upgrade.timer; do
-            ln -sf /dev/null /etc/systemd/system/$unit
-        done
-        echo leash-systemtest > /etc/hostname",
-};
+use crate::{apt_install, output, status, userland, vmtest, workspace_root};
 
 /// The kernel the guest boots: bookworm's own, as a Debian 12 machine runs.
 const KERNEL: &str = "bookworm-6.1";
@@ -86,7 +72,7 @@ pub fn systemtest(options: &Options) -> Result<()> {
 
     let kernel = vmtest::kernel(KERNEL)?;
     let root = out.join("root");
-    USERLAND.unpack(&root)?;
+    userland::BOOKWORM_SYSTEMD.unpack(&root)?;
     for deb in [&deb_a, &deb_b] {
         let name = deb.file_name().context("a package without a name")?;
         fs::copy(deb, root.join("root").join(name))
