@@ -1014,6 +1014,53 @@ pub fn bpf_iter_create(link: BorrowedFd<'_>) -> io::Result<std::fs::File> {
     unsafe { bpf(BPF_ITER_CREATE, &mut attr) }.map(|fd| new_bpf_fd(fd).into())
 }
 
+/// BPF_MAP_CREATE of the smallest array map (one 4-byte entry), closed at once: whether this
+/// process may use the bpf(2) system call at all. EPERM without the privileges (CAP_BPF or
+/// CAP_SYS_ADMIN), ENOSYS on a kernel built without CONFIG_BPF_SYSCALL.
+pub fn bpf_map_create_probe() -> io::Result<()> {
+    #[repr(C)]
+    struct MapCreateAttr {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        map_flags: u32,
+    }
+    const BPF_MAP_CREATE: libc::c_long = 0;
+    const BPF_MAP_TYPE_ARRAY: u32 = 2;
+    let mut attr = MapCreateAttr {
+        map_type: BPF_MAP_TYPE_ARRAY,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 1,
+        map_flags: 0,
+    };
+    // SAFETY: attr is a valid bpf_attr prefix for BPF_MAP_CREATE; it holds no pointers.
+    unsafe { bpf(BPF_MAP_CREATE, &mut attr) }.map(|fd| drop(new_bpf_fd(fd)))
+}
+
+/// The pid of the process at the other end of a connected Unix socket, as this process's pid
+/// namespace numbers it (SO_PEERCRED): 0 when that process is outside this namespace.
+pub fn peer_pid(socket: BorrowedFd<'_>) -> io::Result<i32> {
+    // SAFETY: a zeroed ucred is a valid out-parameter.
+    let mut credentials: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut size = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: credentials and size are valid for writes of size bytes for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut credentials).cast(),
+            &mut size,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(credentials.pid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1066,51 +1113,4 @@ mod tests {
         assert!(limit.was <= limit.soft);
         assert_eq!(raise_fd_limit().unwrap().was, limit.soft, "it stays raised");
     }
-}
-
-/// BPF_MAP_CREATE of the smallest array map (one 4-byte entry), closed at once: whether this
-/// process may use the bpf(2) system call at all. EPERM without the privileges (CAP_BPF or
-/// CAP_SYS_ADMIN), ENOSYS on a kernel built without CONFIG_BPF_SYSCALL.
-pub fn bpf_map_create_probe() -> io::Result<()> {
-    #[repr(C)]
-    struct MapCreateAttr {
-        map_type: u32,
-        key_size: u32,
-        value_size: u32,
-        max_entries: u32,
-        map_flags: u32,
-    }
-    const BPF_MAP_CREATE: libc::c_long = 0;
-    const BPF_MAP_TYPE_ARRAY: u32 = 2;
-    let mut attr = MapCreateAttr {
-        map_type: BPF_MAP_TYPE_ARRAY,
-        key_size: 4,
-        value_size: 4,
-        max_entries: 1,
-        map_flags: 0,
-    };
-    // SAFETY: attr is a valid bpf_attr prefix for BPF_MAP_CREATE; it holds no pointers.
-    unsafe { bpf(BPF_MAP_CREATE, &mut attr) }.map(|fd| drop(new_bpf_fd(fd)))
-}
-
-/// The pid of the process at the other end of a connected Unix socket, as this process's pid
-/// namespace numbers it (SO_PEERCRED): 0 when that process is outside this namespace.
-pub fn peer_pid(socket: BorrowedFd<'_>) -> io::Result<i32> {
-    // SAFETY: a zeroed ucred is a valid out-parameter.
-    let mut credentials: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut size = size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: credentials and size are valid for writes of size bytes for the call.
-    let rc = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut credentials).cast(),
-            &mut size,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(credentials.pid)
 }

@@ -187,14 +187,12 @@ fn text(report: &Report) -> String {
             text += &format!("{:33}fix: {fix}\n", "");
         }
     }
-    let need_root = report
+    if report
         .findings
         .iter()
-        .filter(|f| f.status == Status::NeedsRoot)
-        .count();
-    if need_root > 0 {
-        text +=
-            &format!("{need_root} checks (ROOT?) need root: run `sudo leash doctor` for them\n");
+        .any(|f| f.status == Status::NeedsRoot)
+    {
+        text += "the checks marked ROOT? need root: run `sudo leash doctor` for them\n";
     }
     text += &match report.verdict {
         Status::Ok => "the daemon can run here, and answers\n".to_owned(),
@@ -901,5 +899,45 @@ fn pins(pinned_at: Option<Option<String>>, pin_dir: &Path, root: bool) -> Findin
         )
     } else {
         Finding::ok(NAME, format!("none left at {d} (ABI v{ABI_VERSION})"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_has_a_line_a_check_and_the_fix_under_a_failure() {
+        let report = Report {
+            verdict: Status::Fail,
+            version: "0.1.0",
+            daemon_version: None,
+            socket: DEFAULT_SOCKET.into(),
+            findings: vec![
+                Finding::ok("kernel", "Linux 6.1").with_fix("never shown"),
+                Finding::new("daemon", Status::Fail, "no daemon").with_fix("start it"),
+                Finding::new("pins", Status::NeedsRoot, "needs root").with_fix(NEEDS_ROOT_FIX),
+            ],
+        };
+        let text = text(&report);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("ok     kernel "), "{text}");
+        assert!(lines[1].starts_with("FAIL   daemon "), "{text}");
+        assert_eq!(lines[2].trim(), "fix: start it", "{text}");
+        assert!(lines[3].starts_with("ROOT?  pins "), "{text}");
+        assert!(!text.contains("never shown"), "{text}");
+        assert!(text.contains("marked ROOT? need root"), "{text}");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["findings"][2]["status"], "needs_root");
+        assert!(json["findings"][0].get("fix").is_some());
+    }
+
+    #[test]
+    fn a_requirement_is_shortened_to_what_and_when() {
+        assert_eq!(
+            short("BPF ring buffers (Linux 5.8), which carry the events"),
+            "BPF ring buffers (Linux 5.8)"
+        );
+        assert_eq!(short("no comma"), "no comma");
     }
 }

@@ -215,5 +215,17 @@ mod tests {
     fn this_kernel_has_everything() {
         assert_eq!(check(), Ok(()));
         assert_eq!(meets_floor(), Some(true));
+        assert_eq!(probes().len(), REQUIREMENTS.len());
+    }
+
+    /// A tp_btf program attaches to sched_process_fork here, and goes with its descriptors.
+    #[test]
+    fn a_tp_btf_program_attaches() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: loading a program needs root");
+            return;
+        }
+        tp_btf_attach().unwrap();
     }
 }
