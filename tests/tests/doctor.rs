@@ -324,3 +324,21 @@ fn an_ordinary_user_is_told_what_needs_root() {
         "no raw error: {text}"
     );
 }
+
+#[test]
+fn a_socket_that_never_answers_fails_the_daemon_check_in_bounded_time() {
+    let dir = scratch_dir("silent", 0o755, 0);
+    let socket = dir.0.join("leash.sock");
+    // Connections queue on it, and nothing ever answers them.
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let started = std::time::Instant::now();
+    let run = Doctor::run(doctor(path_str(&socket), &[]));
+    assert_eq!(run.status("daemon"), "fail", "{:#}", run.report);
+    assert!(run.report["daemon_version"].is_null());
+    assert_eq!(run.code, 1);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "doctor gave up on the silent socket after {:?}",
+        started.elapsed()
+    );
+}

@@ -322,22 +322,19 @@ fn kernel_findings(root: bool) -> Vec<Finding> {
             .with_fix("see the kernel log (dmesg) for why"),
     });
 
-    let probes = if bpf_usable {
-        bounded(BPF_TIMEOUT, support::probes)
-    } else {
-        // Only BTF is a file: the rest need bpf(2).
-        Some(
-            support::probes()
-                .into_iter()
-                .map(|mut probe| {
-                    if probe.name != "btf" {
-                        probe.present = None;
-                    }
-                    probe
-                })
-                .collect(),
-        )
-    };
+    // Without bpf(2) the probes fail, and what they say is not about the kernel: only BTF,
+    // a file, is still told.
+    let probes = bounded(BPF_TIMEOUT, support::probes).map(|probes| {
+        probes
+            .into_iter()
+            .map(|mut probe| {
+                if !bpf_usable && probe.name != "btf" {
+                    probe.present = None;
+                }
+                probe
+            })
+            .collect::<Vec<_>>()
+    });
     let Some(probes) = probes else {
         findings.push(timed_out("kernel_probes"));
         return findings;
@@ -821,14 +818,17 @@ fn pins(pinned_at: Option<Option<String>>, pin_dir: &Path, root: bool) -> Findin
     if let Err(e) = fs::read_dir(&root_dir)
         && e.kind() == ErrorKind::PermissionDenied
     {
-        let status = if root {
-            Status::Fail
-        } else {
-            Status::NeedsRoot
-        };
+        if root {
+            return Finding::new(
+                NAME,
+                Status::Fail,
+                format!("root may not read {}: {e}", root_dir.display()),
+            )
+            .with_fix("look for a security module (SELinux, AppArmor) that denies it");
+        }
         return Finding::new(
             NAME,
-            status,
+            Status::NeedsRoot,
             format!(
                 "needs root to look at the pins in {} (root's alone)",
                 root_dir.display()
