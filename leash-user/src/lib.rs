@@ -11,6 +11,6 @@ pub mod daemon;
 pub mod kernel;
 pub mod proc;
 pub mod sys;
-mod trusted_dir;
+pub mod trusted_dir;
 
 pub use kernel::{Capacity, KillReport, MemberInfo, Stats, Tracker, TreeEvent, TreeStatus};

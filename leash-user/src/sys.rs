@@ -786,6 +786,7 @@ const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
 const BPF_PROG_TYPE_TRACING: u32 = 26;
+const BPF_TRACE_RAW_TP: u32 = 23;
 const BPF_MODIFY_RETURN: u32 = 26;
 
 /// What the verifier said of a program it refused, beside the errno.
@@ -822,6 +823,29 @@ pub fn load_fmod_ret(
     license: &std::ffi::CStr,
     attach_btf_id: u32,
 ) -> Result<OwnedFd, LoadError> {
+    load_tracing(name, insns, license, BPF_MODIFY_RETURN, attach_btf_id)
+}
+
+/// BPF_PROG_LOAD of a BTF-typed tracepoint program (tp_btf) on the tracepoint whose
+/// `btf_trace_*` typedef has the BTF id `attach_btf_id` in vmlinux: what `leash doctor` loads
+/// and attaches to see that the kernel takes the programs' kind.
+pub fn load_tp_btf(
+    name: &str,
+    insns: &[aya_obj::generated::bpf_insn],
+    license: &std::ffi::CStr,
+    attach_btf_id: u32,
+) -> Result<OwnedFd, LoadError> {
+    load_tracing(name, insns, license, BPF_TRACE_RAW_TP, attach_btf_id)
+}
+
+/// BPF_PROG_LOAD of a tracing program of `expected_attach_type`.
+fn load_tracing(
+    name: &str,
+    insns: &[aya_obj::generated::bpf_insn],
+    license: &std::ffi::CStr,
+    expected_attach_type: u32,
+    attach_btf_id: u32,
+) -> Result<OwnedFd, LoadError> {
     let mut prog_name = [0u8; 16];
     // 15 bytes at most, and NUL-terminated: the kernel refuses a name without its NUL.
     let shown = name.len().min(15);
@@ -840,7 +864,7 @@ pub fn load_fmod_ret(
                 log.as_mut_ptr() as u64
             },
             prog_name,
-            expected_attach_type: BPF_MODIFY_RETURN,
+            expected_attach_type,
             attach_btf_id,
             ..ProgLoadAttr::default()
         };
@@ -988,6 +1012,53 @@ pub fn bpf_iter_create(link: BorrowedFd<'_>) -> io::Result<std::fs::File> {
     };
     // SAFETY: attr is the bpf_attr prefix of this command, with no pointers.
     unsafe { bpf(BPF_ITER_CREATE, &mut attr) }.map(|fd| new_bpf_fd(fd).into())
+}
+
+/// BPF_MAP_CREATE of the smallest array map (one 4-byte entry), closed at once: whether this
+/// process may use the bpf(2) system call at all. EPERM without the privileges (CAP_BPF or
+/// CAP_SYS_ADMIN), ENOSYS on a kernel built without CONFIG_BPF_SYSCALL.
+pub fn bpf_map_create_probe() -> io::Result<()> {
+    #[repr(C)]
+    struct MapCreateAttr {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        map_flags: u32,
+    }
+    const BPF_MAP_CREATE: libc::c_long = 0;
+    const BPF_MAP_TYPE_ARRAY: u32 = 2;
+    let mut attr = MapCreateAttr {
+        map_type: BPF_MAP_TYPE_ARRAY,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 1,
+        map_flags: 0,
+    };
+    // SAFETY: attr is a valid bpf_attr prefix for BPF_MAP_CREATE; it holds no pointers.
+    unsafe { bpf(BPF_MAP_CREATE, &mut attr) }.map(|fd| drop(new_bpf_fd(fd)))
+}
+
+/// The pid of the process at the other end of a connected Unix socket, as this process's pid
+/// namespace numbers it (SO_PEERCRED): 0 when that process is outside this namespace.
+pub fn peer_pid(socket: BorrowedFd<'_>) -> io::Result<i32> {
+    // SAFETY: a zeroed ucred is a valid out-parameter.
+    let mut credentials: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut size = size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: credentials and size are valid for writes of size bytes for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut credentials).cast(),
+            &mut size,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(credentials.pid)
 }
 
 #[cfg(test)]

@@ -31,7 +31,16 @@ const STICKY: u32 = 0o1000;
 /// option that chose `dir`, for the error.
 pub(crate) fn ensure(dir: &Path, mode: u32, option: &str) -> Result<()> {
     let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
-    walk(&dir, Some(mode), option, 0)
+    walk(&dir, Some(mode), option, 0, true)
+}
+
+/// The check [`ensure`] makes, with nothing made: whether the daemon would trust `dir` (as
+/// leash's own directory) and every ancestor, or what to fix. A missing part is fine if what
+/// exists above it is trusted: the daemon makes it. For `leash doctor`, as any user (a
+/// directory this user may not search above `dir` is an error, saying so).
+pub fn check_existing(dir: &Path, option: &str) -> Result<()> {
+    let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
+    walk(&dir, Some(0o755), option, 0, false)
 }
 
 /// How a directory is used, which decides what is trusted.
@@ -44,8 +53,15 @@ enum Role {
 }
 
 /// Checks `path` from `/` down. `create`: the mode to make missing components with; None
-/// when `path` is a symlink's target, which must exist and is all ancestors.
-fn walk(path: &Path, create: Option<u32>, option: &str, depth: u8) -> Result<()> {
+/// when `path` is a symlink's target, which must exist and is all ancestors. `make_missing`:
+/// false to stop at the first missing component instead (what is below it would be made, and trusted).
+fn walk(
+    path: &Path,
+    create: Option<u32>,
+    option: &str,
+    depth: u8,
+    make_missing: bool,
+) -> Result<()> {
     let mut names = Vec::new();
     for component in path.components() {
         match component {
@@ -75,6 +91,7 @@ fn walk(path: &Path, create: Option<u32>, option: &str, depth: u8) -> Result<()>
             Role::Ancestor
         };
         let meta = match (fs::symlink_metadata(&next), create) {
+            (Err(e), Some(_)) if e.kind() == ErrorKind::NotFound && !make_missing => return Ok(()),
             (Err(e), Some(mode)) if e.kind() == ErrorKind::NotFound => {
                 made = true;
                 make(&next, mode)?;
@@ -99,7 +116,7 @@ fn walk(path: &Path, create: Option<u32>, option: &str, depth: u8) -> Result<()>
             // must be trusted all the way down too.
             let target = fs::canonicalize(&next)
                 .with_context(|| format!("following the symlink {}", next.display()))?;
-            walk(&target, None, option, depth + 1)?;
+            walk(&target, None, option, depth + 1, make_missing)?;
             at = target;
             continue;
         }
@@ -299,6 +316,22 @@ mod tests {
         let to_bad = scratch.0.join("to-bad");
         symlink(&bad, &to_bad).unwrap();
         assert!(refused(&to_bad.join("leash")).contains(&format!("refusing {}", bad.display())));
+    }
+
+    #[test]
+    fn checks_without_making_anything() {
+        let Some(scratch) = Scratch::new("check") else {
+            return;
+        };
+        let missing = scratch.0.join("a/b");
+        check_existing(&missing, "--socket").unwrap();
+        assert!(!scratch.0.join("a").exists(), "nothing is made");
+        let open = scratch.dir("open", 0o777, ROOT);
+        let error = format!("{:#}", check_existing(&open, "--socket").unwrap_err());
+        assert!(error.contains("mode 0777"), "{error}");
+        assert!(check_existing(&open.join("below"), "--socket").is_err());
+        let theirs = scratch.dir("theirs", 0o755, USER);
+        assert!(check_existing(&theirs, "--socket").is_err());
     }
 
     #[test]

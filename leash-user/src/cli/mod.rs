@@ -1,6 +1,7 @@
 //! Command-line interface: clap commands over the library.
 
 mod daemon;
+mod doctor;
 mod duration;
 mod host;
 mod show;
@@ -93,6 +94,22 @@ enum Commands {
     /// Follow one tree live, without the daemon: start CMD (or adopt --pid) and print every
     /// process that joins or leaves, until the tree is empty. Nothing is killed (root).
     Track(track::TrackArgs),
+    /// Check that the daemon can run here and that this process reaches it; for each problem,
+    /// what is wrong and the command or setting that fixes it.
+    ///
+    /// In order: the kernel (version, BTF, lockdown, the bpf system call, a tp_btf program
+    /// attached and detached, ring buffers, the helpers the programs call), bpffs at
+    /// /sys/fs/bpf, the socket's directory (root's alone, as the daemon requires), this
+    /// process's pid namespace, the daemon on the socket (--socket, LEASH_SOCKET) and its
+    /// version against this leash's, and its pins and their ABI. Each is ok, WARN, FAIL, or
+    /// ROOT? (needs root to check: run as an ordinary user, doctor checks what it can and says
+    /// which checks need root). The probes that load BPF pin nothing and leave nothing
+    /// attached; every check gives up after a few seconds (a daemon that never answers fails).
+    ///
+    /// Exits 0 only when nothing FAILs: the daemon can run here and answers on the socket;
+    /// otherwise 1. --json prints the findings and the verdict as one JSON document
+    /// (docs/JSON.md).
+    Doctor(doctor::DoctorArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -119,6 +136,7 @@ pub fn main() -> ExitCode {
         Commands::Ls(args) => show::ls(&cli.socket, args),
         Commands::Status(args) => show::status(&cli.socket, args),
         Commands::Track(args) => track::track(args),
+        Commands::Doctor(args) => doctor::doctor(&cli.socket, args),
     };
     match result {
         Ok(code) => code,

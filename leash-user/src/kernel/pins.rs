@@ -45,6 +45,24 @@ impl Pins {
         })
     }
 
+    /// The pins under `root` as they are, to look at (`leash doctor`): nothing is mounted,
+    /// made or checked.
+    pub fn existing(root: &Path) -> Self {
+        Self {
+            dir: root.join(format!("v{ABI_VERSION}")),
+            links: Vec::new(),
+        }
+    }
+
+    /// What a complete set of pins lacks here: each missing link's and map's path.
+    pub fn missing(&self) -> Vec<PathBuf> {
+        pinned_links()
+            .map(|program| self.link_path(program))
+            .chain(map::ALL.iter().map(|m| self.map_path(m)))
+            .filter(|path| !path.exists())
+            .collect()
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

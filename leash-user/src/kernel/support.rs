@@ -46,21 +46,107 @@ impl std::error::Error for Unsupported {}
 /// Checks that the running kernel has what the programs need. A probe that cannot tell (for
 /// want of privileges, say) counts as present: loading the programs then says what is wrong.
 pub fn check() -> Result<(), Unsupported> {
-    let missing: Vec<&'static str> = REQUIREMENTS
-        .iter()
-        .filter(|requirement| (requirement.present)() == Some(false))
-        .map(|requirement| requirement.what)
+    let missing: Vec<&'static str> = probes()
+        .into_iter()
+        .filter(|probe| probe.present == Some(false))
+        .map(|probe| probe.what)
         .collect();
     if missing.is_empty() {
         return Ok(());
     }
     Err(Unsupported {
-        kernel: KernelVersion::current().map_or_else(|_| "unknown".to_owned(), |v| v.to_string()),
+        kernel: release(),
         missing,
     })
 }
 
+/// What one requirement's probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// A short name (`tp_btf`, `ring_buffer`...).
+    pub name: &'static str,
+    /// What it is, the Linux version that brought it and what leash needs it for.
+    pub what: &'static str,
+    /// Some(present), or None when the probe could not tell (no privileges for bpf(2)).
+    pub present: Option<bool>,
+}
+
+/// Every requirement, each probed: all findings, where [`check`] stops at what is missing.
+pub fn probes() -> Vec<Probe> {
+    REQUIREMENTS
+        .iter()
+        .map(|requirement| Probe {
+            name: requirement.name,
+            what: requirement.what,
+            present: (requirement.present)(),
+        })
+        .collect()
+}
+
+/// The running kernel's release as uname says it ("unknown" if it cannot be read).
+pub fn release() -> String {
+    KernelVersion::current().map_or_else(|_| "unknown".to_owned(), |v| v.to_string())
+}
+
+/// Whether the running kernel is [`KERNEL_FLOOR`] or later (None if its version cannot be
+/// read). Only a hint: a distribution kernel may have the features backported, and the probes
+/// decide.
+pub fn meets_floor() -> Option<bool> {
+    let current = KernelVersion::current().ok()?;
+    Some(current >= KernelVersion::new(5, 8, 0))
+}
+
+/// Whether this process may use bpf(2): a one-entry array map made and closed. EPERM without
+/// CAP_BPF (or CAP_SYS_ADMIN), ENOSYS where the kernel has no BPF system call.
+pub fn bpf_syscall() -> std::io::Result<()> {
+    crate::sys::bpf_map_create_probe()
+}
+
+/// The kernel lockdown mode (`none`, `integrity`, `confidentiality`) from
+/// /sys/kernel/security/lockdown; None where there is no lockdown LSM (or no securityfs).
+/// `confidentiality` refuses the kernel reads the programs make (bpf_probe_read_kernel);
+/// `integrity` refuses only bpf_probe_write_user, which leash does not use.
+pub fn lockdown() -> Option<String> {
+    let text = std::fs::read_to_string("/sys/kernel/security/lockdown").ok()?;
+    let start = text.find('[')? + 1;
+    let end = start + text[start..].find(']')?;
+    Some(text[start..end].to_owned())
+}
+
+/// Loads a two-instruction tp_btf program on `sched_process_fork` and attaches it (as the
+/// fork program is), then closes both: nothing is pinned and nothing stays attached. Needs the
+/// privileges the daemon has.
+pub fn tp_btf_attach() -> anyhow::Result<()> {
+    use std::os::fd::AsFd;
+
+    use anyhow::Context;
+    use aya_obj::generated::bpf_insn;
+
+    const TARGET: &str = "btf_trace_sched_process_fork";
+    let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+    let target = btf
+        .id_by_type_name_kind(TARGET, aya_obj::btf::BtfKind::Typedef)
+        .with_context(|| format!("finding {TARGET} in the kernel's BTF"))?;
+    drop(btf);
+    // r0 = 0; exit. Registers 0 and offsets 0: all but the opcode is zero.
+    let instruction = |code: u8| {
+        // SAFETY: bpf_insn is plain data, for which all zeroes is valid.
+        let mut insn: bpf_insn = unsafe { std::mem::zeroed() };
+        insn.code = code;
+        insn
+    };
+    let insns = [instruction(0xb7), instruction(0x95)];
+    let program = crate::sys::load_tp_btf("leash_probe", &insns, c"GPL", target)
+        .context("loading a tp_btf program on sched_process_fork")?;
+    let link = crate::sys::attach_tracing(program.as_fd())
+        .context("attaching a tp_btf program to sched_process_fork")?;
+    drop(link);
+    drop(program);
+    Ok(())
+}
+
 struct Requirement {
+    name: &'static str,
     what: &'static str,
     /// Some(present), or None when the probe could not tell.
     present: fn() -> Option<bool>,
@@ -68,27 +154,33 @@ struct Requirement {
 
 const REQUIREMENTS: [Requirement; 6] = [
     Requirement {
+        name: "btf",
         what: "BTF, the kernel's type information (/sys/kernel/btf/vmlinux, Linux 5.4), which \
                gives the offsets the programs read at",
         present: || Some(Path::new(VMLINUX_BTF).exists()),
     },
     Requirement {
+        name: "tp_btf",
         what: "BTF-typed tracepoints (tp_btf, Linux 5.5), to which the programs attach",
         present: || is_program_supported(ProgramType::Tracing).ok(),
     },
     Requirement {
+        name: "ring_buffer",
         what: "BPF ring buffers (Linux 5.8), which carry the events",
         present: || is_map_supported(MapType::RingBuf).ok(),
     },
     Requirement {
+        name: "helper_ktime_get_boot_ns",
         what: "the helper bpf_ktime_get_boot_ns (Linux 5.8), which times a root's exit",
         present: || helper(BpfHelper::BPF_FUNC_ktime_get_boot_ns),
     },
     Requirement {
+        name: "helper_probe_read_kernel",
         what: "the helper bpf_probe_read_kernel (Linux 5.5), which reads task_struct",
         present: || helper(BpfHelper::BPF_FUNC_probe_read_kernel),
     },
     Requirement {
+        name: "helper_send_signal",
         what: "the helper bpf_send_signal (Linux 5.3), which stops a fork in a doomed tree",
         present: || helper(BpfHelper::BPF_FUNC_send_signal),
     },
@@ -122,5 +214,18 @@ mod tests {
     #[test]
     fn this_kernel_has_everything() {
         assert_eq!(check(), Ok(()));
+        assert_eq!(meets_floor(), Some(true));
+        assert_eq!(probes().len(), REQUIREMENTS.len());
+    }
+
+    /// A tp_btf program attaches to sched_process_fork here, and goes with its descriptors.
+    #[test]
+    fn a_tp_btf_program_attaches() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: loading a program needs root");
+            return;
+        }
+        tp_btf_attach().unwrap();
     }
 }

@@ -45,6 +45,7 @@ pub const LEFT_OUT: &[(&str, &str)] = &[
     ("log_volume", "user space: what the daemon logs at INFO"),
     ("fd_disposal", "a load test of the daemon's closing of descriptors clients send (user space)"),
     ("lease_sender", "user space: requests on a lease's connection from another process; SO_PASSCRED is older than every kernel leash supports"),
+    ("doctor", "user space: leash doctor's report; its kernel probes are kernel/support.rs's, which every daemon start in the guests runs, and a tp_btf attach, which every daemon start makes"),
     ("deploy_manifests", "lints the image definition and the Kubernetes manifests with tools of the Python environment, which the guests do not have; no kernel path"),
 ];
 
