@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use crate::{is_root, output, status};
 
 /// The key that signs every Debian suite's Release file (the debian-archive-keyring package).
-const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+pub const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 /// Where the packages come from; `LEASH_VMTEST_MIRROR` replaces it (the security archive is
 /// MIRROR/debian-security).
 const DEFAULT_MIRROR: &str = "http://deb.debian.org";
@@ -33,8 +33,7 @@ impl Apt {
             let path = dir.join(sub);
             fs::create_dir_all(&path).with_context(|| format!("making {}", path.display()))?;
         }
-        let mirror = std::env::var(MIRROR_VAR).unwrap_or_else(|_| DEFAULT_MIRROR.to_owned());
-        let mirror = mirror.trim_end_matches('/');
+        let mirror = mirror();
         let sources = [
             format!("{mirror}/debian {suite}"),
             format!("{mirror}/debian {suite}-updates"),
@@ -154,7 +153,14 @@ impl Apt {
     }
 }
 
-fn ensure_keyring() -> Result<()> {
+/// The archive's address: [`DEFAULT_MIRROR`], or `LEASH_VMTEST_MIRROR`, without a trailing
+/// slash.
+pub fn mirror() -> String {
+    let mirror = std::env::var(MIRROR_VAR).unwrap_or_else(|_| DEFAULT_MIRROR.to_owned());
+    mirror.trim_end_matches('/').to_owned()
+}
+
+pub fn ensure_keyring() -> Result<()> {
     if Path::new(KEYRING).exists() {
         return Ok(());
     }

@@ -7,7 +7,7 @@
 //! the initramfs, the stripped binaries and each kernel's console log are build output, in
 //! target/vmtest/.
 
-mod apt;
+pub(crate) mod apt;
 mod cpio;
 mod guest;
 mod initramfs;
@@ -179,7 +179,7 @@ fn ensure_tools() -> Result<()> {
     apt_install(&missing, false)
 }
 
-fn cache_dir() -> PathBuf {
+pub(crate) fn cache_dir() -> PathBuf {
     env::var_os(CACHE_VAR).map_or_else(|| PathBuf::from(DEFAULT_CACHE), PathBuf::from)
 }
 
