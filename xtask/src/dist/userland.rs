@@ -174,6 +174,8 @@ fn leash_run_host_killed(chroot: &Chroot) -> Result<()> {
 /// `dpkg -i` the package, run it, `dpkg -i` the newer version over it, `dpkg --purge` it:
 /// with no systemd running, the scripts must skip systemctl, and nothing may be left.
 fn install_upgrade_purge(chroot: &Chroot, packages: &Packages) -> Result<()> {
+    // The scripts read and remove /sys/fs/bpf/leash: the machine's must not be touched.
+    chroot.hide_bpffs()?;
     let files = package_files(packages.first)?;
     let before = chroot.listing()?;
     for (deb, what) in [(packages.first, "install"), (packages.upgrade, "upgrade")] {
@@ -355,6 +357,16 @@ exec cat >/dev/null"#;
             )
             .env_remove("LEASH_SOCKET");
         command
+    }
+
+    /// Mounts an empty tmpfs over the userland's /sys/fs/bpf.
+    fn hide_bpffs(&self) -> Result<()> {
+        status(
+            Command::new("nsenter")
+                .arg(format!("--mount=/proc/{}/ns/mnt", self.holder.id()))
+                .args(["mount", "-t", "tmpfs", "leash-check"])
+                .arg(self.host_path("/sys/fs/bpf")),
+        )
     }
 
     /// Every path of the userland but the mounted and scratch ones.
