@@ -4,6 +4,9 @@
 //! Where systemd-analyze is missing the test fails, unless LEASH_TEST_SKIP_SYSTEMD=1 says to
 //! skip it.
 //!
+//! The Debian package's unit (`cargo xtask deb`) is the same file with ExecStart running
+//! /usr/bin/leash: every check runs on both.
+//!
 //! That the daemon works under the unit's restrictions is capabilities.rs's part.
 
 use std::{fs, path::Path, process::Command};
@@ -11,6 +14,8 @@ use std::{fs, path::Path, process::Command};
 use leash_tests::{Removed, leash_binary};
 
 const UNIT: &str = include_str!("../../dist/leash.service");
+/// Where `cargo xtask deb` lays out the package's unit.
+const PACKAGED_UNIT: &str = "target/debian/root/lib/systemd/system/leash.service";
 /// The opt-out where systemd-analyze cannot be had.
 const SKIP_VAR: &str = "LEASH_TEST_SKIP_SYSTEMD";
 /// The exposure the unit may have: what it has today (2.0). Raise it only with a reason.
@@ -21,11 +26,48 @@ fn systemd_finds_the_unit_valid_and_well_hardened() {
     if !systemd_analyze_found() {
         return;
     }
+    for (name, text) in units() {
+        eprintln!("{name}:");
+        verify_and_rate(&text);
+    }
+}
+
+/// dist/leash.service, and the package's unit.
+fn units() -> [(&'static str, String); 2] {
+    [
+        ("dist/leash.service", UNIT.to_owned()),
+        ("the package's unit", packaged_unit()),
+    ]
+}
+
+/// The unit the Debian package installs: dist/leash.service running /usr/bin/leash.
+fn packaged_unit() -> String {
+    with_exec_start(UNIT, Path::new("/usr/bin/leash"))
+}
+
+#[test]
+fn the_packaged_unit_is_the_unit_with_the_package_s_binary() {
+    let unit = packaged_unit();
+    assert!(unit.contains("\nExecStart=/usr/bin/leash daemon\n"));
+    assert_eq!(unit.lines().count(), UNIT.lines().count());
+    // The package's, where `cargo xtask deb` has laid it out.
+    let built = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(PACKAGED_UNIT);
+    if let Ok(built) = fs::read_to_string(&built) {
+        assert_eq!(
+            built, unit,
+            "{PACKAGED_UNIT} differs from dist/leash.service"
+        );
+    }
+}
+
+fn verify_and_rate(text: &str) {
     let dir = Removed(std::env::temp_dir().join(format!("leash-test-unit-{}", std::process::id())));
     fs::create_dir_all(&dir.0).unwrap();
     // Named as installed, and running the binary under test (verify checks it exists).
     let unit = dir.0.join("leash.service");
-    fs::write(&unit, with_exec_start(UNIT, &leash_binary())).unwrap();
+    fs::write(&unit, with_exec_start(text, &leash_binary())).unwrap();
 
     let verify = analyze(&["verify", path_str(&unit)]);
     let complaints: Vec<&str> = verify
@@ -64,8 +106,15 @@ fn systemd_finds_the_unit_valid_and_well_hardened() {
 }
 
 #[test]
-fn the_unit_keeps_what_the_daemon_needs() {
-    let settings: Vec<(&str, &str)> = UNIT
+fn the_units_keep_what_the_daemon_needs() {
+    for (name, unit) in units() {
+        eprintln!("{name}:");
+        keeps_what_the_daemon_needs(&unit);
+    }
+}
+
+fn keeps_what_the_daemon_needs(unit: &str) {
+    let settings: Vec<(&str, &str)> = unit
         .lines()
         .map(str::trim)
         .filter(|line| !line.starts_with('#'))
@@ -98,11 +147,23 @@ fn the_unit_keeps_what_the_daemon_needs() {
     assert_eq!(values("RestartPreventExitStatus"), ["78"]);
 }
 
-/// The unit with ExecStart running `binary`.
+/// The unit with ExecStart running `binary` (instead of /usr/local/bin/leash, or whatever it
+/// ran).
 fn with_exec_start(unit: &str, binary: &Path) -> String {
-    let exec = "ExecStart=/usr/local/bin/leash ";
-    assert!(unit.contains(exec), "no {exec:?} line in the unit");
-    unit.replace(exec, &format!("ExecStart={} ", path_str(binary)))
+    let mut replaced = 0;
+    let lines: Vec<String> = unit
+        .lines()
+        .map(|line| match line.strip_prefix("ExecStart=") {
+            Some(command) => {
+                replaced += 1;
+                let (_, args) = command.split_once(' ').expect("ExecStart= with arguments");
+                format!("ExecStart={} {args}", path_str(binary))
+            }
+            None => line.to_owned(),
+        })
+        .collect();
+    assert_eq!(replaced, 1, "not one ExecStart= line in the unit");
+    lines.join("\n") + "\n"
 }
 
 fn systemd_analyze_found() -> bool {

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup | test | vmtest | run | bench | install | fuzz`. Each installs
+//! Project tasks: `cargo xtask setup | test | vmtest | run | bench | install | fuzz | dist | deb`. Each installs
 //! what it needs first, so a fresh clone on a fresh Debian/Ubuntu machine needs nothing else.
 
 use std::{
@@ -11,6 +11,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod dist;
 mod fuzz;
 mod hosts;
 mod image;
@@ -102,6 +103,29 @@ enum Task {
     /// that it enforces a tree on this machine, hands over on `podman stop` and that the next
     /// container takes over; PASS or FAIL and the time taken for each.
     Image(image::Options),
+    /// Build the `leash` binary that ships and stage it, with the unit, man pages, completions
+    /// and docs, in target/dist/leash-VERSION-x86_64-linux/ (bin/, lib/systemd/system/,
+    /// share/). Prints the binary's size and the oldest glibc it runs on.
+    ///
+    /// The binary is linked by zig (cargo-zigbuild, installed from crates.io, and zig from
+    /// PyPI's `ziglang`, installed into target/dist/zig-venv) against glibc 2.31, so it runs
+    /// on Debian 11, Ubuntu 20.04 and anything newer; built on this machine as usual it would
+    /// need the build machine's glibc (2.34 and up). The task fails if any symbol needs a
+    /// newer glibc than 2.31. Why glibc 2.31 through zig rather than a static musl binary:
+    /// musl has no std here (only x86_64-unknown-linux-gnu is installed), so the daemon that
+    /// ships would be built with nightly's `-Z build-std`; the daemon returns freed memory to
+    /// the kernel with `malloc_trim`, which only glibc has, and the memory it holds when idle
+    /// is a goal of its own; musl's allocator is slower under the daemon's many small
+    /// allocations unless another allocator is linked in, which makes the binary bigger; and
+    /// glibc is on every machine leash runs on. The eBPF programs are still built by
+    /// leash-user's build script (nightly, bpf-linker) and embedded.
+    Dist(dist::Options),
+    /// Build the Debian package target/debian/leash_VERSION_amd64.deb from the dist staging
+    /// (building it first, as `cargo xtask dist`), with cargo-deb (installed from crates.io
+    /// when missing) and the maintainer scripts of dist/debian/, which hand the running
+    /// daemon's trees over on upgrade rather than restarting it (docs/DEPLOY.md, *Installing
+    /// the package*). Prints the package's path on the last line.
+    Deb(dist::deb::Options),
 }
 
 fn main() -> ExitCode {
@@ -116,6 +140,8 @@ fn main() -> ExitCode {
         Task::Install { prefix, destdir } => install(&prefix, destdir.as_deref()),
         Task::Fuzz { seconds, target } => fuzz::fuzz(seconds, target.as_deref()),
         Task::Image(options) => image::image(&options),
+        Task::Dist(options) => dist::dist(&options),
+        Task::Deb(options) => dist::deb::deb(&options),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,14 +9,18 @@ use std::{
     fs,
     ops::ControlFlow,
     os::unix::fs::{PermissionsExt, symlink},
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
 
-use crate::{apt_install, output, status, userland, vmtest, workspace_root};
+use crate::{
+    apt_install,
+    dist::{Staged, deb},
+    output, status, userland, vmtest, workspace_root,
+};
 
 /// The kernel the guest boots: bookworm's own, as a Debian 12 machine runs.
 const KERNEL: &str = "bookworm-6.1";
@@ -42,10 +46,6 @@ const MARKER: &str = "SYSTEMTEST ";
 
 #[derive(clap::Args)]
 pub struct Options {
-    /// The package to test (`cargo xtask deb` builds it); the newest target/debian/leash_*.deb
-    /// when absent. The upgrade installs the same package repackaged with a higher version.
-    #[arg(long)]
-    deb: Option<PathBuf>,
     /// kvm, tcg, or auto: KVM when a short probe boot works, TCG (emulation) otherwise.
     #[arg(long, default_value = "auto", value_parser = ["auto", "kvm", "tcg"])]
     accel: String,
@@ -61,13 +61,12 @@ pub fn systemtest(options: &Options) -> Result<()> {
     }
     let out = workspace_root().join("target/systemtest");
     fs::create_dir_all(&out).with_context(|| format!("making {}", out.display()))?;
-    let deb_a = match &options.deb {
-        Some(deb) => deb.clone(),
-        None => newest_package()?,
-    };
-    let version_a = package_field(&deb_a, "Version")?;
-    let version_b = format!("{version_a}+systemtest1");
-    let deb_b = repackage(&deb_a, &version_b, &out)?;
+    // The binary `cargo xtask dist` staged, packaged twice: the upgrade changes nothing but
+    // the version.
+    let staged = Staged::existing()?;
+    let version_b = format!("{}+systemtest1", staged.version);
+    let deb_a = deb::package(&staged, &staged.version, &out)?;
+    let deb_b = deb::package(&staged, &version_b, &out)?;
     let max_exposure = offline_exposure(&deb_a, &out)?;
 
     let kernel = vmtest::kernel(KERNEL)?;
@@ -147,66 +146,6 @@ pub fn systemtest(options: &Options) -> Result<()> {
             log_path.display()
         ),
     }
-}
-
-/// The newest package `cargo xtask deb` left in target/debian.
-fn newest_package() -> Result<PathBuf> {
-    let dir = workspace_root().join("target/debian");
-    let mut packages: Vec<(std::time::SystemTime, PathBuf)> = fs::read_dir(&dir)
-        .with_context(|| format!("reading {} (run `cargo xtask deb` first)", dir.display()))?
-        .flatten()
-        .map(|entry| entry.path())
-        .filter(|path| {
-            file_name(path).starts_with("leash_") && path.extension().is_some_and(|e| e == "deb")
-        })
-        .filter_map(|path| Some((fs::metadata(&path).ok()?.modified().ok()?, path)))
-        .collect();
-    packages.sort();
-    packages
-        .pop()
-        .map(|(_, path)| path)
-        .with_context(|| format!("no leash_*.deb in {}: run `cargo xtask deb`", dir.display()))
-}
-
-fn package_field(deb: &Path, field: &str) -> Result<String> {
-    Ok(
-        output(Command::new("dpkg-deb").arg("--field").arg(deb).arg(field))?
-            .trim()
-            .to_owned(),
-    )
-}
-
-/// The same package as `deb`, files and scripts, under `version`: an upgrade that changes
-/// nothing but the version.
-fn repackage(deb: &Path, version: &str, out: &Path) -> Result<PathBuf> {
-    let tree = out.join("repackage");
-    let _ = fs::remove_dir_all(&tree);
-    status(
-        Command::new("dpkg-deb")
-            .arg("--raw-extract")
-            .arg(deb)
-            .arg(&tree),
-    )?;
-    let control_path = tree.join("DEBIAN/control");
-    let control = fs::read_to_string(&control_path)?;
-    let control: String = control
-        .lines()
-        .map(|line| match line.strip_prefix("Version:") {
-            Some(_) => format!("Version: {version}\n"),
-            None => format!("{line}\n"),
-        })
-        .collect();
-    fs::write(&control_path, control)?;
-    let architecture = package_field(deb, "Architecture")?;
-    let repackaged = out.join(format!("leash_{version}_{architecture}.deb"));
-    status(
-        Command::new("dpkg-deb")
-            .args(["--root-owner-group", "--build"])
-            .arg(&tree)
-            .arg(&repackaged),
-    )?;
-    fs::remove_dir_all(&tree)?;
-    Ok(repackaged)
 }
 
 /// The exposure `systemd-analyze security --offline=yes` gives the package's unit here: the

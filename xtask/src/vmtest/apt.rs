@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use crate::{is_root, output, status};
 
 /// The key that signs every Debian suite's Release file (the debian-archive-keyring package).
-const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+pub const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 /// Where the packages come from; `LEASH_VMTEST_MIRROR` replaces it (the security archive is
 /// MIRROR/debian-security).
 const DEFAULT_MIRROR: &str = "http://deb.debian.org";
@@ -159,7 +159,7 @@ impl Apt {
     }
 }
 
-fn ensure_keyring() -> Result<()> {
+pub fn ensure_keyring() -> Result<()> {
     if Path::new(KEYRING).exists() {
         return Ok(());
     }

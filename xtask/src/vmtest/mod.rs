@@ -7,7 +7,7 @@
 //! the initramfs, the stripped binaries and each kernel's console log are build output, in
 //! target/vmtest/.
 
-mod apt;
+pub(crate) mod apt;
 mod cpio;
 mod guest;
 mod initramfs;
