@@ -88,7 +88,22 @@ ok "upgraded to $VERSION_B: daemon $before handed over to $(main_pid), tree 2 st
 kill_host 2
 ok "tree 2 died with its host after the upgrade"
 
-# 4. A daemon SIGKILLed is restarted by systemd, takes over, and enforcement goes on.
+# 4. An upgrade whose pins have another ABI cannot hand over: it is refused before anything
+# changes, and says what to choose.
+start_tree 5
+before=$(main_pid)
+refusal=$(apt-get install --yes --quiet "/root/$DEB_C" 2>&1) &&
+    fail "an upgrade to other pins' ABI went ahead"
+echo "$refusal" | grep -q "refusing to upgrade while leash.service runs" ||
+    fail "the refusal does not say why: $refusal"
+echo "$refusal" | grep -q "systemctl stop leash" || fail "the refusal names no choice: $refusal"
+[ "$(installed_version)" = "$VERSION_B" ] || fail "installed: $(installed_version), not $VERSION_B"
+[ "$(main_pid)" = "$before" ] || fail "the daemon changed: $before, now $(main_pid)"
+tree_alive 5 || fail "the refused upgrade killed tree 5"
+kill_host 5
+ok "an upgrade to other pins' ABI refused, naming the choice; tree 5 untouched, then killed with its host"
+
+# 5. A daemon SIGKILLed is restarted by systemd, takes over, and enforcement goes on.
 start_tree 3
 before=$(main_pid)
 systemctl kill --signal KILL leash || fail "systemctl kill"
@@ -97,14 +112,14 @@ tree_alive 3 || fail "tree 3 did not survive its daemon's SIGKILL"
 kill_host 3
 ok "daemon $before SIGKILLed, $(main_pid) took over, tree 3 died with its host"
 
-# 5. The unit's exposure, as this systemd scores it.
+# 6. The unit's exposure, as this systemd scores it.
 score=$(systemd-analyze security --no-pager leash.service | sed -n 's/.*Overall exposure level for leash.service: \([0-9.]*\).*/\1/p')
 [ -n "$score" ] || fail "systemd-analyze security printed no score"
 awk -v s="$score" -v max="$MAX_EXPOSURE" 'BEGIN { exit !(s <= max) }' ||
     fail "systemd-analyze security: $score, over $MAX_EXPOSURE"
 ok "systemd-analyze security leash.service: $score (at most $MAX_EXPOSURE)"
 
-# 6. Remove: the service stops the documented way, killing every tree and removing the pins.
+# 7. Remove: the service stops the documented way, killing every tree and removing the pins.
 start_tree 4
 apt-get remove --yes --quiet leash || fail "apt-get remove"
 await 60 "tree 4 killed by the removal" tree_gone 4
@@ -112,7 +127,7 @@ await 60 "tree 4 killed by the removal" tree_gone 4
 [ ! -e /sys/fs/bpf/leash ] || fail "pins left after the removal: $(ls /sys/fs/bpf/leash)"
 ok "removed: tree 4 killed, the pins gone"
 
-# 7. Purge leaves nothing behind.
+# 8. Purge leaves nothing behind.
 apt-get purge --yes --quiet leash || fail "apt-get purge"
 left=$(find / -xdev \( -path /proc -o -path /sys -o -path /root \) -prune -o -iname '*leash*' \
     -print | grep -v -e '^/usr/local/sbin/leash-systemtest$' -e 'leash-systemtest.service')
@@ -120,9 +135,9 @@ left+=$(ls -d /run/leash /sys/fs/bpf/leash 2>/dev/null)
 [ -z "$left" ] || fail "left after the purge: $left"
 ok "purged: nothing left"
 
-# 8. The journal answers what was killed, when and why: every kill above, the removal's too.
+# 9. The journal answers what was killed, when and why: every kill above, the removal's too.
 killed=$(journalctl --unit leash --output json --no-pager LEASH_EVENT=tree_killed | wc -l)
-[ "$killed" -ge 4 ] || fail "$killed tree_killed entries in the journal, expected 4 or more"
+[ "$killed" -ge 5 ] || fail "$killed tree_killed entries in the journal, expected 5 or more"
 ok "journalctl -u leash LEASH_EVENT=tree_killed: $killed entries"
 
 finish pass

@@ -67,20 +67,23 @@ pub fn systemtest(options: &Options) -> Result<()> {
     let version_b = format!("{}+systemtest1", staged.version);
     let deb_a = deb::package(&staged, &staged.version, &out)?;
     let deb_b = deb::package(&staged, &version_b, &out)?;
+    let version_c = format!("{}+systemtest2", staged.version);
+    let deb_c = with_other_abi(&deb_b, &version_c, &out)?;
     let max_exposure = offline_exposure(&deb_a, &out)?;
 
     let kernel = vmtest::kernel(KERNEL)?;
     let root = out.join("root");
     userland::BOOKWORM_SYSTEMD.unpack(&root)?;
-    for deb in [&deb_a, &deb_b] {
+    for deb in [&deb_a, &deb_b, &deb_c] {
         let name = deb.file_name().context("a package without a name")?;
         fs::copy(deb, root.join("root").join(name))
             .with_context(|| format!("copying {}", deb.display()))?;
     }
     let env = format!(
-        "DEB_A={}\nDEB_B={}\nVERSION_B={version_b}\nMAX_EXPOSURE={max_exposure}\n",
+        "DEB_A={}\nDEB_B={}\nVERSION_B={version_b}\nDEB_C={}\nMAX_EXPOSURE={max_exposure}\n",
         file_name(&deb_a),
-        file_name(&deb_b)
+        file_name(&deb_b),
+        file_name(&deb_c),
     );
     write(&root.join("root/systemtest.env"), &env, 0o644)?;
     write(
@@ -146,6 +149,54 @@ pub fn systemtest(options: &Options) -> Result<()> {
             log_path.display()
         ),
     }
+}
+
+/// `deb` as a release whose pins have another ABI would be: its preinst expects the next ABI
+/// (the files are the same, so only the preinst's refusal is tested), under `version`.
+fn with_other_abi(deb: &Path, version: &str, out: &Path) -> Result<std::path::PathBuf> {
+    let tree = out.join("other-abi");
+    let _ = fs::remove_dir_all(&tree);
+    status(
+        Command::new("dpkg-deb")
+            .arg("--raw-extract")
+            .arg(deb)
+            .arg(&tree),
+    )?;
+    let edit = |file: &str, change: &dyn Fn(&str) -> Option<String>| -> Result<()> {
+        let path = tree.join("DEBIAN").join(file);
+        let text = fs::read_to_string(&path).with_context(|| format!("reading {file}"))?;
+        let mut changed = false;
+        let text: String = text
+            .lines()
+            .map(|line| {
+                let new = change(line);
+                changed |= new.is_some();
+                new.unwrap_or_else(|| line.to_owned()) + "\n"
+            })
+            .collect();
+        if !changed {
+            bail!("nothing to change in the package's {file}");
+        }
+        fs::write(&path, text)?;
+        Ok(())
+    };
+    edit("control", &|line| {
+        line.starts_with("Version:")
+            .then(|| format!("Version: {version}"))
+    })?;
+    edit("preinst", &|line| {
+        let abi: u32 = line.strip_prefix("NEW_ABI=")?.parse().ok()?;
+        Some(format!("NEW_ABI={}", abi + 1))
+    })?;
+    let repackaged = out.join(format!("leash_{version}_amd64.deb"));
+    status(
+        Command::new("dpkg-deb")
+            .args(["--root-owner-group", "--build"])
+            .arg(&tree)
+            .arg(&repackaged),
+    )?;
+    fs::remove_dir_all(&tree)?;
+    Ok(repackaged)
 }
 
 /// The exposure `systemd-analyze security --offline=yes` gives the package's unit here: the
