@@ -2,6 +2,7 @@
 
 mod daemon;
 mod duration;
+mod generate;
 mod host;
 mod show;
 mod track;
@@ -27,7 +28,7 @@ use tracing_subscriber::EnvFilter;
 /// `leash daemon` is the service (root). `leash run -- CMD` runs CMD on a leash (any user).
 /// Logs go to stderr; LEASH_LOG=debug shows more.
 #[derive(Parser, Debug)]
-#[command(name = "leash", version, about, long_about)]
+#[command(name = "leash", version = generate::VERSION, about, long_about)]
 struct Cli {
     /// The daemon's socket.
     #[arg(long, global = true, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
@@ -93,6 +94,18 @@ enum Commands {
     /// Follow one tree live, without the daemon: start CMD (or adopt --pid) and print every
     /// process that joins or leaves, until the tree is empty. Nothing is killed (root).
     Track(track::TrackArgs),
+    /// Print the completion script for a shell (bash, zsh or fish) to stdout.
+    ///
+    /// To try it in the running shell: `source <(leash completions bash)`. Packages install
+    /// the scripts where each shell looks for them: bash in
+    /// /usr/share/bash-completion/completions/leash, zsh in
+    /// /usr/share/zsh/vendor-completions/_leash, fish in
+    /// /usr/share/fish/vendor_completions.d/leash.fish (`cargo xtask install` does so under
+    /// its prefix).
+    Completions(generate::CompletionsArgs),
+    /// Write the manual pages (leash.1, leash-run.1, ...) into DIR, for packagers.
+    #[command(hide = true)]
+    Manpages(generate::ManpagesArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -119,6 +132,8 @@ pub fn main() -> ExitCode {
         Commands::Ls(args) => show::ls(&cli.socket, args),
         Commands::Status(args) => show::status(&cli.socket, args),
         Commands::Track(args) => track::track(args),
+        Commands::Completions(args) => generate::completions(args),
+        Commands::Manpages(args) => generate::manpages(args),
     };
     match result {
         Ok(code) => code,
