@@ -4,6 +4,7 @@ mod daemon;
 mod duration;
 mod generate;
 mod host;
+mod logging;
 mod show;
 mod track;
 mod view;
@@ -18,7 +19,6 @@ use std::{
 use clap::{Parser, Subcommand};
 use leash::kernel::support::Unsupported;
 use leash_client::protocol::{DEFAULT_SOCKET, SOCKET_ENV};
-use tracing_subscriber::EnvFilter;
 
 /// Keeps AI coding agents and everything they start on a leash. An eBPF program follows every
 /// descendant of a registered process in the kernel as it forks, so setsid, double forks and
@@ -26,7 +26,8 @@ use tracing_subscriber::EnvFilter;
 /// root or the host that registered it dies.
 ///
 /// `leash daemon` is the service (root). `leash run -- CMD` runs CMD on a leash (any user).
-/// Logs go to stderr; LEASH_LOG=debug shows more.
+/// Logs go to stderr (to the journal, with fields, when stderr is the journal: under
+/// systemd); LEASH_LOG=debug shows more, LEASH_LOG_FORMAT=text|journald picks the form.
 #[derive(Parser, Debug)]
 #[command(name = "leash", version = generate::VERSION, about, long_about)]
 struct Cli {
@@ -109,12 +110,7 @@ enum Commands {
 }
 
 pub fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("LEASH_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init();
     let cli = Cli::parse();
     // `run` and `exec` exit with their command's status; their own failures need a code of
     // their own, which a command rarely uses (as env, nohup and docker run do).
