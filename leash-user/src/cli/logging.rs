@@ -4,6 +4,7 @@
 
 use std::{
     fs::File,
+    io::IsTerminal,
     os::{fd::AsFd, unix::fs::MetadataExt},
 };
 
@@ -53,7 +54,12 @@ pub fn init() {
     }
     tracing_subscriber::registry()
         .with(filter())
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                // Colours for a terminal; a file (or a pipe to a log collector) is grepped.
+                .with_ansi(std::io::stderr().is_terminal()),
+        )
         .init();
     if let Some(e) = unreachable {
         tracing::warn!("cannot reach journald ({e}): logging to stderr as text");
@@ -92,7 +98,11 @@ mod tests {
     #[test]
     fn the_journal_is_stderr_when_the_stream_names_its_device_and_inode() {
         assert!(stderr_is_journal(Some("8:12345"), 8, 12345));
-        assert!(stderr_is_journal(Some("64769:9876543210"), 64769, 9876543210));
+        assert!(stderr_is_journal(
+            Some("64769:9876543210"),
+            64769,
+            9876543210
+        ));
     }
 
     #[test]
@@ -105,11 +115,17 @@ mod tests {
 
     #[test]
     fn a_malformed_stream_is_not_the_journal() {
-        for value in ["", ":", "8", "8:", ":12345", "x:12345", "8:12345:1", "-8:12345"] {
-            assert!(
-                !stderr_is_journal(Some(value), 8, 12345),
-                "{value:?}"
-            );
+        for value in [
+            "",
+            ":",
+            "8",
+            "8:",
+            ":12345",
+            "x:12345",
+            "8:12345:1",
+            "-8:12345",
+        ] {
+            assert!(!stderr_is_journal(Some(value), 8, 12345), "{value:?}");
         }
     }
 }

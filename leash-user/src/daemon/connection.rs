@@ -208,6 +208,21 @@ async fn set_up(
     })
 }
 
+/// Whether the host `pid` (started at `start_ticks`, 0 if unknown) is gone or on its way out:
+/// the kernel marks a process exiting (PF_EXITING) before it closes its files.
+fn host_exiting(pid: u32, start_ticks: u64) -> bool {
+    const PF_EXITING: u32 = 0x4;
+    match procfs::process::Process::new(pid as i32).and_then(|p| p.stat()) {
+        Ok(stat) => {
+            (start_ticks != 0 && stat.starttime != start_ticks)
+                || matches!(stat.state, 'Z' | 'X')
+                || stat.flags & PF_EXITING != 0
+        }
+        Err(procfs::ProcError::NotFound(_)) => true,
+        Err(_) => false,
+    }
+}
+
 /// Whether process `pid` is still the one that started at `start_ticks`.
 fn still_running(pid: u32, start_ticks: u64) -> bool {
     crate::proc::read_process(pid).is_ok_and(|p| p.is_some_and(|p| p.start_ticks == start_ticks))
@@ -324,6 +339,13 @@ async fn serve_lease(
         if outbox.is_closed() {
             break "connection_error";
         }
+    };
+    // A dying host's sockets close before its pidfd says it exited: its end is its exit.
+    let ended_by = match ended_by {
+        "connection_closed" | "connection_error" if host_exiting(peer.pid, peer.start_ticks) => {
+            "host_exited"
+        }
+        other => other,
     };
     // The lease ends first: its trees' kills never wait on the connection's last replies.
     let lease = peer.lease;
