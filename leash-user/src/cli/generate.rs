@@ -95,10 +95,10 @@ fn summary(about: &str) -> String {
         match c {
             '(' => depth += 1,
             ')' => depth = depth.saturating_sub(1),
-            ':' | ';' | '.' if depth == 0 => {
-                if chars.peek().is_none_or(|&(_, next)| next.is_whitespace()) {
-                    return about[..at].to_owned();
-                }
+            ':' | ';' | '.'
+                if depth == 0 && chars.peek().is_none_or(|&(_, next)| next.is_whitespace()) =>
+            {
+                return about[..at].to_owned();
             }
             _ => {}
         }

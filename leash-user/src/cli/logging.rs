@@ -8,6 +8,7 @@ use std::{
     os::{fd::AsFd, unix::fs::MetadataExt},
 };
 
+use tracing_journald::{Priority, PriorityMappings};
 use tracing_subscriber::{EnvFilter, Layer, filter::filter_fn, layer::SubscriberExt, prelude::*};
 
 /// The variable that picks the level (`LEASH_LOG=debug`), as `RUST_LOG` does.
@@ -39,6 +40,12 @@ pub fn init() {
                 let layer = layer
                     .with_field_prefix(Some(JOURNAL_FIELD_PREFIX.to_owned()))
                     .with_syslog_identifier("leash".to_owned())
+                    // The journal's own levels: INFO is info (6), not notice, and DEBUG debug.
+                    .with_priority_mappings(PriorityMappings {
+                        info: Priority::Informational,
+                        debug: Priority::Debug,
+                        ..PriorityMappings::new()
+                    })
                     // No span fields: each journal entry has its event's own fields, each once
                     // (a span's `tree` would be a second LEASH_TREE).
                     .with_filter(filter_fn(|metadata| !metadata.is_span()));
