@@ -249,9 +249,11 @@ fn a_kill_under_way_when_the_daemon_died_is_finished_by_the_next() {
     assert!(emptied.is_some(), "the interrupted kill was not finished");
     // The daemon logs the kill's end once it has seen the exits too.
     assert!(
-        wait_for(Duration::from_secs(10), || daemon
-            .log()
-            .contains("reason: \"resumed\"")),
+        wait_for(Duration::from_secs(10), || daemon.log().lines().any(
+            |line| {
+                line.contains("event=\"tree_killed\"") && line.contains("reason=\"resumed\"")
+            }
+        )),
         "the kill was not finished as a resumed one"
     );
 }

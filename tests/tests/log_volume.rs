@@ -64,8 +64,8 @@ fn connections_that_only_ask_leave_the_info_log_quiet() {
         log.lines()
             .any(|line| line.contains(what) && line.contains(&format!("lease={lease} ")))
     };
-    assert!(about_lease("lease holds its first tree"), "{log}");
-    assert!(about_lease("lease ended"), "{log}");
+    assert!(about_lease("event=\"lease_opened\""), "{log}");
+    assert!(about_lease("event=\"lease_ended\""), "{log}");
 }
 
 /// The log without its colours (ANSI escapes), as a reader sees it.

@@ -78,9 +78,11 @@ enum Task {
     },
     /// Set up, build with optimizations, and install the service: the binary as PREFIX/bin/leash
     /// and the systemd unit dist/leash.service (restarted whenever it dies) as
-    /// /etc/systemd/system/leash.service. Starts nothing; it prints how.
+    /// /etc/systemd/system/leash.service, with the man pages (PREFIX/share/man/man1) and the
+    /// bash, zsh and fish completions (under PREFIX/share). Starts nothing; it prints how.
     Install {
-        /// Where the binary goes: PREFIX/bin/leash.
+        /// Where the binary goes: PREFIX/bin/leash (and the pages and completions under
+        /// PREFIX/share).
         #[arg(long, default_value = "/usr/local")]
         prefix: PathBuf,
         /// Put every file under this directory instead of / (for packaging).
@@ -316,6 +318,7 @@ fn install(prefix: &Path, destdir: Option<&Path>) -> Result<()> {
         .with_context(|| format!("writing {}", partial.display()))?;
     std::fs::rename(&partial, &target)?;
     eprintln!("xtask: installed {}", target.display());
+    install_docs(&root.join("target/release/leash"), prefix, &staged)?;
 
     let template = std::fs::read_to_string(root.join("dist/leash.service"))?;
     let target = staged(unit);
@@ -325,6 +328,29 @@ fn install(prefix: &Path, destdir: Option<&Path>) -> Result<()> {
     eprintln!("xtask: installed {}", target.display());
     if destdir.is_none() {
         eprintln!("xtask: start it with: systemctl daemon-reload && systemctl enable --now leash");
+    }
+    Ok(())
+}
+
+/// The man pages and the shell completions, as the binary just built generates them.
+fn install_docs(leash: &Path, prefix: &Path, staged: &dyn Fn(&Path) -> PathBuf) -> Result<()> {
+    let man = staged(&prefix.join("share/man/man1"));
+    let pages = output(Command::new(leash).arg("manpages").arg(&man))?;
+    eprintln!(
+        "xtask: installed {} man pages in {}",
+        pages.lines().count(),
+        man.display()
+    );
+    for (shell, path) in [
+        ("bash", "share/bash-completion/completions/leash"),
+        ("zsh", "share/zsh/vendor-completions/_leash"),
+        ("fish", "share/fish/vendor_completions.d/leash.fish"),
+    ] {
+        let script = output(Command::new(leash).args(["completions", shell]))?;
+        let target = staged(&prefix.join(path));
+        std::fs::create_dir_all(target.parent().context("a directory")?)?;
+        std::fs::write(&target, script).with_context(|| format!("writing {}", target.display()))?;
+        eprintln!("xtask: installed {}", target.display());
     }
     Ok(())
 }

@@ -3,7 +3,9 @@
 mod daemon;
 mod doctor;
 mod duration;
+mod generate;
 mod host;
+mod logging;
 mod show;
 mod track;
 mod view;
@@ -18,7 +20,6 @@ use std::{
 use clap::{Parser, Subcommand};
 use leash::kernel::support::Unsupported;
 use leash_client::protocol::{DEFAULT_SOCKET, SOCKET_ENV};
-use tracing_subscriber::EnvFilter;
 
 /// Keeps AI coding agents and everything they start on a leash. An eBPF program follows every
 /// descendant of a registered process in the kernel as it forks, so setsid, double forks and
@@ -26,9 +27,10 @@ use tracing_subscriber::EnvFilter;
 /// root or the host that registered it dies.
 ///
 /// `leash daemon` is the service (root). `leash run -- CMD` runs CMD on a leash (any user).
-/// Logs go to stderr; LEASH_LOG=debug shows more.
+/// Logs go to stderr (to the journal, with fields, when stderr is the journal: under
+/// systemd); LEASH_LOG=debug shows more, LEASH_LOG_FORMAT=text|journald picks the form.
 #[derive(Parser, Debug)]
-#[command(name = "leash", version, about, long_about)]
+#[command(name = "leash", version = generate::VERSION, about, long_about)]
 struct Cli {
     /// The daemon's socket.
     #[arg(long, global = true, env = SOCKET_ENV, default_value = DEFAULT_SOCKET)]
@@ -110,15 +112,22 @@ enum Commands {
     /// otherwise 1. --json prints the findings and the verdict as one JSON document
     /// (docs/JSON.md).
     Doctor(doctor::DoctorArgs),
+    /// Print the completion script for a shell (bash, zsh or fish) to stdout.
+    ///
+    /// To try it in the running shell: `source <(leash completions bash)`. Packages install
+    /// the scripts where each shell looks for them: bash in
+    /// /usr/share/bash-completion/completions/leash, zsh in
+    /// /usr/share/zsh/vendor-completions/_leash, fish in
+    /// /usr/share/fish/vendor_completions.d/leash.fish (`cargo xtask install` does so under
+    /// its prefix).
+    Completions(generate::CompletionsArgs),
+    /// Write the manual pages (leash.1, leash-run.1, ...) into DIR, for packagers.
+    #[command(hide = true)]
+    Manpages(generate::ManpagesArgs),
 }
 
 pub fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("LEASH_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init();
     let cli = Cli::parse();
     // `run` and `exec` exit with their command's status; their own failures need a code of
     // their own, which a command rarely uses (as env, nohup and docker run do).
@@ -137,6 +146,8 @@ pub fn main() -> ExitCode {
         Commands::Status(args) => show::status(&cli.socket, args),
         Commands::Track(args) => track::track(args),
         Commands::Doctor(args) => doctor::doctor(&cli.socket, args),
+        Commands::Completions(args) => generate::completions(args),
+        Commands::Manpages(args) => generate::manpages(args),
     };
     match result {
         Ok(code) => code,

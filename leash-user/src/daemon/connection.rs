@@ -208,6 +208,21 @@ async fn set_up(
     })
 }
 
+/// Whether the host `pid` (started at `start_ticks`, 0 if unknown) is gone or on its way out:
+/// the kernel marks a process exiting (PF_EXITING) before it closes its files.
+fn host_exiting(pid: u32, start_ticks: u64) -> bool {
+    const PF_EXITING: u32 = 0x4;
+    match procfs::process::Process::new(pid as i32).and_then(|p| p.stat()) {
+        Ok(stat) => {
+            (start_ticks != 0 && stat.starttime != start_ticks)
+                || matches!(stat.state, 'Z' | 'X')
+                || stat.flags & PF_EXITING != 0
+        }
+        Err(procfs::ProcError::NotFound(_)) => true,
+        Err(_) => false,
+    }
+}
+
 /// Whether process `pid` is still the one that started at `start_ticks`.
 fn still_running(pid: u32, start_ticks: u64) -> bool {
     crate::proc::read_process(pid).is_ok_and(|p| p.is_some_and(|p| p.start_ticks == start_ticks))
@@ -278,18 +293,18 @@ async fn serve_lease(
         // its replies have gone out, and one that stops reading is disconnected.
         let room = tokio::select! {
             room = outbox.room_for_replies(UNREAD_TIMEOUT) => room,
-            _ = host.readable() => break "host exited",
+            _ = host.readable() => break "host_exited",
         };
         if !room {
             break if outbox.is_closed() {
-                "connection error"
+                "connection_error"
             } else {
-                "client does not read its replies"
+                "client_not_reading"
             };
         }
         let request = tokio::select! {
             line = read_line(&mut reader, MAX_LINE_BYTES) => line,
-            _ = host.readable() => break "host exited",
+            _ = host.readable() => break "host_exited",
         };
         match request {
             Ok(Line::Complete(bytes)) => {
@@ -300,7 +315,7 @@ async fn serve_lease(
                     // still see its host's death at once.
                     tokio::select! {
                         () = tokio::time::sleep(pause) => {}
-                        _ = host.readable() => break "host exited",
+                        _ = host.readable() => break "host_exited",
                     }
                 }
             }
@@ -312,26 +327,32 @@ async fn serve_lease(
                     format!("request lines are limited to {MAX_LINE_BYTES} bytes"),
                 ));
             }
-            Ok(Line::End) => break "connection closed",
-            Err(_) => break "connection error",
+            Ok(Line::End) => break "connection_closed",
+            Err(_) => break "connection_error",
         }
         // Requests already read are served one at a time, each in its turn with every other
         // connection's (and this one's writer).
         tokio::task::yield_now().await;
         if outbox.overflowed() {
-            break "client does not read its replies";
+            break "client_not_reading";
         }
         if outbox.is_closed() {
-            break "connection error";
+            break "connection_error";
         }
+    };
+    // A dying host's sockets close before its pidfd says it exited: its end is its exit.
+    let ended_by = match ended_by {
+        "connection_closed" | "connection_error" if host_exiting(peer.pid, peer.start_ticks) => {
+            "host_exited"
+        }
+        other => other,
     };
     // The lease ends first: its trees' kills never wait on the connection's last replies.
     let lease = peer.lease;
-    daemon.log_lease_end(lease, ended_by);
     daemon.subscribers.remove(lease);
     daemon
         .jobs
-        .urgent(move |owner| super::enforcement::end_lease(owner, lease));
+        .urgent(move |owner| super::enforcement::end_lease(owner, lease, ended_by));
     // Replies still to come (a kill's) and queued ones go out for a moment, but the daemon never
     // waits on a client that stopped reading.
     drop(session);

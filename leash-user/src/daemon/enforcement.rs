@@ -272,7 +272,7 @@ pub fn start_kill(
     reason: &'static str,
 ) -> Option<watch::Receiver<Option<KillOutcome>>> {
     let daemon = &owner.daemon;
-    let (audience, lease, grace, done, pending, grace_asked) = {
+    let (audience, lease, holder, grace, done, pending, grace_asked) = {
         let mut state = daemon.state();
         let entry = state.trees.get_mut(&tree)?;
         let grace = grace.map_or(entry.grace, |asked| asked.min(entry.grace));
@@ -295,6 +295,7 @@ pub fn start_kill(
         (
             entry.audience(),
             entry.lease,
+            (entry.host_pid, entry.owner_uid),
             grace,
             done,
             outcome,
@@ -339,11 +340,25 @@ pub fn start_kill(
             }
             match &result {
                 Ok(summary) => {
-                    tracing::info!(?summary, "tree is empty");
+                    let (host_pid, uid) = holder;
+                    tracing::info!(
+                        parent: None,
+                        event = "tree_killed",
+                        tree,
+                        lease,
+                        host_pid,
+                        uid,
+                        reason,
+                        terminated = summary.terminated,
+                        killed = summary.killed,
+                        rounds = summary.rounds,
+                        elapsed_ms = summary.elapsed_ms,
+                        "tree killed"
+                    );
                     end_tree(&owner, tree, Some(summary.clone()));
                 }
                 Err(e) => {
-                    tracing::error!("kill failed: {e}");
+                    tracing::error!(tree, lease, "kill failed: {e}");
                     kill_failed(&owner.daemon, tree, e);
                 }
             }
@@ -410,11 +425,12 @@ pub async fn outcome(mut pending: watch::Receiver<Option<KillOutcome>>) -> KillO
     }
 }
 
-/// A lease ended (its host died or its connection closed): every tree it holds is killed.
-pub fn end_lease(owner: &Rc<Owner>, lease: u64) {
+/// A lease ended (its host died or its connection closed), for `reason` (`host_exited`,
+/// `connection_closed`, ...): every tree it holds is killed.
+pub fn end_lease(owner: &Rc<Owner>, lease: u64, reason: &str) {
+    owner.daemon.remove_lease(lease, reason);
     let trees: Vec<TreeId> = {
-        let mut state = owner.daemon.state();
-        state.leases.remove(&lease);
+        let state = owner.daemon.state();
         state
             .trees
             .iter()
@@ -439,7 +455,7 @@ pub fn watch_host(
         Ok(host) => host,
         Err(e) => {
             tracing::error!(lease, "cannot watch the host: {e}; ending its lease");
-            return end_lease(owner, lease);
+            return end_lease(owner, lease, "host_unwatchable");
         }
     };
     let owner = owner.clone();
@@ -453,10 +469,7 @@ pub fn watch_host(
             }
         };
         tokio::select! {
-            _ = host.readable() => {
-                owner.daemon.log_lease_end(lease, "host exited");
-                end_lease(&owner, lease);
-            }
+            _ = host.readable() => end_lease(&owner, lease, "host_exited"),
             () = served => {}
         }
     });

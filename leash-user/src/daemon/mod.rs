@@ -101,6 +101,9 @@ struct PendingKill {
 struct TreeEntry {
     lease: LeaseId,
     owner_uid: u32,
+    /// The pid of the lease's host (0 if no daemon recorded one): named in the tree's log lines,
+    /// which may come after the lease has ended.
+    host_pid: u32,
     /// The lease's account, and the account of the client that asked for it (the same, or
     /// another's that used the lease's token): both count it against their limits.
     account: Account,
@@ -205,9 +208,9 @@ impl Daemon {
         Ok(id)
     }
 
-    /// Notes that `lease` now holds a tree; at its first, says so at INFO. A connection that
-    /// only asks (`status`, `list`, `watch`) is logged at DEBUG alone: a client that connects
-    /// in a loop must not fill the log.
+    /// Notes that `lease` now holds a tree; at its first, says so at INFO (`lease_opened`). A
+    /// connection that only asks (`status`, `list`, `watch`) is logged at DEBUG alone: a client
+    /// that connects in a loop must not fill the log.
     fn lease_holds_a_tree(&self, lease: LeaseId) {
         let first = {
             let mut state = self.state();
@@ -218,23 +221,38 @@ impl Daemon {
             entry.held_trees = true;
             first.then_some((entry.uid, entry.host_pid))
         };
-        if let Some((uid, host)) = first {
-            tracing::info!(lease, uid, host, "lease holds its first tree");
+        if let Some((uid, host_pid)) = first {
+            // No span: the events an operator queries carry their own fields, and only those.
+            tracing::info!(
+                parent: None,
+                event = "lease_opened",
+                lease,
+                host_pid,
+                uid,
+                "lease opened"
+            );
         }
     }
 
-    /// Logs the end of `lease` (before it is removed): at INFO if it ever held a tree, at
-    /// DEBUG if it only asked.
-    fn log_lease_end(&self, lease: LeaseId, ended_by: &str) {
-        let held_trees = self
-            .state()
-            .leases
-            .get(&lease)
-            .is_some_and(|entry| entry.held_trees);
-        if held_trees {
-            tracing::info!(lease, ended_by, "lease ended");
+    /// Takes `lease` out (its trees are the caller's to kill) and logs its end, `reason`: at
+    /// INFO (`lease_ended`) if it ever held a tree, at DEBUG if it only asked. Once: when both
+    /// the connection and the watch on its host see the host die, the second finds it gone.
+    fn remove_lease(&self, lease: LeaseId, reason: &str) {
+        let Some(entry) = self.state().leases.remove(&lease) else {
+            return;
+        };
+        if entry.held_trees {
+            tracing::info!(
+                parent: None,
+                event = "lease_ended",
+                lease,
+                host_pid = entry.host_pid,
+                uid = entry.uid,
+                reason,
+                "lease ended"
+            );
         } else {
-            tracing::debug!(lease, ended_by, "lease ended");
+            tracing::debug!(lease, reason, "lease ended");
         }
     }
 

@@ -69,7 +69,10 @@ pub fn hold_again(owner: &Rc<Owner>) {
                 Entry::Vacant(new) => {
                     let who = host_identity(daemon, &holder);
                     match daemon.open_lease(holder.owner_uid, &who, new.key().0, new.key().1) {
-                        Ok(lease) => new.insert((lease, who.pid_namespaces)).clone(),
+                        Ok(lease) => {
+                            daemon.lease_holds_a_tree(lease);
+                            new.insert((lease, who.pid_namespaces)).clone()
+                        }
                         Err(e) => {
                             tracing::error!(tree, "cannot open a lease for it: {e}");
                             unheld.push(tree);
@@ -92,6 +95,7 @@ pub fn hold_again(owner: &Rc<Owner>) {
             TreeEntry {
                 lease,
                 owner_uid: holder.owner_uid,
+                host_pid: holder.host_pid,
                 account: holder.account,
                 registrar_account: holder.account,
                 registered_from,
@@ -138,9 +142,7 @@ fn watch_host_again(owner: &Rc<Owner>, lease: LeaseId, pid: Pid, start_ticks: u6
                     return enforcement::watch_host(&owner, lease, host, None);
                 }
                 Ok(None) => {
-                    let ended_by = "host exited while no daemon ran";
-                    tracing::info!(lease, host = pid, ended_by, "lease ended");
-                    return enforcement::end_lease(&owner, lease);
+                    return enforcement::end_lease(&owner, lease, "host_exited_while_away");
                 }
                 Err(e) => {
                     if !failed {

@@ -72,6 +72,15 @@ struct Refusal {
     message: String,
 }
 
+/// The tree a request names, if it names one.
+fn op_tree(op: &Op) -> Option<TreeId> {
+    match op {
+        Op::Release { tree } | Op::Kill { tree, .. } => Some(*tree),
+        Op::List { tree } => *tree,
+        _ => None,
+    }
+}
+
 fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
     Refusal {
         code,
@@ -105,7 +114,8 @@ impl Session {
                  that forked from the host, opens a lease of its own)",
                 self.peer.pid
             );
-            tracing::info!(id, sender, "request refused: not sent by the lease's host");
+            tracing::debug!(id, sender, "request not sent by the lease's host");
+            self.refused(id, op_tree(&op), ErrorCode::PermissionDenied, &message);
             self.outbox.reply(&ServerLine::error(
                 Some(id),
                 ErrorCode::PermissionDenied,
@@ -133,6 +143,7 @@ impl Session {
             return Err(pause);
         }
         tracing::debug!(id, ?op, "request");
+        let tree = op_tree(&op);
         let reply = match op {
             Op::Hello { protocol } => self.hello(daemon, protocol),
             Op::Register {
@@ -160,7 +171,7 @@ impl Session {
         let line = match reply {
             Ok(reply) => ServerLine::ok(id, reply),
             Err(Refusal { code, message }) => {
-                tracing::info!(id, %code, message, "request refused");
+                self.refused(id, tree, code, &message);
                 ServerLine::error(Some(id), code, message)
             }
         };
@@ -185,6 +196,24 @@ impl Session {
                 view.depth()
             ),
         ))
+    }
+
+    /// The INFO line of a request refused (`request_refused`): what was asked (and of which
+    /// tree), the refusal's code, and why. A line that is no request, and a request over its
+    /// uid's rate, are not logged one by one: a client in a loop must not fill the log.
+    fn refused(&self, request: u64, tree: Option<TreeId>, code: ErrorCode, reason: &str) {
+        tracing::info!(
+            parent: None,
+            event = "request_refused",
+            request,
+            tree,
+            lease = self.peer.lease,
+            host_pid = self.peer.pid,
+            uid = self.peer.uid,
+            code = %code,
+            reason,
+            "request refused"
+        );
     }
 
     fn send_error(&self, id: Option<u64>, code: ErrorCode, message: String) {
@@ -379,9 +408,11 @@ impl Session {
             owner: owner_uid,
             registered_from: registered_from.clone(),
         };
+        let host_pid = holder.host_pid;
         let entry = TreeEntry {
             lease,
             owner_uid,
+            host_pid,
             account: holder.account,
             registrar_account: self.peer.account,
             registered_from,
@@ -402,11 +433,15 @@ impl Session {
             status.and_then(|s| s.parent),
         );
         tracing::info!(
+            parent: None,
+            event = "tree_registered",
             tree,
-            root = pid,
             lease,
+            host_pid,
+            uid = owner_uid,
+            root = pid,
             members,
-            ?nested_in,
+            nested_in,
             "tree registered"
         );
         let registered = enforcement::registered_event(tree, lease, pid);

@@ -163,7 +163,8 @@ impl Tracker {
             passes,
             ..
         } = adoption;
-        tracing::info!(tree, root, ?enclosing, seeded, passes, "tree registered");
+        // DEBUG: the daemon's INFO line (`tree_registered`) names the lease and the owner too.
+        tracing::debug!(tree, root, ?enclosing, seeded, passes, "adoption finished");
         Ok(tree)
     }
 

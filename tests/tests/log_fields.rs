@@ -1,0 +1,169 @@
+//! The daemon's log is queryable: each lease opened, lease ended, tree registered, tree killed
+//! and request refused is one INFO line with a stable `event` and the fields an operator filters
+//! on (the tree, the host's pid, the owner's uid, the reason), the same names that are journal
+//! fields under systemd (`LEASH_EVENT`, `LEASH_TREE`, ...; docs/DEPLOY.md, "Logs").
+
+use std::{collections::HashMap, process::Stdio, time::Duration};
+
+use leash_tests::{Cgroup, daemon::Daemon, wait_for};
+
+/// A tree no daemon ever numbered: asking to kill it is refused.
+const NO_SUCH_TREE: u32 = 987_654_321;
+
+#[test]
+fn each_event_is_one_line_with_its_fields() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    // A refused request, from a connection that holds no tree: no lease line of its own.
+    let mut asker = daemon.client();
+    let refused = asker.kill(NO_SUCH_TREE, None);
+    assert!(refused.is_err(), "killing tree {NO_SUCH_TREE}: {refused:?}");
+    drop(asker);
+
+    let cgroup = Cgroup::new("log-fields");
+    let mut host = daemon
+        .leash()
+        .args(["run", "--grace", "100ms", "--"])
+        .args(cgroup.argv("sleep", &["600"]))
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let host_pid = host.id().to_string();
+    cgroup.settle_exactly(&["sleep"]);
+    host.kill().unwrap();
+    let _ = host.wait();
+    assert!(
+        cgroup.wait_empty(Duration::from_secs(10)).is_some(),
+        "the tree outlived its host"
+    );
+    let killed = wait_for(Duration::from_secs(10), || {
+        events(&daemon.log()).contains_key("tree_killed")
+    });
+    assert!(killed, "no tree_killed line:\n{}", daemon.log());
+
+    let log = daemon.log();
+    let events = events(&log);
+    let one = |event: &str| -> &Fields {
+        match events.get(event).map(Vec::as_slice) {
+            Some([fields]) => fields,
+            other => panic!(
+                "{event}: {} lines, not one:\n{log}",
+                other.map_or(0, <[_]>::len)
+            ),
+        }
+    };
+    let (opened, registered, killed, ended, refused) = (
+        one("lease_opened"),
+        one("tree_registered"),
+        one("tree_killed"),
+        one("lease_ended"),
+        one("request_refused"),
+    );
+    let uid = unsafe { libc::getuid() }.to_string();
+    for (event, fields) in [
+        ("lease_opened", opened),
+        ("tree_registered", registered),
+        ("tree_killed", killed),
+        ("lease_ended", ended),
+    ] {
+        assert_eq!(field(fields, "host_pid"), host_pid, "{event}: {fields:?}");
+        assert_eq!(field(fields, "uid"), uid, "{event}: {fields:?}");
+        assert_eq!(field(fields, "lease"), field(opened, "lease"), "{event}");
+    }
+    // The tree: registered, then killed because its lease ended with its host.
+    let tree = field(registered, "tree");
+    assert!(tree.parse::<u64>().is_ok(), "{registered:?}");
+    assert_eq!(field(killed, "tree"), tree);
+    assert_ne!(
+        field(registered, "root"),
+        host_pid,
+        "the root is the command"
+    );
+    assert_eq!(field(killed, "reason"), "lease_ended");
+    // Though its socket closed before it was seen to exit: the host was exiting then.
+    assert_eq!(field(ended, "reason"), "host_exited", "{ended:?}");
+    let number = |fields: &Fields, name: &str| -> u64 {
+        field(fields, name)
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} is not a number: {fields:?}"))
+    };
+    assert!(number(killed, "terminated") >= 1, "{killed:?}");
+    number(killed, "killed");
+    number(killed, "elapsed_ms");
+    // The refusal: who asked (this process), of which tree, its code and why.
+    assert_eq!(field(refused, "host_pid"), std::process::id().to_string());
+    assert_eq!(field(refused, "uid"), uid);
+    assert_eq!(field(refused, "tree"), NO_SUCH_TREE.to_string());
+    assert_eq!(field(refused, "code"), "not_found");
+    assert!(!field(refused, "reason").is_empty(), "{refused:?}");
+}
+
+type Fields = HashMap<String, String>;
+
+fn field<'a>(fields: &'a Fields, name: &str) -> &'a str {
+    fields
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} in {fields:?}"))
+}
+
+/// The INFO lines that name an `event`, by event, each as its fields.
+fn events(log: &str) -> HashMap<String, Vec<Fields>> {
+    let mut events: HashMap<String, Vec<Fields>> = HashMap::new();
+    for line in log.lines().filter(|line| line.contains(" INFO ")) {
+        let fields = fields(line);
+        if let Some(event) = fields.get("event") {
+            events.entry(event.clone()).or_default().push(fields);
+        }
+    }
+    events
+}
+
+/// A text log line's `name=value` fields: a value is a bare word or a quoted string (with
+/// backslash escapes), as tracing's text format writes them.
+fn fields(line: &str) -> Fields {
+    let mut fields = Fields::new();
+    let mut rest = line;
+    while let Some(equals) = rest.find('=') {
+        let name_start = rest[..equals]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(0, |at| at + 1);
+        let name = &rest[name_start..equals];
+        let after = &rest[equals + 1..];
+        let (value, consumed) = if let Some(quoted) = after.strip_prefix('"') {
+            let mut value = String::new();
+            let mut chars = quoted.char_indices();
+            let mut end = quoted.len();
+            while let Some((at, c)) = chars.next() {
+                match c {
+                    '\\' => value.extend(chars.next().map(|(_, c)| c)),
+                    '"' => {
+                        end = at + 1;
+                        break;
+                    }
+                    c => value.push(c),
+                }
+            }
+            (value, 1 + end)
+        } else {
+            let end = after.find(' ').unwrap_or(after.len());
+            (after[..end].to_owned(), end)
+        };
+        if !name.is_empty() {
+            fields.insert(name.to_owned(), value);
+        }
+        rest = &after[consumed..];
+    }
+    fields
+}
+
+#[test]
+fn fields_are_parsed_as_tracing_writes_them() {
+    let line = r#"2026-01-01T00:00:00.000000Z  INFO leash::daemon::requests: request refused event="request_refused" request=1 tree=7 code=not_found reason="no tree 7 (a \"tree\" = x)" uid=0"#;
+    let fields = fields(line);
+    assert_eq!(fields["event"], "request_refused");
+    assert_eq!(fields["tree"], "7");
+    assert_eq!(fields["code"], "not_found");
+    assert_eq!(fields["reason"], r#"no tree 7 (a "tree" = x)"#);
+    assert_eq!(fields["uid"], "0");
+}
