@@ -46,6 +46,8 @@ pub const LEFT_OUT: &[(&str, &str)] = &[
     ("fd_disposal", "a load test of the daemon's closing of descriptors clients send (user space)"),
     ("lease_sender", "user space: requests on a lease's connection from another process; SO_PASSCRED is older than every kernel leash supports"),
     ("doctor", "user space: leash doctor's report; its kernel probes are kernel/support.rs's, which every daemon start in the guests runs, and a tp_btf attach, which every daemon start makes"),
+    ("version", "user space: --version, man pages and completions; its checks run man, groff and bash -n"),
+    ("log_fields", "user space: the fields of the daemon's event lines"),
     ("deploy_manifests", "lints the image definition and the Kubernetes manifests with tools of the Python environment, which the guests do not have; no kernel path"),
 ];
 
