@@ -74,6 +74,8 @@ ok "installed $(installed_version): $(leash --version), service $(systemctl is-a
 start_tree 1
 kill_host 1
 ok "a tree of uid $(id -u agent) died with its SIGKILLed host"
+setpriv --reuid=agent --regid=agent --init-groups -- leash kill 424242 2>/dev/null &&
+    fail "leash kill of a tree that does not exist succeeded"
 
 # 3. An upgrade hands over: the tree stays tracked and still dies with its host.
 start_tree 2
@@ -135,9 +137,24 @@ left+=$(ls -d /run/leash /sys/fs/bpf/leash 2>/dev/null)
 [ -z "$left" ] || fail "left after the purge: $left"
 ok "purged: nothing left"
 
-# 9. The journal answers what was killed, when and why: every kill above, the removal's too.
-killed=$(journalctl --unit leash --output json --no-pager LEASH_EVENT=tree_killed | wc -l)
-[ "$killed" -ge 5 ] || fail "$killed tree_killed entries in the journal, expected 5 or more"
-ok "journalctl -u leash LEASH_EVENT=tree_killed: $killed entries"
+# 9. The journal answers what was killed, when and why: every kill above, the removal's too,
+# each with its tree, reason, host and owner; and the other events, the refusal of step 2's
+# `leash kill` among them.
+journal() { journalctl --unit leash --output json --no-pager "$@"; }
+for event in lease_opened tree_registered lease_ended request_refused; do
+    [ -n "$(journal LEASH_EVENT=$event)" ] || fail "no $event entry in the journal"
+done
+killed=$(journal LEASH_EVENT=tree_killed)
+count=$(echo "$killed" | grep -c .)
+[ "$count" -ge 5 ] || fail "$count tree_killed entries in the journal, expected 5 or more"
+for field in LEASH_TREE LEASH_REASON LEASH_HOST_PID LEASH_UID LEASH_ELAPSED_MS; do
+    [ "$(echo "$killed" | grep -c "\"$field\":")" = "$count" ] ||
+        fail "a tree_killed entry without $field: $killed"
+done
+echo "$killed" | grep -q '"LEASH_UID":"1000"' || fail "no kill names uid 1000: $killed"
+echo "$killed" | grep -q '"LEASH_REASON":"shutdown"' || fail "no kill for the removal: $killed"
+journal LEASH_EVENT=request_refused | grep -q '"LEASH_CODE":"not_found"' ||
+    fail "the refused kill is not in the journal with its code"
+ok "journalctl -u leash LEASH_EVENT=tree_killed: $count entries, each with its tree, reason, host, uid and time"
 
 finish pass
