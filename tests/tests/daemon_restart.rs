@@ -291,6 +291,10 @@ fn sighup_is_ignored_when_nothing_is_pinned() {
     let Some(daemon) = Daemon::start(&["--no-pin"]) else {
         return;
     };
+    // Serving first: its socket is bound before its programs load, which takes seconds under
+    // emulation (12 s on trixie's 6.12), and a SIGHUP sent meanwhile waits until it serves,
+    // beside the SIGTERM this test sends when it gives up waiting.
+    assert!(daemon.client().status().is_ok(), "the daemon serves");
     leash_tests::daemon::signal(daemon.pid(), "HUP");
     assert!(wait_for(Duration::from_secs(10), || daemon
         .log()
