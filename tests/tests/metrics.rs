@@ -410,6 +410,10 @@ fn a_scrape_counts_what_the_daemon_did() {
             &["1000"],
             &TreeOptions::default(),
         );
+        // In its cgroup first: until the root has joined it, the cgroup reads empty, the wait
+        // below would end at once, and the tree's drop would kill the root before the daemon
+        // saw the connection close (a kill for root_exited, not lease_ended).
+        orphan.cgroup.settle(1, &["sleep"]);
         drop(other_host);
         assert!(
             wait_for(PATIENCE, || !orphan.cgroup.populated()),
