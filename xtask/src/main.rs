@@ -1,5 +1,6 @@
-//! Project tasks: `cargo xtask setup | test | vmtest | run | bench | install | fuzz | dist | deb`. Each installs
-//! what it needs first, so a fresh clone on a fresh Debian/Ubuntu machine needs nothing else.
+//! Project tasks: `cargo xtask setup | test | vmtest | run | bench | install | fuzz | dist | deb |
+//! userlands | systemtest | image`. Each installs what it needs first, so a fresh clone on a
+//! fresh Debian/Ubuntu machine needs nothing else.
 
 use std::{
     env,
