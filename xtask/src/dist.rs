@@ -75,7 +75,7 @@ pub fn dist(options: &Options) -> Result<()> {
 pub fn build_and_stage() -> Result<Staged> {
     setup()?;
     let python = ensure_zig()?;
-    ensure_cargo_zigbuild()?;
+    crate::ensure_cargo_subcommand(None, "zigbuild", CARGO_ZIGBUILD_VERSION)?;
     let root = workspace_root();
     eprintln!("xtask: building leash for {ZIG_TARGET} with cargo-zigbuild");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -170,21 +170,6 @@ fn ensure_zig() -> Result<PathBuf> {
         &format!("ziglang=={ZIGLANG_VERSION}"),
     ]))?;
     Ok(python)
-}
-
-fn ensure_cargo_zigbuild() -> Result<()> {
-    let version = output(Command::new("cargo").args(["zigbuild", "--version"])).unwrap_or_default();
-    if version.contains(CARGO_ZIGBUILD_VERSION) {
-        return Ok(());
-    }
-    eprintln!("xtask: installing cargo-zigbuild {CARGO_ZIGBUILD_VERSION}");
-    status(Command::new("cargo").args([
-        "install",
-        "--locked",
-        "cargo-zigbuild",
-        "--version",
-        CARGO_ZIGBUILD_VERSION,
-    ]))
 }
 
 /// The newest `GLIBC_x.y` version among the binary's dynamic symbols: the oldest glibc it

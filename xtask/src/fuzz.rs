@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{is_root, output, setup, status, workspace_root};
+use crate::{is_root, setup, status, workspace_root};
 
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
 /// Every target, in the order they run.
@@ -38,28 +38,12 @@ pub fn fuzz(seconds: u64, target: Option<&str>) -> Result<()> {
     if !is_root() {
         eprintln!("xtask: warning: not root; the connection target needs root to load BPF");
     }
-    ensure_cargo_fuzz()?;
+    crate::ensure_cargo_subcommand(Some("nightly"), "fuzz", CARGO_FUZZ_VERSION)?;
     let root = workspace_root();
     for target in targets {
         run_target(&root, target, seconds)?;
     }
     Ok(())
-}
-
-fn ensure_cargo_fuzz() -> Result<()> {
-    let version = output(Command::new("cargo").args(["+nightly", "fuzz", "--version"]));
-    if version.is_ok_and(|v| v.contains(CARGO_FUZZ_VERSION)) {
-        return Ok(());
-    }
-    eprintln!("xtask: installing cargo-fuzz {CARGO_FUZZ_VERSION}");
-    status(Command::new("cargo").args([
-        "+nightly",
-        "install",
-        "cargo-fuzz",
-        "--version",
-        CARGO_FUZZ_VERSION,
-        "--locked",
-    ]))
 }
 
 fn run_target(root: &Path, target: &str, seconds: u64) -> Result<()> {

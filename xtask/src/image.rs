@@ -25,7 +25,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{apt_install, cargo, output, setup, status, workspace_root};
+use crate::{apt_install, cargo, output, poll, setup, status, workspace_root};
 
 #[derive(clap::Args)]
 pub struct Options {
@@ -361,16 +361,14 @@ impl Run {
             || {
                 self.start_container()?;
                 let pid = self.hosts[host].id();
-                let deadline = Instant::now() + START_DEADLINE;
-                while self
-                    .tree_members(pid)?
-                    .is_none_or(|sleeps| sleeps.len() != 2)
-                {
-                    if Instant::now() > deadline {
-                        bail!("the second daemon does not list the tree with its two sleeps");
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
+                poll(
+                    START_DEADLINE,
+                    "the second daemon to list the tree with its two sleeps",
+                    || {
+                        let sleeps = self.tree_members(pid)?;
+                        Ok(sleeps.is_some_and(|sleeps| sleeps.len() == 2).then_some(()))
+                    },
+                )?;
                 self.kill_host(host)?;
                 self.await_gone(&members)
             },
@@ -399,15 +397,14 @@ impl Run {
             .args(DAEMON_ARGS.iter().map(|a| a.replace("{pins}", &pins)));
         self.containers.push(name.clone());
         status(run.stdout(Stdio::null()))?;
-        let deadline = Instant::now() + START_DEADLINE;
-        loop {
+        poll(START_DEADLINE, &format!("{name}'s daemon to serve"), || {
             let probe = Command::new("podman")
                 .args(["exec", &name, "/usr/local/bin/leash", "status"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()?;
             if probe.success() {
-                return Ok(name);
+                return Ok(Some(()));
             }
             let state = output(Command::new("podman").args([
                 "inspect",
@@ -418,11 +415,9 @@ impl Run {
             if state.trim() != "running" {
                 bail!("{name} is {}", state.trim());
             }
-            if Instant::now() > deadline {
-                bail!("{name}'s daemon did not serve within {START_DEADLINE:?}");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            Ok(None)
+        })?;
+        Ok(name)
     }
 
     /// Starts `leash run -- sh -c 'setsid sleep 3001 & exec sleep 3002'` on this machine and
@@ -440,30 +435,29 @@ impl Run {
         let pid = host.id();
         self.hosts.push(host);
         let index = self.hosts.len() - 1;
-        let deadline = Instant::now() + START_DEADLINE;
-        loop {
-            if let Some(members) = self.tree_members(pid)?
-                && members.len() == 2
-            {
-                let members: Vec<(u32, u64)> = members
-                    .iter()
-                    .filter_map(|&pid| Some((pid, start_time(pid)?)))
-                    .collect();
-                self.members.extend(&members);
-                if members.len() == 2 {
-                    return Ok((index, members));
+        let members = poll(
+            START_DEADLINE,
+            &format!("the tree of leash run {pid} to get its two sleeps"),
+            || {
+                if let Some(members) = self.tree_members(pid)?
+                    && members.len() == 2
+                {
+                    let members: Vec<(u32, u64)> = members
+                        .iter()
+                        .filter_map(|&pid| Some((pid, start_time(pid)?)))
+                        .collect();
+                    self.members.extend(&members);
+                    if members.len() == 2 {
+                        return Ok(Some(members));
+                    }
                 }
-            }
-            if !alive_child(&mut self.hosts[index]) {
-                bail!("leash run exited");
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "the tree of leash run {pid} did not get its two sleeps within {START_DEADLINE:?}"
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+                if !alive_child(&mut self.hosts[index]) {
+                    bail!("leash run exited");
+                }
+                Ok(None)
+            },
+        )?;
+        Ok((index, members))
     }
 
     /// The sleeps of the tree `host` holds, as `leash ls` lists them; None if none is listed.
@@ -501,17 +495,15 @@ impl Run {
     }
 
     fn await_gone(&self, members: &[(u32, u64)]) -> Result<()> {
-        let deadline = Instant::now() + KILL_DEADLINE;
-        while members.iter().any(|m| alive(*m)) {
-            if Instant::now() > deadline {
-                let left: Vec<_> = members.iter().filter(|m| alive(**m)).map(|m| m.0).collect();
-                bail!(
-                    "the tree's members {left:?} still run {KILL_DEADLINE:?} after its host died"
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(())
+        poll(
+            KILL_DEADLINE,
+            "the tree's members to die with their host",
+            || Ok(members.iter().all(|m| !alive(*m)).then_some(())),
+        )
+        .with_context(|| {
+            let left: Vec<_> = members.iter().filter(|m| alive(**m)).map(|m| m.0).collect();
+            format!("still running: {left:?}")
+        })
     }
 }
 

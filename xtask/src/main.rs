@@ -521,6 +521,45 @@ fn output(command: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Calls `ready` until it returns something, for at most `timeout`.
+pub fn poll<T>(
+    timeout: std::time::Duration,
+    what: &str,
+    mut ready: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = ready()? {
+            return Ok(value);
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("waited {} s for {what}", timeout.as_secs());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Installs `cargo-SUBCOMMAND` at `version` from crates.io (built with `+TOOLCHAIN` if given)
+/// unless `cargo-SUBCOMMAND --version` already names that version. (The binary is asked, not
+/// `cargo SUBCOMMAND`: cargo-zigbuild's subcommand has no --version.)
+pub fn ensure_cargo_subcommand(
+    toolchain: Option<&str>,
+    subcommand: &str,
+    version: &str,
+) -> Result<()> {
+    let krate = format!("cargo-{subcommand}");
+    let installed = output(Command::new(&krate).arg("--version")).unwrap_or_default();
+    if installed.contains(version) {
+        return Ok(());
+    }
+    eprintln!("xtask: installing {krate} {version}");
+    status(
+        Command::new("cargo")
+            .args(toolchain.map(|t| format!("+{t}")))
+            .args(["install", "--locked", &krate, "--version", version]),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

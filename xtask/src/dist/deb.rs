@@ -48,7 +48,7 @@ pub fn deb(options: &Options) -> Result<()> {
         .version
         .clone()
         .unwrap_or_else(|| staged.version.clone());
-    ensure_cargo_deb()?;
+    crate::ensure_cargo_subcommand(None, "deb", CARGO_DEB_VERSION)?;
     let out = workspace_root().join("target/debian");
     let deb = package(&staged, &version, &out)?;
     if options.check {
@@ -214,21 +214,6 @@ fn maintainer() -> Result<String> {
         .find_map(|line| line.strip_prefix("maintainer = "))
         .map(|value| value.trim().trim_matches('"').to_owned())
         .context("no maintainer in leash-user/Cargo.toml's [package.metadata.deb]")
-}
-
-fn ensure_cargo_deb() -> Result<()> {
-    let version = output(Command::new("cargo").args(["deb", "--version"])).unwrap_or_default();
-    if version.contains(CARGO_DEB_VERSION) {
-        return Ok(());
-    }
-    eprintln!("xtask: installing cargo-deb {CARGO_DEB_VERSION}");
-    status(Command::new("cargo").args([
-        "install",
-        "--locked",
-        "cargo-deb",
-        "--version",
-        CARGO_DEB_VERSION,
-    ]))
 }
 
 /// The package holds what it must, where Debian wants it.

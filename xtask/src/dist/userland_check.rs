@@ -13,7 +13,6 @@ use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, Stdio},
-    thread,
     time::{Duration, Instant},
 };
 
@@ -21,7 +20,7 @@ use anyhow::{Context, Result, bail};
 
 use super::Staged;
 use crate::{
-    is_root, output, status,
+    is_root, output, poll, status,
     userland::{self, Userland},
 };
 
@@ -105,25 +104,22 @@ fn leash_run_host_killed(chroot: &Chroot) -> Result<()> {
     let daemon = processes.add(daemon);
     let daemon_log = || fs::read_to_string(&log).unwrap_or_default();
 
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let ready = chroot
+    poll(Duration::from_secs(60), "the daemon to serve", || {
+        let serves = chroot
             .command(BINARY, &["--socket", SOCKET, "status"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success());
-        if ready {
-            break;
+        if serves {
+            return Ok(Some(()));
         }
         if let Some(exit) = processes.get(daemon).try_wait()? {
-            bail!("the daemon exited ({exit}):\n{}", daemon_log());
+            bail!("the daemon exited ({exit})");
         }
-        if Instant::now() > deadline {
-            bail!("the daemon did not serve within 60 s:\n{}", daemon_log());
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
+        Ok(None)
+    })
+    .with_context(daemon_log)?;
 
     let host = chroot
         .command(
@@ -406,24 +402,6 @@ impl Drop for Processes {
                 .status();
         }
         let _ = fs::remove_dir_all(&self.pins);
-    }
-}
-
-/// Calls `ready` until it returns something, for at most `timeout`.
-fn poll<T>(
-    timeout: Duration,
-    what: &str,
-    mut ready: impl FnMut() -> Result<Option<T>>,
-) -> Result<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = ready()? {
-            return Ok(value);
-        }
-        if Instant::now() > deadline {
-            bail!("waited {} s for {what}", timeout.as_secs());
-        }
-        thread::sleep(Duration::from_millis(20));
     }
 }
 
