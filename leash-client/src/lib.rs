@@ -124,6 +124,13 @@ pub struct Client {
     socket: PathBuf,
 }
 
+/// The connection to the daemon (for what a caller asks the kernel about it: its peer).
+impl AsFd for Client {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.writer.as_fd()
+    }
+}
+
 impl Client {
     /// Connects to the socket named by `LEASH_SOCKET`, or the default one.
     pub fn connect() -> Result<Self> {
@@ -131,11 +138,20 @@ impl Client {
     }
 
     pub fn connect_to(path: impl AsRef<Path>) -> Result<Self> {
+        Self::connect_with_timeout(path, None)
+    }
+
+    /// [`Client::connect_to`], each read and write of the connection given `timeout` at most
+    /// (an [`Error::Io`] of kind `WouldBlock` when it passes): for a caller that must not hang
+    /// on a daemon that took the connection and never answers.
+    pub fn connect_with_timeout(path: impl AsRef<Path>, timeout: Option<Duration>) -> Result<Self> {
         let path = path.as_ref();
         let stream = UnixStream::connect(path).map_err(|error| Error::Connect {
             path: path.to_owned(),
             error,
         })?;
+        stream.set_read_timeout(timeout)?;
+        stream.set_write_timeout(timeout)?;
         let mut client = Self {
             reader: BufReader::new(stream.try_clone()?),
             writer: stream,

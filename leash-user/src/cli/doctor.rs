@@ -8,11 +8,8 @@
 
 use std::{
     fs,
-    io::{self, BufRead, BufReader, ErrorKind, Read, Write},
-    os::{
-        fd::AsFd,
-        unix::{fs::MetadataExt, net::UnixStream},
-    },
+    io::{self, ErrorKind, Write},
+    os::{fd::AsFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
     process::ExitCode,
     sync::mpsc,
@@ -24,8 +21,8 @@ use anyhow::Result;
 use clap::Args;
 use leash::kernel::{Pins, support};
 use leash_client::{
-    StatusInfo,
-    protocol::{DEFAULT_SOCKET, Op, PROTOCOL_VERSION, Reply, Request, ServerLine},
+    Client, Error as ClientError, StatusInfo,
+    protocol::{DEFAULT_SOCKET, PROTOCOL_VERSION},
 };
 use leash_common::ABI_VERSION;
 use serde::Serialize;
@@ -639,48 +636,27 @@ enum DaemonError {
 
 /// `hello` and `status` on a connection of its own, each reply waited for [`TIMEOUT`] at most.
 fn ask_daemon(socket: &Path) -> Result<DaemonReply, DaemonError> {
-    let stream = UnixStream::connect(socket).map_err(DaemonError::Connect)?;
-    let peer_pid = leash::sys::peer_pid(stream.as_fd()).unwrap_or(-1);
-    let timed = |e: io::Error| match e.kind() {
-        ErrorKind::WouldBlock | ErrorKind::TimedOut => DaemonError::Silent,
-        _ => DaemonError::Protocol(e.to_string()),
-    };
-    stream.set_read_timeout(Some(TIMEOUT)).map_err(timed)?;
-    stream.set_write_timeout(Some(TIMEOUT)).map_err(timed)?;
-    let mut writer = stream.try_clone().map_err(timed)?;
-    // Two short replies: a megabyte is plenty, and bounds what a stranger's socket may send.
-    let mut reader = BufReader::new(stream).take(1 << 20);
-    let mut ask = |id: u64, op: Op| -> Result<Reply, DaemonError> {
-        let mut line = serde_json::to_string(&Request { id, op })
-            .map_err(|e| DaemonError::Protocol(e.to_string()))?;
-        line.push('\n');
-        writer.write_all(line.as_bytes()).map_err(timed)?;
-        let mut reply = String::new();
-        if reader.read_line(&mut reply).map_err(timed)? == 0 {
-            return Err(DaemonError::Closed);
+    let mut client = Client::connect_with_timeout(socket, Some(TIMEOUT)).map_err(|e| match e {
+        ClientError::Connect { error, .. } => DaemonError::Connect(error),
+        e => DaemonError::from(e),
+    })?;
+    let peer_pid = leash::sys::peer_pid(client.as_fd()).unwrap_or(-1);
+    let status = client.status()?;
+    Ok(DaemonReply { status, peer_pid })
+}
+
+impl From<ClientError> for DaemonError {
+    fn from(error: ClientError) -> Self {
+        match error {
+            ClientError::Io(e)
+                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+            {
+                Self::Silent
+            }
+            ClientError::Io(e) if e.kind() == ErrorKind::UnexpectedEof => Self::Closed,
+            ClientError::Daemon { code, message } => Self::Refused(format!("{message} ({code})")),
+            e => Self::Protocol(e.to_string()),
         }
-        let reply: ServerLine =
-            serde_json::from_str(&reply).map_err(|e| DaemonError::Protocol(e.to_string()))?;
-        match (reply.ok, reply.error) {
-            (Some(ok), _) => Ok(ok),
-            (None, Some(error)) => Err(DaemonError::Refused(format!(
-                "{} ({})",
-                error.message, error.code
-            ))),
-            (None, None) => Err(DaemonError::Protocol(
-                "a reply with neither ok nor error".into(),
-            )),
-        }
-    };
-    ask(
-        1,
-        Op::Hello {
-            protocol: PROTOCOL_VERSION,
-        },
-    )?;
-    match ask(2, Op::Status)? {
-        Reply::Status(status) => Ok(DaemonReply { status, peer_pid }),
-        _ => Err(DaemonError::Protocol("a reply that is not status's".into())),
     }
 }
 
