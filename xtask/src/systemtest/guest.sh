@@ -47,7 +47,8 @@ tree_alive() { running "sleep 100$1" && running "sleep 200$1"; }
 tree_gone() { ! running "sleep 100$1" && ! running "sleep 200$1"; }
 # SIGKILLs tree N's host: the daemon must kill the tree.
 kill_host() {
-    kill -KILL "$HOST"
+    # The host must still run: a tree whose host already died proves nothing here.
+    kill -KILL "$HOST" || fail "the host of tree $1 was gone before it was killed"
     await 60 "tree $1 killed after its host was SIGKILLed" tree_gone "$1"
 }
 
