@@ -393,9 +393,9 @@ impl Client {
             }
             Err(e) => return Err(e),
         };
-        match line.event {
-            Some(event) => Ok(Some(event)),
-            None => Err(Error::Protocol("a reply to no request".into())),
+        match line {
+            ServerLine::Event { event } => Ok(Some(event)),
+            _ => Err(Error::Protocol("a reply to no request".into())),
         }
     }
 
@@ -415,24 +415,23 @@ impl Client {
             None => self.writer.write_all(line.as_bytes())?,
         }
         loop {
-            let reply = self.read_line()?;
-            if let Some(event) = reply.event {
-                self.events.push_back(event);
-                continue;
-            }
-            if reply.id != Some(id) {
-                return Err(Error::Protocol(format!(
-                    "a reply to request {:?} while waiting for {id}",
-                    reply.id
-                )));
-            }
-            return match (reply.ok, reply.error) {
-                (Some(ok), _) => Ok(ok),
-                (None, Some(error)) => Err(Error::Daemon {
+            return match self.read_line()? {
+                ServerLine::Event { event } => {
+                    self.events.push_back(event);
+                    continue;
+                }
+                ServerLine::Reply { id: answers, ok } if answers == id => Ok(ok),
+                ServerLine::Error {
+                    id: Some(answers),
+                    error,
+                } if answers == id => Err(Error::Daemon {
                     code: error.code,
                     message: error.message,
                 }),
-                (None, None) => Err(Error::Protocol("a reply with neither ok nor error".into())),
+                other => Err(Error::Protocol(format!(
+                    "a reply to request {:?} while waiting for {id}",
+                    other.id()
+                ))),
             };
         }
     }

@@ -4,6 +4,8 @@
 //! A client sends [`Request`] lines; the daemon answers each with a [`ServerLine`] carrying the
 //! same `id` and either `ok` or `error`, and, after `subscribe`, also sends `event` lines.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 /// The version spoken here. A `hello` with another version is refused.
@@ -112,44 +114,59 @@ pub enum RootExitPolicy {
     Keep,
 }
 
-/// Every line the daemon sends: a reply (`id` with `ok` or `error`) or an `event`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ServerLine {
-    /// The request's id; null when the request was too broken to have one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ok: Option<Reply>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<ErrorBody>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub event: Option<Event>,
+/// Every line the daemon sends: a reply to a request (`id` with `ok`), an error (`id`, null when
+/// the request was too broken to have one, with `error`), or an `event`. Untagged: the JSON is
+/// the three shapes alone, and a client matches on what it got instead of checking fields.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ServerLine {
+    Reply {
+        id: u64,
+        ok: Reply,
+    },
+    Error {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<u64>,
+        error: ErrorBody,
+    },
+    Event {
+        event: Event,
+    },
 }
 
 impl ServerLine {
     pub fn ok(id: u64, reply: Reply) -> Self {
-        Self {
-            id: Some(id),
-            ok: Some(reply),
-            ..Self::default()
-        }
+        Self::Reply { id, ok: reply }
     }
 
     pub fn error(id: Option<u64>, code: ErrorCode, message: impl Into<String>) -> Self {
-        Self {
+        Self::Error {
             id,
-            error: Some(ErrorBody {
+            error: ErrorBody {
                 code,
                 message: message.into(),
-            }),
-            ..Self::default()
+            },
         }
     }
 
     pub fn event(event: Event) -> Self {
-        Self {
-            event: Some(event),
-            ..Self::default()
+        Self::Event { event }
+    }
+
+    /// The request this line answers, if it answers one.
+    pub fn id(&self) -> Option<u64> {
+        match self {
+            Self::Reply { id, .. } => Some(*id),
+            Self::Error { id, .. } => *id,
+            Self::Event { .. } => None,
+        }
+    }
+
+    /// The error, if this line is one.
+    pub fn error_body(&self) -> Option<&ErrorBody> {
+        match self {
+            Self::Error { error, .. } => Some(error),
+            _ => None,
         }
     }
 }
@@ -222,9 +239,93 @@ pub struct KillSummary {
     pub rounds: u32,
     /// From the start of the kill to an empty tree.
     pub elapsed_ms: u64,
-    /// Why the tree was killed: `request`, `root_exited`, `lease_ended`, `untrackable`,
-    /// `shutdown`.
-    pub reason: String,
+    /// Why the tree was killed.
+    pub reason: KillReason,
+}
+
+/// Why a tree was killed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KillReason {
+    /// A client with the right asked (`kill`).
+    Request,
+    /// Its root exited, and its policy is `kill`.
+    RootExited,
+    /// Its lease ended: the host exited or its connection closed.
+    LeaseEnded,
+    /// The tree it is nested in was killed.
+    EnclosingKilled,
+    /// It forked past its owner's member quota (fail closed).
+    MemberQuota,
+    /// A child could not be tracked: the member map was full (fail closed).
+    Untrackable,
+    /// A kill under way when the previous daemon stopped, finished by this one.
+    Resumed,
+    /// The daemon is shutting down (SIGTERM), not handing over.
+    Shutdown,
+}
+
+impl KillReason {
+    /// Every reason, in the order above.
+    pub const ALL: [KillReason; 8] = [
+        Self::Request,
+        Self::RootExited,
+        Self::LeaseEnded,
+        Self::EnclosingKilled,
+        Self::MemberQuota,
+        Self::Untrackable,
+        Self::Resumed,
+        Self::Shutdown,
+    ];
+
+    /// The word on the wire, in logs and in metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Request => "request",
+            Self::RootExited => "root_exited",
+            Self::LeaseEnded => "lease_ended",
+            Self::EnclosingKilled => "enclosing_killed",
+            Self::MemberQuota => "member_quota",
+            Self::Untrackable => "untrackable",
+            Self::Resumed => "resumed",
+            Self::Shutdown => "shutdown",
+        }
+    }
+}
+
+impl fmt::Display for KillReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a tree is in its life, as `list` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TreeState {
+    Live,
+    /// A kill is under way.
+    Killing,
+    /// A kill gave up on members stuck in the kernel: the tree stays doomed, and another kill
+    /// tries again.
+    Unkillable,
+}
+
+impl TreeState {
+    /// The word on the wire and in `leash ls`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Live => "live",
+            Self::Killing => "killing",
+            Self::Unkillable => "unkillable",
+        }
+    }
+}
+
+impl fmt::Display for TreeState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A tree as `list` shows it.
@@ -241,9 +342,7 @@ pub struct TreeInfo {
     pub host_pid: u32,
     pub host_comm: Option<String>,
     pub root_exited: bool,
-    /// `live`, `killing`, or `unkillable` (a kill gave up on members stuck in the kernel: the
-    /// tree stays doomed, and another kill tries again).
-    pub state: String,
+    pub state: TreeState,
     /// The tree this one is nested in (registered by or for one of its members), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nested_in: Option<TreeId>,
@@ -291,11 +390,30 @@ pub struct Event {
     /// For `dropped`: how many events this subscriber missed because it read too slowly.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
-    /// For `kill_started`: why. For `tree_empty`: the kill's figures.
+    /// For `tree_empty`: the kill's figures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kill: Option<KillSummary>,
+    /// For `kill_started`: why, a [`KillReason`] word. For `kill_failed`: what failed, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+impl Event {
+    /// An event of `kind` about `tree` of `lease`, concerning process `pid` if any; the fields
+    /// of particular kinds are set after.
+    pub fn new(kind: EventKind, tree: TreeId, lease: LeaseId, pid: Option<u32>) -> Self {
+        Self {
+            kind,
+            tree,
+            lease,
+            pid,
+            parent: None,
+            comm: None,
+            count: None,
+            kill: None,
+            reason: None,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -316,6 +434,22 @@ pub enum EventKind {
     Dropped,
     /// A kill gave up: `reason` says why (members stuck in the kernel). The tree stays doomed.
     KillFailed,
+}
+
+impl EventKind {
+    /// Every kind, in the order above: the host libraries list the same words (a test checks).
+    pub const ALL: [EventKind; 10] = [
+        Self::Registered,
+        Self::RootExited,
+        Self::KillStarted,
+        Self::TreeEmpty,
+        Self::Released,
+        Self::Fork,
+        Self::Exec,
+        Self::Exit,
+        Self::Dropped,
+        Self::KillFailed,
+    ];
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -367,8 +501,8 @@ pub enum ErrorCode {
     Internal,
 }
 
-impl std::fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let text = serde_json::to_value(self).ok();
         write!(
             f,
@@ -530,8 +664,8 @@ mod tests {
             );
         }
         let reply = decode_request(br#"{"id":9}"#).unwrap_err().reply();
-        assert_eq!(reply.id, Some(9));
-        assert_eq!(reply.error.unwrap().code, ErrorCode::BadRequest);
+        assert_eq!(reply.id(), Some(9));
+        assert_eq!(reply.error_body().unwrap().code, ErrorCode::BadRequest);
     }
 
     #[test]
@@ -558,6 +692,19 @@ mod tests {
 
     /// Every example in docs/PROTOCOL.md is a message of this module, written exactly as the
     /// daemon writes it: the document cannot drift from the code.
+    /// The words of the enums that have an `as_str` are their wire words: logs, metrics labels
+    /// and `leash ls` say what the protocol says.
+    #[test]
+    fn enum_words_are_their_wire_words() {
+        let wire = |value: serde_json::Value| value.as_str().unwrap().to_owned();
+        for reason in KillReason::ALL {
+            assert_eq!(wire(serde_json::to_value(reason).unwrap()), reason.as_str());
+        }
+        for state in [TreeState::Live, TreeState::Killing, TreeState::Unkillable] {
+            assert_eq!(wire(serde_json::to_value(state).unwrap()), state.as_str());
+        }
+    }
+
     #[test]
     fn the_documented_examples_are_exact() {
         let doc = include_str!("../../docs/PROTOCOL.md");
@@ -574,10 +721,11 @@ mod tests {
                         serde_json::to_string(&request).unwrap()
                     } else {
                         // A line of the daemon's, or else a report of the exec shim's.
-                        let reply: ServerLine = serde_json::from_str(example)
-                            .unwrap_or_else(|e| panic!("{example}: {e}"));
-                        let reply = serde_json::to_string(&reply).unwrap();
-                        if reply == example {
+                        let reply = serde_json::from_str::<ServerLine>(example)
+                            .ok()
+                            .map(|reply| serde_json::to_string(&reply).unwrap())
+                            .filter(|reply| reply == example);
+                        if let Some(reply) = reply {
                             reply
                         } else {
                             let report: ExecReport = serde_json::from_str(example)

@@ -41,7 +41,7 @@ fn roots_kill_shortens_a_pending_grace() {
             .list()
             .unwrap()
             .first()
-            .is_some_and(|t| t.state == "killing")),
+            .is_some_and(|t| t.state.as_str() == "killing")),
         "the user's kill did not start"
     );
 

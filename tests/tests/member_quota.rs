@@ -71,7 +71,7 @@ fn one_users_fork_storm_kills_only_its_own_tree() {
         .iter()
         .find(|t| t.owner_uid == USER_B)
         .expect("61002's tree is still registered");
-    assert_eq!(steady_tree.state, "live");
+    assert_eq!(steady_tree.state.as_str(), "live");
     assert!(
         steady_host.try_wait().unwrap().is_none(),
         "its host runs on"

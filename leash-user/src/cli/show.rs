@@ -130,7 +130,7 @@ mod tests {
             host_pid: 9,
             host_comm: Some("agent-host".into()),
             root_exited: false,
-            state: "live".into(),
+            state: leash_client::protocol::TreeState::Live,
             nested_in: None,
             member_count: 2,
             members_truncated: false,

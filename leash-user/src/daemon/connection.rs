@@ -5,7 +5,7 @@
 use std::{
     io,
     os::fd::{AsFd, OwnedFd},
-    sync::{Arc, atomic::Ordering},
+    sync::Arc,
     time::Duration,
 };
 
@@ -19,30 +19,16 @@ use tokio::{
 use tracing::Instrument;
 
 use super::{
-    Daemon, identity,
+    identity,
     limits::ConnectionSlot,
-    outbox::Outbox,
+    outbox::{Outbox, encode},
+    peer::Peer,
     pid_view::PidView,
     request_stream::{Pidfds, RequestStream, Strangers},
-    requests::Session,
+    requests::{Response, Session},
+    shared::Daemon,
 };
 use crate::sys;
-
-/// Who is on the other end, as the kernel says.
-#[derive(Clone, Copy, Debug)]
-pub struct Peer {
-    pub uid: u32,
-    /// Whom its trees and requests are charged to (see `identity`).
-    pub account: Account,
-    /// Its pid namespace (inode number): it sees the trees registered from it or below.
-    pub pid_namespace: u32,
-    pub pid: u32,
-    /// The connected process's start time in clock ticks (0 if it could not be read).
-    pub start_ticks: u64,
-    pub lease: u64,
-    /// How the client numbers processes: every pid it is sent is its own number.
-    pub view: PidView,
-}
 
 /// How long a closing connection's queued replies may take to go out.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
@@ -72,15 +58,13 @@ pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
                 tracing::info_span!("lease", lease = peer.lease, uid = peer.uid, host = peer.pid);
             // Dropped when the connection ends, which ends the owner's watch.
             let (_serving, served) = oneshot::channel::<()>();
-            daemon.jobs.urgent(move |owner| {
-                super::enforcement::watch_host(owner, peer.lease, for_owner, Some(served));
-            });
+            daemon.jobs.watch_host(peer.lease, for_owner, served);
             let stream = async {
                 // DEBUG: most connections only ask; a lease that holds a tree says so at INFO
                 // then.
                 tracing::debug!("lease opened");
                 let stream = serve_lease(&daemon, stream, peer, &host).await;
-                daemon.memory_freed.store(true, Ordering::Relaxed);
+                daemon.memory_freed();
                 stream
             }
             .instrument(span)
@@ -180,11 +164,18 @@ async fn set_up(
             daemon.metrics.refused(ErrorCode::LimitReached);
             let line = ServerLine::error(None, ErrorCode::LimitReached, why);
             // Best effort: a client that does not read it is closed all the same.
-            let _ = stream.try_write(&super::outbox::encode(&line));
+            let _ = stream.try_write(&encode(&line));
             return Err((who.account, None));
         }
     };
-    let lease = match daemon.open_lease(uid, &who, pid as u32, host_start_ticks) {
+    let opened = daemon.registry.open_lease(
+        uid,
+        who.account,
+        who.pid_namespaces.clone(),
+        pid as u32,
+        host_start_ticks,
+    );
+    let lease = match opened {
         Ok(lease) => lease,
         Err(e) => {
             setup_failed(daemon, pid, "cannot make a lease token", &e);
@@ -281,7 +272,6 @@ async fn serve_lease(
     });
     let mut session = Session {
         peer,
-        outbox: outbox.clone(),
         subscribed: false,
         pidfds,
         strangers,
@@ -308,14 +298,35 @@ async fn serve_lease(
         };
         match request {
             Ok(Line::Complete(bytes)) => {
-                let served = session.handle(daemon, &bytes, line_number).await;
+                let response = session.handle(daemon, &bytes, line_number).await;
                 line_number += 1;
-                if let Err(pause) = served {
-                    // Over its uid's request rate: read nothing more from it meanwhile, but
-                    // still see its host's death at once.
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => {}
-                        _ = host.readable() => break "host_exited",
+                match response {
+                    Response::Now(line) => outbox.reply(&line),
+                    Response::Later(reply) => {
+                        // The connection goes on serving; the reply goes out when it comes
+                        // (the outbox counts it as still to come until then: see
+                        // `Outbox::is_settled`).
+                        let outbox = outbox.clone();
+                        tokio::spawn(async move { outbox.reply(&reply.await) });
+                    }
+                    Response::Subscribe(hears, line) => {
+                        daemon.subscribers.add(
+                            hears,
+                            peer.lease,
+                            outbox.clone(),
+                            peer.view,
+                            peer.pid_namespace,
+                        );
+                        outbox.reply(&line);
+                    }
+                    Response::Pause(line, pause) => {
+                        outbox.reply(&line);
+                        // Over its uid's request rate: read nothing more from it meanwhile,
+                        // but still see its host's death at once.
+                        tokio::select! {
+                            () = tokio::time::sleep(pause) => {}
+                            _ = host.readable() => break "host_exited",
+                        }
                     }
                 }
             }
@@ -350,9 +361,7 @@ async fn serve_lease(
     // The lease ends first: its trees' kills never wait on the connection's last replies.
     let lease = peer.lease;
     daemon.subscribers.remove(lease);
-    daemon
-        .jobs
-        .urgent(move |owner| super::enforcement::end_lease(owner, lease, ended_by));
+    daemon.jobs.end_lease(lease, ended_by);
     // Replies still to come (a kill's) and queued ones go out for a moment, but the daemon never
     // waits on a client that stopped reading.
     drop(session);

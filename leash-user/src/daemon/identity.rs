@@ -19,7 +19,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use leash_common::{Account, Pid};
 
-use super::{Daemon, pid_view::PidView};
+use super::{pid_view::PidView, shared::Daemon};
 use crate::{kernel::UserNamespace, proc};
 
 /// A client, as the kernel knows it.
@@ -43,14 +43,6 @@ pub fn account_of(uid: u32, user_ns: Option<UserNamespace>) -> Account {
         None => uid.into(),
         Some(ns) if ns.owner != 0 => ns.owner.into(),
         Some(ns) => 1 << 32 | Account::from(ns.inum),
-    }
-}
-
-/// How an account is named in messages and logs.
-pub fn describe(account: Account) -> String {
-    match u32::try_from(account) {
-        Ok(uid) => format!("uid {uid}"),
-        Err(_) => format!("user namespace {}", account & 0xffff_ffff),
     }
 }
 
@@ -113,7 +105,9 @@ mod tests {
                 })
             )
         );
-        assert_eq!(describe(1000), "uid 1000");
-        assert_eq!(describe(pod), "user namespace 4026532600");
+        assert_eq!(
+            super::super::limits::describe(pod),
+            "user namespace 4026532600"
+        );
     }
 }

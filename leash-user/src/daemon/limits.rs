@@ -14,7 +14,13 @@ use std::{
 use leash_common::Account;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::identity::describe;
+/// How an account is named in messages and logs.
+pub fn describe(account: Account) -> String {
+    match u32::try_from(account) {
+        Ok(uid) => format!("uid {uid}"),
+        Err(_) => format!("user namespace {}", account & 0xffff_ffff),
+    }
+}
 
 /// The per-account limits a daemon enforces (named per uid, as most accounts are one).
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -17,8 +17,8 @@ use std::{
 use leash_client::protocol::ErrorCode;
 
 use super::{
-    Daemon,
     metrics_text::{Exposition, HistogramValues, Kind, Value},
+    shared::Daemon,
 };
 
 /// Why a tree is killed, in the protocol's words (`kill_started` events, the `killed`
@@ -178,11 +178,8 @@ pub struct KernelCounters {
 /// Reads the figures now. Reads the kernel's maps (two lookups per tree): call it on a
 /// blocking thread.
 pub fn snapshot(daemon: &Daemon) -> Snapshot {
-    // The lock is held to copy the ids, as for `status`; the maps are read after.
-    let (trees, leases): (Vec<_>, usize) = {
-        let state = daemon.state();
-        (state.trees.keys().copied().collect(), state.leases.len())
-    };
+    // The registry's lock is held to copy the ids, as for `status`; the maps are read after.
+    let (trees, leases) = (daemon.registry.trees(), daemon.registry.lease_count());
     let view = &daemon.view;
     let members = view.members_of(&trees);
     let capacity = view.capacity();

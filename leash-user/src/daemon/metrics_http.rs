@@ -30,11 +30,11 @@ use tokio::{
 };
 
 use super::{
-    Daemon,
     accept::RateLimit,
     metrics,
     metrics_text::CONTENT_TYPE,
     request_stream::{Pidfds, RequestStream, Strangers},
+    shared::Daemon,
 };
 
 /// The longest request head (request line and headers) read.
@@ -130,9 +130,12 @@ impl fmt::Display for Listener {
 /// keep the scraper out. A TCP address that is in use is refused.
 pub async fn bind(addr: &MetricsAddr, group: Option<u32>) -> Result<Listener> {
     match addr {
-        MetricsAddr::Unix(path) => {
-            super::bind(path, "--metrics", super::SocketAccess::Root { group }).map(Listener::Unix)
-        }
+        MetricsAddr::Unix(path) => super::socket::bind(
+            path,
+            "--metrics",
+            super::socket::SocketAccess::Root { group },
+        )
+        .map(Listener::Unix),
         MetricsAddr::Tcp(tcp) => TcpListener::bind(tcp)
             .await
             .map(Listener::Tcp)

@@ -14,7 +14,7 @@ use tokio::{
     sync::Notify,
 };
 
-use super::{enforcement, metrics::Metrics, pid_view::PidView};
+use super::{metrics::Metrics, pid_view::PidView};
 
 /// Reply bytes queued before the connection reads no further request until some are written
 /// (a client that pipelines requests and reads its replies is slowed to its own pace).
@@ -83,7 +83,7 @@ impl Outbox {
     /// Queues a reply. One that does not fit under [`MAX_REPLY_BYTES`] closes the outbox: the
     /// client is not reading, and is disconnected.
     pub fn reply(&self, line: &ServerLine) {
-        if let (Some(metrics), Some(error)) = (&self.0.metrics, &line.error) {
+        if let (Some(metrics), Some(error)) = (&self.0.metrics, line.error_body()) {
             metrics.refused(error.code);
         }
         let bytes = encode(line);
@@ -222,7 +222,7 @@ impl Outbox {
                         return Some(encode(&ServerLine::event(view.number_event(&event))));
                     }
                     Some(Queued::Dropped(count)) => {
-                        let mut dropped = enforcement::event(EventKind::Dropped, 0, 0, None);
+                        let mut dropped = Event::new(EventKind::Dropped, 0, 0, None);
                         dropped.count = Some(count);
                         return Some(encode(&ServerLine::event(dropped)));
                     }

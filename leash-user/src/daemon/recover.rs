@@ -12,10 +12,18 @@ use std::{
     time::Duration,
 };
 
-use leash_client::protocol::{LeaseId, RootExitPolicy, TreeId};
+use leash_client::protocol::{KillReason, LeaseId, RootExitPolicy, TreeId};
 use leash_common::{Holder, Pid, holder_flags};
 
-use super::{Daemon, TreeEntry, enforcement, identity::ClientIdentity, owner::Owner};
+use super::{
+    adoption::root_numbers,
+    enforcement::start_kill,
+    identity::ClientIdentity,
+    owner::Owner,
+    registry::TreeEntry,
+    shared::Daemon,
+    watch::{end_lease, watch_host},
+};
 use crate::proc;
 
 /// A recorded host's new lease, and its pid namespaces.
@@ -68,9 +76,16 @@ pub fn hold_again(owner: &Rc<Owner>) {
                 Entry::Occupied(known) => known.get().clone(),
                 Entry::Vacant(new) => {
                     let who = host_identity(daemon, &holder);
-                    match daemon.open_lease(holder.owner_uid, &who, new.key().0, new.key().1) {
+                    let opened = daemon.registry.open_lease(
+                        holder.owner_uid,
+                        who.account,
+                        who.pid_namespaces.clone(),
+                        new.key().0,
+                        new.key().1,
+                    );
+                    match opened {
                         Ok(lease) => {
-                            daemon.lease_holds_a_tree(lease);
+                            daemon.registry.lease_holds_a_tree(lease);
                             new.insert((lease, who.pid_namespaces)).clone()
                         }
                         Err(e) => {
@@ -90,23 +105,16 @@ pub fn hold_again(owner: &Rc<Owner>) {
         } else {
             RootExitPolicy::Kill
         };
-        daemon.state().trees.insert(
-            tree,
-            TreeEntry {
-                lease,
-                owner_uid: holder.owner_uid,
-                host_pid: holder.host_pid,
-                account: holder.account,
-                registrar_account: holder.account,
-                registered_from,
-                root: super::requests::root_numbers(root),
-                on_root_exit,
-                grace: Duration::from_millis(holder.grace_ms.into()),
-                root_exited: false,
-                kill: None,
-                unkillable: false,
-            },
+        let entry = TreeEntry::new(
+            lease,
+            &holder,
+            holder.account,
+            registered_from,
+            root_numbers(root),
+            on_root_exit,
+            Duration::from_millis(holder.grace_ms.into()),
         );
+        daemon.registry.hold(tree, entry);
     }
     tracing::info!(
         trees = found.len(),
@@ -115,10 +123,10 @@ pub fn hold_again(owner: &Rc<Owner>) {
     );
     for tree in unheld {
         tracing::warn!(tree, "no holder recorded for the tree: killing it");
-        enforcement::start_kill(owner, tree, None, "lease_ended");
+        start_kill(owner, tree, None, KillReason::LeaseEnded);
     }
     for tree in doomed {
-        enforcement::start_kill(owner, tree, None, "resumed");
+        start_kill(owner, tree, None, KillReason::Resumed);
     }
     for ((pid, start_ticks), (lease, _)) in hosts {
         watch_host_again(owner, lease, pid, start_ticks);
@@ -139,10 +147,10 @@ fn watch_host_again(owner: &Rc<Owner>, lease: LeaseId, pid: Pid, start_ticks: u6
             match host_pidfd(pid, start_ticks) {
                 Ok(Some(host)) => {
                     tracing::info!(lease, host = pid, "watching the host again");
-                    return enforcement::watch_host(&owner, lease, host, None);
+                    return watch_host(&owner, lease, host, None);
                 }
                 Ok(None) => {
-                    return enforcement::end_lease(&owner, lease, "host_exited_while_away");
+                    return end_lease(&owner, lease, "host_exited_while_away");
                 }
                 Err(e) => {
                     if !failed {

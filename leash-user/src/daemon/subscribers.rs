@@ -136,7 +136,6 @@ impl Subscribers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::enforcement;
     use leash_client::protocol::EventKind;
 
     const HOST_NS: u32 = 4026531836;
@@ -195,7 +194,7 @@ mod tests {
         );
         subscribers.deliver(
             &from_host(1000),
-            enforcement::event(EventKind::Fork, 1, 7, Some(42)),
+            Event::new(EventKind::Fork, 1, 7, Some(42)),
             None,
         );
         assert!(queued(&root) && queued(&own) && queued(&confined));
@@ -233,7 +232,7 @@ mod tests {
                 nested,
                 CONTAINER_NS + 1,
             );
-            let event = enforcement::event(EventKind::Fork, 1, 7, Some(42));
+            let event = Event::new(EventKind::Fork, 1, 7, Some(42));
             subscribers.deliver(&audience, event, None);
             assert!(queued(&host), "the host's namespace hears of every tree");
             assert_eq!(queued(&container), heard_in_container, "{audience:?}");
@@ -258,7 +257,7 @@ mod tests {
         gone.close();
         subscribers.deliver(
             &from_host(1000),
-            enforcement::event(EventKind::Fork, 1, 7, Some(42)),
+            Event::new(EventKind::Fork, 1, 7, Some(42)),
             None,
         );
         assert!(!subscribers.any_for(1000, 7));
@@ -299,7 +298,7 @@ mod tests {
         };
         subscribers.deliver(
             &from_container,
-            enforcement::event(EventKind::Exec, 1, 7, Some(me)),
+            Event::new(EventKind::Exec, 1, 7, Some(me)),
             None,
         );
         let pid_in = |outbox: &Outbox| {

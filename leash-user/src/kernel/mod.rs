@@ -3,6 +3,7 @@
 //! (members, counters), from any thread.
 
 pub mod btf;
+mod error;
 mod kill;
 mod pins;
 pub mod ptrace_guard;
@@ -26,6 +27,7 @@ use leash_common::{
 
 use crate::{proc, sys};
 
+pub use error::Error;
 pub use kill::{KILL_ROUNDS_TIMEOUT, Kill, KillError, KillReport, KillStep, SIGNALS_PER_STEP};
 pub use pins::Pins;
 pub use ptrace_guard::{Guard, GuardChoice};
@@ -513,10 +515,15 @@ impl Tracker {
         bail!("the members of tree {tree} kept forking while they were handed back to {enclosing}")
     }
 
-    fn new_tree(&mut self, root: Pid, parent: Option<TreeId>, holder: Holder) -> Result<TreeId> {
+    fn new_tree(
+        &mut self,
+        root: Pid,
+        parent: Option<TreeId>,
+        holder: Holder,
+    ) -> Result<TreeId, Error> {
         let limit = self.capacity().trees;
         if self.trees().len() as u32 >= limit {
-            bail!("the tree limit ({limit}) is reached; release a tree first");
+            return Err(Error::TreesFull(limit));
         }
         let tree = self.next_tree;
         self.next_tree = self.next_tree.checked_add(1).context("tree ids ran out")?;

@@ -26,10 +26,10 @@ use std::{
     process::{Child, Command},
 };
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use leash_common::{Holder, Member, Pid, TreeId};
 
-use super::{BPF_EXIST, BPF_NOEXIST, Tracker};
+use super::{BPF_EXIST, BPF_NOEXIST, Error, Tracker};
 use crate::{
     proc::{self, ProcessInfo, ProcessRef},
     sys::{self, Pidfd, SpawnHeldError},
@@ -64,14 +64,15 @@ impl Tracker {
         while adoption.wants_pass() {
             let pass = self
                 .find_descendants(adoption.tree(), adoption.root())
+                .map_err(Error::Maps)
                 .and_then(|found| self.seed_found(adoption.tree(), &found))
                 .and_then(|new| adoption.end_pass(new));
             if let Err(e) = pass {
                 self.abandon_adoption(adoption);
-                return Err(e);
+                return Err(e.into());
             }
         }
-        self.finish_adoption(adoption)
+        Ok(self.finish_adoption(adoption)?)
     }
 
     /// Begins registering the running process `root` as the root of a new tree (see
@@ -87,29 +88,30 @@ impl Tracker {
         root: ProcessRef,
         nest_in: Option<TreeId>,
         holder: Holder,
-    ) -> Result<Adoption> {
+    ) -> Result<Adoption, Error> {
         let enclosing = match self.member(root.pid) {
             Some(member) if proc::ns_to_ticks(member.start_ns) == root.start_ticks => {
                 Some(member.tree)
             }
             // An entry for an earlier process by that pid: refuse rather than guess.
-            Some(member) => bail!(
-                "pid {} is held by tree {} for a process that is gone",
-                root.pid,
-                member.tree
-            ),
+            Some(member) => {
+                return Err(Error::StaleMember {
+                    pid: root.pid,
+                    tree: member.tree,
+                });
+            }
             None => nest_in,
         };
         let info = proc::process(root.pid)
             .filter(|p| p.start_ticks == root.start_ticks)
-            .with_context(|| format!("process {} exited", root.pid))?;
+            .ok_or(Error::Exited(root.pid))?;
         let tree = self.new_tree(root.pid, enclosing, holder)?;
         match self.seed(tree, &info) {
             Ok(true) => {}
             seeded => {
                 let _ = self.release(tree);
                 seeded?;
-                bail!("process {} is exiting", root.pid);
+                return Err(Error::Exiting(root.pid));
             }
         }
         // A root with no children now has no descendants to find: any it forks from now on
@@ -133,10 +135,10 @@ impl Tracker {
     /// its tree empty must not have members put in behind it.
     ///
     /// [`find_descendants`]: super::TrackerView::find_descendants
-    pub fn seed_found(&mut self, tree: TreeId, found: &[ProcessInfo]) -> Result<usize> {
+    pub fn seed_found(&mut self, tree: TreeId, found: &[ProcessInfo]) -> Result<usize, Error> {
         let status = self.tree_status(tree)?;
         if status.doomed_ns.is_some() {
-            bail!("tree {tree} is being killed");
+            return Err(Error::Doomed(tree));
         }
         let mut new = 0;
         for process in found {
@@ -149,11 +151,11 @@ impl Tracker {
     }
 
     /// Ends an adoption whose search is over: the tree is registered.
-    pub fn finish_adoption(&mut self, adoption: Adoption) -> Result<TreeId> {
+    pub fn finish_adoption(&mut self, adoption: Adoption) -> Result<TreeId, Error> {
         if adoption.wants_pass() {
             let tree = adoption.tree;
             self.abandon_adoption(adoption);
-            bail!("tree {tree} was finished before its descendants were all found");
+            return Err(Error::Unfinished(tree));
         }
         let Adoption {
             tree,
@@ -220,15 +222,12 @@ impl Tracker {
     /// it was made, the pid still names the same process (start time) and some thread of it
     /// has not begun exiting. Otherwise the entry is taken out again: left in, it would name
     /// whatever process gets the pid next.
-    fn seed(&mut self, tree: TreeId, process: &ProcessInfo) -> Result<bool> {
+    fn seed(&mut self, tree: TreeId, process: &ProcessInfo) -> Result<bool, Error> {
         if let Some(current) = self.member(process.pid) {
             return self.move_down(tree, process, current);
         }
         if self.at_capacity() {
-            bail!(
-                "the member map is full ({} processes on a leash, the daemon's capacity)",
-                self.capacity().members
-            );
+            return Err(Error::MembersFull(self.capacity().members));
         }
         let member = Member {
             tree,
@@ -260,7 +259,12 @@ impl Tracker {
     }
 
     /// Moves a member of the enclosing tree into `tree`, nested in it.
-    fn move_down(&mut self, tree: TreeId, process: &ProcessInfo, current: Member) -> Result<bool> {
+    fn move_down(
+        &mut self,
+        tree: TreeId,
+        process: &ProcessInfo,
+        current: Member,
+    ) -> Result<bool, Error> {
         let enclosing = self.tree_status(tree)?.parent;
         let same = proc::ns_to_ticks(current.start_ns) == process.start_ticks;
         if Some(current.tree) != enclosing || !same {
@@ -326,7 +330,7 @@ impl Adoption {
     /// Ends a pass that seeded `new` processes. A pass that seeded none ends the search. Fails
     /// when passes go on finding new ones: descendants appear faster than /proc can be read
     /// (the adoption is then to be abandoned).
-    pub fn end_pass(&mut self, new: usize) -> Result<()> {
+    pub fn end_pass(&mut self, new: usize) -> Result<(), Error> {
         self.passes += 1;
         self.seeded += new;
         if new == 0 {
@@ -334,10 +338,7 @@ impl Adoption {
             return Ok(());
         }
         if self.passes >= MAX_SEED_PASSES {
-            return Err(anyhow!(
-                "the tree of {} kept growing faster than /proc could be read",
-                self.root
-            ));
+            return Err(Error::Runaway(self.root));
         }
         Ok(())
     }

@@ -151,7 +151,7 @@ mod tests {
             host_pid: 900 + lease as u32,
             host_comm: Some("agent-host".into()),
             root_exited: false,
-            state: "live".into(),
+            state: leash_client::protocol::TreeState::Live,
             nested_in: None,
             member_count: members.len() as u64,
             members_truncated: false,

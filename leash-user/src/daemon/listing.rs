@@ -1,0 +1,150 @@
+//! `list` and `status`: what a client may see of the trees and the daemon, read under one short
+//! lock of the registry and from the maps, bounded whatever the trees' sizes.
+
+use std::{collections::HashMap, sync::Arc};
+
+use leash_client::protocol::{
+    ErrorCode, MAX_LISTED, MAX_LISTED_PER_TREE, MemberInfo, PROTOCOL_VERSION, Reply, StatusInfo,
+    TreeId, TreeInfo,
+};
+use leash_common::{Member, Pid};
+
+use super::{
+    auth::{TreeFacts, may_manage, may_see},
+    peer::Peer,
+    pid_view::PidView,
+    refusal::Refusal,
+    registry::TreeEntry,
+    shared::Daemon,
+};
+use crate::proc;
+
+/// The trees the client may see, with their members. The member map is read once, and /proc
+/// once per listed member, by a blocking thread and under no lock; the reply is bounded (see
+/// `MAX_LISTED`) whatever the trees' sizes.
+pub async fn list(
+    daemon: &Arc<Daemon>,
+    peer: &Peer,
+    only: Option<TreeId>,
+) -> Result<Reply, Refusal> {
+    let confined = peer.confinement(&daemon.view);
+    let who = peer.requester(&confined);
+    let mut trees = daemon.registry.map_trees(only, |tree, entry, host_pid| {
+        let chain = daemon.view.enclosing(tree);
+        let facts = TreeFacts {
+            lease: entry.lease,
+            owner: entry.owner_uid,
+            chain: &chain,
+            registered_from: &entry.registered_from,
+        };
+        may_see(who, facts).then(|| {
+            let mut info = tree_info(tree, entry, chain.get(1).copied(), peer.view);
+            info.host_pid = host_pid(entry.lease);
+            info
+        })
+    });
+    trees.sort_by_key(|t| t.tree);
+    if trees.is_empty() {
+        return Ok(Reply::Trees(trees));
+    }
+    let _turn = daemon.limits.heavy(peer.account).await;
+    let (daemon, view) = (daemon.clone(), peer.view);
+    tokio::task::spawn_blocking(move || {
+        let entries = daemon.view.member_entries()?;
+        fill_members(&mut trees, entries, view);
+        Ok(trees)
+    })
+    .await
+    .map_err(|e| Refusal::new(ErrorCode::Internal, e.to_string()))?
+    .map(Reply::Trees)
+    .map_err(|e: anyhow::Error| Refusal::new(ErrorCode::Internal, format!("{e:#}")))
+}
+
+/// The daemon's state as the client may see it: every tree counts, the leases it may manage.
+pub fn status(daemon: &Daemon, peer: &Peer) -> Result<Reply, Refusal> {
+    let trees = daemon.registry.trees();
+    let leases = daemon.registry.count_leases(|uid, pid_namespaces| {
+        may_manage(peer.uid, uid) && pid_namespaces.contains(&peer.pid_namespace)
+    });
+    let view = &daemon.view;
+    let stats = view
+        .stats()
+        .map_err(|e| Refusal::new(ErrorCode::Internal, format!("{e:#}")))?;
+    let members = view.members_of(&trees);
+    let capacity = view.capacity();
+    Ok(Reply::Status(StatusInfo {
+        daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
+        protocol: PROTOCOL_VERSION,
+        programs: crate::kernel::PROGRAMS_ATTACHED
+            .iter()
+            .chain(daemon.ptrace_guard.programs())
+            .map(|(name, at)| format!("{name} ({at})"))
+            .collect(),
+        member_capacity: capacity.members,
+        members,
+        tree_capacity: capacity.trees,
+        trees: trees.len() as u64,
+        leases: leases as u64,
+        events_dropped: stats.events_dropped,
+        inserts_failed: stats.inserts_failed,
+        pinned_at: daemon
+            .pinned_at
+            .as_ref()
+            .map(|dir| dir.display().to_string()),
+    }))
+}
+
+/// A tree as `list` shows it, its host and members not filled in yet.
+fn tree_info(
+    tree: TreeId,
+    entry: &TreeEntry,
+    nested_in: Option<TreeId>,
+    view: PidView,
+) -> TreeInfo {
+    TreeInfo {
+        tree,
+        lease: entry.lease,
+        owner_uid: entry.owner_uid,
+        root: view.pick(&entry.root),
+        on_root_exit: entry.on_root_exit,
+        grace_ms: u64::try_from(entry.grace.as_millis()).unwrap_or(u64::MAX),
+        host_pid: 0,
+        host_comm: None,
+        root_exited: entry.root_exited,
+        state: entry.state(),
+        nested_in,
+        member_count: 0,
+        members_truncated: false,
+        members: Vec::new(),
+    }
+}
+
+/// Fills each tree's members from one read of the member map, the oldest first, at most
+/// `MAX_LISTED_PER_TREE` each and `MAX_LISTED` in all, with what each runs now from /proc; and
+/// gives every pid (host, members, their parents) as `view` numbers it.
+fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, view: PidView) {
+    let mut by_tree: HashMap<TreeId, Vec<(Pid, Member)>> = HashMap::new();
+    for (pid, member) in entries {
+        by_tree.entry(member.tree).or_default().push((pid, member));
+    }
+    let mut room = MAX_LISTED;
+    for info in trees {
+        info.host_comm = proc::process(info.host_pid).map(|p| p.comm);
+        info.host_pid = view.number(info.host_pid);
+        let mut members = by_tree.remove(&info.tree).unwrap_or_default();
+        info.member_count = members.len() as u64;
+        members.sort_by_key(|(_, m)| m.start_ns);
+        let listed = members.len().min(MAX_LISTED_PER_TREE).min(room);
+        room -= listed;
+        info.members_truncated = listed < members.len();
+        info.members = members[..listed]
+            .iter()
+            .map(|&(pid, m)| MemberInfo {
+                pid: view.number(pid),
+                parent: view.number(m.parent),
+                start_ns: m.start_ns,
+                comm: proc::process(pid).map(|p| p.comm),
+            })
+            .collect();
+    }
+}

@@ -1,0 +1,50 @@
+//! Who is on the other end of a connection, as the kernel told the daemon when it connected.
+
+use leash_common::{Account, TreeId};
+
+use super::{auth::Requester, pid_view::PidView};
+use crate::{kernel::TrackerView, proc};
+
+/// Who is on the other end, as the kernel says.
+#[derive(Clone, Copy, Debug)]
+pub struct Peer {
+    pub uid: u32,
+    /// Whom its trees and requests are charged to (see `identity`).
+    pub account: Account,
+    /// Its pid namespace (inode number): it sees the trees registered from it or below.
+    pub pid_namespace: u32,
+    pub pid: u32,
+    /// The connected process's start time in clock ticks (0 if it could not be read).
+    pub start_ticks: u64,
+    pub lease: u64,
+    /// How the client numbers processes: every pid it is sent is its own number.
+    pub view: PidView,
+}
+
+impl Peer {
+    /// The tree the client's process runs in, then each tree that one is nested in; empty
+    /// when it runs in none. The trees it may never release or kill.
+    pub fn confinement(&self, view: &TrackerView) -> Vec<TreeId> {
+        match view.member(self.pid) {
+            // The start time tells the client's process from an earlier one by the same pid;
+            // unknown (0), the entry is taken as the client's: fail closed.
+            Some(member)
+                if self.start_ticks == 0
+                    || proc::ns_to_ticks(member.start_ns) == self.start_ticks =>
+            {
+                view.enclosing(member.tree)
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The rules' view of the client, confined to `confined` (see [`Peer::confinement`]).
+    pub fn requester<'a>(&self, confined: &'a [TreeId]) -> Requester<'a> {
+        Requester {
+            uid: self.uid,
+            lease: self.lease,
+            confined,
+            pid_namespace: self.pid_namespace,
+        }
+    }
+}

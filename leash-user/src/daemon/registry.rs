@@ -1,0 +1,758 @@
+//! What the daemon knows of leases and trees beyond the kernel maps, behind methods that keep
+//! its rules: a tree is filed only within its accounts' quotas, checked and counted under one
+//! lock; a tree's kill is begun once, and every later kill waits on it; a lease is ended once.
+//! Every lock is short and bounded, and never held across an await.
+
+use std::{
+    collections::HashMap,
+    io,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use leash_client::protocol::{KillReason, KillSummary, LeaseId, RootExitPolicy, TreeId, TreeState};
+use leash_common::{Account, Holder};
+use tokio::sync::watch;
+
+use super::subscribers::Audience;
+use crate::{kernel::KillError, sys};
+
+/// The outcome of a kill, as every waiter sees it.
+pub type KillOutcome = Result<KillSummary, KillError>;
+
+/// Where a kill's outcome comes, once it is known.
+pub type PendingOutcome = watch::Receiver<Option<KillOutcome>>;
+
+/// A kill under way.
+#[derive(Debug)]
+struct PendingKill {
+    outcome: PendingOutcome,
+    /// The grace period, which a later kill, the lease's end or shutdown may shorten (never
+    /// lengthen); the kill task follows it.
+    grace: watch::Sender<Duration>,
+}
+
+/// What the daemon knows about a registered tree, beyond the kernel maps.
+#[derive(Debug)]
+pub struct TreeEntry {
+    pub lease: LeaseId,
+    pub owner_uid: u32,
+    /// The pid of the lease's host (0 if no daemon recorded one): named in the tree's log lines,
+    /// which may come after the lease has ended.
+    pub host_pid: u32,
+    /// The lease's account, and the account of the client that asked for it (the same, or
+    /// another's that used the lease's token): both count it against their limits.
+    pub account: Account,
+    pub registrar_account: Account,
+    /// The pid namespaces of the lease's host, its own first: clients in these see the tree.
+    pub registered_from: Arc<[u32]>,
+    /// The root's number in each pid namespace it is in, the daemon's first (`NSpid`): how
+    /// clients in containers are told it, even once it has exited.
+    pub root: Box<[u32]>,
+    pub on_root_exit: RootExitPolicy,
+    pub grace: Duration,
+    pub root_exited: bool,
+    /// Set once a kill has started: every later kill request waits on the same one.
+    kill: Option<PendingKill>,
+    /// The last kill gave up on members stuck in the kernel (the tree stays doomed).
+    unkillable: bool,
+}
+
+impl TreeEntry {
+    /// A tree just registered (or found again in the pins): no kill under way.
+    pub fn new(
+        lease: LeaseId,
+        holder: &Holder,
+        registrar_account: Account,
+        registered_from: Arc<[u32]>,
+        root: Box<[u32]>,
+        on_root_exit: RootExitPolicy,
+        grace: Duration,
+    ) -> Self {
+        Self {
+            lease,
+            owner_uid: holder.owner_uid,
+            host_pid: holder.host_pid,
+            account: holder.account,
+            registrar_account,
+            registered_from,
+            root,
+            on_root_exit,
+            grace,
+            root_exited: false,
+            kill: None,
+            unkillable: false,
+        }
+    }
+
+    /// Who may hear of the tree's events.
+    pub fn audience(&self) -> Audience {
+        Audience {
+            owner: self.owner_uid,
+            registered_from: self.registered_from.clone(),
+        }
+    }
+
+    pub fn state(&self) -> TreeState {
+        match (&self.kill, self.unkillable) {
+            (Some(_), _) => TreeState::Killing,
+            (None, true) => TreeState::Unkillable,
+            (None, false) => TreeState::Live,
+        }
+    }
+
+    /// Whom it counts against.
+    fn charged_to(&self, account: Account) -> bool {
+        self.account == account || self.registrar_account == account
+    }
+}
+
+#[derive(Debug)]
+struct Lease {
+    token: String,
+    uid: u32,
+    account: Account,
+    /// The host's pid namespaces, its own first.
+    pid_namespaces: Arc<[u32]>,
+    host_pid: u32,
+    /// The host's start time in /proc's clock ticks (with the pid, it names the host).
+    host_start_ticks: u64,
+    /// A tree was registered under it: from then on its end is worth an INFO line.
+    held_trees: bool,
+}
+
+#[derive(Debug)]
+struct State {
+    trees: HashMap<TreeId, TreeEntry>,
+    leases: HashMap<LeaseId, Lease>,
+    next_lease: LeaseId,
+    /// Registrations under way, per account they count against: filed or not, they count.
+    reserved: HashMap<Account, usize>,
+}
+
+/// The daemon's leases and trees. Clones share them.
+#[derive(Clone, Debug)]
+pub struct Registry(Arc<Mutex<State>>);
+
+/// What a tree's kill is to do, as [`Registry::begin_kill`] found it.
+pub enum KillStart {
+    /// No kill was under way: the caller runs this one.
+    Begun(BegunKill),
+    /// One is: its outcome, its grace shortened if the new one is shorter.
+    UnderWay(PendingOutcome),
+}
+
+/// A kill begun, for the task that runs it.
+pub struct BegunKill {
+    pub audience: Audience,
+    pub lease: LeaseId,
+    pub host_pid: u32,
+    pub owner_uid: u32,
+    pub grace: Duration,
+    /// Where the outcome goes, and where its waiters read it.
+    pub done: watch::Sender<Option<KillOutcome>>,
+    pub outcome: PendingOutcome,
+    /// The grace period as later kills shorten it.
+    pub grace_asked: watch::Receiver<Duration>,
+}
+
+/// A root's exit, recorded: what its tree's policy and events need.
+pub struct RootExit {
+    pub audience: Audience,
+    pub lease: LeaseId,
+    pub root: Box<[u32]>,
+    pub policy: RootExitPolicy,
+}
+
+/// Who holds a tree: what the rules of `auth` weigh.
+pub struct Ownership {
+    pub lease: LeaseId,
+    pub owner_uid: u32,
+    pub registered_from: Arc<[u32]>,
+}
+
+/// The lease a new tree goes under, with who holds it and where its host runs.
+pub struct LeaseHolder {
+    pub lease: LeaseId,
+    pub holder: Holder,
+    /// The host's pid namespaces, its own first: the tree is registered from there.
+    pub pid_namespaces: Arc<[u32]>,
+}
+
+/// Why a lease could not be found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NoLease {
+    /// The connection's own lease is gone (it is ending).
+    Own,
+    /// No live lease has the token.
+    Token,
+}
+
+/// A registration's place in its accounts' quotas, held from before its /proc walk until its
+/// tree is filed; dropped unfiled, the place is given back.
+#[must_use = "a reservation is filed, or dropped to give its place back"]
+pub struct Reservation {
+    registry: Registry,
+    accounts: Vec<Account>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut state = self.registry.state();
+        for account in &self.accounts {
+            if let Some(count) = state.reserved.get_mut(account) {
+                *count -= 1;
+                if *count == 0 {
+                    state.reserved.remove(account);
+                }
+            }
+        }
+    }
+}
+
+/// Why a registration may not go on: `account` holds `held` trees (some maybe being
+/// registered), the most it may.
+#[derive(Debug, PartialEq, Eq)]
+pub struct OverQuota {
+    pub account: Account,
+    pub held: usize,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self(Arc::new(Mutex::new(State {
+            trees: HashMap::new(),
+            leases: HashMap::new(),
+            next_lease: 1,
+            reserved: HashMap::new(),
+        })))
+    }
+}
+
+impl Registry {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock is a bug; the plain data it guards is still
+        // consistent (every update is one map operation), so go on with it.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens a lease for the host `host_pid` (started at `host_start_ticks`) of uid `uid`,
+    /// charged to `account`, running in `pid_namespaces` (its own first), with a new secret
+    /// token.
+    pub fn open_lease(
+        &self,
+        uid: u32,
+        account: Account,
+        pid_namespaces: Arc<[u32]>,
+        host_pid: u32,
+        host_start_ticks: u64,
+    ) -> io::Result<LeaseId> {
+        let token = new_token()?;
+        let mut state = self.state();
+        let id = state.next_lease;
+        state.next_lease += 1;
+        state.leases.insert(
+            id,
+            Lease {
+                token,
+                uid,
+                account,
+                pid_namespaces,
+                host_pid,
+                host_start_ticks,
+                held_trees: false,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Notes that `lease` now holds a tree; at its first, says so at INFO (`lease_opened`). A
+    /// connection that only asks (`status`, `list`, `watch`) is logged at DEBUG alone: a client
+    /// that connects in a loop must not fill the log.
+    pub fn lease_holds_a_tree(&self, lease: LeaseId) {
+        let first = {
+            let mut state = self.state();
+            let Some(entry) = state.leases.get_mut(&lease) else {
+                return;
+            };
+            let first = !entry.held_trees;
+            entry.held_trees = true;
+            first.then_some((entry.uid, entry.host_pid))
+        };
+        if let Some((uid, host_pid)) = first {
+            // No span: the events an operator queries carry their own fields, and only those.
+            tracing::info!(
+                parent: None,
+                event = "lease_opened",
+                lease,
+                host_pid,
+                uid,
+                "lease opened"
+            );
+        }
+    }
+
+    /// Ends `lease` for `reason` and returns its trees (the caller's to kill). Logs its end: at
+    /// INFO (`lease_ended`) if it ever held a tree, at DEBUG if it only asked. Once: when both
+    /// the connection and the watch on its host see the host die, the second finds it gone
+    /// (and its trees already being killed).
+    pub fn end_lease(&self, lease: LeaseId, reason: &str) -> Vec<TreeId> {
+        let (entry, trees) = {
+            let mut state = self.state();
+            let Some(entry) = state.leases.remove(&lease) else {
+                return Vec::new();
+            };
+            let trees = state
+                .trees
+                .iter()
+                .filter(|(_, tree)| tree.lease == lease)
+                .map(|(&id, _)| id)
+                .collect();
+            (entry, trees)
+        };
+        if entry.held_trees {
+            tracing::info!(
+                parent: None,
+                event = "lease_ended",
+                lease,
+                host_pid = entry.host_pid,
+                uid = entry.uid,
+                reason,
+                "lease ended"
+            );
+        } else {
+            tracing::debug!(lease, reason, "lease ended");
+        }
+        trees
+    }
+
+    /// The secret of `lease`, if it is live.
+    pub fn token(&self, lease: LeaseId) -> Option<String> {
+        self.state().leases.get(&lease).map(|l| l.token.clone())
+    }
+
+    /// The lease a new tree goes under: `own` (the connection's), or the one `token` names.
+    pub fn lease_for(&self, own: LeaseId, token: Option<&str>) -> Result<LeaseHolder, NoLease> {
+        let state = self.state();
+        let (lease, found) = match token {
+            None => state
+                .leases
+                .get(&own)
+                .map(|found| (own, found))
+                .ok_or(NoLease::Own)?,
+            Some(token) => state
+                .leases
+                .iter()
+                .find(|(_, lease)| lease.token == token)
+                .map(|(&id, found)| (id, found))
+                .ok_or(NoLease::Token)?,
+        };
+        Ok(LeaseHolder {
+            lease,
+            holder: Holder {
+                host_pid: found.host_pid,
+                owner_uid: found.uid,
+                host_start_ticks: found.host_start_ticks,
+                account: found.account,
+                ..Holder::default()
+            },
+            pid_namespaces: found.pid_namespaces.clone(),
+        })
+    }
+
+    /// How many leases `may_see` lets through, given each lease's uid and pid namespaces.
+    pub fn count_leases(&self, mut may_see: impl FnMut(u32, &[u32]) -> bool) -> usize {
+        let state = self.state();
+        state
+            .leases
+            .values()
+            .filter(|lease| may_see(lease.uid, &lease.pid_namespaces))
+            .count()
+    }
+
+    /// Every live lease.
+    pub fn lease_count(&self) -> usize {
+        self.state().leases.len()
+    }
+
+    /// Takes a place for a new tree in the quota of each of `accounts` (root's, 0, has none):
+    /// each may hold at most `limit` trees, those being registered included. Checked and taken
+    /// under one lock, so that registrations running side by side cannot both pass the check.
+    pub fn reserve(&self, accounts: &[Account], limit: usize) -> Result<Reservation, OverQuota> {
+        let mut accounts: Vec<Account> = accounts.iter().copied().filter(|&a| a != 0).collect();
+        accounts.dedup();
+        let mut state = self.state();
+        for &account in &accounts {
+            let held = state
+                .trees
+                .values()
+                .filter(|tree| tree.charged_to(account))
+                .count()
+                + state.reserved.get(&account).copied().unwrap_or(0);
+            if held >= limit {
+                return Err(OverQuota { account, held });
+            }
+        }
+        for &account in &accounts {
+            *state.reserved.entry(account).or_default() += 1;
+        }
+        Ok(Reservation {
+            registry: self.clone(),
+            accounts,
+        })
+    }
+
+    /// Files a tree just registered, in the place `reservation` holds. Returns why it must be
+    /// killed at once, if it must: its lease ended meanwhile (`lease_ended`), or the tree it is
+    /// nested in (`enclosing`) is being killed or gone (`enclosing_killed`).
+    pub fn file(
+        &self,
+        tree: TreeId,
+        entry: TreeEntry,
+        enclosing: Option<TreeId>,
+        reservation: Reservation,
+    ) -> Option<KillReason> {
+        let mut state = self.state();
+        let lease_ended = !state.leases.contains_key(&entry.lease);
+        let enclosing_ended = enclosing.is_some_and(|outer| {
+            state
+                .trees
+                .get(&outer)
+                .is_none_or(|outer| outer.kill.is_some())
+        });
+        state.trees.insert(tree, entry);
+        // Filed: the tree counts now, and the reservation no longer.
+        drop(state);
+        drop(reservation);
+        if lease_ended {
+            Some(KillReason::LeaseEnded)
+        } else if enclosing_ended {
+            Some(KillReason::EnclosingKilled)
+        } else {
+            None
+        }
+    }
+
+    /// Files a tree a previous daemon left in the pins (no quota: it is held already).
+    pub fn hold(&self, tree: TreeId, entry: TreeEntry) {
+        self.state().trees.insert(tree, entry);
+    }
+
+    /// How many trees are filed.
+    pub fn tree_count(&self) -> usize {
+        self.state().trees.len()
+    }
+
+    /// Every filed tree.
+    pub fn trees(&self) -> Vec<TreeId> {
+        self.state().trees.keys().copied().collect()
+    }
+
+    /// Every tree no kill is under way for.
+    pub fn live_trees(&self) -> Vec<TreeId> {
+        let state = self.state();
+        state
+            .trees
+            .iter()
+            .filter(|(_, entry)| entry.kill.is_none())
+            .map(|(&tree, _)| tree)
+            .collect()
+    }
+
+    /// Who holds `tree`.
+    pub fn ownership(&self, tree: TreeId) -> Option<Ownership> {
+        self.state().trees.get(&tree).map(|entry| Ownership {
+            lease: entry.lease,
+            owner_uid: entry.owner_uid,
+            registered_from: entry.registered_from.clone(),
+        })
+    }
+
+    /// Who hears of `tree`'s events, and its lease.
+    pub fn audience(&self, tree: TreeId) -> Option<(Audience, LeaseId)> {
+        self.state()
+            .trees
+            .get(&tree)
+            .map(|entry| (entry.audience(), entry.lease))
+    }
+
+    /// Records that `tree`'s root exited; None if it is not filed or was recorded before.
+    pub fn root_exited(&self, tree: TreeId) -> Option<RootExit> {
+        let mut state = self.state();
+        let entry = state.trees.get_mut(&tree)?;
+        if entry.root_exited {
+            return None;
+        }
+        entry.root_exited = true;
+        Some(RootExit {
+            audience: entry.audience(),
+            lease: entry.lease,
+            root: entry.root.clone(),
+            policy: entry.on_root_exit,
+        })
+    }
+
+    /// Whether `tree` keeps its members past its root's exit, and no kill is under way.
+    pub fn is_kept(&self, tree: TreeId) -> bool {
+        self.state()
+            .trees
+            .get(&tree)
+            .is_some_and(|entry| entry.on_root_exit == RootExitPolicy::Keep && entry.kill.is_none())
+    }
+
+    /// Begins `tree`'s kill, unless one is under way; None if there is no such tree. The grace
+    /// period is the tree's own, or `grace` if that is shorter. A kill under way keeps going,
+    /// with its grace shortened to that if it is shorter.
+    pub fn begin_kill(&self, tree: TreeId, grace: Option<Duration>) -> Option<KillStart> {
+        let mut state = self.state();
+        let entry = state.trees.get_mut(&tree)?;
+        let grace = grace.map_or(entry.grace, |asked| asked.min(entry.grace));
+        if let Some(pending) = &entry.kill {
+            pending.grace.send_if_modified(|now| {
+                let shorter = grace < *now;
+                *now = (*now).min(grace);
+                shorter
+            });
+            return Some(KillStart::UnderWay(pending.outcome.clone()));
+        }
+        let (done, outcome) = watch::channel(None);
+        let (grace_sender, grace_asked) = watch::channel(grace);
+        entry.kill = Some(PendingKill {
+            outcome: outcome.clone(),
+            grace: grace_sender,
+        });
+        entry.unkillable = false;
+        Some(KillStart::Begun(BegunKill {
+            audience: entry.audience(),
+            lease: entry.lease,
+            host_pid: entry.host_pid,
+            owner_uid: entry.owner_uid,
+            grace,
+            done,
+            outcome,
+            grace_asked,
+        }))
+    }
+
+    /// A kill of `tree` gave up: it stays, unkillable, and another kill may try again. Returns
+    /// who hears of it, and its lease.
+    pub fn kill_failed(&self, tree: TreeId) -> Option<(Audience, LeaseId)> {
+        let mut state = self.state();
+        let entry = state.trees.get_mut(&tree)?;
+        entry.kill = None;
+        entry.unkillable = true;
+        Some((entry.audience(), entry.lease))
+    }
+
+    /// Takes `tree` out: it is empty, or released.
+    pub fn remove(&self, tree: TreeId) -> Option<TreeEntry> {
+        self.state().trees.remove(&tree)
+    }
+
+    /// Takes `tree` out to be released, unless it is being killed (or a kill gave up on it).
+    /// Err(None): no such tree; Err(Some(state)): it is in that state.
+    pub fn take_for_release(&self, tree: TreeId) -> Result<TreeEntry, Option<TreeState>> {
+        let mut state = self.state();
+        match state.trees.get(&tree).map(TreeEntry::state) {
+            None => Err(None),
+            Some(TreeState::Live) => Ok(state.trees.remove(&tree).expect("found above")),
+            Some(other) => Err(Some(other)),
+        }
+    }
+
+    /// Calls `each` with every tree `only` names (every one if None), and keeps what it makes
+    /// of each: a read model made under one short lock.
+    pub fn map_trees<T>(
+        &self,
+        only: Option<TreeId>,
+        mut each: impl FnMut(TreeId, &TreeEntry, &dyn Fn(LeaseId) -> u32) -> Option<T>,
+    ) -> Vec<T> {
+        let state = self.state();
+        let host_pid = |lease: LeaseId| state.leases.get(&lease).map_or(0, |l| l.host_pid);
+        state
+            .trees
+            .iter()
+            .filter(|(tree, _)| only.is_none_or(|only| only == **tree))
+            .filter_map(|(&tree, entry)| each(tree, entry, &host_pid))
+            .collect()
+    }
+}
+
+/// A lease's secret, which lets the `leash exec` shim join it: 128 random bits, in hex.
+fn new_token() -> io::Result<String> {
+    let mut bytes = [0u8; 16];
+    sys::random_bytes(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(lease: LeaseId, account: Account) -> TreeEntry {
+        let holder = Holder {
+            owner_uid: 1000,
+            account,
+            ..Holder::default()
+        };
+        TreeEntry::new(
+            lease,
+            &holder,
+            account,
+            [1].into(),
+            [42].into(),
+            RootExitPolicy::Kill,
+            Duration::from_secs(1),
+        )
+    }
+
+    fn lease(registry: &Registry) -> LeaseId {
+        registry
+            .open_lease(1000, 1000, [1].into(), 10, 100)
+            .unwrap()
+    }
+
+    #[test]
+    fn tokens_are_random_hex() {
+        let (a, b) = (new_token().unwrap(), new_token().unwrap());
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn registrations_under_way_count_against_the_quota() {
+        let registry = Registry::default();
+        let first = registry.reserve(&[1000], 2).unwrap();
+        let second = registry.reserve(&[1000], 2).unwrap();
+        // Two registrations side by side take both places before either is filed.
+        assert_eq!(
+            registry.reserve(&[1000], 2).err(),
+            Some(OverQuota {
+                account: 1000,
+                held: 2
+            })
+        );
+        drop(second);
+        let third = registry.reserve(&[1000], 2).unwrap();
+        let lease = lease(&registry);
+        assert_eq!(registry.file(7, entry(lease, 1000), None, first), None);
+        // Filed, it counts as a tree and no longer as a reservation.
+        assert!(registry.reserve(&[1000], 2).is_err());
+        drop(third);
+        assert!(registry.reserve(&[1000], 2).is_ok());
+    }
+
+    #[test]
+    fn a_tree_counts_against_both_accounts_and_root_has_no_quota() {
+        let registry = Registry::default();
+        let _both = registry.reserve(&[1000, 2000, 0], 1).unwrap();
+        assert!(registry.reserve(&[2000], 1).is_err());
+        assert!(registry.reserve(&[1000], 1).is_err());
+        assert!(registry.reserve(&[0], 1).is_ok());
+    }
+
+    #[test]
+    fn a_tree_filed_after_its_lease_ended_is_to_be_killed() {
+        let registry = Registry::default();
+        let lease = lease(&registry);
+        assert!(registry.end_lease(lease, "connection_closed").is_empty());
+        let place = registry.reserve(&[1000], 10).unwrap();
+        assert_eq!(
+            registry.file(3, entry(lease, 1000), None, place),
+            Some(KillReason::LeaseEnded)
+        );
+    }
+
+    #[test]
+    fn a_tree_filed_inside_a_dying_tree_is_to_be_killed() {
+        let registry = Registry::default();
+        let lease = lease(&registry);
+        let place = registry.reserve(&[], 10).unwrap();
+        assert_eq!(registry.file(1, entry(lease, 1000), None, place), None);
+        assert!(matches!(
+            registry.begin_kill(1, None),
+            Some(KillStart::Begun(_))
+        ));
+        let place = registry.reserve(&[], 10).unwrap();
+        assert_eq!(
+            registry.file(2, entry(lease, 1000), Some(1), place),
+            Some(KillReason::EnclosingKilled)
+        );
+        let place = registry.reserve(&[], 10).unwrap();
+        assert_eq!(
+            registry.file(4, entry(lease, 1000), Some(99), place),
+            Some(KillReason::EnclosingKilled)
+        );
+    }
+
+    #[test]
+    fn a_kill_is_begun_once_and_its_grace_only_shortens() {
+        let registry = Registry::default();
+        let lease = lease(&registry);
+        let place = registry.reserve(&[], 10).unwrap();
+        let _ = registry.file(1, entry(lease, 1000), None, place);
+        let Some(KillStart::Begun(begun)) = registry.begin_kill(1, Some(Duration::from_secs(5)))
+        else {
+            panic!("the first kill begins");
+        };
+        // The tree's own grace (1 s) is shorter than the 5 s asked.
+        assert_eq!(begun.grace, Duration::from_secs(1));
+        let Some(KillStart::UnderWay(_)) = registry.begin_kill(1, Some(Duration::from_millis(10)))
+        else {
+            panic!("a second kill waits on the first");
+        };
+        assert_eq!(*begun.grace_asked.borrow(), Duration::from_millis(10));
+        let _ = registry.begin_kill(1, Some(Duration::from_secs(3)));
+        assert_eq!(*begun.grace_asked.borrow(), Duration::from_millis(10));
+        assert_eq!(
+            registry.take_for_release(1).err(),
+            Some(Some(TreeState::Killing))
+        );
+        assert!(registry.live_trees().is_empty());
+        assert!(registry.kill_failed(1).is_some());
+        assert_eq!(
+            registry.take_for_release(1).err(),
+            Some(Some(TreeState::Unkillable))
+        );
+        assert_eq!(registry.take_for_release(2).err(), Some(None));
+    }
+
+    #[test]
+    fn a_lease_ends_once_with_its_trees() {
+        let registry = Registry::default();
+        let lease = lease(&registry);
+        let place = registry.reserve(&[], 10).unwrap();
+        let _ = registry.file(5, entry(lease, 1000), None, place);
+        assert_eq!(registry.end_lease(lease, "host_exited"), vec![5]);
+        assert!(registry.end_lease(lease, "connection_closed").is_empty());
+        assert_eq!(registry.lease_for(lease, None).err(), Some(NoLease::Own));
+    }
+
+    #[test]
+    fn a_token_names_its_lease() {
+        let registry = Registry::default();
+        let (own, other) = (lease(&registry), lease(&registry));
+        let token = registry.token(other).unwrap();
+        assert_eq!(
+            registry.lease_for(own, Some(&token)).ok().unwrap().lease,
+            other
+        );
+        assert_eq!(registry.lease_for(own, None).ok().unwrap().lease, own);
+        assert_eq!(
+            registry.lease_for(own, Some("0000")).err(),
+            Some(NoLease::Token)
+        );
+    }
+
+    #[test]
+    fn a_root_exit_is_recorded_once() {
+        let registry = Registry::default();
+        let lease = lease(&registry);
+        let place = registry.reserve(&[], 10).unwrap();
+        let _ = registry.file(6, entry(lease, 1000), None, place);
+        assert!(registry.root_exited(6).is_some());
+        assert!(registry.root_exited(6).is_none());
+        assert!(registry.root_exited(8).is_none());
+    }
+}

@@ -1,0 +1,107 @@
+//! What every task of the daemon shares: the maps to read, the owner's queue to hand changes
+//! to, the registry of leases and trees, the subscribers, the limits and the counters.
+
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use leash_client::protocol::Event;
+
+use super::{
+    accept::RateLimit,
+    commands::Jobs,
+    config::Config,
+    disposal::Disposal,
+    limits::Limits,
+    metrics::Metrics,
+    registry::Registry,
+    subscribers::{Audience, Subscribers},
+};
+use crate::kernel::{Guard, TrackerView, Whois};
+
+/// Shared by every task of the daemon. The tracker itself is the owner thread's alone (see
+/// `owner`); everyone else reads the maps through `view` and hands changes to `jobs`.
+pub struct Daemon {
+    pub view: TrackerView,
+    pub jobs: Jobs,
+    pub registry: Registry,
+    pub subscribers: Subscribers,
+    pub limits: Arc<Limits>,
+    /// Where the pins are, if pinned.
+    pub pinned_at: Option<PathBuf>,
+    /// The ptrace guard in place, for `status`.
+    pub ptrace_guard: Guard,
+    /// Set when a connection ends or heavy work is done: the allocator's free memory is then
+    /// given back.
+    memory_freed: AtomicBool,
+    /// Connections that could not be set up, for a log line at most every 10 s.
+    pub setup_failures: Mutex<RateLimit>,
+    /// What happened, counted for `--metrics`.
+    pub metrics: Arc<Metrics>,
+    /// Where what clients sent is closed, and their connections' sockets.
+    pub disposal: Disposal,
+    /// What the kernel knows of clients that /proc does not tell; asked one at a time.
+    pub whois: Arc<Whois>,
+    pub whois_turn: tokio::sync::Semaphore,
+    /// The daemon's own pid namespace (inode number).
+    pub pid_namespace: u32,
+    pub config: Config,
+}
+
+impl Daemon {
+    /// A daemon serving `config`, reading the maps through `view`, handing changes to `jobs`.
+    pub fn new(
+        config: Config,
+        view: TrackerView,
+        jobs: Jobs,
+        pinned_at: Option<PathBuf>,
+        ptrace_guard: Guard,
+        whois: Arc<Whois>,
+        pid_namespace: u32,
+    ) -> Self {
+        Self {
+            view,
+            jobs,
+            registry: Registry::default(),
+            subscribers: Subscribers::default(),
+            limits: Limits::new(config.uid_limits),
+            pinned_at,
+            ptrace_guard,
+            memory_freed: AtomicBool::new(false),
+            setup_failures: Mutex::default(),
+            metrics: Arc::default(),
+            disposal: Disposal::default(),
+            whois,
+            whois_turn: tokio::sync::Semaphore::new(1),
+            pid_namespace,
+            config,
+        }
+    }
+
+    /// Sends an event of a tree to the subscribers of its `audience`.
+    pub fn emit(&self, audience: &Audience, event: Event) {
+        self.subscribers.deliver(audience, event, None);
+    }
+
+    /// Sends an event about a tree's root, whose numbers in each pid namespace are
+    /// `root_numbers`: subscribers in containers are told its number there even once it is gone.
+    pub fn emit_about_root(&self, audience: &Audience, event: Event, root_numbers: &[u32]) {
+        self.subscribers
+            .deliver(audience, event, Some(root_numbers));
+    }
+
+    /// Notes that memory was freed (a connection ended, heavy work is done): the allocator's
+    /// free memory is given back soon.
+    pub fn memory_freed(&self) {
+        self.memory_freed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether memory was freed since the last call.
+    pub fn take_memory_freed(&self) -> bool {
+        self.memory_freed.swap(false, Ordering::Relaxed)
+    }
+}

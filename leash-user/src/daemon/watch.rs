@@ -1,0 +1,159 @@
+//! When trees are killed: a root exits, a lease ends (its host dies, or its connection
+//! closes), or a tree cannot be tracked.
+//!
+//! Root exits are seen two ways: the ring buffer's events wake the daemon at once, and a sweep
+//! of the kernel's per-tree state catches anything the events missed (they are best effort;
+//! the maps are the truth).
+
+use std::{os::fd::OwnedFd, rc::Rc, time::Duration};
+
+use leash_client::protocol::{KillReason, LeaseId, RootExitPolicy, TreeId};
+use tokio::sync::oneshot;
+
+use super::{
+    enforcement::{end_tree, start_kill},
+    owner::Owner,
+    tree_events,
+};
+use crate::{kernel::TreeStatus, sys};
+
+/// How often the per-tree state in the kernel is checked, whatever the events said.
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
+/// How often the ring buffer is read when nothing wakes the daemon: the programs wake it only
+/// for a root's exit, and leave fork, exec and exit records to be collected.
+const COLLECT_EVERY: Duration = Duration::from_millis(50);
+
+/// Reacts to the ring buffer's root-exit events as soon as they are written, and collects the
+/// other records every 50 ms.
+pub async fn watch_events(owner: Rc<Owner>) {
+    let readable = owner.tracker().events_fd().and_then(sys::async_readable);
+    let readable = match readable {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::error!("cannot watch the event ring buffer ({e}); relying on the sweep");
+            return;
+        }
+    };
+    let mut collect = tokio::time::interval(COLLECT_EVERY);
+    loop {
+        tokio::select! {
+            ready = readable.readable() => match ready {
+                Ok(mut guard) => guard.clear_ready(),
+                Err(_) => return,
+            },
+            _ = collect.tick() => {}
+        }
+        for tree in tree_events::collect(&owner) {
+            root_exited(&owner, tree);
+        }
+    }
+}
+
+/// The backstop: reads every live tree's state in the kernel.
+pub async fn sweep(owner: Rc<Owner>) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    loop {
+        every.tick().await;
+        for tree in owner.daemon.registry.live_trees() {
+            let Ok(status) = owner.tracker().tree_status(tree) else {
+                continue;
+            };
+            if let Some(reason) = fail_closed(&status) {
+                tracing::error!(
+                    tree,
+                    reason = reason.as_str(),
+                    over_quota = status.over_quota,
+                    failed = status.failed_inserts,
+                    "tree cannot be tracked"
+                );
+                start_kill(&owner, tree, None, reason);
+                continue;
+            }
+            if status.root_exit_ns.is_some() {
+                root_exited(&owner, tree);
+                finish_if_kept_and_empty(&owner, tree);
+            }
+        }
+    }
+}
+
+/// Records a root's exit once and applies the tree's policy.
+pub fn root_exited(owner: &Rc<Owner>, tree: TreeId) {
+    if let Some(policy) = tree_events::announce_root_exit(&owner.daemon, tree) {
+        apply_root_exit(owner, tree, policy);
+    }
+}
+
+/// Applies `tree`'s `policy` for its root's exit, which was told already.
+pub fn apply_root_exit(owner: &Rc<Owner>, tree: TreeId, policy: RootExitPolicy) {
+    // A root killed as it forked past what may be tracked: say why the tree dies.
+    let status = owner.tracker().tree_status(tree);
+    let untrackable = status.ok().and_then(|status| fail_closed(&status));
+    if let Some(reason) = untrackable {
+        start_kill(owner, tree, None, reason);
+    } else if policy == RootExitPolicy::Kill {
+        start_kill(owner, tree, None, KillReason::RootExited);
+    }
+}
+
+/// Why a tree must be killed however its policy reads (fail closed), if it must: it forked
+/// past its owner's member quota, or a child could not be tracked because the member map was
+/// full.
+fn fail_closed(status: &TreeStatus) -> Option<KillReason> {
+    if status.over_quota > 0 {
+        Some(KillReason::MemberQuota)
+    } else if status.failed_inserts > 0 {
+        Some(KillReason::Untrackable)
+    } else {
+        None
+    }
+}
+
+/// A tree whose members were kept after its root exited ends when it has emptied on its own.
+fn finish_if_kept_and_empty(owner: &Rc<Owner>, tree: TreeId) {
+    let empty = owner.tracker().is_empty(tree).unwrap_or(false);
+    if empty && owner.daemon.registry.is_kept(tree) {
+        tracing::info!(tree, "tree is empty");
+        end_tree(owner, tree, None);
+    }
+}
+
+/// A lease ended (its host died or its connection closed), for `reason` (`host_exited`,
+/// `connection_closed`, ...): every tree it holds is killed.
+pub fn end_lease(owner: &Rc<Owner>, lease: LeaseId, reason: &str) {
+    for tree in owner.daemon.registry.end_lease(lease, reason) {
+        start_kill(owner, tree, None, KillReason::LeaseEnded);
+    }
+}
+
+/// Ends `lease` when its host process (`pidfd`) exits; stops watching, without ending it, when
+/// `until` closes (the connection that holds the lease ended, and ends it itself).
+pub fn watch_host(
+    owner: &Rc<Owner>,
+    lease: LeaseId,
+    pidfd: OwnedFd,
+    until: Option<oneshot::Receiver<()>>,
+) {
+    let host = match sys::async_readable(pidfd) {
+        Ok(host) => host,
+        Err(e) => {
+            tracing::error!(lease, "cannot watch the host: {e}; ending its lease");
+            return end_lease(owner, lease, "host_unwatchable");
+        }
+    };
+    let owner = owner.clone();
+    tokio::task::spawn_local(async move {
+        let served = async {
+            match until {
+                Some(until) => {
+                    let _ = until.await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = host.readable() => end_lease(&owner, lease, "host_exited"),
+            () = served => {}
+        }
+    });
+}
