@@ -93,7 +93,11 @@ impl Harness {
         // to check but that the daemon goes on.
         if let Some(conversation) = self.converse(&input) {
             for line in replies::check(&input, &conversation) {
-                if let Some(Reply::Registered { tree, .. }) = line.ok {
+                if let ServerLine::Reply {
+                    ok: Reply::Registered { tree, .. },
+                    ..
+                } = line
+                {
                     self.next_tree = self.next_tree.max(tree.saturating_add(1));
                 }
             }
@@ -145,8 +149,11 @@ impl Harness {
         let lines = replies::check(STATUS, &conversation);
         lines
             .into_iter()
-            .find_map(|line: ServerLine| match line.ok {
-                Some(Reply::Status(status)) => Some(status),
+            .find_map(|line: ServerLine| match line {
+                ServerLine::Reply {
+                    ok: Reply::Status(status),
+                    ..
+                } => Some(status),
                 _ => None,
             })
     }
