@@ -3,8 +3,6 @@
 
 use leash_common::{Pid, TreeId};
 
-use super::IdentifyError;
-
 /// Why a process could not be registered, or a tree changed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -35,4 +33,23 @@ pub enum Error {
     Maps(#[from] anyhow::Error),
     #[error(transparent)]
     Map(#[from] aya::maps::MapError),
+}
+
+/// Why a pid cannot be registered.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentifyError {
+    #[error("no process {0}")]
+    NotFound(Pid),
+    #[error("{tid} is a thread of process {tgid}, not a process: register {tgid}")]
+    Thread { tid: Pid, tgid: Pid },
+    #[error("process {0} is exiting")]
+    Exiting(Pid),
+    #[error("cannot open process {0}: {1}")]
+    Io(Pid, String),
+    #[error("the descriptor sent is not a pidfd")]
+    NotPidfd,
+    #[error("the process of the pidfd sent has exited")]
+    Gone,
+    #[error("the process of the pidfd sent is in no pid namespace the daemon sees")]
+    Invisible,
 }

@@ -28,7 +28,7 @@ use std::{
 use anyhow::Result;
 use leash_common::{Member, Pid, TreeId};
 
-use super::Tracker;
+use super::tracker::Tracker;
 use crate::{
     proc::{self, ProcessRef},
     sys::Pidfd,

@@ -19,7 +19,7 @@ use aya::{
 };
 use leash_common::{ABI_VERSION, map};
 
-use super::{PROGRAMS_ATTACHED, ptrace_guard::Guard};
+use super::{programs::PROGRAMS_ATTACHED, ptrace_guard::Guard};
 use crate::{sys, trusted_dir};
 
 /// Where bpffs is mounted by convention; mounted there if nothing is.

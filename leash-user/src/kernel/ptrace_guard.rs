@@ -22,7 +22,7 @@ use aya::{
 };
 use leash_common::program;
 
-use super::{PROGRAMS, program_mut};
+use super::programs::{PROGRAMS, program_mut};
 use crate::sys;
 
 /// The kernel function the fmod_ret program modifies the return of.

@@ -29,7 +29,11 @@ use std::{
 use anyhow::{Context, Result, bail};
 use leash_common::{Holder, Member, Pid, TreeId};
 
-use super::{BPF_EXIST, BPF_NOEXIST, Error, Tracker};
+use super::{
+    error::{Error, IdentifyError},
+    maps::{BPF_EXIST, BPF_NOEXIST},
+    tracker::Tracker,
+};
 use crate::{
     proc::{self, ProcessInfo, ProcessRef},
     sys::{self, Pidfd, SpawnHeldError},
@@ -392,25 +396,6 @@ pub fn identify_pidfd(pidfd: Pidfd) -> Result<(ProcessRef, Pidfd), IdentifyError
         Some(start_ticks) if !pidfd.has_exited() => Ok((ProcessRef { pid, start_ticks }, pidfd)),
         _ => Err(IdentifyError::Exiting(pid)),
     }
-}
-
-/// Why a pid cannot be registered.
-#[derive(Debug, thiserror::Error)]
-pub enum IdentifyError {
-    #[error("no process {0}")]
-    NotFound(Pid),
-    #[error("{tid} is a thread of process {tgid}, not a process: register {tgid}")]
-    Thread { tid: Pid, tgid: Pid },
-    #[error("process {0} is exiting")]
-    Exiting(Pid),
-    #[error("cannot open process {0}: {1}")]
-    Io(Pid, String),
-    #[error("the descriptor sent is not a pidfd")]
-    NotPidfd,
-    #[error("the process of the pidfd sent has exited")]
-    Gone,
-    #[error("the process of the pidfd sent is in no pid namespace the daemon sees")]
-    Invisible,
 }
 
 #[cfg(test)]

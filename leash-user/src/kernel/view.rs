@@ -9,7 +9,7 @@ use anyhow::{Context, Result, anyhow};
 use aya::maps::{HashMap, IterableMap, Map, MapData, MapError, PerCpuArray};
 use leash_common::{Holder, Member, Pid, TreeControl, TreeCounters, TreeId, stat};
 
-use super::{Capacity, MemberInfo, Stats, TreeStatus};
+use super::types::{Capacity, MemberInfo, Stats, TreeStatus};
 use crate::{
     proc::{self, ProcessInfo},
     sys,

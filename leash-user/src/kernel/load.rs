@@ -1,0 +1,188 @@
+//! Loading: the programs loaded and attached afresh (pinned, or not), or taken over from the
+//! pins a previous daemon left.
+
+use std::os::fd::OwnedFd;
+
+use anyhow::{Context, Result, bail};
+use aya::{
+    Ebpf,
+    maps::{HashMap, Map, MapData, RingBuf},
+};
+use leash_common::{ALL_ACCOUNTS, MEMBER_RESERVE, map, program};
+
+use super::{
+    attach::{Attached, GuardInPlace},
+    maps::BPF_NOEXIST,
+    pins::Pins,
+    programs::{link_fd, take_map},
+    ptrace_guard::{Guard, GuardChoice},
+    tracker::Tracker,
+    types::{Capacity, Origin},
+    view::TrackerView,
+    whois::Whois,
+};
+
+impl Tracker {
+    /// Loads the programs with the kernel's offsets and attaches them. Needs root (or
+    /// CAP_BPF + CAP_PERFMON) and a kernel with BTF.
+    pub fn load(capacity: Capacity) -> Result<Self> {
+        let attached = Attached::load(capacity)?;
+        let whois = link_fd(&attached.whois)?;
+        let guard_links = attached.guard_links.into_iter().map(|(_, link)| link);
+        Self::from_programs(
+            attached.ebpf,
+            whois,
+            capacity,
+            None,
+            (attached.guard, guard_links.collect()),
+        )
+    }
+
+    /// Like [`Tracker::load`], with the links and maps pinned under `root`, so tracking goes on
+    /// if this process dies. If a previous process left its pins there, takes them over
+    /// instead: its programs and maps, with every tree and member they hold (`capacity` is
+    /// then theirs).
+    pub fn load_pinned(capacity: Capacity, root: &std::path::Path) -> Result<(Self, Origin)> {
+        let mut pins = Pins::at(root)?;
+        for other in pins.other_versions() {
+            tracing::warn!(
+                pins = %other.display(),
+                "pins of another version of leash's programs and maps: this daemon cannot read \
+                 them, so their trees are followed but not enforced. An upgrade that changes \
+                 that version is not a hand-over: stop the old daemon first (its trees are \
+                 killed). Removing these pins lets their trees go"
+            );
+        }
+        if pins.complete() {
+            // The previous programs are still attached: loading more beside them would count
+            // every fork twice, so failing here is the only safe answer.
+            let dir = pins.dir().to_path_buf();
+            let taken = pins.open_links().and_then(|()| Self::take_over(pins));
+            return taken
+                .map(|tracker| (tracker, Origin::TakenOver))
+                .with_context(|| {
+                    format!(
+                        "taking over the pins in {0}; to start afresh, remove it (rm -r {0}): the \
+                     trees it holds are then no longer tracked",
+                        dir.display()
+                    )
+                });
+        }
+        if pins.exist() {
+            tracing::warn!(
+                dir = %pins.dir().display(),
+                "removing incomplete pins (a daemon died while pinning)"
+            );
+            pins.remove()?;
+            pins = Pins::at(root)?;
+        }
+        let (ebpf, whois_link, guard) = match Attached::load(capacity)?.pin(&mut pins) {
+            Ok(pinned) => pinned,
+            Err(e) => {
+                // Half-pinned programs would go on running with nobody to read their maps.
+                let _ = pins.remove();
+                return Err(e);
+            }
+        };
+        tracing::info!(dir = %pins.dir().display(), "programs and maps pinned");
+        Ok((
+            Self::from_programs(ebpf, whois_link, capacity, Some(pins), guard)?,
+            Origin::Loaded,
+        ))
+    }
+
+    fn from_programs(
+        mut ebpf: Ebpf,
+        whois_link: OwnedFd,
+        capacity: Capacity,
+        pins: Option<Pins>,
+        (guard, guard_links): GuardInPlace,
+    ) -> Result<Self> {
+        tracing::info!(?guard, "{}", guard.describe());
+        let whois = Whois::new(whois_link, take_map(&mut ebpf, map::WHOIS)?)?;
+        let mut tracker = Self {
+            view: TrackerView::new(
+                take_map(&mut ebpf, map::MEMBERS)?,
+                take_map(&mut ebpf, map::TREE_COUNTERS)?,
+                take_map(&mut ebpf, map::TREE_CONTROL)?,
+                take_map(&mut ebpf, map::STATS)?,
+                capacity,
+            )?,
+            events: RingBuf::try_from(take_map(&mut ebpf, map::EVENTS)?)?,
+            account_joined: HashMap::try_from(take_map(&mut ebpf, map::ACCOUNT_JOINED)?)?,
+            account_seeded: HashMap::try_from(take_map(&mut ebpf, map::ACCOUNT_SEEDED)?)?,
+            next_tree: 1,
+            pins,
+            whois: whois.into(),
+            guard,
+            _guard_links: guard_links,
+            _programs: Some(ebpf),
+        };
+        // Every member counts here: the programs only ever add to an existing entry.
+        tracker
+            .account_joined
+            .insert(ALL_ACCOUNTS, 0, BPF_NOEXIST)?;
+        tracker
+            .account_seeded
+            .insert(ALL_ACCOUNTS, 0, BPF_NOEXIST)?;
+        Ok(tracker)
+    }
+
+    fn take_over(pins: Pins) -> Result<Self> {
+        let max_entries = |map: &Map| -> Result<u32> {
+            let data: &MapData = match map {
+                Map::HashMap(data) | Map::RingBuf(data) => data,
+                _ => bail!("unexpected pinned map type"),
+            };
+            Ok(data.info()?.max_entries())
+        };
+        let members = pins.open_map(map::MEMBERS)?;
+        let control = pins.open_map(map::TREE_CONTROL)?;
+        let events = pins.open_map(map::EVENTS)?;
+        let capacity = Capacity {
+            members: max_entries(&members)?.saturating_sub(MEMBER_RESERVE),
+            trees: max_entries(&control)?,
+            event_bytes: max_entries(&events)?,
+            // Set in the pinned programs, which do not say it back.
+            members_per_uid: None,
+            ptrace_guard: GuardChoice::Auto,
+        };
+        let guard = pins.guard();
+        if guard == Guard::Absent {
+            tracing::warn!(
+                "the previous daemon left no ptrace guard pinned: none is in place until a \
+                 clean restart (SIGTERM, then start)"
+            );
+        }
+        tracing::info!(?guard, "{}", guard.describe());
+        let mut tracker = Self {
+            view: TrackerView::new(
+                members,
+                pins.open_map(map::TREE_COUNTERS)?,
+                control,
+                pins.open_map(map::STATS)?,
+                capacity,
+            )?,
+            events: RingBuf::try_from(events)?,
+            account_joined: HashMap::try_from(pins.open_map(map::ACCOUNT_JOINED)?)?,
+            account_seeded: HashMap::try_from(pins.open_map(map::ACCOUNT_SEEDED)?)?,
+            next_tree: 1,
+            whois: Whois::new(
+                link_fd(&pins.open_link(program::WHOIS)?)?,
+                pins.open_map(map::WHOIS)?,
+            )?
+            .into(),
+            pins: Some(pins),
+            guard,
+            _guard_links: Vec::new(),
+            _programs: None,
+        };
+        tracker.next_tree = tracker.trees().last().map_or(1, |&last| last + 1);
+        tracing::info!(
+            trees = tracker.trees().len(),
+            ?capacity,
+            "took over the pinned programs and maps"
+        );
+        Ok(tracker)
+    }
+}

@@ -1,0 +1,174 @@
+//! The tracker's writes to the maps: trees made, doomed and released, members counted.
+
+use anyhow::{Context, Result, anyhow, bail};
+use aya::maps::{HashMap, MapData};
+use leash_common::{ALL_ACCOUNTS, Account, Holder, Member, Pid, TreeControl, TreeCounters, TreeId};
+
+use super::{error::Error, tracker::Tracker};
+use crate::sys;
+
+/// `bpf_map_update_elem`'s flags: only a new entry, only an existing one.
+pub(super) const BPF_NOEXIST: u64 = 1;
+pub(super) const BPF_EXIST: u64 = 2;
+
+impl Tracker {
+    /// Marks `tree` doomed: from now on any member that forks is killed in the kernel, and its
+    /// child is killed as soon as user space sees it. Returns when it was first doomed
+    /// (boot-time ns): members that started after that were born into a doomed tree.
+    pub fn doom(&mut self, tree: TreeId) -> Result<u64> {
+        let mut control = self
+            .control
+            .get(&tree, 0)
+            .map_err(|_| anyhow!("no tree {tree}"))?;
+        if control.flags & leash_common::flags::DOOMED == 0 {
+            control.flags |= leash_common::flags::DOOMED;
+            control.doomed_ns = sys::boottime_ns();
+            self.view.control.insert(tree, control, 0)?;
+        }
+        Ok(control.doomed_ns)
+    }
+
+    /// Stops tracking `tree`. A tree nested in another hands its members back to it (they
+    /// never go free by a release); a tree that stands alone lets them go. Trees nested in
+    /// `tree` move up to where it was.
+    pub fn release(&mut self, tree: TreeId) -> Result<()> {
+        let enclosing = self
+            .tree_status(tree)
+            .ok()
+            .and_then(|status| status.parent)
+            .filter(|&parent| self.control.get(&parent, 0).is_ok());
+        for nested in self.nested(tree) {
+            if let Ok(mut control) = self.control.get(&nested, 0) {
+                control.parent = enclosing.unwrap_or(0);
+                self.view.control.insert(nested, control, 0)?;
+            }
+        }
+        match enclosing {
+            Some(enclosing) => self.hand_back(tree, enclosing)?,
+            None => {
+                let mut removed = 0;
+                for pid in self.member_pids(tree)? {
+                    // Already gone: it exited meanwhile (and the program counted it).
+                    if self.view.members.remove(&pid).is_ok() {
+                        removed += 1;
+                    }
+                }
+                self.add_seeded(tree, -removed)?;
+            }
+        }
+        let account = self.holder(tree).map(|h| h.account).ok();
+        let _ = self.view.counters.remove(&tree);
+        let _ = self.view.control.remove(&tree);
+        // The account's quota entries go with its last tree.
+        if let Some(account) = account
+            && !self
+                .control
+                .iter()
+                .filter_map(Result::ok)
+                .any(|(_, control)| control.holder.account == account)
+        {
+            let _ = self.account_joined.remove(&account);
+            let _ = self.account_seeded.remove(&account);
+        }
+        tracing::debug!(tree, ?enclosing, "released");
+        Ok(())
+    }
+
+    /// Moves every member of `tree` into `enclosing`. A member that forks meanwhile may make a
+    /// child in `tree` after the walk passed: walk again until none is left.
+    fn hand_back(&mut self, tree: TreeId, enclosing: TreeId) -> Result<()> {
+        for _ in 0..64 {
+            let members: Vec<(Pid, Member)> = self
+                .member_entries()?
+                .into_iter()
+                .filter(|(_, m)| m.tree == tree)
+                .collect();
+            if members.is_empty() {
+                return Ok(());
+            }
+            for (pid, member) in members {
+                let back = Member {
+                    tree: enclosing,
+                    ..member
+                };
+                // Only an entry still there: one gone with its process stays gone.
+                if self.view.members.insert(pid, back, BPF_EXIST).is_ok() {
+                    self.add_seeded(enclosing, 1)?;
+                    self.add_seeded(tree, -1)?;
+                }
+            }
+        }
+        bail!("the members of tree {tree} kept forking while they were handed back to {enclosing}")
+    }
+
+    pub(super) fn new_tree(
+        &mut self,
+        root: Pid,
+        parent: Option<TreeId>,
+        holder: Holder,
+    ) -> Result<TreeId, Error> {
+        let limit = self.capacity().trees;
+        if self.trees().len() as u32 >= limit {
+            return Err(Error::TreesFull(limit));
+        }
+        let tree = self.next_tree;
+        self.next_tree = self.next_tree.checked_add(1).context("tree ids ran out")?;
+        // Counters first: the programs only ever add to an existing entry.
+        let account = holder.account;
+        if self.account_joined.get(&account, 0).is_err() {
+            self.account_joined.insert(account, 0, BPF_NOEXIST)?;
+            self.account_seeded.insert(account, 0, 0)?;
+        }
+        self.view
+            .counters
+            .insert(tree, TreeCounters::default(), BPF_NOEXIST)?;
+        let control = TreeControl {
+            root,
+            parent: parent.unwrap_or(0),
+            holder,
+            ..Default::default()
+        };
+        self.view.control.insert(tree, control, BPF_NOEXIST)?;
+        Ok(tree)
+    }
+
+    /// Takes out `pid`'s entry if it is still `stale`, an entry whose process is gone, and
+    /// counts it out of its tree. Only user space can have put such an entry in (the programs
+    /// remove a member at its exit); while it is there, no fork can insert a new entry for the
+    /// same pid, so the check and the removal see the same entry.
+    pub(super) fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()> {
+        if self.member(pid) != Some(stale) {
+            return Ok(());
+        }
+        if self.view.members.remove(&pid).is_ok() {
+            tracing::warn!(
+                pid,
+                tree = stale.tree,
+                "took out a member whose process is gone"
+            );
+            self.add_seeded(stale.tree, -1)?;
+        }
+        Ok(())
+    }
+
+    /// Counts `count` members put into `tree` by user space (negative: taken out), for the
+    /// tree and for its account's quota.
+    pub(super) fn add_seeded(&mut self, tree: TreeId, count: i64) -> Result<()> {
+        let mut control = self.control.get(&tree, 0)?;
+        control.seeded += count;
+        self.view.control.insert(tree, control, 0)?;
+        for account in [control.holder.account, ALL_ACCOUNTS] {
+            let seeded = self.account_seeded.get(&account, 0).unwrap_or(0);
+            self.account_seeded.insert(account, seeded + count, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the trees have every member the capacity allows: user space puts no more in
+    /// (the reserve beyond it is the programs', for children forked at the capacity).
+    pub(super) fn at_capacity(&self) -> bool {
+        let count = |map: &HashMap<MapData, Account, i64>| map.get(&ALL_ACCOUNTS, 0).unwrap_or(0);
+        count(&self.account_joined) + count(&self.account_seeded)
+            >= i64::from(self.capacity().members)
+    }
+}

@@ -1,0 +1,40 @@
+//! The compiled programs, embedded, and handles into them.
+
+use std::os::fd::OwnedFd;
+
+use anyhow::{Context, Result};
+use aya::{Ebpf, programs::links::FdLink};
+use leash_common::program;
+
+use crate::sys;
+
+/// The compiled programs, embedded at build time by build.rs.
+pub(super) static PROGRAMS: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
+
+/// The programs `Tracker::load` attaches, and where: each to a BTF-typed tracepoint (tp_btf).
+pub const PROGRAMS_ATTACHED: [(&str, &str); 3] = [
+    (program::FORK, "tp_btf/sched_process_fork"),
+    (program::EXIT, "tp_btf/sched_process_exit"),
+    (program::EXEC, "tp_btf/sched_process_exec"),
+];
+
+/// A descriptor of `link` of its own (aya's handles lend none), which holds the link whatever
+/// becomes of the handle.
+pub(super) fn link_fd(link: &FdLink) -> Result<OwnedFd> {
+    let id = link.info()?.id();
+    sys::bpf_link_fd_by_id(id).context("opening a BPF link by its id")
+}
+
+pub(super) fn program_mut<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &str,
+) -> Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name)
+        .with_context(|| format!("program {name} missing from the object"))
+}
+
+pub(super) fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
+    ebpf.take_map(name)
+        .with_context(|| format!("map {name} missing from the object"))
+}
