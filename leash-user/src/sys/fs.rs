@@ -35,8 +35,10 @@ pub fn is_bpffs(path: &Path) -> bool {
     let Ok(path) = CString::new(path.as_os_str().as_bytes()) else {
         return false;
     };
-    // SAFETY: a zeroed statfs is a valid out-parameter; path is NUL-terminated.
+    // SAFETY: statfs is plain data (integers), for which all zeroes is a valid value.
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: path is NUL-terminated and `stat` a valid statfs to write into, both alive for
+    // the call.
     let rc = unsafe { libc::statfs(path.as_ptr(), &mut stat) };
     rc == 0 && stat.f_type as i64 == BPF_FS_MAGIC
 }
