@@ -254,8 +254,9 @@ pub fn send_with_fd(socket: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io
         (*header).cmsg_len = libc::CMSG_LEN(FD_SPACE as u32) as _;
         std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd.as_raw_fd());
     }
-    // SAFETY: message points at iov and control, both alive for the call; the socket is open.
     let sent = loop {
+        // SAFETY: message points at iov and control, both alive for the call; the socket is
+        // open.
         let sent =
             unsafe { libc::sendmsg(socket.as_raw_fd(), &raw const message, libc::MSG_NOSIGNAL) };
         if sent >= 0 {

@@ -348,15 +348,39 @@ pub struct Event {
     pub comm: [u8; 16],
 }
 
+/// Every map value and key type is `repr(C)`, of integers (and arrays of them) only, laid out
+/// with no padding: the size of each is the sum of its fields', so every byte is a field's and
+/// any bytes are a valid value. Checked here at compile time, for the `Pod` impls below and for
+/// the programs, which share these layouts with user space.
+const _: () = {
+    use core::mem::size_of;
+    assert!(size_of::<Member>() == 4 + 4 + 8);
+    assert!(size_of::<TreeCounters>() == 5 * 8);
+    assert!(size_of::<Holder>() == 4 + 4 + 8 + 4 + 4 + 8);
+    assert!(size_of::<TreeControl>() == 4 + 4 + 8 + 8 + 4 + 4 + size_of::<Holder>());
+    assert!(size_of::<Event>() == 4 * 4 + 8 + 16);
+    assert!(size_of::<NamespaceOffsets>() == 12 * 4);
+    assert!(size_of::<Whois>() == (5 + PID_NS_LEVELS) * 4);
+};
+
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: all of these are repr(C) structs of integers with no padding holes that matter
-    // (every bit pattern is a valid value).
+    // Each type below is a repr(C) struct of integers with no padding (checked above): any
+    // bytes are a valid value of it, and viewing one as bytes reads no uninitialised padding.
+    // All are Copy and 'static, and hold no pointers.
+
+    // SAFETY: as said above; tree, parent (u32s) and start_ns (u64).
     unsafe impl aya::Pod for super::Member {}
+    // SAFETY: see above; five u64 counters.
     unsafe impl aya::Pod for super::TreeCounters {}
+    // SAFETY: see above; u32s, an i64, a u64 and a Holder, itself Pod.
     unsafe impl aya::Pod for super::TreeControl {}
+    // SAFETY: see above; u32s and u64s.
     unsafe impl aya::Pod for super::Holder {}
+    // SAFETY: see above; u32s, a u64 and a [u8; 16].
     unsafe impl aya::Pod for super::Event {}
+    // SAFETY: see above; twelve u32 offsets.
     unsafe impl aya::Pod for super::NamespaceOffsets {}
+    // SAFETY: see above; u32s and a [u32; PID_NS_LEVELS].
     unsafe impl aya::Pod for super::Whois {}
 }

@@ -33,6 +33,14 @@ static ACCOUNT_JOINED: HashMap<Account, u64> = HashMap::with_max_entries(1, 0);
 #[map]
 static ACCOUNT_SEEDED: HashMap<Account, i64> = HashMap::with_max_entries(1, 0);
 
+// Reading the hash maps (what makes `HashMap::get` unsafe): they are preallocated (flags 0), so
+// the memory of every value lives as long as the map, which a running program holds. But a
+// value may be written meanwhile, by user space or a program on another CPU, and once deleted
+// its memory may be reused for another key. So the reference `get` returns is never kept: the
+// value is copied at once, or a field or two read within the expression, and every type read
+// this way is plain integers, valid whatever a concurrent write leaves there. At worst what is
+// read is stale, or mixed with a concurrent replacement, never invalid memory.
+
 // Offsets differ between kernels; user space finds them in the kernel's BTF and sets these at
 // load.
 // They are read through volatile loads so the compiler cannot fold the placeholder values.
@@ -64,6 +72,7 @@ const BPF_RB_FORCE_WAKEUP: u64 = 2;
 pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
     let parent = current_tgid();
     // The hot path for every fork on the machine: one lookup, and out for non-members.
+    // SAFETY: copied at once (see "Reading the hash maps").
     let Some(entry) = (unsafe { MEMBERS.get(&parent) }).copied() else {
         return 0;
     };
@@ -82,6 +91,7 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let tree = entry.tree;
+    // SAFETY: copied at once (see "Reading the hash maps").
     let control = unsafe { TREE_CONTROL.get(&tree) }
         .copied()
         .unwrap_or_default();
@@ -112,7 +122,9 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
     }
     let mut quota_spent = over_quota;
     if let Some(counters) = TREE_COUNTERS.get_ptr_mut(&tree) {
-        // SAFETY: the pointer is into the map value and stays valid for this program run.
+        // SAFETY: `counters` points into the tree's value, memory that lives as long as the map
+        // (see "Reading the hash maps"), aligned for its u64s. Other CPUs update the same
+        // counters: they are only added to atomically; the read of over_quota may be stale.
         unsafe {
             quota_spent |= (*counters).over_quota != 0;
             if joined {
@@ -131,6 +143,8 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
         // user space (or, untracked because even the reserve was full, killed by user space on
         // the ForkFailed event), and if it execs first, it dies as it execs (leash_exec). A
         // fork storm cannot outrun that.
+        // SAFETY: the helper takes a signal number, signals the current task and touches no
+        // memory of ours.
         let _ = unsafe { bpf_send_signal(SIGKILL) };
         emit(EventKind::ForkKilled, tree, parent, 0);
     }
@@ -146,6 +160,7 @@ pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
     let tgid = current_tgid();
     // The hot path for every thread's exit on the machine: one lookup, and out for
     // non-members, before any read of the task.
+    // SAFETY: copied at once (see "Reading the hash maps").
     let Some(entry) = (unsafe { MEMBERS.get(&tgid) }).copied() else {
         return 0;
     };
@@ -162,6 +177,7 @@ pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     count(stat::EXITS);
+    // SAFETY: copied at once (see "Reading the hash maps").
     let control = unsafe { TREE_CONTROL.get(&tree) }
         .copied()
         .unwrap_or_default();
@@ -176,9 +192,11 @@ pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
         EventKind::Exit
     };
     emit(kind, tree, tgid, 0);
+    // SAFETY: the helper takes nothing and returns a clock's reading.
     let now = unsafe { bpf_ktime_get_boot_ns() };
     if let Some(counters) = TREE_COUNTERS.get_ptr_mut(&tree) {
-        // SAFETY: as in leash_fork. root_exit_ns has one writer: the root's single group death.
+        // SAFETY: as in leash_fork: memory that lives as long as the map, `left` only added to
+        // atomically. root_exit_ns has one writer: the root's single group death.
         unsafe {
             add(&raw mut (*counters).left, 1);
             if is_root {
@@ -198,6 +216,7 @@ pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "sched_process_exec")]
 pub fn leash_exec(ctx: BtfTracePointContext) -> i32 {
     let tgid = current_tgid();
+    // SAFETY: copied at once (see "Reading the hash maps").
     let Some(entry) = (unsafe { MEMBERS.get(&tgid) }).copied() else {
         return 0;
     };
@@ -206,10 +225,13 @@ pub fn leash_exec(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     emit(EventKind::Exec, entry.tree, tgid, 0);
+    // SAFETY: two fields read within the expression (see "Reading the hash maps").
     let born_doomed = unsafe { TREE_CONTROL.get(&entry.tree) }.is_some_and(|control| {
         control.flags & flags::DOOMED != 0 && entry.start_ns >= control.doomed_ns
     });
     if born_doomed {
+        // SAFETY: the helper takes a signal number, signals the current task and touches no
+        // memory of ours.
         let _ = unsafe { bpf_send_signal(SIGKILL) };
     }
     0
@@ -240,12 +262,15 @@ pub(crate) fn is_member(task: *const u8, entry: &Member) -> bool {
     let Some(start) = read_task::<u64>(leader, &TASK_START_OFFSET) else {
         return false;
     };
+    // SAFETY: a reference to a static is valid and aligned for the read (volatile only so
+    // that the value user space set at load is read, not the placeholder: see the globals).
     let tick = unsafe { read_volatile(&NS_PER_TICK) }.max(1);
     start == entry.start_ns || start / tick == entry.start_ns / tick
 }
 
 /// Whether `account` has all the members its quota allows (root has no quota).
 fn over_quota(account: Account) -> bool {
+    // SAFETY: as for NS_PER_TICK in is_member.
     let quota = unsafe { read_volatile(&MEMBERS_PER_UID) };
     if account == 0 || quota == NO_LIMIT {
         return false;
@@ -256,6 +281,7 @@ fn over_quota(account: Account) -> bool {
 /// Whether the trees have all the members the capacity allows, over all of them (user space's
 /// entries and the programs' together).
 fn over_capacity() -> bool {
+    // SAFETY: as for NS_PER_TICK in is_member.
     let capacity = unsafe { read_volatile(&MEMBER_CAPACITY) };
     if capacity == NO_LIMIT {
         return false;
@@ -265,7 +291,9 @@ fn over_capacity() -> bool {
 
 /// The members `account` has now, over all its trees (every member, for [`ALL_ACCOUNTS`]).
 fn members_of(account: Account) -> i64 {
+    // SAFETY: copied at once (see "Reading the hash maps").
     let joined = unsafe { ACCOUNT_JOINED.get(&account) }.map_or(0, |&n| n as i64);
+    // SAFETY: as above.
     let seeded = unsafe { ACCOUNT_SEEDED.get(&account) }
         .copied()
         .unwrap_or(0);
@@ -275,36 +303,49 @@ fn members_of(account: Account) -> i64 {
 /// Adds `delta` (two's complement: `u64::MAX` is -1) to `account`'s joined members.
 fn add_to_account(account: Account, delta: u64) {
     if let Some(joined) = ACCOUNT_JOINED.get_ptr_mut(&account) {
-        // SAFETY: the pointer is into the map value and stays valid for this program run.
+        // SAFETY: `joined` points into the account's value, an aligned u64 that lives as long
+        // as the map (see "Reading the hash maps"), and is only ever added to atomically.
         unsafe { add(joined, delta) };
     }
 }
 
 /// Reads a `T` at the offset a global holds (read through a volatile load: see the globals).
 pub(crate) fn read_task<T>(task: *const u8, offset: &u32) -> Option<T> {
+    // SAFETY: `offset` is a reference, valid and aligned (volatile: see the globals).
     read_at(task, unsafe { read_volatile(offset) })
 }
 
 /// Reads a `T` at `offset` bytes into the kernel object at `base`.
 pub(crate) fn read_at<T>(base: *const u8, offset: u32) -> Option<T> {
     // SAFETY: bpf_probe_read_kernel checks the address; a bad one returns an error, not a fault.
+    // What it reads is returned as a T only on success, and every T read here (u32, u64, i32,
+    // a pointer only ever read through this function again) is valid for any bytes.
     unsafe { bpf_probe_read_kernel(base.wrapping_add(offset as usize) as *const T) }.ok()
 }
 
 /// An atomic add whose result is unused, which compiles to BPF_XADD: counters shared by all
 /// CPUs. (`AtomicU64::fetch_add` does not exist on the BPF target.)
+///
+/// # Safety
+///
+/// `counter` points at a u64, aligned, valid for reads and writes for the call, that is only
+/// ever written atomically (or by one writer that no adder races).
 unsafe fn add(counter: *mut u64, delta: u64) {
+    // SAFETY: the caller's contract.
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, delta) };
 }
 
 fn count(index: u32) {
     if let Some(slot) = STATS.get_ptr_mut(index) {
-        // SAFETY: a per-CPU slot; this program run is the only writer on this CPU.
+        // SAFETY: `slot` points into this CPU's copy of the array, valid and aligned memory as
+        // long as the map lives; programs run with migration disabled, so only one that
+        // nests on this CPU could race this add, and lose a count, never corrupt memory.
         unsafe { *slot += 1 };
     }
 }
 
 fn emit(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid) {
+    // SAFETY: the helper takes nothing and returns a clock's reading.
     emit_at(kind, tree, pid, parent, unsafe { bpf_ktime_get_boot_ns() });
 }
 

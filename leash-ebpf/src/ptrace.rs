@@ -60,6 +60,7 @@ pub fn leash_ptrace_guard(ctx: *mut c_void) -> i32 {
     };
     // An entry whose start time is not the child's is an earlier process's by the same pid:
     // the child is not a member then.
+    // SAFETY: copied at once (see "Reading the hash maps" in programs.rs).
     let child_tree = unsafe { MEMBERS.get(&child_tgid) }
         .copied()
         .filter(|entry| is_member(child, entry))
@@ -104,6 +105,7 @@ pub fn leash_vm_writev(ctx: TracePointContext) -> u32 {
 /// The member entry of the current process, if it is a member (checked as the other programs
 /// check it). Non-members leave after one lookup.
 fn current_member() -> Option<Member> {
+    // SAFETY: copied at once (see "Reading the hash maps" in programs.rs).
     let entry = unsafe { MEMBERS.get(&current_tgid()) }.copied()?;
     // SAFETY: the helper returns the current task's address; it is only read through
     // bpf_probe_read_kernel.
@@ -120,6 +122,8 @@ fn kill_if_outside(ctx: &TracePointContext, index: usize) {
         return;
     };
     let target = syscall_arg(ctx, index).map_or(0, |pid| pid as u32);
+    // SAFETY: one field read within the expression (see "Reading the hash maps" in
+    // programs.rs).
     let inside =
         unsafe { MEMBERS.get(&target) }.is_some_and(|entry| within(entry.tree, accessor.tree));
     if !inside {
@@ -129,11 +133,14 @@ fn kill_if_outside(ctx: &TracePointContext, index: usize) {
 
 fn kill_current() {
     // Before the call returns to user space: the access it asked for never serves it.
+    // SAFETY: the helper takes a signal number, signals the current task and touches no memory
+    // of ours.
     let _ = unsafe { bpf_send_signal(SIGKILL) };
 }
 
 fn syscall_arg(ctx: &TracePointContext, index: usize) -> Option<u64> {
-    // SAFETY: read_at reads through bpf_probe_read_kernel, which checks the address.
+    // SAFETY: read_at reads through bpf_probe_read_kernel, which checks the address; a u64 is
+    // valid for any bytes.
     unsafe { ctx.read_at::<u64>(SYSCALL_ARGS + 8 * index) }.ok()
 }
 
@@ -144,6 +151,8 @@ fn within(tree: TreeId, own: TreeId) -> bool {
         if tree == own {
             return true;
         }
+        // SAFETY: one field read within the match (see "Reading the hash maps" in
+        // programs.rs).
         match unsafe { TREE_CONTROL.get(&tree) } {
             Some(control) if control.parent != 0 => tree = control.parent,
             _ => return false,

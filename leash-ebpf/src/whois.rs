@@ -37,8 +37,8 @@ const USER_NS_LEVELS: usize = 33;
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/task")]
 pub fn leash_whois(ctx: *mut c_void) -> i32 {
-    // SAFETY: the context of a task iterator is `struct bpf_iter__task { meta, task }`; the
-    // verifier checks the read.
+    // SAFETY: the context of a task iterator is `struct bpf_iter__task { meta, task }`, two
+    // pointers: this reads the second, which the verifier checks as a context access.
     let task = unsafe { *(ctx as *const *const u8).add(1) };
     if task.is_null() {
         return 0;
@@ -46,9 +46,12 @@ pub fn leash_whois(ctx: *mut c_void) -> i32 {
     let Some(query) = WHOIS.get_ptr_mut(0) else {
         return 0;
     };
-    // SAFETY: a pointer into the map's one value, valid for this program run. User space
-    // asks one question at a time.
+    // SAFETY: a pointer into the array map's one value, aligned memory that lives as long as
+    // the map. User space asks one question at a time, and reads the answer only after the
+    // iterator has run to its end.
     let wanted = unsafe { (*query).pid };
+    // SAFETY: a reference to a static is valid and aligned for the read (volatile: the value
+    // user space set at load, not the placeholder).
     let offsets = unsafe { read_volatile(&NAMESPACE_OFFSETS) };
     let tgid = read_task::<u32>(task, &TASK_TGID_OFFSET);
     let pid = read_at::<u32>(task, offsets.task_pid);

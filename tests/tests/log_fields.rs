@@ -60,6 +60,7 @@ fn each_event_is_one_line_with_its_fields() {
         one("lease_ended"),
         one("request_refused"),
     );
+    // SAFETY: getuid takes nothing, touches no memory of ours and cannot fail.
     let uid = unsafe { libc::getuid() }.to_string();
     for (event, fields) in [
         ("lease_opened", opened),

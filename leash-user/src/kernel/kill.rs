@@ -19,6 +19,11 @@
 //! at most [`SIGNALS_PER_STEP`] of them. An entry checked long after its walk is still safe to
 //! signal: the pidfd is opened first and the entry (or /proc) checked after, as for a fresh one.
 
+mod signal;
+mod target;
+#[cfg(test)]
+mod tests;
+
 use std::{
     collections::{HashMap, VecDeque},
     thread,
@@ -27,12 +32,11 @@ use std::{
 
 use anyhow::Result;
 use leash_common::{Member, Pid, TreeId};
+use signal::{Signal, process_of, signal_member};
+use target::KillTarget;
 
 use super::tracker::Tracker;
-use crate::{
-    proc::{self, ProcessRef},
-    sys::Pidfd,
-};
+use crate::proc::ProcessRef;
 
 /// How long SIGKILL rounds may go on before the kill is reported as failed (a process stuck in
 /// uninterruptible sleep can hold out that long).
@@ -183,8 +187,13 @@ impl Kill {
     }
 
     pub fn step(&mut self, tracker: &mut Tracker) -> Result<KillStep, KillError> {
+        self.step_on(tracker)
+    }
+
+    /// [`Kill::step`] on any [`KillTarget`]: the tracker, or a fake.
+    fn step_on<T: KillTarget>(&mut self, target: &mut T) -> Result<KillStep, KillError> {
         let tree = self.tree;
-        self.advance(tracker)
+        self.advance(target)
             .map_err(|e| match e.downcast::<KillError>() {
                 Ok(e) => e,
                 Err(e) => KillError::Kernel {
@@ -194,9 +203,9 @@ impl Kill {
             })
     }
 
-    fn advance(&mut self, tracker: &mut Tracker) -> Result<KillStep> {
+    fn advance<T: KillTarget>(&mut self, tracker: &mut T) -> Result<KillStep> {
         let tree = self.tree;
-        let now = Instant::now();
+        let now = tracker.now();
         match self.phase {
             Phase::Start => {
                 self.doomed_ns = tracker.doom(tree)?;
@@ -271,7 +280,7 @@ impl Kill {
                 // Check the last few; an exited one is swapped out for one already checked.
                 let checked_from = pending.len().saturating_sub(EXIT_CHECKS_PER_STEP);
                 for i in (checked_from..pending.len()).rev() {
-                    if pending[i].has_exited() {
+                    if tracker.has_exited(pending[i]) {
                         pending.swap_remove(i);
                     }
                 }
@@ -305,7 +314,7 @@ impl Kill {
     }
 
     /// Begins a SIGKILL round: queues every member, as the map has them now.
-    fn round(&mut self, tracker: &mut Tracker, now: Instant) -> Result<()> {
+    fn round<T: KillTarget>(&mut self, tracker: &mut T, now: Instant) -> Result<()> {
         let Phase::Rounds {
             next_round,
             next_full_round,
@@ -327,7 +336,7 @@ impl Kill {
 
     /// Walks the member map and queues what `signal` says for each member of the tree.
     /// Returns how many were queued.
-    fn enqueue(&mut self, tracker: &Tracker, signal: Signal) -> Result<usize> {
+    fn enqueue<T: KillTarget>(&mut self, tracker: &T, signal: Signal) -> Result<usize> {
         let mut queued = 0;
         for (pid, member) in tracker.member_entries()? {
             if member.tree != self.tree {
@@ -356,7 +365,7 @@ impl Kill {
     }
 
     /// Signals the next [`SIGNALS_PER_STEP`] queued members.
-    fn signal_queued(&mut self, tracker: &mut Tracker) -> Result<()> {
+    fn signal_queued<T: KillTarget>(&mut self, tracker: &mut T) -> Result<()> {
         if self.queue.is_empty() {
             return Ok(());
         }
@@ -375,7 +384,7 @@ impl Kill {
                 Some(false) if signal == libc::SIGTERM => continue,
                 _ => {}
             }
-            let Some(sent) = tracker.signal_member(pid, member, signal)? else {
+            let Some(sent) = signal_member(tracker, pid, member, signal)? else {
                 // It stays in the map, unsignalled: a later round finds it again.
                 deferred += 1;
                 continue;
@@ -401,7 +410,7 @@ impl Kill {
         if self.queue.is_empty()
             && let Phase::Rounds { next_round, .. } = &mut self.phase
         {
-            *next_round = Instant::now() + ROUND_WAIT;
+            *next_round = tracker.now() + ROUND_WAIT;
         }
         Ok(())
     }
@@ -425,48 +434,12 @@ impl Kill {
     }
 }
 
-/// The process a member entry names.
-fn process_of(pid: Pid, member: Member) -> ProcessRef {
-    ProcessRef {
-        pid,
-        start_ticks: proc::ns_to_ticks(member.start_ns),
-    }
-}
-
 fn rounds_from(now: Instant) -> Phase {
     Phase::Rounds {
         next_round: now,
         next_full_round: now,
         joined: 0,
         give_up: now + KILL_ROUNDS_TIMEOUT,
-    }
-}
-
-/// What a walk of the members sends.
-#[derive(Clone, Copy, Debug)]
-enum Signal {
-    /// SIGKILL to every member not sent it yet.
-    Kill,
-    /// SIGTERM to every member, but SIGKILL to those that started after the doom (given in
-    /// boot-time ns).
-    TermOrKillNewborn(u64),
-    /// SIGKILL to the members that started after the doom and were not sent it yet.
-    KillNewborn(u64),
-}
-
-impl Signal {
-    /// The signal for `member`, or None to leave it be. `killed`: whether it was sent SIGKILL
-    /// already (None: not signalled at all).
-    fn for_member(self, member: &Member, killed: Option<bool>) -> Option<i32> {
-        let newborn = |doomed_ns: u64| member.start_ns >= doomed_ns;
-        match (self, killed) {
-            (_, Some(true)) => None,
-            (Self::Kill, _) => Some(libc::SIGKILL),
-            (Self::TermOrKillNewborn(doomed), _) if newborn(doomed) => Some(libc::SIGKILL),
-            (Self::TermOrKillNewborn(_), _) => Some(libc::SIGTERM),
-            (Self::KillNewborn(doomed), _) if newborn(doomed) => Some(libc::SIGKILL),
-            (Self::KillNewborn(_), _) => None,
-        }
     }
 }
 
@@ -485,53 +458,6 @@ impl Tracker {
                     return Ok(report);
                 }
             }
-        }
-    }
-
-    /// Sends `signal` to the member `pid` through a pidfd of the very process its entry
-    /// `member` names. Returns whether it was sent. An entry whose process is gone (it can only
-    /// be one user space put in after its process had exited) is taken out: its pid may name an
-    /// unrelated process by now.
-    ///
-    /// Returns whether it was signalled; None if it could not be opened now (a shortage of
-    /// descriptors or memory, say): that is never taken for its being gone.
-    fn signal_member(&mut self, pid: Pid, member: Member, signal: i32) -> Result<Option<bool>> {
-        let pidfd = match self.open_member(process_of(pid, member), member) {
-            Ok(Some(pidfd)) => pidfd,
-            Ok(None) => {
-                self.drop_stale(pid, member)?;
-                return Ok(Some(false));
-            }
-            Err(e) => {
-                tracing::debug!(pid, "cannot open a member: {e}");
-                return Ok(None);
-            }
-        };
-        Ok(Some(pidfd.send_signal(signal).is_ok()))
-    }
-
-    /// A pidfd for the process `member`'s entry names, or None if it is gone.
-    ///
-    /// An entry the fork program made carries the child's exact start time, and the exit
-    /// program removes it when that very process dies, before its pid can be reused: if the
-    /// entry is still there after the pidfd was opened, the pidfd is that process. That costs
-    /// one map lookup. An entry user space made from /proc (a whole number of clock ticks) is
-    /// checked against /proc instead, ten times the cost, for the few such entries a tree has.
-    fn open_member(&self, process: ProcessRef, member: Member) -> std::io::Result<Option<Pidfd>> {
-        if member.start_ns != 0 && member.start_ns.is_multiple_of(proc::ticks_to_ns(1)) {
-            return process.open();
-        }
-        match Pidfd::open(process.pid) {
-            Ok(pidfd) => Ok((self.member(process.pid) == Some(member)).then_some(pidfd)),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ESRCH | libc::EINVAL | libc::ENOENT)
-                ) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(e),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! - fmod_ret on `security_ptrace_access_check` (Linux 5.7, with BPF trampolines: x86_64 since
 //!   5.5, arm64 since 6.0, and CONFIG_SECURITY): the access fails with EPERM. aya 0.14 cannot
 //!   load fmod_ret programs, so this module relocates the program itself, with aya-obj, against
-//!   the maps aya made, and loads and attaches it with raw `bpf()` calls (sys.rs).
+//!   the maps aya made, and loads and attaches it with raw `bpf()` calls (sys/bpf.rs).
 //! - Where that fails, syscall tracepoints that SIGKILL the member as it asks. They do not see
 //!   /proc/PID/mem, and they refuse every `pidfd_getfd` a member makes.
 

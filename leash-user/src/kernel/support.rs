@@ -121,7 +121,8 @@ pub fn tp_btf_attach() -> anyhow::Result<()> {
     use std::os::fd::AsFd;
 
     use anyhow::Context;
-    use aya_obj::generated::bpf_insn;
+
+    use crate::sys::zeroed_insn;
 
     const TARGET: &str = "btf_trace_sched_process_fork";
     let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
@@ -130,13 +131,7 @@ pub fn tp_btf_attach() -> anyhow::Result<()> {
         .with_context(|| format!("finding {TARGET} in the kernel's BTF"))?;
     drop(btf);
     // r0 = 0; exit. Registers 0 and offsets 0: all but the opcode is zero.
-    let instruction = |code: u8| {
-        // SAFETY: bpf_insn is plain data, for which all zeroes is valid.
-        let mut insn: bpf_insn = unsafe { std::mem::zeroed() };
-        insn.code = code;
-        insn
-    };
-    let insns = [instruction(0xb7), instruction(0x95)];
+    let insns = [zeroed_insn(0xb7), zeroed_insn(0x95)];
     let program = crate::sys::load_tp_btf("leash_probe", &insns, c"GPL", target)
         .context("loading a tp_btf program on sched_process_fork")?;
     let link = crate::sys::attach_tracing(program.as_fd())

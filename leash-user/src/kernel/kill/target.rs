@@ -1,0 +1,105 @@
+//! What a kill needs of the kernel: the tree's entries in the maps, and the processes they
+//! name. The real ones are the tracker's BPF maps and pidfds; the unit tests put a fake in their
+//! place, so the kill's steps run on a CPU alone.
+
+use std::{io, time::Instant};
+
+use anyhow::Result;
+use leash_common::{Member, Pid, TreeId};
+
+use crate::{
+    kernel::{tracker::Tracker, types::TreeStatus, view::TrackerView},
+    proc::{self, ProcessRef},
+    sys::Pidfd,
+};
+
+/// The map operations and process operations a [`Kill`](super::Kill) makes, and its clock.
+pub trait KillTarget {
+    /// A handle on one process, which names it for good (a pidfd).
+    type Process;
+
+    /// Now, on the clock the kill's deadlines (grace, rounds, give-up) are measured with.
+    fn now(&self) -> Instant;
+
+    /// Marks `tree` doomed (see [`Tracker::doom`]); returns when it was first doomed, in
+    /// boot-time ns.
+    fn doom(&mut self, tree: TreeId) -> Result<u64>;
+
+    /// The kernel's counters of `tree`: its members now, and how many ever joined at fork.
+    fn tree_status(&self, tree: TreeId) -> Result<TreeStatus>;
+
+    /// Whether `tree` has no members left.
+    fn is_empty(&self, tree: TreeId) -> Result<bool>;
+
+    /// Every entry of the member map now.
+    fn member_entries(&self) -> Result<Vec<(Pid, Member)>>;
+
+    /// The member entry of `pid`, if there is one.
+    fn member(&self, pid: Pid) -> Option<Member>;
+
+    /// Takes out `pid`'s entry if it is still `stale`, whose process is gone.
+    fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()>;
+
+    /// A handle on whatever process `pid` names now (pidfd_open); an error that
+    /// [`proc::is_gone`] accepts if none.
+    fn open(&self, pid: Pid) -> io::Result<Self::Process>;
+
+    /// The start time (clock ticks since boot) of whatever process `pid` names now, from /proc;
+    /// None if none.
+    fn start_ticks(&self, pid: Pid) -> io::Result<Option<u64>>;
+
+    /// Sends `signal` to the process `process` names.
+    fn send_signal(&self, process: &Self::Process, signal: i32) -> io::Result<()>;
+
+    /// Whether `process` has finished exiting (see [`ProcessRef::has_exited`]).
+    fn has_exited(&self, process: ProcessRef) -> bool;
+}
+
+/// The real maps and processes.
+impl KillTarget for Tracker {
+    type Process = Pidfd;
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn doom(&mut self, tree: TreeId) -> Result<u64> {
+        Tracker::doom(self, tree)
+    }
+
+    fn tree_status(&self, tree: TreeId) -> Result<TreeStatus> {
+        TrackerView::tree_status(self, tree)
+    }
+
+    fn is_empty(&self, tree: TreeId) -> Result<bool> {
+        TrackerView::is_empty(self, tree)
+    }
+
+    fn member_entries(&self) -> Result<Vec<(Pid, Member)>> {
+        TrackerView::member_entries(self)
+    }
+
+    fn member(&self, pid: Pid) -> Option<Member> {
+        TrackerView::member(self, pid)
+    }
+
+    fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()> {
+        Tracker::drop_stale(self, pid, stale)
+    }
+
+    fn open(&self, pid: Pid) -> io::Result<Pidfd> {
+        Pidfd::open(pid)
+    }
+
+    fn start_ticks(&self, pid: Pid) -> io::Result<Option<u64>> {
+        Ok(proc::read_process(pid)?.map(|now| now.start_ticks))
+    }
+
+    fn send_signal(&self, process: &Pidfd, signal: i32) -> io::Result<()> {
+        process.send_signal(signal)
+    }
+
+    fn has_exited(&self, process: ProcessRef) -> bool {
+        process.has_exited()
+    }
+}

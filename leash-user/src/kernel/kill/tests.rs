@@ -1,0 +1,493 @@
+//! The kill's steps against a fake kernel: a member map, processes that die when signalled
+//! (or not), forks that the doomed flag turns into the forker's death, and a clock that moves
+//! only when the test moves it. No BPF, no real process.
+
+use std::{
+    cell::RefCell,
+    collections::BTreeMap,
+    io,
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+use leash_common::{Member, Pid, TreeId};
+
+use super::{
+    FULL_ROUND_EVERY, KILL_ROUNDS_TIMEOUT, Kill, KillError, KillReport, KillStep, KillTarget,
+    SIGNALS_PER_STEP,
+};
+use crate::{
+    kernel::TreeStatus,
+    proc::{self, ProcessRef},
+};
+
+const TREE: TreeId = 1;
+const OTHER_TREE: TreeId = 2;
+/// The fake's boot time when a test starts, in ns.
+const BOOT_NS: u64 = 1_000_000_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Running,
+    /// Signalled to death: gone at the next tick of the clock.
+    Dying,
+    /// A zombie: it has finished exiting, not yet reaped.
+    Exited,
+    Reaped,
+}
+
+#[derive(Debug)]
+struct Process {
+    pid: Pid,
+    start_ns: u64,
+    state: State,
+    /// Handles SIGTERM (cleans up, stays) instead of dying of it.
+    ignores_term: bool,
+    /// Stuck in the kernel: not even SIGKILL ends it.
+    unkillable: bool,
+    /// Every signal sent to it, in order.
+    signals: Vec<i32>,
+}
+
+/// A handle on one process, as a pidfd is: its pid and start time.
+#[derive(Clone, Copy, Debug)]
+struct Handle {
+    pid: Pid,
+    start_ns: u64,
+}
+
+/// The fake kernel.
+struct Fake {
+    epoch: Instant,
+    /// How far the clock moved since `epoch`.
+    elapsed: Duration,
+    members: BTreeMap<Pid, Member>,
+    /// Every process ever, the newest of a pid last (processes are behind a RefCell: signals
+    /// go through `&self`, as they do through a pidfd).
+    processes: RefCell<Vec<Process>>,
+    doomed_ns: Option<u64>,
+    joined: u64,
+    next_pid: Pid,
+}
+
+impl Fake {
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            elapsed: Duration::ZERO,
+            members: BTreeMap::new(),
+            processes: RefCell::new(Vec::new()),
+            doomed_ns: None,
+            joined: 0,
+            next_pid: 1000,
+        }
+    }
+
+    /// Boot-time ns now; never a whole number of clock ticks, as a start time the fork program
+    /// takes from the kernel almost never is.
+    fn boot_ns(&self) -> u64 {
+        BOOT_NS + self.elapsed.as_nanos() as u64 + 7
+    }
+
+    /// A new running process by `pid`, started now (and the clock moved on a little, so that
+    /// whatever comes next, a doom above all, comes later).
+    fn start(&mut self, pid: Pid) -> u64 {
+        let start_ns = self.boot_ns();
+        self.elapsed += Duration::from_micros(1);
+        self.processes.get_mut().push(Process {
+            pid,
+            start_ns,
+            state: State::Running,
+            ignores_term: false,
+            unkillable: false,
+            signals: Vec::new(),
+        });
+        start_ns
+    }
+
+    /// A member of `tree` that joined at a fork, before any kill.
+    fn add_member(&mut self, tree: TreeId) -> Pid {
+        let pid = self.next_pid;
+        self.next_pid += 1;
+        let start_ns = self.start(pid);
+        self.members.insert(
+            pid,
+            Member {
+                tree,
+                parent: 1,
+                start_ns,
+            },
+        );
+        self.joined += u64::from(tree == TREE);
+        pid
+    }
+
+    fn process(&mut self, pid: Pid) -> &mut Process {
+        self.processes
+            .get_mut()
+            .iter_mut()
+            .rev()
+            .find(|p| p.pid == pid)
+            .expect("a process by that pid")
+    }
+
+    /// `pid` forks: in a doomed tree the fork program kills the forker, and the child joins
+    /// all the same (born doomed). Returns the child's pid.
+    fn fork(&mut self, pid: Pid) -> Pid {
+        let tree = self.members[&pid].tree;
+        let child = self.add_member(tree);
+        self.members.get_mut(&child).unwrap().parent = pid;
+        if self.doomed_ns.is_some() {
+            self.process(pid).state = State::Dying;
+        }
+        child
+    }
+
+    /// Moves the clock on: whatever was signalled to death has exited by then, and the exit
+    /// program took its entry out.
+    fn tick(&mut self, by: Duration) {
+        self.elapsed += by.max(Duration::from_micros(100));
+        for process in self.processes.get_mut() {
+            if process.state == State::Dying {
+                process.state = State::Exited;
+                if self
+                    .members
+                    .get(&process.pid)
+                    .is_some_and(|m| m.start_ns == process.start_ns)
+                {
+                    self.members.remove(&process.pid);
+                }
+            }
+        }
+    }
+
+    /// The signals process `pid` (the newest by that pid) was sent.
+    fn signals(&mut self, pid: Pid) -> Vec<i32> {
+        self.process(pid).signals.clone()
+    }
+
+    fn tree_members(&self, tree: TreeId) -> usize {
+        self.members.values().filter(|m| m.tree == tree).count()
+    }
+}
+
+impl KillTarget for Fake {
+    type Process = Handle;
+
+    fn now(&self) -> Instant {
+        self.epoch + self.elapsed
+    }
+
+    fn doom(&mut self, tree: TreeId) -> Result<u64> {
+        assert_eq!(tree, TREE);
+        Ok(*self.doomed_ns.get_or_insert(self.boot_ns()))
+    }
+
+    fn tree_status(&self, tree: TreeId) -> Result<TreeStatus> {
+        Ok(TreeStatus {
+            tree,
+            root: 0,
+            members: self.tree_members(tree) as u64,
+            seeded: 0,
+            joined: self.joined,
+            left: 0,
+            failed_inserts: 0,
+            over_quota: 0,
+            root_exit_ns: None,
+            doomed_ns: self.doomed_ns,
+            parent: None,
+        })
+    }
+
+    fn is_empty(&self, tree: TreeId) -> Result<bool> {
+        Ok(self.tree_members(tree) == 0)
+    }
+
+    fn member_entries(&self) -> Result<Vec<(Pid, Member)>> {
+        Ok(self.members.iter().map(|(&pid, &m)| (pid, m)).collect())
+    }
+
+    fn member(&self, pid: Pid) -> Option<Member> {
+        self.members.get(&pid).copied()
+    }
+
+    fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()> {
+        if self.members.get(&pid) == Some(&stale) {
+            self.members.remove(&pid);
+        }
+        Ok(())
+    }
+
+    fn open(&self, pid: Pid) -> io::Result<Handle> {
+        let processes = self.processes.borrow();
+        match processes.iter().rev().find(|p| p.pid == pid) {
+            Some(p) if p.state != State::Reaped => Ok(Handle {
+                pid,
+                start_ns: p.start_ns,
+            }),
+            _ => Err(io::Error::from_raw_os_error(libc::ESRCH)),
+        }
+    }
+
+    fn start_ticks(&self, pid: Pid) -> io::Result<Option<u64>> {
+        let processes = self.processes.borrow();
+        Ok(processes
+            .iter()
+            .rev()
+            .find(|p| p.pid == pid && p.state != State::Reaped)
+            .map(|p| proc::ns_to_ticks(p.start_ns)))
+    }
+
+    fn send_signal(&self, handle: &Handle, signal: i32) -> io::Result<()> {
+        let mut processes = self.processes.borrow_mut();
+        let process = processes
+            .iter_mut()
+            .find(|p| p.pid == handle.pid && p.start_ns == handle.start_ns)
+            .filter(|p| p.state != State::Reaped)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+        process.signals.push(signal);
+        let dies = match signal {
+            libc::SIGKILL => !process.unkillable,
+            libc::SIGTERM => !process.ignores_term,
+            _ => false,
+        };
+        if dies && process.state == State::Running {
+            process.state = State::Dying;
+        }
+        Ok(())
+    }
+
+    fn has_exited(&self, process: ProcessRef) -> bool {
+        let processes = self.processes.borrow();
+        processes
+            .iter()
+            .find(|p| p.pid == process.pid && proc::ns_to_ticks(p.start_ns) == process.start_ticks)
+            .is_none_or(|p| matches!(p.state, State::Exited | State::Reaped))
+    }
+}
+
+/// Steps `kill` until it ends, moving the fake's clock by each wait; `between` runs after
+/// every step, before the clock moves (what the world does while the driver sleeps: a member
+/// just sent SIGKILL may still be forking).
+fn drive(
+    kill: &mut Kill,
+    fake: &mut Fake,
+    mut between: impl FnMut(&mut Fake),
+) -> Result<KillReport, KillError> {
+    for _ in 0..1_000_000 {
+        match kill.step_on(fake)? {
+            KillStep::Wait(pause) => {
+                between(fake);
+                fake.tick(pause);
+            }
+            KillStep::Done(report) => return Ok(report),
+        }
+    }
+    panic!("the kill never ended");
+}
+
+#[test]
+fn sigterm_first_then_sigkill_once_the_grace_is_over() {
+    let mut fake = Fake::new();
+    let (polite, stubborn) = (fake.add_member(TREE), fake.add_member(TREE));
+    fake.process(stubborn).ignores_term = true;
+    let grace = Duration::from_secs(5);
+    let mut kill = Kill::new(TREE, grace);
+    let report = drive(&mut kill, &mut fake, |fake| {
+        // No SIGKILL while the grace lasts.
+        if fake.elapsed < grace {
+            assert_eq!(fake.signals(stubborn), [libc::SIGTERM]);
+        }
+    })
+    .unwrap();
+    assert!(fake.elapsed >= grace, "the grace was waited out");
+    assert_eq!(fake.signals(polite), [libc::SIGTERM], "it left on SIGTERM");
+    assert_eq!(fake.signals(stubborn), [libc::SIGTERM, libc::SIGKILL]);
+    assert_eq!((report.terminated, report.killed, report.rounds), (2, 1, 1));
+    assert_eq!(fake.tree_members(TREE), 0);
+}
+
+#[test]
+fn a_shortened_grace_ends_sooner() {
+    let mut fake = Fake::new();
+    let stubborn = fake.add_member(TREE);
+    fake.process(stubborn).ignores_term = true;
+    let mut kill = Kill::new(TREE, Duration::from_secs(60));
+    kill.step_on(&mut fake).unwrap();
+    kill.shorten_grace(Duration::from_secs(1));
+    kill.shorten_grace(Duration::from_secs(30)); // never lengthened again
+    drive(&mut kill, &mut fake, |_| {}).unwrap();
+    assert!(fake.elapsed >= Duration::from_secs(1) && fake.elapsed < Duration::from_secs(2));
+    assert_eq!(fake.signals(stubborn), [libc::SIGTERM, libc::SIGKILL]);
+}
+
+#[test]
+fn rounds_go_on_until_the_tree_is_empty() {
+    let mut fake = Fake::new();
+    // More than a step signals: the first round takes several steps.
+    let members: Vec<Pid> = (0..SIGNALS_PER_STEP * 2 + 10)
+        .map(|_| fake.add_member(TREE))
+        .collect();
+    let outsider = fake.add_member(OTHER_TREE);
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let mut steps = 0;
+    let report = drive(&mut kill, &mut fake, |_| steps += 1).unwrap();
+    for &pid in &members {
+        assert_eq!(fake.signals(pid), [libc::SIGKILL], "one SIGKILL each");
+    }
+    assert_eq!(report.killed, members.len());
+    assert_eq!((report.terminated, report.rounds), (0, 1));
+    assert!(steps >= 3, "at most {SIGNALS_PER_STEP} signals a step");
+    assert_eq!(fake.tree_members(TREE), 0);
+    assert!(
+        fake.signals(outsider).is_empty(),
+        "another tree is left alone"
+    );
+    assert_eq!(fake.tree_members(OTHER_TREE), 1);
+}
+
+#[test]
+fn newborns_between_rounds_are_killed() {
+    let mut fake = Fake::new();
+    let parent = fake.add_member(TREE);
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    // The first round signals the parent; before it dies, it forks (and the fork program
+    // kills it for that), and its child forks again in the next gap.
+    kill.step_on(&mut fake).unwrap();
+    assert_eq!(fake.signals(parent), [libc::SIGKILL]);
+    let child = fake.fork(parent);
+    let mut grandchild = None;
+    let report = drive(&mut kill, &mut fake, |fake| {
+        if grandchild.is_none() && fake.signals(child) == [libc::SIGKILL] {
+            grandchild = Some(fake.fork(child));
+        }
+    })
+    .unwrap();
+    let grandchild = grandchild.expect("the child was signalled");
+    assert_eq!(fake.signals(child), [libc::SIGKILL]);
+    assert_eq!(fake.signals(grandchild), [libc::SIGKILL]);
+    assert_eq!((report.killed, report.rounds), (3, 3));
+    assert_eq!(fake.tree_members(TREE), 0);
+}
+
+#[test]
+fn a_newborn_gets_no_grace() {
+    let mut fake = Fake::new();
+    let parent = fake.add_member(TREE);
+    fake.process(parent).ignores_term = true;
+    let grace = Duration::from_secs(10);
+    let mut kill = Kill::new(TREE, grace);
+    kill.step_on(&mut fake).unwrap();
+    assert_eq!(fake.signals(parent), [libc::SIGTERM]);
+    // It forks in its grace: the fork program kills it, and its child is born doomed.
+    let child = fake.fork(parent);
+    fake.tick(Duration::from_millis(1));
+    let mut killed_at = None;
+    let report = drive(&mut kill, &mut fake, |fake| {
+        if killed_at.is_none() && !fake.signals(child).is_empty() {
+            killed_at = Some(fake.elapsed);
+        }
+    })
+    .unwrap();
+    assert_eq!(fake.signals(child), [libc::SIGKILL], "SIGKILL, not SIGTERM");
+    assert!(
+        killed_at.unwrap() < Duration::from_millis(100),
+        "at once, not after the grace"
+    );
+    assert!(fake.elapsed < grace, "an empty tree ends the grace");
+    assert_eq!((report.terminated, report.killed, report.rounds), (1, 1, 0));
+}
+
+#[test]
+fn a_member_that_never_dies_is_reported_unkillable() {
+    let mut fake = Fake::new();
+    let stuck = fake.add_member(TREE);
+    let gone = fake.add_member(TREE);
+    fake.process(stuck).unkillable = true;
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let error = drive(&mut kill, &mut fake, |_| {}).unwrap_err();
+    let KillError::Unkillable {
+        tree,
+        remaining,
+        rounds,
+    } = error
+    else {
+        panic!("{error:?}");
+    };
+    assert_eq!((tree, remaining), (TREE, 1));
+    assert!(
+        fake.elapsed >= KILL_ROUNDS_TIMEOUT,
+        "rounds went on for the whole timeout"
+    );
+    assert!(fake.elapsed < KILL_ROUNDS_TIMEOUT + FULL_ROUND_EVERY * 2);
+    // One full round a second, and nothing more: SIGKILL is sent once.
+    let expected = (KILL_ROUNDS_TIMEOUT.as_secs() / FULL_ROUND_EVERY.as_secs()) as u32;
+    assert!(
+        (expected..=expected + 2).contains(&rounds),
+        "{rounds} rounds"
+    );
+    assert_eq!(fake.signals(stuck), [libc::SIGKILL]);
+    assert_eq!(fake.signals(gone), [libc::SIGKILL]);
+}
+
+#[test]
+fn a_recycled_pid_is_never_signalled() {
+    let mut fake = Fake::new();
+    // Entries the fork program made, more than one step signals: a round queues them all, and
+    // the last ones are signalled a step later.
+    let members: Vec<Pid> = (0..SIGNALS_PER_STEP + 10)
+        .map(|_| fake.add_member(TREE))
+        .collect();
+    // One the first step does not reach (SIGKILLs queue in reverse order of the walk).
+    let recycled = members[0];
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    kill.step_on(&mut fake).unwrap();
+    assert!(
+        fake.signals(recycled).is_empty(),
+        "not signalled in the first step"
+    );
+    // Between the steps it exits (the exit program takes its entry out), is reaped, and its
+    // pid goes to an unrelated process.
+    fake.process(recycled).state = State::Reaped;
+    fake.members.remove(&recycled);
+    fake.tick(Duration::from_millis(20));
+    fake.start(recycled);
+    drive(&mut kill, &mut fake, |_| {}).unwrap();
+    assert!(
+        fake.signals(recycled).is_empty(),
+        "the new process is left alone"
+    );
+    assert_eq!(fake.process(recycled).state, State::Running);
+    for &pid in &members[1..] {
+        assert_eq!(fake.signals(pid), [libc::SIGKILL]);
+    }
+}
+
+#[test]
+fn a_stale_entry_from_proc_is_taken_out_not_signalled() {
+    let mut fake = Fake::new();
+    let live = fake.add_member(TREE);
+    // An entry user space made from /proc (its start a whole number of clock ticks) for a
+    // process that is gone, its pid taken by an unrelated process since.
+    let pid = 4242;
+    let ticks = proc::ns_to_ticks(BOOT_NS) + 1;
+    fake.members.insert(
+        pid,
+        Member {
+            tree: TREE,
+            parent: 1,
+            start_ns: proc::ticks_to_ns(ticks),
+        },
+    );
+    fake.tick(Duration::from_millis(50));
+    fake.start(pid);
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let report = drive(&mut kill, &mut fake, |_| {}).unwrap();
+    assert!(
+        fake.signals(pid).is_empty(),
+        "the unrelated process is left alone"
+    );
+    assert!(fake.member(pid).is_none(), "the stale entry is taken out");
+    assert_eq!(fake.signals(live), [libc::SIGKILL]);
+    assert_eq!(report.killed, 1);
+}

@@ -1,0 +1,284 @@
+//! bpf(2): loading and attaching the programs aya cannot (tracing programs by BTF id), pins,
+//! links by id, iterators, and the probe of whether the system call may be used at all.
+
+use std::{
+    ffi::CString,
+    io,
+    os::{
+        fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+        unix::ffi::OsStrExt,
+    },
+    path::Path,
+};
+
+/// `union bpf_attr` as BPF_PROG_LOAD reads it, up to `attach_prog_fd` (Linux 5.5).
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+    prog_btf_fd: u32,
+    func_info_rec_size: u32,
+    func_info: u64,
+    func_info_cnt: u32,
+    line_info_rec_size: u32,
+    line_info: u64,
+    line_info_cnt: u32,
+    attach_btf_id: u32,
+    attach_prog_fd: u32,
+    _pad: u32,
+}
+
+/// bpf(2): `command` with `attr`; returns what the call returned (a new descriptor, for the
+/// commands that make one).
+///
+/// # Safety
+///
+/// `attr` is the prefix of `union bpf_attr` that `command` reads, and every pointer in it is
+/// valid (for reads, or for the writes the command makes) for the duration of the call.
+pub(super) unsafe fn bpf<T>(command: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
+    // SAFETY: the caller's contract.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, command, attr as *mut T, size_of::<T>()) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+/// A descriptor a bpf(2) command returned: new, and owned by nothing else.
+fn new_bpf_fd(fd: libc::c_long) -> OwnedFd {
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    unsafe { OwnedFd::from_raw_fd(fd as RawFd) }
+}
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
+const BPF_PROG_TYPE_TRACING: u32 = 26;
+const BPF_TRACE_RAW_TP: u32 = 23;
+const BPF_MODIFY_RETURN: u32 = 26;
+
+/// The BPF instruction of opcode `code` whose registers, offset and immediate are all zero
+/// (`r0 = 0` is 0xb7, `exit` 0x95).
+pub fn zeroed_insn(code: u8) -> aya_obj::generated::bpf_insn {
+    // SAFETY: bpf_insn is plain data (integers and a bitfield of integers), for which all
+    // zeroes is a valid value.
+    let mut insn: aya_obj::generated::bpf_insn = unsafe { std::mem::zeroed() };
+    insn.code = code;
+    insn
+}
+
+/// What the verifier said of a program it refused, beside the errno.
+#[derive(Debug)]
+pub struct LoadError {
+    pub error: io::Error,
+    pub log: String,
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.error)?;
+        let log = self.log.trim();
+        if !log.is_empty() {
+            // The end of the log says why.
+            let tail: Vec<&str> = log.lines().rev().take(12).collect();
+            write!(f, "; verifier log, last lines:")?;
+            for line in tail.iter().rev() {
+                write!(f, "\n  {line}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// BPF_PROG_LOAD of a tracing program of attach type BPF_MODIFY_RETURN (fmod_ret) on the
+/// kernel function whose BTF id (in vmlinux) is `attach_btf_id`. aya 0.14 cannot load this
+/// type. A refusal is retried once with the verifier's log, which the error carries.
+pub fn load_fmod_ret(
+    name: &str,
+    insns: &[aya_obj::generated::bpf_insn],
+    license: &std::ffi::CStr,
+    attach_btf_id: u32,
+) -> Result<OwnedFd, LoadError> {
+    load_tracing(name, insns, license, BPF_MODIFY_RETURN, attach_btf_id)
+}
+
+/// BPF_PROG_LOAD of a BTF-typed tracepoint program (tp_btf) on the tracepoint whose
+/// `btf_trace_*` typedef has the BTF id `attach_btf_id` in vmlinux: what `leash doctor` loads
+/// and attaches to see that the kernel takes the programs' kind.
+pub fn load_tp_btf(
+    name: &str,
+    insns: &[aya_obj::generated::bpf_insn],
+    license: &std::ffi::CStr,
+    attach_btf_id: u32,
+) -> Result<OwnedFd, LoadError> {
+    load_tracing(name, insns, license, BPF_TRACE_RAW_TP, attach_btf_id)
+}
+
+/// BPF_PROG_LOAD of a tracing program of `expected_attach_type`.
+fn load_tracing(
+    name: &str,
+    insns: &[aya_obj::generated::bpf_insn],
+    license: &std::ffi::CStr,
+    expected_attach_type: u32,
+    attach_btf_id: u32,
+) -> Result<OwnedFd, LoadError> {
+    let mut prog_name = [0u8; 16];
+    // 15 bytes at most, and NUL-terminated: the kernel refuses a name without its NUL.
+    let shown = name.len().min(15);
+    prog_name[..shown].copy_from_slice(&name.as_bytes()[..shown]);
+    let load = |log: &mut Vec<u8>| {
+        let mut attr = ProgLoadAttr {
+            prog_type: BPF_PROG_TYPE_TRACING,
+            insn_cnt: insns.len() as u32,
+            insns: insns.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            log_level: u32::from(!log.is_empty()),
+            log_size: log.len() as u32,
+            log_buf: if log.is_empty() {
+                0
+            } else {
+                log.as_mut_ptr() as u64
+            },
+            prog_name,
+            expected_attach_type,
+            attach_btf_id,
+            ..ProgLoadAttr::default()
+        };
+        // SAFETY: attr is a valid bpf_attr prefix for BPF_PROG_LOAD; insns (8-byte
+        // instructions, insn_cnt of them), license (NUL-terminated) and log (log_size bytes,
+        // written by the kernel) outlive the call.
+        unsafe { bpf(BPF_PROG_LOAD, &mut attr) }.map(new_bpf_fd)
+    };
+    match load(&mut Vec::new()) {
+        Ok(fd) => Ok(fd),
+        Err(_) => {
+            let mut log = vec![0u8; 1 << 20];
+            match load(&mut log) {
+                Ok(fd) => Ok(fd),
+                Err(error) => {
+                    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+                    Err(LoadError {
+                        error,
+                        log: String::from_utf8_lossy(&log[..end]).into_owned(),
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// Attaches a loaded tracing program (fentry, fexit, fmod_ret) where its load named, through
+/// BPF_RAW_TRACEPOINT_OPEN with no name: the way that works on every kernel from Linux 5.5
+/// (BPF_LINK_CREATE came to tracing programs later; this one attached on 5.10, 6.1 and 6.12).
+/// The descriptor returned is a BPF link (5.7): it can be pinned, and the program stays
+/// attached while the link or its pin lives.
+pub fn attach_tracing(program: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    struct RawTracepointAttr {
+        name: u64,
+        prog_fd: u32,
+        _pad: u32,
+    }
+    let mut attr = RawTracepointAttr {
+        name: 0,
+        prog_fd: program.as_raw_fd() as u32,
+        _pad: 0,
+    };
+    // SAFETY: attr is a valid bpf_attr prefix for BPF_RAW_TRACEPOINT_OPEN (a null name).
+    unsafe { bpf(BPF_RAW_TRACEPOINT_OPEN, &mut attr) }.map(new_bpf_fd)
+}
+
+/// BPF_OBJ_PIN: pins a BPF object (here a link) at `path` on a BPF filesystem.
+pub fn pin_object(object: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    #[repr(C)]
+    struct PinAttr {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+    }
+    let path = CString::new(path.as_os_str().as_bytes())?;
+    let mut attr = PinAttr {
+        pathname: path.as_ptr() as u64,
+        bpf_fd: object.as_raw_fd() as u32,
+        file_flags: 0,
+    };
+    // SAFETY: attr is a valid bpf_attr prefix for BPF_OBJ_PIN; path is NUL-terminated and
+    // outlives the call.
+    unsafe { bpf(BPF_OBJ_PIN, &mut attr) }.map(drop)
+}
+
+const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
+const BPF_ITER_CREATE: libc::c_long = 33;
+
+/// A new descriptor of the BPF link `id`: it holds the link whatever becomes of the one that
+/// made it (aya's own link handles do not lend theirs).
+pub fn bpf_link_fd_by_id(id: u32) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    struct GetFdById {
+        link_id: u32,
+        next_id: u32,
+        open_flags: u32,
+    }
+    let mut attr = GetFdById {
+        link_id: id,
+        next_id: 0,
+        open_flags: 0,
+    };
+    // SAFETY: attr is the bpf_attr prefix of this command, with no pointers.
+    unsafe { bpf(BPF_LINK_GET_FD_BY_ID, &mut attr) }.map(new_bpf_fd)
+}
+
+/// A new iterator of the iterator link `link`: reading it to its end runs the program once per
+/// object (and once more with none).
+pub fn bpf_iter_create(link: BorrowedFd<'_>) -> io::Result<std::fs::File> {
+    #[repr(C)]
+    struct IterCreate {
+        link_fd: u32,
+        flags: u32,
+    }
+    let mut attr = IterCreate {
+        link_fd: link.as_raw_fd() as u32,
+        flags: 0,
+    };
+    // SAFETY: attr is the bpf_attr prefix of this command, with no pointers.
+    unsafe { bpf(BPF_ITER_CREATE, &mut attr) }.map(|fd| new_bpf_fd(fd).into())
+}
+
+/// BPF_MAP_CREATE of the smallest array map (one 4-byte entry), closed at once: whether this
+/// process may use the bpf(2) system call at all. EPERM without the privileges (CAP_BPF or
+/// CAP_SYS_ADMIN), ENOSYS on a kernel built without CONFIG_BPF_SYSCALL.
+pub fn bpf_map_create_probe() -> io::Result<()> {
+    #[repr(C)]
+    struct MapCreateAttr {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        map_flags: u32,
+    }
+    const BPF_MAP_CREATE: libc::c_long = 0;
+    const BPF_MAP_TYPE_ARRAY: u32 = 2;
+    let mut attr = MapCreateAttr {
+        map_type: BPF_MAP_TYPE_ARRAY,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 1,
+        map_flags: 0,
+    };
+    // SAFETY: attr is a valid bpf_attr prefix for BPF_MAP_CREATE; it holds no pointers.
+    unsafe { bpf(BPF_MAP_CREATE, &mut attr) }.map(|fd| drop(new_bpf_fd(fd)))
+}

@@ -1,0 +1,31 @@
+//! The one module of leash-user that calls the kernel through `unsafe`: thin wrappers with
+//! safe signatures, one file per family of system calls. Everything else is safe code. (The
+//! host library has its own, for the one call hosts need: starting a process held before exec.)
+
+mod bpf;
+mod bpf_map;
+mod fs;
+mod pidfd;
+mod poll;
+mod process;
+mod signal;
+mod socket;
+
+pub use bpf::{
+    LoadError, attach_tracing, bpf_iter_create, bpf_link_fd_by_id, bpf_map_create_probe,
+    load_fmod_ret, load_tp_btf, pin_object, zeroed_insn,
+};
+pub use bpf_map::HashMapReader;
+pub use fs::{is_bpffs, mount_with};
+pub use leash_client::sys::{SpawnHeldError, spawn_held};
+pub use pidfd::{Pidfd, is_shortage, retry_on_shortage};
+pub use poll::{async_readable, wait_readable};
+pub use process::{
+    FdLimit, boottime_ns, group_id, monotonic_ns, raise_fd_limit, random_bytes,
+    release_free_memory, set_thread_nice, take_env_secret, umask,
+};
+pub use signal::SignalFd;
+pub use socket::{
+    SCM_MAX_FD, peek_with_fds, peer_pid, peer_pidfd, queued_bytes, recv_with_fds,
+    recv_with_fds_from, set_abortive_close, set_passcred, shutdown,
+};
