@@ -13,7 +13,7 @@
 //! - [`identity`]: who a client is beyond its uid: its account, its pid namespaces.
 //! - [`limits`]: per-account caps on connections, request rate and heavy work.
 //! - [`auth`]: the kill(2) rule and tree ownership.
-//! - [`metrics`], [`metrics_text`], [`metrics_http`]: the figures for Prometheus (`--metrics`).
+//! - [`metrics`], [`metrics_http`]: the figures for Prometheus (`--metrics`).
 
 mod accept;
 mod auth;
@@ -24,7 +24,6 @@ mod identity;
 mod limits;
 mod metrics;
 mod metrics_http;
-mod metrics_text;
 mod outbox;
 mod owner;
 mod pid_view;
