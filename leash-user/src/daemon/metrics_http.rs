@@ -46,6 +46,9 @@ use super::{
     request_stream::{Pidfds, RequestStream, Strangers},
 };
 
+mod status_line;
+use status_line::Http11;
+
 /// The longest request head (request line and headers) read: hyper answers a longer one with
 /// 431, and reads no more of it.
 const MAX_HEAD_BYTES: usize = 8 * 1024;
@@ -260,7 +263,7 @@ impl Server {
                 Ok::<_, Infallible>(response)
             })
         });
-        let mut connection = builder().serve_connection(TokioIo::new(stream), service);
+        let mut connection = builder().serve_connection(TokioIo::new(Http11::new(stream)), service);
         // The head has a deadline of hyper's; the time to read the figures is not the client's.
         let taken = async {
             let _ = on_answer.await;
@@ -276,7 +279,7 @@ impl Server {
                 tracing::debug!("metrics: the response was not taken within {RESPONSE_DEADLINE:?}");
             }
         }
-        let mut stream = connection.into_parts().io.into_inner();
+        let mut stream = connection.into_parts().io.into_inner().into_inner();
         // The end of the response (hyper leaves it to whoever takes the stream back). A
         // shutdown does not wait for the peer.
         let _ = stream.shutdown().await;

@@ -115,6 +115,11 @@ fn answers() {
     assert!(head.contains("\r\nconnection: close"), "{head}");
     assert_eq!(body, FIGURES);
 
+    // An HTTP/1.0 client is answered as HTTP/1.1 (RFC 9110, 6.2), and without chunks.
+    let old = exchange(b"GET /metrics HTTP/1.0\r\n\r\n");
+    assert!(old.starts_with("HTTP/1.1 200 OK\r\n"), "{old}");
+    assert!(old.ends_with(&format!("\r\n\r\n{FIGURES}")), "{old}");
+
     let head_only = exchange(b"HEAD /metrics HTTP/1.1\r\n\r\n");
     assert!(head_only.starts_with("HTTP/1.1 200 OK\r\n"), "{head_only}");
     assert!(head_only.ends_with("\r\n\r\n"), "{head_only}");
@@ -131,6 +136,7 @@ fn answers() {
     for (request, status) in [
         (&b"GET / HTTP/1.1\r\n\r\n"[..], "404 Not Found"),
         (b"GET http://x/metrics HTTP/1.1\r\n\r\n", "400 Bad Request"),
+        (b"POST /metrics HTTP/1.0\r\n\r\n", "405 Method Not Allowed"),
         (b"GET /metrics HTTP/2\r\n\r\n", "400 Bad Request"),
         (b"GET /metrics\r\n\r\n", "400 Bad Request"),
         (b"\x00\x01 nonsense\r\n\r\n", "400 Bad Request"),
