@@ -35,7 +35,7 @@ pub fn start_kill(
         KillStart::UnderWay(outcome) => return Some(outcome),
         KillStart::Begun(begun) => begun,
     };
-    daemon.metrics.kill_started(reason.as_str());
+    daemon.metrics.kill_started(reason);
     // Doomed before anyone hears of the kill: from then on no member forks, and a daemon that
     // takes over after this one dies finishes the kill (the kill task dooms it again, harmlessly).
     let nested = {

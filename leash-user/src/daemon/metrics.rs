@@ -10,33 +10,31 @@
 //! [`TrackerView`]: crate::kernel::TrackerView
 
 use std::{
+    fmt,
     sync::atomic::{AtomicU64, Ordering},
     time::Duration,
 };
 
-use leash_client::protocol::ErrorCode;
-
-use super::{
-    metrics_text::{Exposition, HistogramValues, Kind, Value},
-    shared::Daemon,
+use leash_client::protocol::{ErrorCode, KillReason};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet, prometheus_text},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
+    registry::Registry,
 };
 
-/// Why a tree is killed, in the protocol's words (`kill_started` events, the `killed`
-/// summary): the label values of `leash_kills_total`.
-pub const KILL_REASONS: [&str; 8] = [
-    "request",
-    "root_exited",
-    "lease_ended",
-    "untrackable",
-    "member_quota",
-    "enclosing_killed",
-    "shutdown",
-    "resumed",
+/// Why a tree is killed (`kill_started` events, the `killed` summary), in the order of their
+/// label values in `leash_kills_total`.
+pub const KILL_REASONS: [KillReason; 8] = [
+    KillReason::Request,
+    KillReason::RootExited,
+    KillReason::LeaseEnded,
+    KillReason::Untrackable,
+    KillReason::MemberQuota,
+    KillReason::EnclosingKilled,
+    KillReason::Shutdown,
+    KillReason::Resumed,
 ];
-
-/// The label value of a kill whose reason is not in [`KILL_REASONS`] (none is expected: a new
-/// reason belongs there).
-const OTHER_REASON: &str = "other";
 
 /// Every error code of the protocol, in the order of [`code_index`]: the label values of
 /// `leash_requests_refused_total`.
@@ -75,8 +73,8 @@ pub const KILL_DURATION_BOUNDS: [f64; 13] = [
 /// The counters of what happened since the daemon started.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    /// Per [`KILL_REASONS`], then [`OTHER_REASON`].
-    kills: [AtomicU64; KILL_REASONS.len() + 1],
+    /// Per [`KILL_REASONS`].
+    kills: [AtomicU64; KILL_REASONS.len()],
     kill_failures: AtomicU64,
     kill_duration: Histogram,
     /// Per [`ERROR_CODES`].
@@ -108,12 +106,10 @@ impl Histogram {
 impl Metrics {
     /// A kill started for `reason` (once per kill: a kill already under way is not counted
     /// again).
-    pub fn kill_started(&self, reason: &str) {
-        let index = KILL_REASONS
-            .iter()
-            .position(|&known| known == reason)
-            .unwrap_or(KILL_REASONS.len());
-        self.kills[index].fetch_add(1, Ordering::Relaxed);
+    pub fn kill_started(&self, reason: KillReason) {
+        if let Some(index) = KILL_REASONS.iter().position(|&known| known == reason) {
+            self.kills[index].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// A tree's kill ended with the tree empty, `elapsed` after it was doomed.
@@ -159,7 +155,7 @@ pub struct Snapshot {
     pub members: u64,
     pub members_capacity: u64,
     pub leases: u64,
-    pub kills: [u64; KILL_REASONS.len() + 1],
+    pub kills: [u64; KILL_REASONS.len()],
     pub kill_failures: u64,
     pub kill_duration_counts: [u64; KILL_DURATION_BOUNDS.len() + 1],
     pub kill_duration_sum: Duration,
@@ -175,314 +171,173 @@ pub struct KernelCounters {
     pub inserts_failed: u64,
 }
 
-/// Reads the figures now. Reads the kernel's maps (two lookups per tree): call it on a
-/// blocking thread.
-pub fn snapshot(daemon: &Daemon) -> Snapshot {
-    // The registry's lock is held to copy the ids, as for `status`; the maps are read after.
-    let (trees, leases) = (daemon.registry.trees(), daemon.registry.lease_count());
-    let view = &daemon.view;
-    let members = view.members_of(&trees);
-    let capacity = view.capacity();
-    let kernel = view.stats().ok().map(|stats| KernelCounters {
-        events_dropped: stats.events_dropped,
-        inserts_failed: stats.inserts_failed,
-    });
-    Snapshot {
-        trees: trees.len() as u64,
-        trees_capacity: capacity.trees.into(),
-        members,
-        members_capacity: capacity.members.into(),
-        leases: leases as u64,
-        kernel,
-        ..daemon.metrics.counted()
+/// The `Content-Type` of [`encode`]'s text: the Prometheus text format, version 0.0.4.
+pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// The snapshot in the Prometheus text format, version 0.0.4 (not OpenMetrics: no `# EOF`, and
+/// a counter's HELP and TYPE name it with its `_total`, as every Prometheus parser reads it).
+pub fn encode(snapshot: &Snapshot) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(snapshot.clone()));
+    let mut text = String::new();
+    // Writing to a String cannot fail, nor can the collector (it only writes).
+    let _ = prometheus_text::encode(&mut text, &registry);
+    text
+}
+
+/// A snapshot is its own collector: the registry built for one scrape asks it once, and it
+/// writes its families in this order, each family's samples in the order of its constants.
+impl Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let out = &mut encoder;
+        let family = out.encode_descriptor(
+            "leash_build_info",
+            "The daemon's version, as a label (the value is always 1).",
+            None,
+            MetricType::Gauge,
+        )?;
+        let version = env!("CARGO_PKG_VERSION");
+        samples(family, "version", [(version, ConstGauge::new(1_u64))])?;
+        single(
+            out,
+            ConstGauge::new(self.trees),
+            "leash_trees",
+            "Trees registered now (those being killed included).",
+        )?;
+        single(
+            out,
+            ConstGauge::new(self.trees_capacity),
+            "leash_trees_capacity",
+            "Trees that may be registered at once (leash daemon --max-trees).",
+        )?;
+        single(
+            out,
+            ConstGauge::new(self.members),
+            "leash_members",
+            "Processes on a leash now, over every tree (the kernel's per-tree counts).",
+        )?;
+        single(
+            out,
+            ConstGauge::new(self.members_capacity),
+            "leash_members_capacity",
+            "Processes that may be tracked at once, over every tree (leash daemon --max-members).",
+        )?;
+        single(
+            out,
+            ConstGauge::new(self.leases),
+            "leash_leases",
+            "Leases open now: client connections, and hosts a restarted daemon holds trees for.",
+        )?;
+        // Every reason from the start, at 0.
+        let kills = KILL_REASONS
+            .iter()
+            .zip(self.kills)
+            .map(|(reason, n)| (reason.as_str(), n));
+        let family = out.encode_descriptor(
+            // The encoder adds `_total` to a counter's name, here and in its samples.
+            "leash_kills",
+            "Kills started, by reason, as the protocol names it (a tree nested in a killed one is \
+             killed for enclosing_killed).",
+            None,
+            MetricType::Counter,
+        )?;
+        samples(
+            family,
+            "reason",
+            kills.map(|(reason, n)| (reason, ConstCounter::new(n))),
+        )?;
+        single(
+            out,
+            ConstCounter::new(self.kill_failures),
+            "leash_kill_failures",
+            "Kills that gave up on members stuck in the kernel (the tree stays doomed).",
+        )?;
+        // Per bucket, not cumulative (the encoder adds them up), the last above every bound;
+        // the count is their total, so the `+Inf` bucket and `_count` always agree.
+        let buckets: Vec<(f64, u64)> = KILL_DURATION_BOUNDS
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .zip(self.kill_duration_counts)
+            .collect();
+        let count = self
+            .kill_duration_counts
+            .iter()
+            .fold(0_u64, |total, &n| total.saturating_add(n));
+        out.encode_descriptor(
+            "leash_kill_duration_seconds",
+            "Time from a tree's doom to its last member's exit, grace period included, per tree \
+             killed.",
+            None,
+            MetricType::Histogram,
+        )?
+        .encode_histogram::<NoLabelSet>(
+            self.kill_duration_sum.as_secs_f64(),
+            count,
+            &buckets,
+            None,
+        )?;
+        let codes: Vec<String> = ERROR_CODES.iter().map(ToString::to_string).collect();
+        let family = out.encode_descriptor(
+            "leash_requests_refused",
+            "Requests answered with an error, by the protocol's error code.",
+            None,
+            MetricType::Counter,
+        )?;
+        let refused = codes.iter().zip(self.refused);
+        samples(
+            family,
+            "code",
+            refused.map(|(code, n)| (code.as_str(), ConstCounter::new(n))),
+        )?;
+        single(
+            out,
+            ConstCounter::new(self.events_dropped),
+            "leash_events_dropped",
+            "Events not delivered to a subscriber that read too slowly, once per subscriber.",
+        )?;
+        // Unread, the kernel's counters are left out rather than shown as 0.
+        if let Some(kernel) = self.kernel {
+            single(
+                out,
+                ConstCounter::new(kernel.events_dropped),
+                "leash_kernel_events_dropped",
+                "Records the kernel's event ring buffer had no room for, since the programs \
+                 were loaded.",
+            )?;
+            single(
+                out,
+                ConstCounter::new(kernel.inserts_failed),
+                "leash_member_inserts_failed",
+                "Children the kernel could not track because the member map was full (their \
+                 trees are killed), since the programs were loaded.",
+            )?;
+        }
+        Ok(())
     }
 }
 
-/// The snapshot in the Prometheus text format.
-pub fn encode(snapshot: &Snapshot) -> String {
-    use Kind::{Counter, Gauge};
-    let count = Value::Count;
-    let mut text = Exposition::new();
-    text.labelled(
-        "leash_build_info",
-        Gauge,
-        "The daemon's version, as a label (the value is always 1).",
-        "version",
-        &[(env!("CARGO_PKG_VERSION"), count(1))],
-    );
-    text.single(
-        "leash_trees",
-        Gauge,
-        "Trees registered now (those being killed included).",
-        count(snapshot.trees),
-    );
-    text.single(
-        "leash_trees_capacity",
-        Gauge,
-        "Trees that may be registered at once (leash daemon --max-trees).",
-        count(snapshot.trees_capacity),
-    );
-    text.single(
-        "leash_members",
-        Gauge,
-        "Processes on a leash now, over every tree (the kernel's per-tree counts).",
-        count(snapshot.members),
-    );
-    text.single(
-        "leash_members_capacity",
-        Gauge,
-        "Processes that may be tracked at once, over every tree (leash daemon --max-members).",
-        count(snapshot.members_capacity),
-    );
-    text.single(
-        "leash_leases",
-        Gauge,
-        "Leases open now: client connections, and hosts a restarted daemon holds trees for.",
-        count(snapshot.leases),
-    );
-    let mut kills: Vec<(&str, Value)> = KILL_REASONS
-        .iter()
-        .zip(snapshot.kills)
-        .map(|(&reason, n)| (reason, count(n)))
-        .collect();
-    let other = snapshot.kills[KILL_REASONS.len()];
-    if other > 0 {
-        kills.push((OTHER_REASON, count(other)));
+/// A family of one sample without labels. (A counter's `name` is without its `_total`.)
+fn single(
+    out: &mut DescriptorEncoder,
+    metric: impl EncodeMetric,
+    name: &str,
+    help: &str,
+) -> fmt::Result {
+    metric.encode(out.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+/// The samples of a family: one per (label value, metric).
+fn samples<'a>(
+    mut family: MetricEncoder,
+    label: &str,
+    samples: impl IntoIterator<Item = (&'a str, impl EncodeMetric)>,
+) -> fmt::Result {
+    for (value, metric) in samples {
+        metric.encode(family.encode_family(&[(label, value)])?)?;
     }
-    text.labelled(
-        "leash_kills_total",
-        Counter,
-        "Kills started, by reason, as the protocol names it (a tree nested in a killed one is \
-         killed for enclosing_killed).",
-        "reason",
-        &kills,
-    );
-    text.single(
-        "leash_kill_failures_total",
-        Counter,
-        "Kills that gave up on members stuck in the kernel (the tree stays doomed).",
-        count(snapshot.kill_failures),
-    );
-    text.histogram(
-        "leash_kill_duration_seconds",
-        "Time from a tree's doom to its last member's exit, grace period included, per tree \
-         killed.",
-        &HistogramValues {
-            bounds: &KILL_DURATION_BOUNDS,
-            counts: &snapshot.kill_duration_counts,
-            sum: snapshot.kill_duration_sum.as_secs_f64(),
-        },
-    );
-    let codes: Vec<String> = ERROR_CODES.iter().map(ToString::to_string).collect();
-    let refused: Vec<(&str, Value)> = codes
-        .iter()
-        .zip(snapshot.refused)
-        .map(|(code, n)| (code.as_str(), count(n)))
-        .collect();
-    text.labelled(
-        "leash_requests_refused_total",
-        Counter,
-        "Requests answered with an error, by the protocol's error code.",
-        "code",
-        &refused,
-    );
-    text.single(
-        "leash_events_dropped_total",
-        Counter,
-        "Events not delivered to a subscriber that read too slowly, once per subscriber.",
-        count(snapshot.events_dropped),
-    );
-    if let Some(kernel) = snapshot.kernel {
-        text.single(
-            "leash_kernel_events_dropped_total",
-            Counter,
-            "Records the kernel's event ring buffer had no room for, since the programs were \
-             loaded.",
-            count(kernel.events_dropped),
-        );
-        text.single(
-            "leash_member_inserts_failed_total",
-            Counter,
-            "Children the kernel could not track because the member map was full (their trees \
-             are killed), since the programs were loaded.",
-            count(kernel.inserts_failed),
-        );
-    }
-    text.finish()
+    Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The sample lines of `text` (not comments), as (series, value).
-    fn samples(text: &str) -> Vec<(String, String)> {
-        text.lines()
-            .filter(|line| !line.starts_with('#'))
-            .map(|line| {
-                let (series, value) = line.rsplit_once(' ').unwrap();
-                (series.to_owned(), value.to_owned())
-            })
-            .collect()
-    }
-
-    fn value_of(text: &str, series: &str) -> Option<String> {
-        samples(text)
-            .into_iter()
-            .find(|(s, _)| s == series)
-            .map(|(_, v)| v)
-    }
-
-    #[test]
-    fn error_codes_are_in_their_places() {
-        for (i, &code) in ERROR_CODES.iter().enumerate() {
-            assert_eq!(code_index(code), i, "{code}");
-        }
-    }
-
-    #[test]
-    fn kills_are_counted_by_reason() {
-        let metrics = Metrics::default();
-        metrics.kill_started("root_exited");
-        metrics.kill_started("root_exited");
-        metrics.kill_started("request");
-        let text = encode(&metrics.counted());
-        assert_eq!(
-            value_of(&text, r#"leash_kills_total{reason="root_exited"}"#).as_deref(),
-            Some("2")
-        );
-        assert_eq!(
-            value_of(&text, r#"leash_kills_total{reason="request"}"#).as_deref(),
-            Some("1")
-        );
-        // Every reason is there from the start, at 0; "other" only once it happened.
-        for reason in KILL_REASONS {
-            assert!(
-                value_of(&text, &format!(r#"leash_kills_total{{reason="{reason}"}}"#)).is_some(),
-                "{reason}"
-            );
-        }
-        assert!(!text.contains(r#"reason="other""#));
-        metrics.kill_started("something_new");
-        let text = encode(&metrics.counted());
-        assert_eq!(
-            value_of(&text, r#"leash_kills_total{reason="other"}"#).as_deref(),
-            Some("1")
-        );
-    }
-
-    #[test]
-    fn refusals_are_counted_by_code() {
-        let metrics = Metrics::default();
-        metrics.refused(ErrorCode::PermissionDenied);
-        metrics.refused(ErrorCode::BadRequest);
-        metrics.refused(ErrorCode::BadRequest);
-        let text = encode(&metrics.counted());
-        let refused = |code: &str| {
-            value_of(
-                &text,
-                &format!(r#"leash_requests_refused_total{{code="{code}"}}"#),
-            )
-        };
-        assert_eq!(refused("bad_request").as_deref(), Some("2"));
-        assert_eq!(refused("permission_denied").as_deref(), Some("1"));
-        assert_eq!(refused("limit_reached").as_deref(), Some("0"));
-        assert_eq!(refused("kill_failed").as_deref(), Some("0"));
-    }
-
-    #[test]
-    fn kill_durations_fall_in_their_buckets() {
-        let metrics = Metrics::default();
-        for ms in [0, 1, 2, 700, 2_000, 60_000] {
-            metrics.kill_done(Duration::from_millis(ms));
-        }
-        let text = encode(&metrics.counted());
-        let bucket = |le: &str| {
-            value_of(
-                &text,
-                &format!(r#"leash_kill_duration_seconds_bucket{{le="{le}"}}"#),
-            )
-            .unwrap()
-        };
-        // 0 and 1 ms are within 1 ms (le: at most).
-        assert_eq!(bucket("0.001"), "2");
-        assert_eq!(bucket("0.0025"), "3");
-        assert_eq!(bucket("0.5"), "3");
-        assert_eq!(bucket("1"), "4");
-        assert_eq!(bucket("2.5"), "5");
-        assert_eq!(bucket("10"), "5");
-        assert_eq!(bucket("+Inf"), "6");
-        assert_eq!(
-            value_of(&text, "leash_kill_duration_seconds_count").as_deref(),
-            Some("6")
-        );
-        assert_eq!(
-            value_of(&text, "leash_kill_duration_seconds_sum").as_deref(),
-            Some("62.703")
-        );
-    }
-
-    #[test]
-    fn gauges_and_kernel_counters() {
-        let snapshot = Snapshot {
-            trees: 2,
-            trees_capacity: 4096,
-            members: 17,
-            members_capacity: 131_072,
-            leases: 3,
-            kernel: Some(KernelCounters {
-                events_dropped: 5,
-                inserts_failed: 1,
-            }),
-            ..Snapshot::default()
-        };
-        let text = encode(&snapshot);
-        for (series, value) in [
-            ("leash_trees", "2"),
-            ("leash_trees_capacity", "4096"),
-            ("leash_members", "17"),
-            ("leash_members_capacity", "131072"),
-            ("leash_leases", "3"),
-            ("leash_kernel_events_dropped_total", "5"),
-            ("leash_member_inserts_failed_total", "1"),
-            ("leash_events_dropped_total", "0"),
-            ("leash_kill_failures_total", "0"),
-        ] {
-            assert_eq!(value_of(&text, series).as_deref(), Some(value), "{series}");
-        }
-        // Unread, the kernel's counters are left out rather than shown as 0.
-        let text = encode(&Snapshot::default());
-        assert!(!text.contains("leash_kernel_events_dropped_total"));
-        assert!(!text.contains("leash_member_inserts_failed_total"));
-    }
-
-    #[test]
-    fn every_family_has_help_and_type_before_its_samples() {
-        let text = encode(&Snapshot::default());
-        let mut declared: Vec<(String, String)> = Vec::new();
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let (name, kind) = rest.split_once(' ').unwrap();
-                declared.push((name.to_owned(), kind.to_owned()));
-            } else if let Some(rest) = line.strip_prefix("# HELP ") {
-                let (name, help) = rest.split_once(' ').unwrap();
-                assert!(!help.is_empty(), "{name}");
-            } else {
-                let (series, _) = line.rsplit_once(' ').unwrap();
-                let name = series.split('{').next().unwrap();
-                let (family, kind) = declared.last().expect("a TYPE line first");
-                let belongs = name == family
-                    || (kind == "histogram"
-                        && ["_bucket", "_sum", "_count"]
-                            .iter()
-                            .any(|suffix| name == format!("{family}{suffix}")));
-                assert!(belongs, "{name} after the TYPE of {family}");
-                match kind.as_str() {
-                    "counter" => assert!(family.ends_with("_total"), "{family}"),
-                    _ => assert!(!family.ends_with("_total"), "{family}"),
-                }
-            }
-        }
-        assert!(text.ends_with('\n'));
-    }
-}
+mod tests;

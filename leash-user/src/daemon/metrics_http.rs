@@ -1,5 +1,5 @@
 //! `leash daemon --metrics ADDR`: the daemon's figures ([`super::metrics`]) for Prometheus, as
-//! `GET /metrics` over HTTP/1.x, on a Unix socket or a loopback TCP address.
+//! `GET /metrics` over HTTP/1.x (hyper), on a Unix socket or a loopback TCP address.
 //!
 //! The daemon runs as root and the endpoint has no authentication. A Unix socket is root's
 //! (0600), or root's and a named group's (0660, `--metrics-group`): whoever may connect may
@@ -7,41 +7,52 @@
 //! open to every local user (the figures are counts, with no pid, uid or command in them), and
 //! to nobody else. It is written for hostile clients: a request head is at most
 //! 8 KiB and must come within 5 s, the response must be taken within 5 s, at most 8
-//! connections are served at once (more wait in the kernel's queue), and every connection is
-//! closed after one response. The figures are read at most once a second, on a blocking
-//! thread, whatever the number of scrapes: a client scraping in a loop costs little, and never
-//! goes through the owner thread, so it cannot delay enforcement.
+//! connections are served at once (more wait in the kernel's queue), every connection is
+//! closed after one response, and a request's body is never read. The figures are read at
+//! most once a second, on a blocking thread, whatever the number of scrapes: a client scraping
+//! in a loop costs little, and never goes through the owner thread, so it cannot delay
+//! enforcement.
 
 use std::{
+    convert::Infallible,
     fmt,
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    str::FromStr,
-    sync::Arc,
+    future::poll_fn,
+    sync::{Arc, PoisonError},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
+use hyper::{
+    Method, Request, Response, StatusCode, Uri,
+    header::{self, HeaderValue},
+    server::conn::http1,
+    service::service_fn,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt},
     net::{TcpListener, UnixListener, UnixStream},
-    sync::{Mutex, Semaphore},
-    time::timeout,
+    sync::{Mutex, Semaphore, oneshot},
 };
 
 use super::{
     accept::RateLimit,
-    metrics,
-    metrics_text::CONTENT_TYPE,
+    config::MetricsAddr,
+    disposal::Disposal,
+    metrics::{self, KernelCounters, Snapshot},
     request_stream::{Pidfds, RequestStream, Strangers},
     shared::Daemon,
 };
 
-/// The longest request head (request line and headers) read.
-pub const MAX_REQUEST_BYTES: usize = 8 * 1024;
-/// How long a client may take to send its request head.
+mod status_line;
+use status_line::Http11;
+
+/// The longest request head (request line and headers) read: hyper answers a longer one with
+/// 431, and reads no more of it.
+const MAX_HEAD_BYTES: usize = 8 * 1024;
+/// How long a client may take to send its request head, from its connection's start.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
-/// How long a client may take to read the response.
+/// How long a client may take to read the response, from the moment it is ready.
 const RESPONSE_DEADLINE: Duration = Duration::from_secs(5);
 /// Connections served at once.
 const MAX_CONNECTIONS: usize = 8;
@@ -53,54 +64,26 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 /// The path served.
 const PATH: &str = "/metrics";
 
-/// Where the metrics are served: `--metrics ADDR`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MetricsAddr {
-    /// A Unix socket at this absolute path.
-    Unix(PathBuf),
-    /// A loopback TCP address.
-    Tcp(SocketAddr),
-}
-
-impl FromStr for MetricsAddr {
-    type Err = String;
-
-    fn from_str(addr: &str) -> Result<Self, String> {
-        if addr.starts_with('/') {
-            return Ok(Self::Unix(PathBuf::from(addr)));
-        }
-        match addr.parse::<SocketAddr>() {
-            Ok(tcp) if tcp.ip().is_loopback() => Ok(Self::Tcp(tcp)),
-            Ok(tcp) => Err(format!(
-                "{tcp} is not a loopback address: the metrics endpoint has no authentication, \
-                 so it listens only on 127.0.0.1, [::1] or a Unix socket; let a scraper on this \
-                 machine (a Prometheus agent, or a proxy) carry the figures further"
-            )),
-            Err(_) => Err(format!(
-                "{addr:?} is neither an absolute path (a Unix socket, e.g. \
-                 /run/leash/metrics.sock) nor a loopback IP address with a port (e.g. \
-                 127.0.0.1:9464 or [::1]:9464)"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for MetricsAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Unix(path) => write!(f, "{}", path.display()),
-            Self::Tcp(addr) => write!(f, "{addr}"),
-        }
-    }
-}
-
-impl MetricsAddr {
-    /// The socket file, for a Unix socket: the daemon removes it when it stops.
-    pub fn socket_path(&self) -> Option<&Path> {
-        match self {
-            Self::Unix(path) => Some(path),
-            Self::Tcp(_) => None,
-        }
+/// Reads the figures now. Reads the kernel's maps (two lookups per tree): call it on a
+/// blocking thread.
+fn snapshot(daemon: &Daemon) -> Snapshot {
+    // The registry's lock is held to copy the ids, as for `status`; the maps are read after.
+    let (trees, leases) = (daemon.registry.trees(), daemon.registry.lease_count());
+    let view = &daemon.view;
+    let members = view.members_of(&trees);
+    let capacity = view.capacity();
+    let kernel = view.stats().ok().map(|stats| KernelCounters {
+        events_dropped: stats.events_dropped,
+        inserts_failed: stats.inserts_failed,
+    });
+    Snapshot {
+        trees: trees.len() as u64,
+        trees_capacity: capacity.trees.into(),
+        members,
+        members_capacity: capacity.members.into(),
+        leases: leases as u64,
+        kernel,
+        ..daemon.metrics.counted()
     }
 }
 
@@ -145,10 +128,14 @@ pub async fn bind(addr: &MetricsAddr, group: Option<u32>) -> Result<Listener> {
 
 /// Serves `GET /metrics` on `listener` for as long as the daemon runs.
 pub async fn serve(listener: Listener, daemon: Arc<Daemon>) {
-    let server = Arc::new(Server {
-        daemon,
-        latest: Mutex::new(None),
-    });
+    let disposal = daemon.disposal.clone();
+    let server = Server::new(move || metrics::encode(&snapshot(&daemon)));
+    accept(listener, Arc::new(server), disposal).await;
+}
+
+/// Accepts connections on `listener` and serves each on a task of its own, at most
+/// [`MAX_CONNECTIONS`] at once.
+async fn accept(listener: Listener, server: Arc<Server>, disposal: Disposal) {
     let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut failures = RateLimit::default();
     loop {
@@ -159,14 +146,15 @@ pub async fn serve(listener: Listener, daemon: Arc<Daemon>) {
         let server = server.clone();
         let accepted = match &listener {
             Listener::Unix(listener) => listener.accept().await.map(|(stream, _)| {
+                let disposal = disposal.clone();
                 tokio::spawn(async move {
-                    server.serve_unix(stream).await;
+                    server.serve_unix(stream, disposal).await;
                     drop(slot);
                 });
             }),
             Listener::Tcp(listener) => listener.accept().await.map(|(stream, _)| {
                 tokio::spawn(async move {
-                    server.serve_connection(stream).await;
+                    drop(server.serve_connection(stream).await);
                     drop(slot);
                 });
             }),
@@ -183,29 +171,38 @@ pub async fn serve(listener: Listener, daemon: Arc<Daemon>) {
     }
 }
 
+/// Reads the figures, in the text format.
+type Read = dyn Fn() -> String + Send + Sync;
+
 struct Server {
-    daemon: Arc<Daemon>,
+    /// Reads the figures: on a blocking thread, as it reads the kernel's maps.
+    read: Arc<Read>,
     /// The last reading of the figures, and when it was made. Held while a reading is made, so
     /// scrapes take turns (only scrapes take this lock).
     latest: Mutex<Option<(Instant, Arc<str>)>>,
 }
 
 impl Server {
+    fn new(read: impl Fn() -> String + Send + Sync + 'static) -> Self {
+        Self {
+            read: Arc::new(read),
+            latest: Mutex::new(None),
+        }
+    }
+
     /// A connection on the Unix socket. It is read with recvmsg, as the protocol's are: a
     /// plain read would have the kernel close a descriptor sent with the request right here,
     /// where its close may block (see `disposal`). HTTP takes none, and one that is not a pidfd
     /// ends the connection. Its socket is closed as the protocol's are, apart if something
     /// queued on it carries a descriptor.
-    async fn serve_unix(&self, stream: UnixStream) {
+    async fn serve_unix(self: Arc<Self>, stream: UnixStream, disposal: Disposal) {
         // Charged to its uid (who it is beyond that is not asked here); -1 when unknown.
         let account = stream.peer_cred().map_or(u32::MAX, |c| c.uid()).into();
-        let disposal = self.daemon.disposal.clone();
         let (reader, writer) = stream.into_split();
         // Without SO_PASSCRED, no read names its sender: no host to tell strangers from (0).
         let (pidfds, strangers) = (Pidfds::default(), Strangers::default());
         let reader = RequestStream::new(reader, 0, pidfds, strangers, account, disposal.clone());
-        let mut stream = tokio::io::join(reader, writer);
-        self.serve_connection(&mut stream).await;
+        let stream = self.serve_connection(tokio::io::join(reader, writer)).await;
         let (reader, writer) = stream.into_inner();
         let stream = reader.into_half().reunite(writer).map(UnixStream::into_std);
         match stream {
@@ -215,53 +212,69 @@ impl Server {
         }
     }
 
-    /// One request, one response, then the connection is closed. A client that is too slow,
-    /// or goes away, is dropped without a word.
-    async fn serve_connection(&self, mut stream: impl AsyncRead + AsyncWrite + Unpin) {
-        let head = match timeout(REQUEST_DEADLINE, read_head(&mut stream, MAX_REQUEST_BYTES)).await
-        {
-            Ok(Ok(head)) => head,
-            Ok(Err(e)) => {
-                tracing::debug!("metrics: reading a request: {e}");
-                return;
-            }
-            Err(_) => {
-                tracing::debug!("metrics: no complete request within {REQUEST_DEADLINE:?}");
-                return;
-            }
+    /// One request, one response, then the connection is over, and `stream` is handed back
+    /// to be closed. A client that is too slow, or goes away, is dropped without a word.
+    async fn serve_connection<S>(self: Arc<Self>, stream: S) -> S
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        // Said when the response is ready: the client has RESPONSE_DEADLINE from then to
+        // take it (hyper has no deadline on writes).
+        let (answered, on_answer) = oneshot::channel();
+        let answered = std::sync::Mutex::new(Some(answered));
+        let service = service_fn(move |request: Request<_>| {
+            let server = self.clone();
+            let answered = answered
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            Box::pin(async move {
+                let response = server.respond(request.method(), request.uri()).await;
+                if let Some(answered) = answered {
+                    let _ = answered.send(());
+                }
+                Ok::<_, Infallible>(response)
+            })
+        });
+        let mut connection = builder().serve_connection(TokioIo::new(Http11::new(stream)), service);
+        // The head has a deadline of hyper's; the time to read the figures is not the client's.
+        let taken = async {
+            let _ = on_answer.await;
+            tokio::time::sleep(RESPONSE_DEADLINE).await;
         };
-        let response = match head {
-            Head::Ended => return,
-            Head::TooLarge => Response::error(
-                431,
-                "Request Header Fields Too Large",
-                &format!("a request head is at most {MAX_REQUEST_BYTES} bytes"),
-            ),
-            Head::Complete(head) => match route(&head) {
-                Route::Metrics { head_only } => match self.figures().await {
-                    Some(body) => Response::ok(&body, head_only),
-                    None => Response::error(500, "Internal Server Error", "reading the figures"),
-                },
-                Route::NotFound => {
-                    Response::error(404, "Not Found", &format!("only {PATH} is served"))
+        tokio::select! {
+            served = poll_fn(|cx| connection.poll_without_shutdown(cx)) => {
+                if let Err(e) = served {
+                    tracing::debug!("metrics: {e}");
                 }
-                Route::MethodNotAllowed => Response::error(
-                    405,
-                    "Method Not Allowed",
-                    &format!("{PATH} is read with GET (or HEAD)"),
-                ),
-                Route::BadRequest => {
-                    Response::error(400, "Bad Request", "not an HTTP/1.x request line")
-                }
+            }
+            () = taken => {
+                tracing::debug!("metrics: the response was not taken within {RESPONSE_DEADLINE:?}");
+            }
+        }
+        let mut stream = connection.into_parts().io.into_inner().into_inner();
+        // The end of the response (hyper leaves it to whoever takes the stream back). A
+        // shutdown does not wait for the peer.
+        let _ = stream.shutdown().await;
+        stream
+    }
+
+    /// The answer to a request for `target` with `method`.
+    async fn respond(&self, method: &Method, target: &Uri) -> Response<String> {
+        match route(method, target) {
+            Route::Metrics => match self.figures().await {
+                Some(body) => response(StatusCode::OK, metrics::CONTENT_TYPE, body.to_string()),
+                None => error(StatusCode::INTERNAL_SERVER_ERROR, "reading the figures"),
             },
-        };
-        let sent = timeout(RESPONSE_DEADLINE, async {
-            stream.write_all(&response.0).await?;
-            stream.shutdown().await
-        })
-        .await;
-        if !matches!(sent, Ok(Ok(()))) {
-            tracing::debug!("metrics: the response was not taken");
+            Route::NotFound => error(StatusCode::NOT_FOUND, &format!("only {PATH} is served")),
+            Route::MethodNotAllowed => {
+                let message = format!("{PATH} is read with GET (or HEAD)");
+                let mut refused = error(StatusCode::METHOD_NOT_ALLOWED, &message);
+                let allowed = HeaderValue::from_static("GET, HEAD");
+                refused.headers_mut().insert(header::ALLOW, allowed);
+                refused
+            }
+            Route::BadRequest => error(StatusCode::BAD_REQUEST, "the target is not a path"),
         }
     }
 
@@ -273,285 +286,75 @@ impl Server {
         {
             return Some(body.clone());
         }
-        let daemon = self.daemon.clone();
-        let body: Arc<str> =
-            tokio::task::spawn_blocking(move || metrics::encode(&metrics::snapshot(&daemon)))
-                .await
-                .ok()?
-                .into();
+        let read = self.read.clone();
+        let body: Arc<str> = tokio::task::spawn_blocking(move || read())
+            .await
+            .ok()?
+            .into();
         *latest = Some((Instant::now(), body.clone()));
         Some(body)
     }
 }
 
-/// What a client sent before its request head ended.
-#[derive(Debug, PartialEq, Eq)]
-enum Head {
-    /// The request line and headers, through the blank line that ends them.
-    Complete(Vec<u8>),
-    /// No blank line within the limit.
-    TooLarge,
-    /// The client closed the connection first.
-    Ended,
-}
-
-/// Reads a request head of at most `max` bytes. Anything after the head (a body, a pipelined
-/// request) is not looked at.
-async fn read_head(stream: &mut (impl AsyncRead + Unpin), max: usize) -> std::io::Result<Head> {
-    let mut head = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        if let Some(end) = end_of_head(&head) {
-            head.truncate(end);
-            return Ok(Head::Complete(head));
-        }
-        if head.len() >= max {
-            return Ok(Head::TooLarge);
-        }
-        let room = (max - head.len()).min(chunk.len());
-        let read = stream.read(&mut chunk[..room]).await?;
-        if read == 0 {
-            return Ok(Head::Ended);
-        }
-        head.extend_from_slice(&chunk[..read]);
-    }
-}
-
-/// Where the head ends: after the first empty line (CRLF CRLF, or bare LFs, which HTTP
-/// allows a server to accept).
-fn end_of_head(bytes: &[u8]) -> Option<usize> {
-    bytes
-        .iter()
-        .enumerate()
-        .filter(|&(_, &b)| b == b'\n')
-        .find_map(|(i, _)| match bytes.get(i + 1..) {
-            Some([b'\n', ..]) => Some(i + 2),
-            Some([b'\r', b'\n', ..]) => Some(i + 3),
-            _ => None,
-        })
+/// How connections are served: HTTP/1.x only, one request each.
+fn builder() -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        // From the connection's start (hyper starts it as it waits for a head): a client that
+        // sends nothing is dropped too.
+        .header_read_timeout(REQUEST_DEADLINE)
+        .max_header_size(MAX_HEAD_BYTES)
+        // Its read buffer too (the least hyper takes): a body is never read.
+        .max_buf_size(MAX_HEAD_BYTES)
+        // One response per connection: a client cannot keep a connection, and its slot, for
+        // more than one.
+        .keep_alive(false)
+        // A client that shuts its side down once its request is sent still gets the answer.
+        .half_close(true)
+        .auto_date_header(false);
+    builder
 }
 
 /// What a request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Route {
-    Metrics { head_only: bool },
+    Metrics,
     NotFound,
     MethodNotAllowed,
     BadRequest,
 }
 
-/// Reads the request line of `head` (`METHOD TARGET HTTP/1.x`); headers are not needed.
-fn route(head: &[u8]) -> Route {
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let Ok(line) = std::str::from_utf8(line) else {
-        return Route::BadRequest;
-    };
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Route::BadRequest;
-    };
-    let is_token = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic());
-    let http_1 = version
-        .strip_prefix("HTTP/1.")
-        .is_some_and(|minor| minor.len() == 1 && minor.bytes().all(|b| b.is_ascii_digit()));
-    if !is_token(method) || !http_1 || !target.starts_with('/') || !is_token(target) {
+/// Where a request goes, by its method and target (hyper has read the request line, and
+/// answered 400 to one it could not). A query is ignored.
+fn route(method: &Method, target: &Uri) -> Route {
+    // Only a path, as a client asks its server: not a proxy's URL, nor CONNECT's authority.
+    if target.scheme().is_some() || target.authority().is_some() {
         return Route::BadRequest;
     }
-    let path = target.split(['?', '#']).next().unwrap_or_default();
-    if path != PATH {
+    if target.path() != PATH {
         return Route::NotFound;
     }
-    match method {
-        "GET" => Route::Metrics { head_only: false },
-        "HEAD" => Route::Metrics { head_only: true },
+    match *method {
+        Method::GET | Method::HEAD => Route::Metrics,
         _ => Route::MethodNotAllowed,
     }
 }
 
-/// A whole response, head and body.
-struct Response(Vec<u8>);
+/// A response with `body`, of `content_type`, after which the connection is closed (hyper
+/// cuts the body of a response to HEAD).
+fn response(status: StatusCode, content_type: &'static str, body: String) -> Response<String> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
 
-impl Response {
-    fn ok(body: &str, head_only: bool) -> Self {
-        Self::new(200, "OK", CONTENT_TYPE, "", body, head_only)
-    }
-
-    fn error(status: u16, reason: &str, message: &str) -> Self {
-        let extra = if status == 405 {
-            "Allow: GET, HEAD\r\n"
-        } else {
-            ""
-        };
-        let body = format!("{message}\n");
-        Self::new(
-            status,
-            reason,
-            "text/plain; charset=utf-8",
-            extra,
-            &body,
-            false,
-        )
-    }
-
-    fn new(
-        status: u16,
-        reason: &str,
-        content_type: &str,
-        extra_headers: &str,
-        body: &str,
-        head_only: bool,
-    ) -> Self {
-        let mut bytes = format!(
-            "HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-             {extra_headers}Connection: close\r\n\r\n",
-            body.len()
-        )
-        .into_bytes();
-        if !head_only {
-            bytes.extend_from_slice(body.as_bytes());
-        }
-        Self(bytes)
-    }
+fn error(status: StatusCode, message: &str) -> Response<String> {
+    response(status, "text/plain; charset=utf-8", format!("{message}\n"))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addresses() {
-        assert_eq!(
-            "/run/leash/metrics.sock".parse(),
-            Ok(MetricsAddr::Unix("/run/leash/metrics.sock".into()))
-        );
-        assert_eq!(
-            "127.0.0.1:9464".parse(),
-            Ok(MetricsAddr::Tcp("127.0.0.1:9464".parse().unwrap()))
-        );
-        assert_eq!(
-            "[::1]:9464".parse(),
-            Ok(MetricsAddr::Tcp("[::1]:9464".parse().unwrap()))
-        );
-        assert_eq!(
-            "127.3.2.1:0".parse(),
-            Ok(MetricsAddr::Tcp("127.3.2.1:0".parse().unwrap()))
-        );
-        for open in [
-            "0.0.0.0:9464",
-            "[::]:9464",
-            "192.168.1.2:9464",
-            "[::ffff:127.0.0.1]:1",
-        ] {
-            let refused = open.parse::<MetricsAddr>().unwrap_err();
-            assert!(
-                refused.contains("not a loopback address"),
-                "{open}: {refused}"
-            );
-            assert!(refused.contains("no authentication"), "{open}: {refused}");
-        }
-        for unclear in ["metrics.sock", "localhost:9464", "127.0.0.1", ":9464", ""] {
-            let refused = unclear.parse::<MetricsAddr>().unwrap_err();
-            assert!(
-                refused.contains("neither an absolute path"),
-                "{unclear}: {refused}"
-            );
-        }
-    }
-
-    #[test]
-    fn requests_are_routed() {
-        let metrics = Route::Metrics { head_only: false };
-        for (head, expected) in [
-            (&b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"[..], metrics),
-            (b"GET /metrics HTTP/1.0\r\n\r\n", metrics),
-            (b"GET /metrics?x=1 HTTP/1.1\n\n", metrics),
-            (
-                b"HEAD /metrics HTTP/1.1\r\n\r\n",
-                Route::Metrics { head_only: true },
-            ),
-            (b"GET / HTTP/1.1\r\n\r\n", Route::NotFound),
-            (b"GET /metrics/x HTTP/1.1\r\n\r\n", Route::NotFound),
-            (b"POST /other HTTP/1.1\r\n\r\n", Route::NotFound),
-            (b"POST /metrics HTTP/1.1\r\n\r\n", Route::MethodNotAllowed),
-            (b"DELETE /metrics HTTP/1.1\r\n\r\n", Route::MethodNotAllowed),
-            (b"GET /metrics HTTP/2\r\n\r\n", Route::BadRequest),
-            (b"GET /metrics HTTP/1.10\r\n\r\n", Route::BadRequest),
-            (b"GET /metrics\r\n\r\n", Route::BadRequest),
-            (b"GET  /metrics HTTP/1.1\r\n\r\n", Route::BadRequest),
-            (b"GET http://x/metrics HTTP/1.1\r\n\r\n", Route::BadRequest),
-            (b"GET /metrics HTTP/1.1 x\r\n\r\n", Route::BadRequest),
-            (b"\xff\xfe /metrics HTTP/1.1\r\n\r\n", Route::BadRequest),
-            (b"\r\n\r\n", Route::BadRequest),
-            (b"", Route::BadRequest),
-        ] {
-            assert_eq!(route(head), expected, "{:?}", String::from_utf8_lossy(head));
-        }
-    }
-
-    #[test]
-    fn the_head_ends_at_the_first_empty_line() {
-        let head = b"GET / HTTP/1.1\r\nA: b\r\n\r\n";
-        assert_eq!(
-            end_of_head(&[&head[..], b"body"].concat()),
-            Some(head.len())
-        );
-        let bare = b"GET / HTTP/1.1\n\n";
-        assert_eq!(
-            end_of_head(&[&bare[..], b"body\n\n"].concat()),
-            Some(bare.len())
-        );
-        assert_eq!(end_of_head(b"GET / HTTP/1.1\r\nA: b\r\n"), None);
-        assert_eq!(end_of_head(b"\n"), None);
-        assert_eq!(end_of_head(b""), None);
-    }
-
-    fn read(input: &[u8], max: usize) -> Head {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let mut input = input;
-        runtime.block_on(read_head(&mut input, max)).unwrap()
-    }
-
-    #[test]
-    fn heads_are_bounded() {
-        let request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
-        assert_eq!(read(request, 8192), Head::Complete(request.to_vec()));
-        // What follows the head is left unread.
-        let mut pipelined = request.to_vec();
-        pipelined.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
-        assert_eq!(read(&pipelined, 8192), Head::Complete(request.to_vec()));
-        // A head that just fits, and one a byte longer.
-        assert_eq!(
-            read(request, request.len()),
-            Head::Complete(request.to_vec())
-        );
-        assert_eq!(read(request, request.len() - 1), Head::TooLarge);
-        assert_eq!(read(&vec![b'x'; 1 << 20], 8192), Head::TooLarge);
-        assert_eq!(read(b"GET /metrics HTTP/1.1\r\n", 8192), Head::Ended);
-        assert_eq!(read(b"", 8192), Head::Ended);
-    }
-
-    fn text(response: &Response) -> String {
-        String::from_utf8(response.0.clone()).unwrap()
-    }
-
-    #[test]
-    fn responses() {
-        let ok = text(&Response::ok("a 1\n", false));
-        assert_eq!(
-            ok,
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
-             Content-Length: 4\r\nConnection: close\r\n\r\na 1\n"
-        );
-        let head = text(&Response::ok("a 1\n", true));
-        assert!(head.ends_with("Content-Length: 4\r\nConnection: close\r\n\r\n"));
-        let refused = text(&Response::error(405, "Method Not Allowed", "no"));
-        assert!(refused.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"));
-        assert!(refused.contains("\r\nAllow: GET, HEAD\r\n"));
-        assert!(refused.ends_with("\r\n\r\nno\n"));
-    }
-}
+mod tests;

@@ -24,7 +24,7 @@
 //! - [`request_stream`], [`disposal`], [`accept`], [`connection`]: bounded lines in (with the
 //!   descriptors clients send, closed on threads of their own), accepting connections, one
 //!   task per client writing its own outbox.
-//! - [`metrics`], [`metrics_text`], [`metrics_http`]: the figures for Prometheus (`--metrics`).
+//! - [`metrics`], [`metrics_http`]: the figures for Prometheus (`--metrics`).
 
 mod accept;
 mod adoption;
@@ -39,7 +39,6 @@ mod limits;
 mod listing;
 mod metrics;
 mod metrics_http;
-mod metrics_text;
 mod outbox;
 mod owner;
 mod owner_thread;
@@ -57,9 +56,8 @@ mod subscribers;
 mod tree_events;
 mod watch;
 
-pub use config::Config;
+pub use config::{Config, MetricsAddr};
 pub use limits::UidLimits;
-pub use metrics_http::MetricsAddr;
 
 use std::{fs, os::fd::AsFd, path::Path, sync::Arc, time::Duration};
 

@@ -6,7 +6,7 @@ use std::{fs, io, os::unix::fs::FileTypeExt, path::Path};
 use anyhow::{Context, Result, bail};
 use tokio::net::UnixListener;
 
-use super::{config::Config, metrics_http::MetricsAddr};
+use super::config::{Config, MetricsAddr};
 use crate::{sys, trusted_dir};
 
 /// Removes the daemon's sockets (it is stopping, or could not start).

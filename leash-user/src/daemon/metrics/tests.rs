@@ -1,0 +1,205 @@
+//! The counters, the snapshot and its text.
+
+use super::*;
+
+/// The sample lines of `text` (not comments), as (series, value).
+fn samples(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            (series.to_owned(), value.to_owned())
+        })
+        .collect()
+}
+
+fn value_of(text: &str, series: &str) -> Option<String> {
+    samples(text)
+        .into_iter()
+        .find(|(s, _)| s == series)
+        .map(|(_, v)| v)
+}
+
+#[test]
+fn error_codes_are_in_their_places() {
+    for (i, &code) in ERROR_CODES.iter().enumerate() {
+        assert_eq!(code_index(code), i, "{code}");
+    }
+}
+
+#[test]
+fn kills_are_counted_by_reason() {
+    let metrics = Metrics::default();
+    metrics.kill_started(KillReason::RootExited);
+    metrics.kill_started(KillReason::RootExited);
+    metrics.kill_started(KillReason::Request);
+    let text = encode(&metrics.counted());
+    assert_eq!(
+        value_of(&text, r#"leash_kills_total{reason="root_exited"}"#).as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        value_of(&text, r#"leash_kills_total{reason="request"}"#).as_deref(),
+        Some("1")
+    );
+    // Every reason is there from the start, at 0.
+    for reason in KillReason::ALL {
+        assert!(
+            value_of(&text, &format!(r#"leash_kills_total{{reason="{reason}"}}"#)).is_some(),
+            "{reason}"
+        );
+    }
+}
+
+#[test]
+fn refusals_are_counted_by_code() {
+    let metrics = Metrics::default();
+    metrics.refused(ErrorCode::PermissionDenied);
+    metrics.refused(ErrorCode::BadRequest);
+    metrics.refused(ErrorCode::BadRequest);
+    let text = encode(&metrics.counted());
+    let refused = |code: &str| {
+        value_of(
+            &text,
+            &format!(r#"leash_requests_refused_total{{code="{code}"}}"#),
+        )
+    };
+    assert_eq!(refused("bad_request").as_deref(), Some("2"));
+    assert_eq!(refused("permission_denied").as_deref(), Some("1"));
+    assert_eq!(refused("limit_reached").as_deref(), Some("0"));
+    assert_eq!(refused("kill_failed").as_deref(), Some("0"));
+}
+
+#[test]
+fn kill_durations_fall_in_their_buckets() {
+    let metrics = Metrics::default();
+    for ms in [0, 1, 2, 700, 2_000, 60_000] {
+        metrics.kill_done(Duration::from_millis(ms));
+    }
+    let text = encode(&metrics.counted());
+    let bucket = |le: &str| {
+        value_of(
+            &text,
+            &format!(r#"leash_kill_duration_seconds_bucket{{le="{le}"}}"#),
+        )
+        .unwrap()
+    };
+    // 0 and 1 ms are within 1 ms (le: at most).
+    assert_eq!(bucket("0.001"), "2");
+    assert_eq!(bucket("0.0025"), "3");
+    assert_eq!(bucket("0.5"), "3");
+    assert_eq!(bucket("1"), "4");
+    assert_eq!(bucket("2.5"), "5");
+    assert_eq!(bucket("10"), "5");
+    assert_eq!(bucket("+Inf"), "6");
+    assert_eq!(
+        value_of(&text, "leash_kill_duration_seconds_count").as_deref(),
+        Some("6")
+    );
+    assert_eq!(
+        value_of(&text, "leash_kill_duration_seconds_sum").as_deref(),
+        Some("62.703")
+    );
+}
+
+#[test]
+fn gauges_and_kernel_counters() {
+    let snapshot = Snapshot {
+        trees: 2,
+        trees_capacity: 4096,
+        members: 17,
+        members_capacity: 131_072,
+        leases: 3,
+        kernel: Some(KernelCounters {
+            events_dropped: 5,
+            inserts_failed: 1,
+        }),
+        ..Snapshot::default()
+    };
+    let text = encode(&snapshot);
+    for (series, value) in [
+        ("leash_trees", "2"),
+        ("leash_trees_capacity", "4096"),
+        ("leash_members", "17"),
+        ("leash_members_capacity", "131072"),
+        ("leash_leases", "3"),
+        ("leash_kernel_events_dropped_total", "5"),
+        ("leash_member_inserts_failed_total", "1"),
+        ("leash_events_dropped_total", "0"),
+        ("leash_kill_failures_total", "0"),
+    ] {
+        assert_eq!(value_of(&text, series).as_deref(), Some(value), "{series}");
+    }
+    // Unread, the kernel's counters are left out rather than shown as 0.
+    let text = encode(&Snapshot::default());
+    assert!(!text.contains("leash_kernel_events_dropped_total"));
+    assert!(!text.contains("leash_member_inserts_failed_total"));
+}
+
+#[test]
+fn every_family_has_help_and_type_before_its_samples() {
+    let text = encode(&Snapshot::default());
+    let mut declared: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            declared.push((name.to_owned(), kind.to_owned()));
+        } else if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap();
+            assert!(!help.is_empty(), "{name}");
+        } else {
+            let (series, _) = line.rsplit_once(' ').unwrap();
+            let name = series.split('{').next().unwrap();
+            let (family, kind) = declared.last().expect("a TYPE line first");
+            let belongs = name == family
+                || (kind == "histogram"
+                    && ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .any(|suffix| name == format!("{family}{suffix}")));
+            assert!(belongs, "{name} after the TYPE of {family}");
+            match kind.as_str() {
+                "counter" => assert!(family.ends_with("_total"), "{family}"),
+                _ => assert!(!family.ends_with("_total"), "{family}"),
+            }
+        }
+    }
+    assert!(text.ends_with('\n'));
+}
+
+#[test]
+fn the_text_format_is_prometheus_0_0_4() {
+    let snapshot = Snapshot {
+        kill_duration_counts: [0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+        kill_duration_sum: Duration::from_millis(60_015),
+        ..Snapshot::default()
+    };
+    let text = encode(&snapshot);
+    // A counter is named with its `_total` in its HELP and TYPE lines as in its samples,
+    // and the text has no OpenMetrics `# EOF`.
+    assert!(text.contains(
+        "# HELP leash_kill_failures_total Kills that gave up on members stuck in the kernel \
+         (the tree stays doomed).\n\
+         # TYPE leash_kill_failures_total counter\n\
+         leash_kill_failures_total 0\n"
+    ));
+    assert!(!text.contains("EOF"), "{text}");
+    // Bounds as Go writes them; cumulative buckets; the sum in seconds.
+    assert!(text.contains(
+        "# TYPE leash_kill_duration_seconds histogram\n\
+         leash_kill_duration_seconds_bucket{le=\"0.001\"} 0\n\
+         leash_kill_duration_seconds_bucket{le=\"0.0025\"} 0\n\
+         leash_kill_duration_seconds_bucket{le=\"0.005\"} 0\n\
+         leash_kill_duration_seconds_bucket{le=\"0.01\"} 2\n"
+    ));
+    assert!(text.contains(
+        "leash_kill_duration_seconds_bucket{le=\"10\"} 2\n\
+         leash_kill_duration_seconds_bucket{le=\"+Inf\"} 3\n\
+         leash_kill_duration_seconds_sum 60.015\n\
+         leash_kill_duration_seconds_count 3\n"
+    ));
+    assert!(text.starts_with(
+        "# HELP leash_build_info The daemon's version, as a label (the value is always 1).\n\
+         # TYPE leash_build_info gauge\n\
+         leash_build_info{version=\""
+    ));
+}
