@@ -10,102 +10,20 @@ use std::{
     time::Duration,
 };
 
-use leash_client::protocol::{KillReason, KillSummary, LeaseId, RootExitPolicy, TreeId, TreeState};
+use leash_client::protocol::{KillReason, LeaseId, RootExitPolicy, TreeId, TreeState};
 use leash_common::{Account, Holder};
 use tokio::sync::watch;
 
 use super::subscribers::Audience;
-use crate::{kernel::KillError, sys};
+use crate::sys;
 
-/// The outcome of a kill, as every waiter sees it.
-pub type KillOutcome = Result<KillSummary, KillError>;
+mod entry;
 
-/// Where a kill's outcome comes, once it is known.
-pub type PendingOutcome = watch::Receiver<Option<KillOutcome>>;
-
-/// A kill under way.
-#[derive(Debug)]
-struct PendingKill {
-    outcome: PendingOutcome,
-    /// The grace period, which a later kill, the lease's end or shutdown may shorten (never
-    /// lengthen); the kill task follows it.
-    grace: watch::Sender<Duration>,
-}
-
-/// What the daemon knows about a registered tree, beyond the kernel maps.
-#[derive(Debug)]
-pub struct TreeEntry {
-    pub lease: LeaseId,
-    pub owner_uid: u32,
-    /// The pid of the lease's host (0 if no daemon recorded one): named in the tree's log lines,
-    /// which may come after the lease has ended.
-    pub host_pid: u32,
-    /// The lease's account, and the account of the client that asked for it (the same, or
-    /// another's that used the lease's token): both count it against their limits.
-    pub account: Account,
-    pub registrar_account: Account,
-    /// The pid namespaces of the lease's host, its own first: clients in these see the tree.
-    pub registered_from: Arc<[u32]>,
-    /// The root's number in each pid namespace it is in, the daemon's first (`NSpid`): how
-    /// clients in containers are told it, even once it has exited.
-    pub root: Box<[u32]>,
-    pub on_root_exit: RootExitPolicy,
-    pub grace: Duration,
-    pub root_exited: bool,
-    /// Set once a kill has started: every later kill request waits on the same one.
-    kill: Option<PendingKill>,
-    /// The last kill gave up on members stuck in the kernel (the tree stays doomed).
-    unkillable: bool,
-}
-
-impl TreeEntry {
-    /// A tree just registered (or found again in the pins): no kill under way.
-    pub fn new(
-        lease: LeaseId,
-        holder: &Holder,
-        registrar_account: Account,
-        registered_from: Arc<[u32]>,
-        root: Box<[u32]>,
-        on_root_exit: RootExitPolicy,
-        grace: Duration,
-    ) -> Self {
-        Self {
-            lease,
-            owner_uid: holder.owner_uid,
-            host_pid: holder.host_pid,
-            account: holder.account,
-            registrar_account,
-            registered_from,
-            root,
-            on_root_exit,
-            grace,
-            root_exited: false,
-            kill: None,
-            unkillable: false,
-        }
-    }
-
-    /// Who may hear of the tree's events.
-    pub fn audience(&self) -> Audience {
-        Audience {
-            owner: self.owner_uid,
-            registered_from: self.registered_from.clone(),
-        }
-    }
-
-    pub fn state(&self) -> TreeState {
-        match (&self.kill, self.unkillable) {
-            (Some(_), _) => TreeState::Killing,
-            (None, true) => TreeState::Unkillable,
-            (None, false) => TreeState::Live,
-        }
-    }
-
-    /// Whom it counts against.
-    fn charged_to(&self, account: Account) -> bool {
-        self.account == account || self.registrar_account == account
-    }
-}
+use entry::PendingKill;
+pub use entry::{
+    BegunKill, KillOutcome, KillStart, LeaseHolder, NoLease, OverQuota, Ownership, PendingOutcome,
+    RootExit, TreeEntry,
+};
 
 #[derive(Debug)]
 struct Lease {
@@ -134,60 +52,6 @@ struct State {
 #[derive(Clone, Debug)]
 pub struct Registry(Arc<Mutex<State>>);
 
-/// What a tree's kill is to do, as [`Registry::begin_kill`] found it.
-pub enum KillStart {
-    /// No kill was under way: the caller runs this one.
-    Begun(BegunKill),
-    /// One is: its outcome, its grace shortened if the new one is shorter.
-    UnderWay(PendingOutcome),
-}
-
-/// A kill begun, for the task that runs it.
-pub struct BegunKill {
-    pub audience: Audience,
-    pub lease: LeaseId,
-    pub host_pid: u32,
-    pub owner_uid: u32,
-    pub grace: Duration,
-    /// Where the outcome goes, and where its waiters read it.
-    pub done: watch::Sender<Option<KillOutcome>>,
-    pub outcome: PendingOutcome,
-    /// The grace period as later kills shorten it.
-    pub grace_asked: watch::Receiver<Duration>,
-}
-
-/// A root's exit, recorded: what its tree's policy and events need.
-pub struct RootExit {
-    pub audience: Audience,
-    pub lease: LeaseId,
-    pub root: Box<[u32]>,
-    pub policy: RootExitPolicy,
-}
-
-/// Who holds a tree: what the rules of `auth` weigh.
-pub struct Ownership {
-    pub lease: LeaseId,
-    pub owner_uid: u32,
-    pub registered_from: Arc<[u32]>,
-}
-
-/// The lease a new tree goes under, with who holds it and where its host runs.
-pub struct LeaseHolder {
-    pub lease: LeaseId,
-    pub holder: Holder,
-    /// The host's pid namespaces, its own first: the tree is registered from there.
-    pub pid_namespaces: Arc<[u32]>,
-}
-
-/// Why a lease could not be found.
-#[derive(Debug, PartialEq, Eq)]
-pub enum NoLease {
-    /// The connection's own lease is gone (it is ending).
-    Own,
-    /// No live lease has the token.
-    Token,
-}
-
 /// A registration's place in its accounts' quotas, held from before its /proc walk until its
 /// tree is filed; dropped unfiled, the place is given back.
 #[must_use = "a reservation is filed, or dropped to give its place back"]
@@ -208,14 +72,6 @@ impl Drop for Reservation {
             }
         }
     }
-}
-
-/// Why a registration may not go on: `account` holds `held` trees (some maybe being
-/// registered), the most it may.
-#[derive(Debug, PartialEq, Eq)]
-pub struct OverQuota {
-    pub account: Account,
-    pub held: usize,
 }
 
 impl Default for Registry {
@@ -586,173 +442,4 @@ fn new_token() -> io::Result<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(lease: LeaseId, account: Account) -> TreeEntry {
-        let holder = Holder {
-            owner_uid: 1000,
-            account,
-            ..Holder::default()
-        };
-        TreeEntry::new(
-            lease,
-            &holder,
-            account,
-            [1].into(),
-            [42].into(),
-            RootExitPolicy::Kill,
-            Duration::from_secs(1),
-        )
-    }
-
-    fn lease(registry: &Registry) -> LeaseId {
-        registry
-            .open_lease(1000, 1000, [1].into(), 10, 100)
-            .unwrap()
-    }
-
-    #[test]
-    fn tokens_are_random_hex() {
-        let (a, b) = (new_token().unwrap(), new_token().unwrap());
-        assert_eq!(a.len(), 32);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, b);
-    }
-
-    #[test]
-    fn registrations_under_way_count_against_the_quota() {
-        let registry = Registry::default();
-        let first = registry.reserve(&[1000], 2).unwrap();
-        let second = registry.reserve(&[1000], 2).unwrap();
-        // Two registrations side by side take both places before either is filed.
-        assert_eq!(
-            registry.reserve(&[1000], 2).err(),
-            Some(OverQuota {
-                account: 1000,
-                held: 2
-            })
-        );
-        drop(second);
-        let third = registry.reserve(&[1000], 2).unwrap();
-        let lease = lease(&registry);
-        assert_eq!(registry.file(7, entry(lease, 1000), None, first), None);
-        // Filed, it counts as a tree and no longer as a reservation.
-        assert!(registry.reserve(&[1000], 2).is_err());
-        drop(third);
-        assert!(registry.reserve(&[1000], 2).is_ok());
-    }
-
-    #[test]
-    fn a_tree_counts_against_both_accounts_and_root_has_no_quota() {
-        let registry = Registry::default();
-        let _both = registry.reserve(&[1000, 2000, 0], 1).unwrap();
-        assert!(registry.reserve(&[2000], 1).is_err());
-        assert!(registry.reserve(&[1000], 1).is_err());
-        assert!(registry.reserve(&[0], 1).is_ok());
-    }
-
-    #[test]
-    fn a_tree_filed_after_its_lease_ended_is_to_be_killed() {
-        let registry = Registry::default();
-        let lease = lease(&registry);
-        assert!(registry.end_lease(lease, "connection_closed").is_empty());
-        let place = registry.reserve(&[1000], 10).unwrap();
-        assert_eq!(
-            registry.file(3, entry(lease, 1000), None, place),
-            Some(KillReason::LeaseEnded)
-        );
-    }
-
-    #[test]
-    fn a_tree_filed_inside_a_dying_tree_is_to_be_killed() {
-        let registry = Registry::default();
-        let lease = lease(&registry);
-        let place = registry.reserve(&[], 10).unwrap();
-        assert_eq!(registry.file(1, entry(lease, 1000), None, place), None);
-        assert!(matches!(
-            registry.begin_kill(1, None),
-            Some(KillStart::Begun(_))
-        ));
-        let place = registry.reserve(&[], 10).unwrap();
-        assert_eq!(
-            registry.file(2, entry(lease, 1000), Some(1), place),
-            Some(KillReason::EnclosingKilled)
-        );
-        let place = registry.reserve(&[], 10).unwrap();
-        assert_eq!(
-            registry.file(4, entry(lease, 1000), Some(99), place),
-            Some(KillReason::EnclosingKilled)
-        );
-    }
-
-    #[test]
-    fn a_kill_is_begun_once_and_its_grace_only_shortens() {
-        let registry = Registry::default();
-        let lease = lease(&registry);
-        let place = registry.reserve(&[], 10).unwrap();
-        let _ = registry.file(1, entry(lease, 1000), None, place);
-        let Some(KillStart::Begun(begun)) = registry.begin_kill(1, Some(Duration::from_secs(5)))
-        else {
-            panic!("the first kill begins");
-        };
-        // The tree's own grace (1 s) is shorter than the 5 s asked.
-        assert_eq!(begun.grace, Duration::from_secs(1));
-        let Some(KillStart::UnderWay(_)) = registry.begin_kill(1, Some(Duration::from_millis(10)))
-        else {
-            panic!("a second kill waits on the first");
-        };
-        assert_eq!(*begun.grace_asked.borrow(), Duration::from_millis(10));
-        let _ = registry.begin_kill(1, Some(Duration::from_secs(3)));
-        assert_eq!(*begun.grace_asked.borrow(), Duration::from_millis(10));
-        assert_eq!(
-            registry.take_for_release(1).err(),
-            Some(Some(TreeState::Killing))
-        );
-        assert!(registry.live_trees().is_empty());
-        assert!(registry.kill_failed(1).is_some());
-        assert_eq!(
-            registry.take_for_release(1).err(),
-            Some(Some(TreeState::Unkillable))
-        );
-        assert_eq!(registry.take_for_release(2).err(), Some(None));
-    }
-
-    #[test]
-    fn a_lease_ends_once_with_its_trees() {
-        let registry = Registry::default();
-        let lease = lease(&registry);
-        let place = registry.reserve(&[], 10).unwrap();
-        let _ = registry.file(5, entry(lease, 1000), None, place);
-        assert_eq!(registry.end_lease(lease, "host_exited"), vec![5]);
-        assert!(registry.end_lease(lease, "connection_closed").is_empty());
-        assert_eq!(registry.lease_for(lease, None).err(), Some(NoLease::Own));
-    }
-
-    #[test]
-    fn a_token_names_its_lease() {
-        let registry = Registry::default();
-        let (own, other) = (lease(&registry), lease(&registry));
-        let token = registry.token(other).unwrap();
-        assert_eq!(
-            registry.lease_for(own, Some(&token)).ok().unwrap().lease,
-            other
-        );
-        assert_eq!(registry.lease_for(own, None).ok().unwrap().lease, own);
-        assert_eq!(
-            registry.lease_for(own, Some("0000")).err(),
-            Some(NoLease::Token)
-        );
-    }
-
-    #[test]
-    fn a_root_exit_is_recorded_once() {
-        let registry = Registry::default();
-        let lease = lease(&registry);
-        let place = registry.reserve(&[], 10).unwrap();
-        let _ = registry.file(6, entry(lease, 1000), None, place);
-        assert!(registry.root_exited(6).is_some());
-        assert!(registry.root_exited(6).is_none());
-        assert!(registry.root_exited(8).is_none());
-    }
-}
+mod tests;
