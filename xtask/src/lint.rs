@@ -23,7 +23,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{ensure_nightly_rust_src, hosts, output, status, workspace_root};
+use crate::{ensure_nightly_rust_src, hosts, output, setup, status, workspace_root};
 
 /// The Python linters, pinned. mypy 1.20 is the last that checks for Python 3.9, the oldest
 /// the library supports (pyproject.toml's `python_version`).
@@ -99,11 +99,36 @@ fn cargo_command() -> Command {
     command
 }
 
+/// Adds `component` to `toolchain` (None: the one cargo runs here) unless it is there; a
+/// minimal rustup profile has neither rustfmt nor clippy.
+fn ensure_component(toolchain: Option<&str>, component: &str) -> Result<()> {
+    let mut list = Command::new("rustup");
+    list.args(["component", "list", "--installed"]);
+    list.args(toolchain.map(|t| format!("--toolchain={t}")));
+    let installed = output(list.current_dir(workspace_root()))?;
+    if installed.lines().any(|line| line.starts_with(component)) {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask: adding {component} to the {} toolchain",
+        toolchain.unwrap_or("default")
+    );
+    let mut add = Command::new("rustup");
+    add.args(["component", "add", component]);
+    add.args(toolchain.map(|t| format!("--toolchain={t}")));
+    status(add.current_dir(workspace_root()))
+}
+
 fn rustfmt() -> Result<()> {
+    ensure_component(None, "rustfmt")?;
     status(cargo_command().args(["fmt", "--all", "--check"]))
 }
 
+/// leash-user's build script builds the eBPF programs even for clippy: `setup` first, as for a
+/// build.
 fn clippy_host() -> Result<()> {
+    ensure_component(None, "clippy")?;
+    setup()?;
     status(cargo_command().args([
         "clippy",
         "--workspace",
@@ -119,6 +144,7 @@ fn clippy_host() -> Result<()> {
 /// Its own target directory: the host's is built by another toolchain.
 fn clippy_ebpf() -> Result<()> {
     ensure_nightly_rust_src()?;
+    ensure_component(Some("nightly"), "clippy")?;
     let arch = env::consts::ARCH;
     // rustup's proxy would run the toolchain that CARGO (stable) belongs to; ask for nightly.
     let mut command = Command::new("rustup");
