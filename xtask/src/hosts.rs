@@ -38,9 +38,12 @@ const PYTHON_PACKAGES: &[&str] = &[
 /// are named (see [`npm_packages`]); the SDK's peers are types only.
 const NPM_PACKAGES: &[&str] = &[
     "@anthropic-ai/claude-agent-sdk@0.3.332",
-    "typescript@5.9.3",
-    "@types/node@20.19.43",
+    TYPESCRIPT,
+    NODE_TYPES,
 ];
+/// TypeScript and Node's types, which `cargo xtask lint` checks the Node library with too.
+pub const TYPESCRIPT: &str = "typescript@5.9.3";
+pub const NODE_TYPES: &str = "@types/node@20.19.43";
 const CLAUDE_CODE_VERSION: &str = "2.1.332";
 const BUN_VERSION: &str = "1.4.5";
 
@@ -84,44 +87,56 @@ pub fn prepare() -> Result<()> {
     prepare_python().context("preparing the Python tests")?;
     ensure_promtool().context("preparing the metrics test")?;
     ensure_node().context("preparing the Node tests")?;
-    install_npm_packages(&cache_dir()).context("installing the Claude Agent SDK for its test")
+    install_npm_packages(&cache_dir(), &npm_packages()?)
+        .context("installing the Claude Agent SDK for its test")
 }
 
 /// A virtual environment with the pinned packages, and the package installed from the clone
 /// afresh each time (so it is the source under test, installed the way its README says).
 fn prepare_python() -> Result<()> {
+    let python = ensure_python_packages(PYTHON_PACKAGES)?;
+    let package = workspace_root().join("clients/python");
+    pip(
+        &python,
+        &[
+            "--force-reinstall",
+            "--no-deps",
+            package.to_str().context("a UTF-8 path")?,
+        ],
+    )
+}
+
+/// The virtual environment, made if missing, with the `pins` (`NAME==VERSION`) that it lacks
+/// installed; returns its interpreter.
+pub fn ensure_python_packages(pins: &[&str]) -> Result<PathBuf> {
     let venv = python_venv();
     let python = venv.join("bin/python");
     if !python.exists() {
         status(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
     }
-    let pip = |args: &[&str]| {
-        status(
-            Command::new(&python)
-                .args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--disable-pip-version-check",
-                ])
-                .args(args),
-        )
-    };
-    let missing: Vec<&str> = PYTHON_PACKAGES
+    let missing: Vec<&str> = pins
         .iter()
         .copied()
         .filter(|pin| !installed(&python, pin))
         .collect();
     if !missing.is_empty() {
-        pip(&missing)?;
+        pip(&python, &missing)?;
     }
-    let package = workspace_root().join("clients/python");
-    pip(&[
-        "--force-reinstall",
-        "--no-deps",
-        package.to_str().context("a UTF-8 path")?,
-    ])
+    Ok(python)
+}
+
+fn pip(python: &Path, args: &[&str]) -> Result<()> {
+    status(
+        Command::new(python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(args),
+    )
 }
 
 /// Whether `python` has the package `pin` names (`NAME==VERSION`) at that version.
@@ -199,7 +214,7 @@ fn node_major() -> Option<u32> {
         .ok()
 }
 
-fn ensure_node() -> Result<()> {
+pub fn ensure_node() -> Result<()> {
     if node_major().is_some_and(|major| major >= 18) {
         return Ok(());
     }
@@ -218,16 +233,15 @@ fn ensure_node() -> Result<()> {
 
 /// `npm install` into `cache` unless it holds exactly these versions already (a stamp file
 /// names them).
-fn install_npm_packages(cache: &Path) -> Result<()> {
+pub fn install_npm_packages(cache: &Path, packages: &[String]) -> Result<()> {
     let stamp = cache.join("installed");
-    let packages = npm_packages()?;
     let wanted = packages.join("\n");
     if fs::read_to_string(&stamp).is_ok_and(|found| found == wanted) {
         return Ok(());
     }
     fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
     eprintln!(
-        "xtask: installing {} into {} (once; about 230 MB)",
+        "xtask: installing {} into {} (once)",
         packages.join(" "),
         cache.display()
     );
@@ -241,7 +255,7 @@ fn install_npm_packages(cache: &Path) -> Result<()> {
                 "--prefix",
             ])
             .arg(cache)
-            .args(&packages),
+            .args(packages),
     )?;
     fs::write(&stamp, wanted).with_context(|| format!("writing {}", stamp.display()))
 }

@@ -1,5 +1,5 @@
-//! Project tasks: `cargo xtask setup | test | vmtest | run | bench | install | fuzz | dist | deb |
-//! userlands | systemtest | image`. Each installs what it needs first, so a fresh clone on a
+//! Project tasks: `cargo xtask setup | test | lint | vmtest | run | bench | install | fuzz | dist |
+//! deb | userlands | systemtest | image`. Each installs what it needs first, so a fresh clone on a
 //! fresh Debian/Ubuntu machine needs nothing else.
 
 use std::{
@@ -16,6 +16,7 @@ mod dist;
 mod fuzz;
 mod hosts;
 mod image;
+mod lint;
 mod systemtest;
 mod userland;
 mod vmtest;
@@ -47,6 +48,13 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Run every static check, each named, all of them whatever one finds; fail at the end if
+    /// any failed: rustfmt; clippy on the host crates and on leash-ebpf for its BPF target
+    /// (nightly), warnings denied; ruff and `mypy --strict` on clients/python (installed pinned
+    /// into target/hosts/python); `tsc` on clients/node, whose JavaScript must implement its
+    /// index.d.ts (TypeScript from npm, in LEASH_HOSTS_CACHE/lint); and a check that no two
+    /// files of a crate import each other, directly or round a circle.
+    Lint,
     /// Build the integration tests and run them on other kernels, under QEMU (as root).
     ///
     /// The kernels are Debian's cloud kernels of bullseye (5.10), bookworm (6.1 and 6.12) and
@@ -135,6 +143,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Setup => setup(),
         Task::Test { args } => test(&args),
+        Task::Lint => lint::lint(),
         Task::Vmtest(options) => vmtest::vmtest(&options),
         Task::Systemtest(options) => systemtest::systemtest(&options),
         Task::Userlands => userland::userlands(),

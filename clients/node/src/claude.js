@@ -4,9 +4,15 @@
 // unless the host asks otherwise.
 
 /**
+ * @typedef {import("node:child_process").ChildProcess} ChildProcess
+ * @typedef {import("../index.js").SpawnOptions} SpawnOptions
+ * @typedef {import("../index.js").SpawnedProcess} SpawnedProcess
+ */
+
+/**
  * @param {import("./lease.js").Lease} lease
- * @param {{ stderr?: unknown, graceMs?: number, keepOnRootExit?: boolean,
- *   onTree?: (tree: number | null, child: import("node:child_process").ChildProcess) => void }} options
+ * @param {import("../index.js").ClaudeCodeSpawnerOptions} options
+ * @returns {(options: SpawnOptions) => ChildProcess & SpawnedProcess}
  */
 export function claudeCodeSpawner(lease, options = {}) {
   const { stderr = "inherit", graceMs, keepOnRootExit, onTree } = options;
@@ -16,17 +22,23 @@ export function claudeCodeSpawner(lease, options = {}) {
       cwd,
       env,
       signal,
-      stdio: ["pipe", "pipe", stderrReader ? "pipe" : stderr],
+      stdio: [
+        "pipe",
+        "pipe",
+        stderrReader ? "pipe" : /** @type {Exclude<typeof stderr, Function>} */ (stderr),
+      ],
       windowsHide: true,
       graceMs,
       keepOnRootExit,
     });
     if (stderrReader) {
-      child.stderr.setEncoding("utf8");
-      child.stderr.on("data", stderrReader);
+      const pipe = /** @type {import("node:stream").Readable} */ (child.stderr);
+      pipe.setEncoding("utf8");
+      pipe.on("data", stderrReader);
     }
     // A failure reaches the SDK as the child's 'error' event; the callback hears of success.
     if (onTree) lease.treeOf(child).then((tree) => onTree(tree, child), () => {});
-    return child;
+    // Its stdin and stdout are pipes, which is what the SDK needs of a SpawnedProcess.
+    return /** @type {ChildProcess & SpawnedProcess} */ (child);
   };
 }

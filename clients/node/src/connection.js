@@ -10,25 +10,42 @@ export const PROTOCOL_VERSION = 1;
 /** No reply is near this (a `list` is at most about 250 KB): a longer line is not the daemon. */
 const MAX_LINE_CHARS = 16 * 1024 * 1024;
 
+/**
+ * The daemon's answer to `hello` (docs/PROTOCOL.md), as far as the lease reads it.
+ * @typedef {{ lease: { id: number, token: string }, daemon_version: string }} Hello
+ * @typedef {{ onEvent: (event: object) => void, onClose: (error: LeashError) => void }} Handlers
+ */
+
 export class Connection {
+  /** @type {import("node:net").Socket} */
   #socket;
+  /** @type {string} */
   #path;
+  /** @type {Map<number, { resolve: (ok: any) => void, reject: (error: LeashError) => void }>} */
   #pending = new Map();
   #nextId = 1;
   #partial = "";
   #closed = false;
-  /** Why the daemon closed the connection, when it said so (a line without an id). */
+  /**
+   * Why the daemon closed the connection, when it said so (a line without an id).
+   * @type {LeashError | null}
+   */
   #closeReason = null;
+  /** @type {Handlers["onEvent"]} */
   #onEvent;
+  /** @type {Handlers["onClose"]} */
   #onClose;
+  /** @type {Promise<unknown>} */
   #whenClosed;
 
   /**
    * Connects to `path` and says hello. Resolves to [connection, hello reply].
    * @param {string} path
-   * @param {{ onEvent: (event: object) => void, onClose: (error: LeashError) => void }} handlers
+   * @param {Handlers} handlers
+   * @returns {Promise<[Connection, Hello]>}
    */
   static async open(path, handlers) {
+    /** @type {import("node:net").Socket} */
     const socket = await new Promise((resolve, reject) => {
       const socket = createConnection({ path });
       socket.once("connect", () => {
@@ -47,15 +64,20 @@ export class Connection {
     }
   }
 
+  /**
+   * @param {import("node:net").Socket} socket
+   * @param {string} path
+   * @param {Handlers} handlers
+   */
   constructor(socket, path, { onEvent, onClose }) {
     this.#socket = socket;
     this.#path = path;
     this.#onEvent = onEvent;
     this.#onClose = onClose;
     socket.setEncoding("utf8");
-    socket.on("data", (chunk) => this.#receive(chunk));
+    socket.on("data", (/** @type {string} */ chunk) => this.#receive(chunk));
     // A reset or a broken pipe: 'close' follows and says the rest.
-    socket.on("error", (error) => {
+    socket.on("error", (/** @type {NodeJS.ErrnoException} */ error) => {
       this.#closeReason ??= connectionLost(path, error.code ?? error.message);
     });
     this.#whenClosed = new Promise((resolve) => socket.once("close", resolve));
@@ -66,7 +88,11 @@ export class Connection {
     return this.#closed;
   }
 
-  /** Sends one request; resolves to the reply's `ok` value, rejects with its error. */
+  /**
+   * Sends one request; resolves to the reply's `ok` value, rejects with its error.
+   * @param {object} body
+   * @returns {Promise<any>} the `ok` of the request's reply (docs/PROTOCOL.md)
+   */
   request(body) {
     if (this.#closed) {
       return Promise.reject(this.#closeReason ?? connectionLost(this.#path));
@@ -84,6 +110,7 @@ export class Connection {
     await this.#whenClosed;
   }
 
+  /** @param {string} chunk */
   #receive(chunk) {
     this.#partial += chunk;
     let newline;
@@ -97,6 +124,7 @@ export class Connection {
     }
   }
 
+  /** @param {string} line */
   #line(line) {
     let message;
     try {
@@ -119,6 +147,7 @@ export class Connection {
     }
   }
 
+  /** @param {string} what */
   #fail(what) {
     this.#closeReason ??= new LeashError(
       "protocol",

@@ -10,19 +10,31 @@ export const START_THE_DAEMON =
 
 export class LeashError extends Error {
   /**
-   * @param {string} code the daemon's error code (`permission_denied`, `limit_reached`,
-   *   `not_found`, ...), or one of this library's: `unavailable`, `failed`, `closed`, `protocol`
+   * A field rather than set in the constructor, so that its type is the literal index.d.ts
+   * declares (a field is set right after super() returns, as the constructor's first line was).
+   * @type {"LeashError"}
+   */
+  name = "LeashError";
+
+  /**
+   * @param {import("../index.js").LeashErrorCode} code the daemon's error code
+   *   (`permission_denied`, `limit_reached`, `not_found`, ...), or one of this library's:
+   *   `unavailable`, `failed`, `closed`, `protocol`
    * @param {string} message
    * @param {{ cause?: unknown }} [options]
    */
   constructor(code, message, options) {
     super(message, options);
-    this.name = "LeashError";
+    /** @readonly */
     this.code = code;
   }
 }
 
-/** No daemon at `socket`: what happened and what to do about it. */
+/**
+ * No daemon at `socket`: what happened and what to do about it.
+ * @param {string} socket
+ * @param {NodeJS.ErrnoException} cause
+ */
 export function daemonUnavailable(socket, cause) {
   const why = cause?.code ?? cause?.message ?? String(cause);
   return new LeashError(
@@ -32,7 +44,11 @@ export function daemonUnavailable(socket, cause) {
   );
 }
 
-/** The connection to the daemon ended under a host that still held it. */
+/**
+ * The connection to the daemon ended under a host that still held it.
+ * @param {string} socket
+ * @param {string} [detail]
+ */
 export function connectionLost(socket, detail) {
   return new LeashError(
     "unavailable",
@@ -43,16 +59,25 @@ export function connectionLost(socket, detail) {
   );
 }
 
+/**
+ * @typedef {Error & { errno: number | undefined, code: string, syscall: string, path: string,
+ *   spawnargs: readonly string[], detail?: string }} ExecError
+ */
+
 const ERRNO_NAMES = new Map(Object.entries(constants.errno).map(([name, n]) => [n, name]));
 
 /**
  * The error node's own spawn gives when the program cannot be executed (`spawn prog ENOENT`),
  * from the errno the `leash exec` shim reports: code and syscall as node's, errno negative as
  * libuv's.
+ * @param {string} file
+ * @param {readonly string[]} spawnargs
+ * @param {number | null | undefined} errno
+ * @param {string} [detail]
  */
 export function execFailed(file, spawnargs, errno, detail) {
   const code = (errno != null && ERRNO_NAMES.get(errno)) || "UNKNOWN";
-  const error = new Error(`spawn ${file} ${code}`);
+  const error = /** @type {ExecError} */ (new Error(`spawn ${file} ${code}`));
   error.errno = errno != null ? -errno : undefined;
   error.code = code;
   error.syscall = `spawn ${file}`;

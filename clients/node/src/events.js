@@ -4,16 +4,33 @@
 
 export const DEFAULT_MAX_BUFFERED = 10_000;
 
+/**
+ * @typedef {import("../index.js").LeashEvent} LeashEvent
+ * @typedef {IteratorResult<LeashEvent, undefined>} Next
+ */
+
+/** @implements {AsyncIterableIterator<LeashEvent, undefined>} */
 export class EventReader {
+  /** @type {LeashEvent[]} */
   #queue = [];
   #dropped = 0;
+  /** @type {number} */
   #max;
-  /** A pending next(): [resolve, reject]. */
+  /**
+   * A pending next(): [resolve, reject].
+   * @type {[(next: Next) => void, (error: unknown) => void] | null}
+   */
   #waiter = null;
   #done = false;
+  /** @type {unknown} */
   #error = null;
+  /** @type {(reader: EventReader) => void} */
   #onReturn;
 
+  /**
+   * @param {number} [maxBuffered]
+   * @param {(reader: EventReader) => void} [onReturn] called when the reader is returned
+   */
   constructor(maxBuffered = DEFAULT_MAX_BUFFERED, onReturn = () => {}) {
     if (!Number.isInteger(maxBuffered) || maxBuffered < 1) {
       throw new RangeError(`maxBuffered must be a whole number, 1 or more: ${maxBuffered}`);
@@ -22,7 +39,10 @@ export class EventReader {
     this.#onReturn = onReturn;
   }
 
-  /** An event from the daemon (its keys already in camelCase). */
+  /**
+   * An event from the daemon (its keys already in camelCase).
+   * @param {LeashEvent} event
+   */
   push(event) {
     if (this.#done) return;
     if (this.#waiter) {
@@ -41,7 +61,10 @@ export class EventReader {
     this.#queue.push(event);
   }
 
-  /** Ends the stream: with `error` after the buffered events, or plainly if none. */
+  /**
+   * Ends the stream: with `error` after the buffered events, or plainly if none.
+   * @param {unknown} [error]
+   */
   end(error = null) {
     if (this.#done) return;
     this.#done = true;
@@ -53,9 +76,11 @@ export class EventReader {
     }
   }
 
+  /** @returns {Promise<Next>} */
   next() {
     if (this.#queue.length) {
-      return Promise.resolve({ value: this.#queue.shift(), done: false });
+      const value = /** @type {LeashEvent} */ (this.#queue.shift());
+      return Promise.resolve({ value, done: false });
     }
     if (this.#dropped) {
       const count = this.#dropped;
@@ -69,6 +94,7 @@ export class EventReader {
     });
   }
 
+  /** @returns {Promise<Next>} */
   return() {
     this.#queue.length = 0;
     this.end();
@@ -80,6 +106,10 @@ export class EventReader {
     return this;
   }
 
+  /**
+   * @param {(next: Next) => void} resolve
+   * @param {(error: unknown) => void} reject
+   */
   #settleEnd(resolve, reject) {
     const error = this.#error;
     this.#error = null;

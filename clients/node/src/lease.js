@@ -23,29 +23,69 @@ const unleashedError = () =>
       "it has no trees",
   );
 
+/**
+ * @typedef {import("node:child_process").ChildProcess} ChildProcess
+ * @typedef {import("../index.js").TreeId} TreeId
+ * @typedef {import("../index.js").ConnectOptions} ConnectOptions
+ * @typedef {import("../index.js").TreeOptions} TreeOptions
+ * @typedef {import("../index.js").LeashSpawnOptions} LeashSpawnOptions
+ * @typedef {import("../index.js").KillSummary} KillSummary
+ * @typedef {import("../index.js").TreeInfo} TreeInfo
+ * @typedef {import("../index.js").EventsOptions} EventsOptions
+ * @typedef {import("../index.js").ClaudeCodeSpawnerOptions} ClaudeCodeSpawnerOptions
+ * @typedef {import("../index.js").SpawnOptions} SpawnOptions
+ * @typedef {import("../index.js").SpawnedProcess} SpawnedProcess
+ * A tree as the daemon lists it, as far as the lease reads it (docs/PROTOCOL.md).
+ * @typedef {{ tree: TreeId, lease: number, host_pid: number }} ListedTree
+ * What index.d.ts says a lease is, which this class must be.
+ * @typedef {import("../index.js").Lease} DeclaredLease
+ */
+
+/** @implements {DeclaredLease} */
 export class Lease {
+  /** @type {string} */
   #socket;
+  /** @type {string | null} */
   #leash = null;
+  /** @type {number | undefined} */
   #graceMs;
   #leashed = true;
-  /** "open", "closing" (killing its trees) or "closed". */
+  /**
+   * "open", "closing" (killing its trees) or "closed".
+   * @type {"open" | "closing" | "closed"}
+   */
   #state = "open";
+  /** @type {Promise<void> | null} */
   #closing = null;
+  /** @type {Connection | null} */
   #connection = null;
+  /** @type {Promise<void> | null} */
   #connecting = null;
+  /** @type {string | null} */
   #token = null;
+  /** @type {number | null} */
   #id = null;
+  /** @type {string | null} */
   #daemonVersion = null;
-  /** Trees registered here and not yet released, killed or seen to die with their root. */
+  /**
+   * Trees registered here and not yet released, killed or seen to die with their root.
+   * @type {Set<TreeId>}
+   */
   #trees = new Set();
-  /** child -> Promise of its tree id (null when unleashed). */
+  /**
+   * child -> Promise of its tree id (null when unleashed).
+   * @type {WeakMap<ChildProcess, Promise<TreeId | null>>}
+   */
   #registrations = new WeakMap();
+  /** @type {Set<EventReader>} */
   #readers = new Set();
+  /** @type {Promise<unknown> | null} */
   #subscription = null;
 
   /**
    * Connects to the daemon and opens a lease.
-   * @param {{ socket?: string, graceMs?: number, leash?: string, optional?: boolean }} [options]
+   * @param {ConnectOptions} [options]
+   * @returns {Promise<Lease>}
    */
   static async connect(options = {}) {
     const { socket, graceMs, leash, optional = false } = options;
@@ -65,6 +105,11 @@ export class Lease {
     return lease;
   }
 
+  /**
+   * @param {symbol} key
+   * @param {string} socket
+   * @param {number | undefined} graceMs
+   */
   constructor(key, socket, graceMs) {
     if (key !== CONNECT) throw new TypeError("use `await Lease.connect(options)`");
     this.#socket = socket;
@@ -93,6 +138,10 @@ export class Lease {
   /**
    * child_process.spawn on the leash: same arguments and result, plus the options `graceMs`
    * and `keepOnRootExit`. A refusal is an 'error' event on the child.
+   * @param {string} command
+   * @param {readonly string[] | LeashSpawnOptions | null} [args]
+   * @param {LeashSpawnOptions} [options]
+   * @returns {ChildProcess}
    */
   spawn(command, args, options) {
     [args, options] = spawnArguments(args, options);
@@ -110,7 +159,8 @@ export class Lease {
     const token = this.#token;
     const { child, registration } = spawnLeashed(
       {
-        leash: this.#leash,
+        // Found at connect, or the lease would not be leashed.
+        leash: /** @type {string} */ (this.#leash),
         socket: this.#socket,
         token,
         refusal: (code, message) => this.#refusal(token, code, message),
@@ -119,6 +169,7 @@ export class Lease {
       args,
       { ...options, graceMs: graceMs ?? this.#graceMs },
     );
+    /** @type {TreeId | null} */
     let tree = null;
     let rootExited = false;
     child.once("exit", () => {
@@ -136,7 +187,11 @@ export class Lease {
     return child;
   }
 
-  /** The tree id of a child this lease spawned (null when unleashed); rejects as it failed. */
+  /**
+   * The tree id of a child this lease spawned (null when unleashed); rejects as it failed.
+   * @param {ChildProcess} child
+   * @returns {Promise<TreeId | null>}
+   */
   treeOf(child) {
     return (
       this.#registrations.get(child) ??
@@ -148,6 +203,9 @@ export class Lease {
    * Registers a running process, with the descendants it has, as the root of a new tree. The
    * process is named to the daemon by a pidfd, through the `leash adopt` shim: right in a
    * container's pid namespace too.
+   * @param {number} pid
+   * @param {TreeOptions} [options]
+   * @returns {Promise<TreeId | null>}
    */
   async adopt(pid, options = {}) {
     if (!this.#leashed) return null;
@@ -157,7 +215,7 @@ export class Lease {
     const token = this.#token;
     const { tree } = await adoptThroughShim(
       {
-        leash: this.#leash,
+        leash: /** @type {string} */ (this.#leash),
         socket: this.#socket,
         token,
         refusal: (code, message) => this.#refusal(token, code, message),
@@ -169,9 +227,15 @@ export class Lease {
     return tree;
   }
 
-  /** Kills a tree; resolves, with the daemon's summary, once it is empty. */
+  /**
+   * Kills a tree; resolves, with the daemon's summary, once it is empty.
+   * @param {TreeId} tree
+   * @param {{ graceMs?: number }} [options]
+   * @returns {Promise<KillSummary>}
+   */
   async kill(tree, options = {}) {
     const grace = validGrace(options.graceMs);
+    /** @type {{ op: "kill", tree: TreeId, grace_ms?: number }} */
     const request = { op: "kill", tree };
     if (grace !== undefined) request.grace_ms = grace;
     const reply = await this.#request(request);
@@ -179,15 +243,23 @@ export class Lease {
     return camelCase(reply.killed);
   }
 
-  /** Stops enforcing a tree: it is left alone from now on, even when this lease ends. */
+  /**
+   * Stops enforcing a tree: it is left alone from now on, even when this lease ends.
+   * @param {TreeId} tree
+   * @returns {Promise<void>}
+   */
   async release(tree) {
     await this.#request({ op: "release", tree });
     this.#trees.delete(tree);
   }
 
-  /** This lease's trees, with their members, as the daemon lists them. */
+  /**
+   * This lease's trees, with their members, as the daemon lists them.
+   * @returns {Promise<TreeInfo[]>}
+   */
   async trees() {
     if (!this.#leashed) return [];
+    /** @type {{ trees: ListedTree[] }} */
     const reply = await this.#request({ op: "list" });
     const mine = reply.trees.filter((t) => this.#isMine(t));
     // Forget the trees that are gone (an adopted root exited, a kept tree emptied).
@@ -200,6 +272,8 @@ export class Lease {
    * The daemon's events for the trees this host may see, as an async iterable (subscribes on
    * first use). At most `maxBuffered` wait unread; past that they are counted in a `dropped`
    * event. A lost connection ends it with the error.
+   * @param {EventsOptions} [options]
+   * @returns {EventReader}
    */
   events(options = {}) {
     const reader = new EventReader(options.maxBuffered, (r) => this.#readers.delete(r));
@@ -220,6 +294,8 @@ export class Lease {
   /**
    * Kills every tree of this lease that was not released (with `graceMs`, else each tree's
    * own), waits until they are empty, then closes the connection (which ends the lease).
+   * @param {{ graceMs?: number }} [options]
+   * @returns {Promise<void>}
    */
   async close(options = {}) {
     const grace = validGrace(options.graceMs);
@@ -227,21 +303,32 @@ export class Lease {
     return this.#closing;
   }
 
-  /** A function for the Claude Agent SDK's `spawnClaudeCodeProcess` option. */
+  /**
+   * A function for the Claude Agent SDK's `spawnClaudeCodeProcess` option.
+   * @param {ClaudeCodeSpawnerOptions} [options]
+   * @returns {(options: SpawnOptions) => ChildProcess & SpawnedProcess}
+   */
   claudeCodeSpawner(options = {}) {
     return claudeCodeSpawner(this, options);
   }
 
+  /** @param {number | undefined} grace */
   async #close(grace) {
     if (this.#state !== "open") return;
     this.#state = "closing";
+    /** @type {unknown[]} */
     const failures = [];
     try {
       if (this.#leashed && (this.#connection || this.#trees.size)) {
         const connection = await this.#connected();
+        /** @type {{ trees: ListedTree[] }} */
         const { trees } = await connection.request({ op: "list" });
         const doomed = new Set(trees.filter((t) => this.#isMine(t)).map((t) => t.tree));
-        const kill = (tree) => ({ op: "kill", tree, ...(grace !== undefined && { grace_ms: grace }) });
+        const kill = (/** @type {TreeId} */ tree) => ({
+          op: "kill",
+          tree,
+          ...(grace !== undefined && { grace_ms: grace }),
+        });
         const kills = [...doomed].map((tree) => connection.request(kill(tree)));
         for (const result of await Promise.allSettled(kills)) {
           if (result.status === "rejected" && result.reason?.code !== "not_found") {
@@ -265,6 +352,7 @@ export class Lease {
    * Whether a listed tree is this lease's: registered under this connection, or before a
    * reconnection by this host (the daemon that took over holds those under a lease of its
    * own, with this process as host; ids of leases are a daemon's, not kept across daemons).
+   * @param {ListedTree} tree
    */
   #isMine(tree) {
     return (
@@ -272,12 +360,19 @@ export class Lease {
     );
   }
 
+  /**
+   * @param {object} body
+   * @returns {Promise<any>} the reply's `ok`
+   */
   async #request(body) {
     const connection = await this.#connected();
     return connection.request(body);
   }
 
-  /** The connection, reconnecting (a new lease) if it was lost. */
+  /**
+   * The connection, reconnecting (a new lease) if it was lost.
+   * @returns {Promise<Connection>}
+   */
   async #connected() {
     if (this.#state === "closed") throw closedError();
     if (!this.#leashed) throw unleashedError();
@@ -290,6 +385,7 @@ export class Lease {
   }
 
   async #connect() {
+    /** @type {{ connection: Connection | null }} */
     const state = { connection: null };
     const [connection, hello] = await Connection.open(this.#socket, {
       onEvent: (event) => this.#event(event),
@@ -306,6 +402,10 @@ export class Lease {
     this.#daemonVersion = hello.daemon_version;
   }
 
+  /**
+   * @param {{ connection: Connection | null }} state
+   * @param {LeashError} error
+   */
   #lost(state, error) {
     if (state.connection === null || this.#connection !== state.connection) return;
     this.#connection = null;
@@ -314,12 +414,18 @@ export class Lease {
     this.#readers.clear();
   }
 
+  /** @param {object} event */
   #event(event) {
     const converted = camelCase(event);
     for (const reader of this.#readers) reader.push(converted);
   }
 
-  /** A refusal reported by the shim, as an error; one due to a lost connection says so. */
+  /**
+   * A refusal reported by the shim, as an error; one due to a lost connection says so.
+   * @param {string | null} token
+   * @param {string} code
+   * @param {string} message
+   */
   #refusal(token, code, message) {
     const stale = token !== this.#token || !this.#connection;
     if (stale && ["not_found", "unavailable", "failed"].includes(code)) {

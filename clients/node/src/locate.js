@@ -8,11 +8,16 @@ import { LeashError } from "./errors.js";
 
 export const DEFAULT_SOCKET = "/run/leash/leash.sock";
 
-/** The daemon's socket: the option, else LEASH_SOCKET, else the default. */
+/**
+ * The daemon's socket: the option, else LEASH_SOCKET, else the default.
+ * @param {string} [option]
+ * @returns {string}
+ */
 export function socketPath(option) {
   return option || process.env.LEASH_SOCKET || DEFAULT_SOCKET;
 }
 
+/** @param {string} path */
 function isExecutableFile(path) {
   try {
     accessSync(path, constants.X_OK);
@@ -26,6 +31,8 @@ function isExecutableFile(path) {
  * The absolute path of the `leash` binary: the option, else LEASH_BIN, else `leash` on PATH.
  * A name with a slash is a path (relative to the working directory); a bare name is looked up
  * on PATH.
+ * @param {string} [option]
+ * @returns {string}
  */
 export function leashBinary(option) {
   const name = option || process.env.LEASH_BIN || "leash";

@@ -10,13 +10,42 @@ import { outcomeOf, readReport } from "./status.js";
 
 const noop = () => {};
 
-/** child_process.spawn's arguments as node reads them: (command, [args], [options]). */
+/**
+ * @typedef {import("node:child_process").ChildProcess} ChildProcess
+ * @typedef {import("node:stream").Readable} Readable
+ * @typedef {import("node:stream").Writable} Writable
+ * @typedef {import("../index.js").LeashSpawnOptions} LeashSpawnOptions
+ * @typedef {import("../index.js").TreeOptions} TreeOptions
+ * @typedef {import("./status.js").Outcome} Outcome
+ * @typedef {ReturnType<typeof holdLifecycle>} Lifecycle
+ * @typedef {{ tree: number, root: number }} Registered
+ * @typedef {Exclude<import("node:child_process").StdioOptions, string>[number]} StdioEntry
+ */
+
+/**
+ * What the shims need of the lease: the binary, the daemon's socket, the lease token, and how
+ * to turn a refusal into an error.
+ * @typedef {{ leash: string, socket: string, token: string | null,
+ *   refusal: (code: string, message: string) => Error }} Shim
+ */
+
+/**
+ * child_process.spawn's arguments as node reads them: (command, [args], [options]).
+ * @param {readonly string[] | LeashSpawnOptions | null} [args]
+ * @param {LeashSpawnOptions} [options]
+ * @returns {[string[], LeashSpawnOptions]}
+ */
 export function spawnArguments(args, options) {
-  if (args != null && !Array.isArray(args)) return [[], args];
+  // (Array.isArray does not tell a readonly array apart to the checker.)
+  if (args != null && !Array.isArray(args)) return [[], /** @type {LeashSpawnOptions} */ (args)];
   return [args ? [...args] : [], options ?? {}];
 }
 
-/** The `stdio` option as an array of at least 3 entries, as node expands it. */
+/**
+ * The `stdio` option as an array of at least 3 entries, as node expands it.
+ * @param {import("node:child_process").StdioOptions} [stdio]
+ * @returns {StdioEntry[]}
+ */
 export function stdioEntries(stdio = "pipe") {
   if (typeof stdio === "string") {
     const entry = stdio === "overlapped" ? "pipe" : stdio;
@@ -30,13 +59,23 @@ export function stdioEntries(stdio = "pipe") {
   return entries.map((entry, i) => entry ?? (i < 3 ? "pipe" : "ignore"));
 }
 
-/** The program and its arguments, with `shell` applied as node applies it. */
+/**
+ * The program and its arguments, with `shell` applied as node applies it.
+ * @param {string} command
+ * @param {readonly string[]} args
+ * @param {boolean | string} [shell]
+ * @returns {[string, readonly string[]]}
+ */
 export function shellApplied(command, args, shell) {
   if (!shell) return [command, args];
   const line = [command, ...args].join(" ");
   return [typeof shell === "string" ? shell : "/bin/sh", ["-c", line]];
 }
 
+/**
+ * @param {number | null} [graceMs]
+ * @returns {number | undefined}
+ */
 export function validGrace(graceMs, what = "graceMs") {
   if (graceMs == null) return undefined;
   if (!Number.isInteger(graceMs) || graceMs < 0) {
@@ -47,14 +86,17 @@ export function validGrace(graceMs, what = "graceMs") {
 
 /**
  * Spawns `command` on the leash.
- * @param {object} shim `{ leash, socket, token, refusal(code, message) }`: the binary, the
- *   daemon's socket, the lease token, and how to turn a refusal into an error
- * @returns {{ child: import("node:child_process").ChildProcess, registration: Promise<{tree: number, root: number}> }}
+ * @param {Shim} shim
+ * @param {string} command
+ * @param {readonly string[]} args
+ * @param {LeashSpawnOptions} options
+ * @returns {{ child: ChildProcess, registration: Promise<Registered> }}
  */
 export function spawnLeashed(shim, command, args, options) {
   const { graceMs, keepOnRootExit, argv0, shell, stdio, ...nodeOptions } = options;
   const grace = validGrace(graceMs);
   const [file, fileArgs] = shellApplied(command, args, shell);
+  /** @type {StdioEntry[]} */
   const entries = [...stdioEntries(stdio), "pipe", "pipe"];
   const leaseFd = entries.length - 2;
   const statusFd = entries.length - 1;
@@ -66,15 +108,16 @@ export function spawnLeashed(shim, command, args, options) {
   shimArgs.push("--", file, ...fileArgs);
 
   const child = nodeSpawn(shim.leash, shimArgs, { ...nodeOptions, stdio: entries });
-  const tokenStream = child.stdio[leaseFd];
-  const statusStream = child.stdio[statusFd];
+  const tokenStream = /** @type {Writable | null | undefined} */ (child.stdio[leaseFd]);
+  const statusStream = /** @type {Readable | null | undefined} */ (child.stdio[statusFd]);
   // The host sees the stdio it asked for; these two are the shim's business.
-  child.stdio.length = leaseFd;
+  /** @type {unknown[]} */ (child.stdio).length = leaseFd;
   const done = () => {
     tokenStream?.destroy();
     statusStream?.destroy();
   };
 
+  /** @type {Promise<Registered>} */
   let registration;
   if (!child.pid || !tokenStream || !statusStream) {
     // The shim itself could not be started (node emits its own 'error', e.g. ENOENT for a
@@ -107,6 +150,14 @@ export function spawnLeashed(shim, command, args, options) {
   return { child, registration };
 }
 
+/**
+ * @param {Outcome} outcome
+ * @param {Lifecycle} lifecycle
+ * @param {Shim} shim
+ * @param {string} file
+ * @param {readonly string[]} fileArgs
+ * @returns {Promise<Error>}
+ */
 async function failure(outcome, lifecycle, shim, file, fileArgs) {
   switch (outcome.kind) {
     case "exec_failed":
@@ -139,8 +190,10 @@ const MAX_STDERR_CHARS = 4096;
  * the daemon by a pidfd, which is right in a container's pid namespace as a bare pid is not
  * (node cannot send a descriptor over a Unix socket itself). The token goes on a descriptor,
  * as for a spawn.
- * @param {object} shim as for spawnLeashed
- * @returns {Promise<{tree: number, root: number}>}
+ * @param {Shim} shim as for spawnLeashed
+ * @param {number} pid
+ * @param {TreeOptions} options
+ * @returns {Promise<Registered>}
  */
 export async function adoptThroughShim(shim, pid, options) {
   if (!Number.isSafeInteger(pid) || pid <= 0) {
@@ -154,11 +207,16 @@ export async function adoptThroughShim(shim, pid, options) {
   const child = nodeSpawn(shim.leash, shimArgs, {
     stdio: ["ignore", "ignore", "pipe", "pipe", "pipe"],
   });
+  /** @type {Promise<{ error?: Error, code?: number | null, signal?: NodeJS.Signals | null }>} */
   const ended = new Promise((resolve) => {
     child.once("error", (error) => resolve({ error }));
     child.once("close", (code, signal) => resolve({ code, signal }));
   });
-  const [, , stderr, tokenStream, statusStream] = child.stdio;
+  // Pipes, all three, when the shim started.
+  const [, , stderr, tokenStream, statusStream] =
+    /** @type {[unknown, unknown, Readable, Writable | undefined, Readable | undefined]} */ (
+      child.stdio
+    );
   if (!child.pid || !tokenStream || !statusStream) {
     const { error } = await ended;
     throw new LeashError("failed", `starting leash adopt (${shim.leash}): ${error?.message}`);

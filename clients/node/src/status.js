@@ -6,7 +6,30 @@
 /** A report is two short lines; anything longer is not the shim. */
 const MAX_REPORT_CHARS = 64 * 1024;
 
-/** Reads `stream` to its end; resolves to the report's lines, parsed. */
+/**
+ * One line of the report, as JSON.parse makes it (or the line itself, if it is not JSON).
+ * @typedef {{
+ *   registered?: { tree: number, root: number },
+ *   exec_failed?: { errno: number, message?: string },
+ *   error?: { code: string, message: string },
+ *   unreadable?: string,
+ * }} ReportLine
+ */
+
+/**
+ * What became of the command: see outcomeOf.
+ * @typedef {{ kind: "running", tree: number, root: number }
+ *   | { kind: "exec_failed", tree: number, root: number, errno: number, message?: string }
+ *   | { kind: "refused", code: string, message: string }
+ *   | { kind: "silent" }
+ *   | { kind: "unreadable", line: string }} Outcome
+ */
+
+/**
+ * Reads `stream` to its end; resolves to the report's lines, parsed.
+ * @param {import("node:stream").Readable} stream
+ * @returns {Promise<ReportLine[]>}
+ */
 export function readReport(stream) {
   return new Promise((resolve) => {
     let text = "";
@@ -17,7 +40,7 @@ export function readReport(stream) {
       resolve(parseReport(text));
     };
     stream.setEncoding("utf8");
-    stream.on("data", (chunk) => {
+    stream.on("data", (/** @type {string} */ chunk) => {
       text += chunk;
       if (text.length > MAX_REPORT_CHARS) settle();
     });
@@ -28,6 +51,10 @@ export function readReport(stream) {
   });
 }
 
+/**
+ * @param {string} text
+ * @returns {ReportLine[]}
+ */
 function parseReport(text) {
   return text
     .split("\n")
@@ -48,6 +75,8 @@ function parseReport(text) {
  *   { kind: "refused", code, message }
  *   { kind: "silent" }                 (no line: the shim died before it could say)
  *   { kind: "unreadable", line }
+ * @param {ReportLine[]} lines
+ * @returns {Outcome}
  */
 export function outcomeOf(lines) {
   const [first, second] = lines;

@@ -1,0 +1,316 @@
+//! `cargo xtask lint`: every static check of the project, each step named and run whatever the
+//! others found, and the task failing at the end if any step failed:
+//!
+//! - rustfmt over the workspace;
+//! - clippy over the host crates, and over leash-ebpf for its BPF target (nightly,
+//!   `-Z build-std=core`, as leash-user's build script builds it), warnings denied;
+//! - ruff (lint and format) and `mypy --strict` over the Python library (clients/python, whose
+//!   pyproject.toml configures them), installed pinned into the tests' virtual environment;
+//! - `tsc` over the Node library (clients/node/tsconfig.json): its JavaScript, typed in JSDoc
+//!   from its hand-written index.d.ts, must implement what index.d.ts declares (TypeScript and
+//!   Node's types from npm, in a cache of their own);
+//! - the import-cycle check (cycles.rs): no two files of a crate may name each other's items,
+//!   directly or round a circle.
+
+mod cycles;
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{ensure_nightly_rust_src, hosts, output, setup, status, workspace_root};
+
+/// The Python linters, pinned. mypy 1.20 is the last that checks for Python 3.9, the oldest
+/// the library supports (pyproject.toml's `python_version`).
+const PYTHON_LINTERS: &[&str] = &["ruff==0.17.5", "mypy==1.20.2"];
+
+/// One check: its name and what runs it.
+struct Step {
+    name: &'static str,
+    run: fn() -> Result<()>,
+}
+
+const STEPS: &[Step] = &[
+    Step {
+        name: "rustfmt",
+        run: rustfmt,
+    },
+    Step {
+        name: "clippy (host crates)",
+        run: clippy_host,
+    },
+    Step {
+        name: "clippy (leash-ebpf, bpfel-unknown-none)",
+        run: clippy_ebpf,
+    },
+    Step {
+        name: "ruff (clients/python)",
+        run: ruff,
+    },
+    Step {
+        name: "mypy --strict (clients/python)",
+        run: mypy,
+    },
+    Step {
+        name: "tsc (clients/node)",
+        run: tsc,
+    },
+    Step {
+        name: "import cycles",
+        run: import_cycles,
+    },
+];
+
+pub(crate) fn lint() -> Result<()> {
+    let mut failed = Vec::new();
+    let mut results = Vec::new();
+    for step in STEPS {
+        eprintln!("\nxtask lint: == {} ==", step.name);
+        let started = Instant::now();
+        let result = (step.run)();
+        let seconds = started.elapsed().as_secs_f64();
+        match &result {
+            Ok(()) => results.push(format!("PASS  {} ({seconds:.1} s)", step.name)),
+            Err(e) => {
+                eprintln!("xtask lint: {}: {e:#}", step.name);
+                results.push(format!("FAIL  {} ({seconds:.1} s): {e:#}", step.name));
+                failed.push(step.name);
+            }
+        }
+    }
+    eprintln!("\nxtask lint: summary");
+    for line in &results {
+        eprintln!("  {line}");
+    }
+    if !failed.is_empty() {
+        bail!("lint failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+fn cargo_command() -> Command {
+    let mut command = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command.current_dir(workspace_root());
+    command
+}
+
+/// Adds `component` to `toolchain` (None: the one cargo runs here) unless it is there; a
+/// minimal rustup profile has neither rustfmt nor clippy.
+fn ensure_component(toolchain: Option<&str>, component: &str) -> Result<()> {
+    let mut list = Command::new("rustup");
+    list.args(["component", "list", "--installed"]);
+    list.args(toolchain.map(|t| format!("--toolchain={t}")));
+    let installed = output(list.current_dir(workspace_root()))?;
+    if installed.lines().any(|line| line.starts_with(component)) {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask: adding {component} to the {} toolchain",
+        toolchain.unwrap_or("default")
+    );
+    let mut add = Command::new("rustup");
+    add.args(["component", "add", component]);
+    add.args(toolchain.map(|t| format!("--toolchain={t}")));
+    status(add.current_dir(workspace_root()))
+}
+
+fn rustfmt() -> Result<()> {
+    ensure_component(None, "rustfmt")?;
+    status(cargo_command().args(["fmt", "--all", "--check"]))
+}
+
+/// leash-user's build script builds the eBPF programs even for clippy: `setup` first, as for a
+/// build.
+fn clippy_host() -> Result<()> {
+    ensure_component(None, "clippy")?;
+    setup()?;
+    status(cargo_command().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))
+}
+
+/// leash-ebpf as aya-build builds it (aya-build 0.2.0's `build_ebpf`): nightly, the BPF target,
+/// core built from source, `bpf_target_arch` set. Checking needs no linker, so no bpf-linker.
+/// Its own target directory: the host's is built by another toolchain.
+fn clippy_ebpf() -> Result<()> {
+    ensure_nightly_rust_src()?;
+    ensure_component(Some("nightly"), "clippy")?;
+    let arch = env::consts::ARCH;
+    // rustup's proxy would run the toolchain that CARGO (stable) belongs to; ask for nightly.
+    let mut command = Command::new("rustup");
+    command
+        .args([
+            "run",
+            "nightly",
+            "cargo",
+            "clippy",
+            "--package",
+            "leash-ebpf",
+        ])
+        .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        .arg("--target-dir")
+        .arg(workspace_root().join("target/lint-ebpf"))
+        .args(["--", "-D", "warnings"])
+        .current_dir(workspace_root())
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            format!("--cfg=bpf_target_arch=\"{arch}\""),
+        );
+    status(&mut command)
+}
+
+/// The Python linters in the tests' virtual environment; returns its bin/ directory.
+fn python_linters() -> Result<PathBuf> {
+    let started = Instant::now();
+    let python = hosts::ensure_python_packages(PYTHON_LINTERS)?;
+    report_install("ruff and mypy", started);
+    Ok(python.parent().context("the venv's bin")?.to_path_buf())
+}
+
+fn python_client() -> PathBuf {
+    workspace_root().join("clients/python")
+}
+
+/// `ruff check`, and `ruff format --check` over the code (the README's examples are laid out
+/// for reading, not by the formatter).
+fn ruff() -> Result<()> {
+    let bin = python_linters()?;
+    let check = status(
+        Command::new(bin.join("ruff"))
+            .arg("check")
+            .current_dir(python_client()),
+    );
+    let format = status(
+        Command::new(bin.join("ruff"))
+            .args(["format", "--check", "src", "tests", "examples"])
+            .current_dir(python_client()),
+    );
+    check.and(format)
+}
+
+/// mypy with pyproject.toml's files (the package and its examples). The examples import the
+/// package from src/, installed or not.
+fn mypy() -> Result<()> {
+    let bin = python_linters()?;
+    status(
+        Command::new(bin.join("mypy"))
+            .arg("--strict")
+            .env("MYPYPATH", "src")
+            .current_dir(python_client()),
+    )
+}
+
+/// Where TypeScript and Node's types are installed for this check: beside the host tests'
+/// npm packages, without their 230 MB.
+fn typescript_dir() -> PathBuf {
+    hosts::cache_dir().join("lint")
+}
+
+fn tsc() -> Result<()> {
+    hosts::ensure_node()?;
+    let cache = typescript_dir();
+    let started = Instant::now();
+    hosts::install_npm_packages(
+        &cache,
+        &[hosts::TYPESCRIPT.to_owned(), hosts::NODE_TYPES.to_owned()],
+    )?;
+    report_install("typescript and @types/node", started);
+    let modules = cache.join("node_modules");
+    status(
+        Command::new("node")
+            .arg(modules.join("typescript/bin/tsc"))
+            .args(["--project", "tsconfig.json", "--typeRoots"])
+            .arg(modules.join("@types"))
+            .current_dir(workspace_root().join("clients/node")),
+    )
+}
+
+/// Says how long an install took, when it took long enough to have done one.
+fn report_install(what: &str, started: Instant) {
+    let seconds = started.elapsed().as_secs_f64();
+    if seconds > 1.0 {
+        eprintln!("xtask lint: {what} ready in {seconds:.1} s");
+    }
+}
+
+/// Every crate of the workspace, by its root files under src/.
+fn crate_roots() -> Result<Vec<(String, Vec<PathBuf>)>> {
+    let metadata = output(cargo_command().args(["metadata", "--no-deps", "--format-version=1"]))?;
+    let metadata: serde_json::Value =
+        serde_json::from_str(&metadata).context("reading cargo metadata")?;
+    let mut crates = Vec::new();
+    for package in metadata["packages"].as_array().context("packages")? {
+        let name = package["name"].as_str().context("a package name")?;
+        let manifest = Path::new(package["manifest_path"].as_str().context("a manifest")?);
+        let src = manifest.parent().context("a package dir")?.join("src");
+        let mut roots: Vec<PathBuf> = package["targets"]
+            .as_array()
+            .context("targets")?
+            .iter()
+            .filter_map(|t| t["src_path"].as_str().map(PathBuf::from))
+            .filter(|path| path.starts_with(&src))
+            .collect();
+        roots.sort();
+        roots.dedup();
+        crates.push((name.to_owned(), roots));
+    }
+    crates.sort();
+    Ok(crates)
+}
+
+fn import_cycles() -> Result<()> {
+    let root = workspace_root();
+    let relative = |path: &Path| {
+        path.strip_prefix(&root)
+            .unwrap_or(path)
+            .display()
+            .to_string()
+    };
+    let mut found = 0;
+    for (name, roots) in crate_roots()? {
+        let cycles = cycles::crate_cycles(&roots)?;
+        if cycles.is_empty() {
+            eprintln!("{name}: no cycle");
+        }
+        for cycle in &cycles {
+            found += 1;
+            eprintln!(
+                "{name}: a cycle of {} files, each reaching every other through `use` and paths:",
+                cycle.files.len()
+            );
+            for file in &cycle.files {
+                eprintln!("    {}", relative(file));
+            }
+            eprintln!("  the arrows among them (file → file it names items of: those items):");
+            for (from, to, names) in &cycle.edges {
+                eprintln!(
+                    "    {} → {}: {}",
+                    relative(from),
+                    relative(to),
+                    names.join(", ")
+                );
+            }
+            let example: Vec<String> = cycle.example.iter().map(|f| relative(f)).collect();
+            eprintln!("  for instance: {}", example.join(" → "));
+        }
+    }
+    if found > 0 {
+        bail!(
+            "{found} import cycle(s): move what both sides need into a module of its own, or \
+             pass it in, so that the arrows go one way"
+        );
+    }
+    Ok(())
+}
