@@ -73,7 +73,7 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
     let parent = current_tgid();
     // The hot path for every fork on the machine: one lookup, and out for non-members.
     // SAFETY: copied at once (see "Reading the hash maps").
-    let Some(entry) = (unsafe { MEMBERS.get(&parent) }).copied() else {
+    let Some(entry) = (unsafe { MEMBERS.get(parent) }).copied() else {
         return 0;
     };
     let forker: *const u8 = ctx.arg(0);
@@ -92,7 +92,7 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
     }
     let tree = entry.tree;
     // SAFETY: copied at once (see "Reading the hash maps").
-    let control = unsafe { TREE_CONTROL.get(&tree) }
+    let control = unsafe { TREE_CONTROL.get(tree) }
         .copied()
         .unwrap_or_default();
     let account = control.holder.account;
@@ -106,7 +106,7 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
     };
     // Over the quota or the capacity, the child is still tracked (so it dies with its tree:
     // past the capacity, in the map's reserve), and the tree makes no more.
-    let joined = MEMBERS.insert(&child_tgid, &member, BPF_NOEXIST).is_ok();
+    let joined = MEMBERS.insert(child_tgid, member, BPF_NOEXIST).is_ok();
     // As at exit: the event before the count.
     if joined {
         count(stat::JOINS);
@@ -121,7 +121,7 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
         count(stat::INSERTS_FAILED);
     }
     let mut quota_spent = over_quota;
-    if let Some(counters) = TREE_COUNTERS.get_ptr_mut(&tree) {
+    if let Some(counters) = TREE_COUNTERS.get_ptr_mut(tree) {
         // SAFETY: `counters` points into the tree's value, memory that lives as long as the map
         // (see "Reading the hash maps"), aligned for its u64s. Other CPUs update the same
         // counters: they are only added to atomically; the read of over_quota may be stale.
@@ -161,7 +161,7 @@ pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
     // The hot path for every thread's exit on the machine: one lookup, and out for
     // non-members, before any read of the task.
     // SAFETY: copied at once (see "Reading the hash maps").
-    let Some(entry) = (unsafe { MEMBERS.get(&tgid) }).copied() else {
+    let Some(entry) = (unsafe { MEMBERS.get(tgid) }).copied() else {
         return 0;
     };
     let task: *const u8 = ctx.arg(0);
@@ -173,12 +173,12 @@ pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let tree = entry.tree;
-    if MEMBERS.remove(&tgid).is_err() {
+    if MEMBERS.remove(tgid).is_err() {
         return 0;
     }
     count(stat::EXITS);
     // SAFETY: copied at once (see "Reading the hash maps").
-    let control = unsafe { TREE_CONTROL.get(&tree) }
+    let control = unsafe { TREE_CONTROL.get(tree) }
         .copied()
         .unwrap_or_default();
     add_to_account(control.holder.account, u64::MAX);
@@ -194,7 +194,7 @@ pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
     emit(kind, tree, tgid, 0);
     // SAFETY: the helper takes nothing and returns a clock's reading.
     let now = unsafe { bpf_ktime_get_boot_ns() };
-    if let Some(counters) = TREE_COUNTERS.get_ptr_mut(&tree) {
+    if let Some(counters) = TREE_COUNTERS.get_ptr_mut(tree) {
         // SAFETY: as in leash_fork: memory that lives as long as the map, `left` only added to
         // atomically. root_exit_ns has one writer: the root's single group death.
         unsafe {
@@ -217,7 +217,7 @@ pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
 pub fn leash_exec(ctx: BtfTracePointContext) -> i32 {
     let tgid = current_tgid();
     // SAFETY: copied at once (see "Reading the hash maps").
-    let Some(entry) = (unsafe { MEMBERS.get(&tgid) }).copied() else {
+    let Some(entry) = (unsafe { MEMBERS.get(tgid) }).copied() else {
         return 0;
     };
     let task: *const u8 = ctx.arg(0);
@@ -226,7 +226,7 @@ pub fn leash_exec(ctx: BtfTracePointContext) -> i32 {
     }
     emit(EventKind::Exec, entry.tree, tgid, 0);
     // SAFETY: two fields read within the expression (see "Reading the hash maps").
-    let born_doomed = unsafe { TREE_CONTROL.get(&entry.tree) }.is_some_and(|control| {
+    let born_doomed = unsafe { TREE_CONTROL.get(entry.tree) }.is_some_and(|control| {
         control.flags & flags::DOOMED != 0 && entry.start_ns >= control.doomed_ns
     });
     if born_doomed {
@@ -292,17 +292,15 @@ fn over_capacity() -> bool {
 /// The members `account` has now, over all its trees (every member, for [`ALL_ACCOUNTS`]).
 fn members_of(account: Account) -> i64 {
     // SAFETY: copied at once (see "Reading the hash maps").
-    let joined = unsafe { ACCOUNT_JOINED.get(&account) }.map_or(0, |&n| n as i64);
+    let joined = unsafe { ACCOUNT_JOINED.get(account) }.map_or(0, |&n| n as i64);
     // SAFETY: as above.
-    let seeded = unsafe { ACCOUNT_SEEDED.get(&account) }
-        .copied()
-        .unwrap_or(0);
+    let seeded = unsafe { ACCOUNT_SEEDED.get(account) }.copied().unwrap_or(0);
     joined.wrapping_add(seeded)
 }
 
 /// Adds `delta` (two's complement: `u64::MAX` is -1) to `account`'s joined members.
 fn add_to_account(account: Account, delta: u64) {
-    if let Some(joined) = ACCOUNT_JOINED.get_ptr_mut(&account) {
+    if let Some(joined) = ACCOUNT_JOINED.get_ptr_mut(account) {
         // SAFETY: `joined` points into the account's value, an aligned u64 that lives as long
         // as the map (see "Reading the hash maps"), and is only ever added to atomically.
         unsafe { add(joined, delta) };

@@ -61,7 +61,7 @@ pub fn leash_ptrace_guard(ctx: *mut c_void) -> i32 {
     // An entry whose start time is not the child's is an earlier process's by the same pid:
     // the child is not a member then.
     // SAFETY: copied at once (see "Reading the hash maps" in programs.rs).
-    let child_tree = unsafe { MEMBERS.get(&child_tgid) }
+    let child_tree = unsafe { MEMBERS.get(child_tgid) }
         .copied()
         .filter(|entry| is_member(child, entry))
         .map(|entry| entry.tree);
@@ -106,7 +106,7 @@ pub fn leash_vm_writev(ctx: TracePointContext) -> u32 {
 /// check it). Non-members leave after one lookup.
 fn current_member() -> Option<Member> {
     // SAFETY: copied at once (see "Reading the hash maps" in programs.rs).
-    let entry = unsafe { MEMBERS.get(&current_tgid()) }.copied()?;
+    let entry = unsafe { MEMBERS.get(current_tgid()) }.copied()?;
     // SAFETY: the helper returns the current task's address; it is only read through
     // bpf_probe_read_kernel.
     let task = unsafe { bpf_get_current_task() } as *const u8;
@@ -125,7 +125,7 @@ fn kill_if_outside(ctx: &TracePointContext, index: usize) {
     // SAFETY: one field read within the expression (see "Reading the hash maps" in
     // programs.rs).
     let inside =
-        unsafe { MEMBERS.get(&target) }.is_some_and(|entry| within(entry.tree, accessor.tree));
+        unsafe { MEMBERS.get(target) }.is_some_and(|entry| within(entry.tree, accessor.tree));
     if !inside {
         kill_current();
     }
@@ -153,7 +153,7 @@ fn within(tree: TreeId, own: TreeId) -> bool {
         }
         // SAFETY: one field read within the match (see "Reading the hash maps" in
         // programs.rs).
-        match unsafe { TREE_CONTROL.get(&tree) } {
+        match unsafe { TREE_CONTROL.get(tree) } {
             Some(control) if control.parent != 0 => tree = control.parent,
             _ => return false,
         }

@@ -6,7 +6,7 @@
 
 use std::{os::fd::OwnedFd, time::Duration};
 
-use leash_client::protocol::{KillReason, LeaseId, RootExitPolicy, TreeId};
+use leash_client::protocol::{ErrorCode, KillReason, LeaseId, RootExitPolicy, TreeId};
 use leash_common::Holder;
 use tokio::sync::{mpsc, oneshot};
 
@@ -103,6 +103,12 @@ impl Command {
 /// The owner thread has stopped: the daemon is exiting.
 #[derive(Debug)]
 pub struct Stopped;
+
+impl From<Stopped> for Refusal {
+    fn from(_: Stopped) -> Self {
+        Self::new(ErrorCode::Internal, "the daemon is stopping")
+    }
+}
 
 /// How the rest of the daemon hands commands to the owner.
 pub struct Jobs {

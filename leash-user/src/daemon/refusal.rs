@@ -3,7 +3,6 @@
 
 use leash_client::protocol::{ErrorCode, ServerLine, TreeId};
 
-use super::commands::Stopped;
 use crate::kernel::{self, IdentifyError};
 
 /// Why a request was refused: becomes the error reply.
@@ -29,12 +28,6 @@ impl Refusal {
     /// The error reply to request `id`.
     pub fn into_line(self, id: u64) -> ServerLine {
         ServerLine::error(Some(id), self.code, self.message)
-    }
-}
-
-impl From<Stopped> for Refusal {
-    fn from(_: Stopped) -> Self {
-        Self::new(ErrorCode::Internal, "the daemon is stopping")
     }
 }
 
