@@ -37,7 +37,7 @@ use tokio::{
 
 /// What the flood does, as `--mode` takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Every connection pipelines `status` requests and reads the replies.
     Status,
     /// Every connection pipelines `list` requests and reads the replies.
@@ -61,7 +61,7 @@ impl Mode {
 
 /// `leash-bench flood`: run by the benchmark itself, as the flooding uid.
 #[derive(clap::Args, Debug)]
-pub struct FloodArgs {
+pub(crate) struct FloodArgs {
     #[arg(long)]
     socket: PathBuf,
     #[arg(long, value_enum)]
@@ -76,7 +76,7 @@ pub struct FloodArgs {
 
 /// What the flood's clients saw. Requests of connections that never read have no outcome.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Tally {
+pub(crate) struct Tally {
     /// Connections the flood tried to open.
     pub connections: u64,
     /// connect() failed (after retrying a full backlog for a while).
@@ -94,7 +94,7 @@ pub struct Tally {
 }
 
 /// The flooder's main: as `leash-bench flood ...`.
-pub fn run(args: &FloodArgs) -> Result<()> {
+pub(crate) fn run(args: &FloodArgs) -> Result<()> {
     let mut commands = io::BufReader::new(io::stdin()).lines();
     let holder = match args.hold {
         Some(pid) => {
@@ -444,7 +444,7 @@ fn classify(head: &[u8]) -> Heard {
 
 /// The benchmark's handle on a running flooder: its commands in, its lines out (read on a
 /// thread of their own, so that every wait has a deadline). Dropping it kills the flooder.
-pub struct Flooder {
+pub(crate) struct Flooder {
     process: Child,
     commands: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
@@ -453,7 +453,7 @@ pub struct Flooder {
 impl Flooder {
     /// Starts `binary flood` as `uid`, with descriptors for a thousand sockets, and waits for
     /// it to be ready (its tree held, if `hold`).
-    pub fn start(
+    pub(crate) fn start(
         binary: &Path,
         socket: &Path,
         uid: u32,
@@ -499,11 +499,11 @@ impl Flooder {
         Ok(flooder)
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.process.id()
     }
 
-    pub fn send(&mut self, command: &str) -> Result<()> {
+    pub(crate) fn send(&mut self, command: &str) -> Result<()> {
         let commands = self.commands.as_mut().context("the flooder was stopped")?;
         writeln!(commands, "{command}").context("commanding the flooder")?;
         commands.flush()?;
@@ -511,7 +511,7 @@ impl Flooder {
     }
 
     /// The flooder's next line.
-    pub fn next_line(&mut self, timeout: Duration) -> Result<String> {
+    pub(crate) fn next_line(&mut self, timeout: Duration) -> Result<String> {
         match self.lines.recv_timeout(timeout) {
             Ok(line) => Ok(line),
             Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -522,12 +522,12 @@ impl Flooder {
     }
 
     /// The flooder's next line if it has said one; never waits.
-    pub fn try_line(&mut self) -> Option<String> {
+    pub(crate) fn try_line(&mut self) -> Option<String> {
         self.lines.try_recv().ok()
     }
 
     /// The flooder's next line, which must start with `word`; the rest of it.
-    pub fn expect(&mut self, word: &str, timeout: Duration) -> Result<String> {
+    pub(crate) fn expect(&mut self, word: &str, timeout: Duration) -> Result<String> {
         let line = self
             .next_line(timeout)
             .with_context(|| format!("waiting for {word:?}"))?;
@@ -538,7 +538,7 @@ impl Flooder {
     }
 
     /// Ends the flood, and its connections with it; what its clients saw.
-    pub fn finish(mut self) -> Result<Tally> {
+    pub(crate) fn finish(mut self) -> Result<Tally> {
         // The end of its stdin is its stop command.
         drop(self.commands.take());
         let deadline = Duration::from_secs(60);

@@ -114,7 +114,7 @@ enum Load {
     Held,
 }
 
-pub fn hostile_load(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
+pub(crate) fn hostile_load(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
     let _pid_max = PidMax::at_least(plan.scale + LISTED_TREE + 20_000)?;
     let baseline = leash::proc::all_processes()?.len();
     let bench = Bench {

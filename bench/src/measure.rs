@@ -4,7 +4,7 @@ use std::{fmt::Write, fs, time::Duration};
 
 use crate::Plan;
 
-pub fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     if values.is_empty() {
         return f64::NAN;
     }
@@ -19,22 +19,22 @@ pub fn median(values: &[f64]) -> f64 {
 }
 
 /// The median of per-repetition ratios a/b (each ratio from one repetition's alternating pair).
-pub fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
+pub(crate) fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
     let ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
     median(&ratios)
 }
 
-pub fn ms(duration: Duration) -> f64 {
+pub(crate) fn ms(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
 }
 
 /// The report, section by section.
-pub struct Report {
+pub(crate) struct Report {
     text: String,
 }
 
 impl Report {
-    pub fn new(plan: &Plan) -> Self {
+    pub(crate) fn new(plan: &Plan) -> Self {
         let mut text = String::from("# leash benchmarks\n\n");
         let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
         let cpu = fs::read_to_string("/proc/cpuinfo")
@@ -72,11 +72,11 @@ impl Report {
         Self { text }
     }
 
-    pub fn section(&mut self, title: &str, intro: &str) {
+    pub(crate) fn section(&mut self, title: &str, intro: &str) {
         let _ = write!(self.text, "## {title}\n\n{intro}\n\n");
     }
 
-    pub fn table(&mut self, header: &[&str], rows: &[Vec<String>]) {
+    pub(crate) fn table(&mut self, header: &[&str], rows: &[Vec<String>]) {
         let _ = writeln!(self.text, "| {} |", header.join(" | "));
         let _ = writeln!(self.text, "|{}", "---|".repeat(header.len()));
         for row in rows {
@@ -85,12 +85,12 @@ impl Report {
         self.text.push('\n');
     }
 
-    pub fn line(&mut self, line: &str) {
+    pub(crate) fn line(&mut self, line: &str) {
         let _ = writeln!(self.text, "{line}\n");
         eprintln!("{line}");
     }
 
-    pub fn finish(&mut self, took: Duration) {
+    pub(crate) fn finish(&mut self, took: Duration) {
         let _ = writeln!(
             self.text,
             "---\nThe whole run took {:.0} s. Reproduce: as root, `cargo xtask bench` (or `--quick`).",
@@ -98,19 +98,19 @@ impl Report {
         );
     }
 
-    pub fn text(&self) -> &str {
+    pub(crate) fn text(&self) -> &str {
         &self.text
     }
 }
 
-pub fn f1(value: f64) -> String {
+pub(crate) fn f1(value: f64) -> String {
     format!("{value:.1}")
 }
 
-pub fn f2(value: f64) -> String {
+pub(crate) fn f2(value: f64) -> String {
     format!("{value:.2}")
 }
 
-pub fn f3(value: f64) -> String {
+pub(crate) fn f3(value: f64) -> String {
     format!("{value:.3}")
 }

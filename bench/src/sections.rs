@@ -32,7 +32,7 @@ fn start_daemon() -> Result<Daemon> {
 }
 
 /// 1. What leash costs fork-heavy work that it watches, or only runs beside.
-pub fn overhead(plan: &Plan, report: &mut Report) -> Result<()> {
+pub(crate) fn overhead(plan: &Plan, report: &mut Report) -> Result<()> {
     let n = plan.overhead_loops;
     // What `ps` and `top` do: read every process's /proc/PID/stat. Each read of another
     // process's passes the kernel's ptrace check (read mode), where the ptrace guard runs.
@@ -177,7 +177,7 @@ fn program_costs(scripts: &[&str], report: &mut Report) -> Result<()> {
 }
 
 /// 2. From the root's death to an empty tree, against cgroup.kill and a PPID walk.
-pub fn kill_latency(plan: &Plan, report: &mut Report) -> Result<()> {
+pub(crate) fn kill_latency(plan: &Plan, report: &mut Report) -> Result<()> {
     let shapes: &[Shape] = if plan.quick {
         &[Shape::Fan, Shape::SetsidChain]
     } else {
@@ -274,7 +274,7 @@ pub fn kill_latency(plan: &Plan, report: &mut Report) -> Result<()> {
 }
 
 /// 3. A setsid fork chain killed while it grows: who survives.
-pub fn escapes(plan: &Plan, report: &mut Report) -> Result<()> {
+pub(crate) fn escapes(plan: &Plan, report: &mut Report) -> Result<()> {
     const KILL_AT: usize = 300;
     let daemon = start_daemon()?;
     let mut client = daemon.client();
@@ -351,7 +351,7 @@ pub fn escapes(plan: &Plan, report: &mut Report) -> Result<()> {
 }
 
 /// 4. From a host's SIGKILL to the first signal its tree receives.
-pub fn detection(plan: &Plan, report: &mut Report) -> Result<()> {
+pub(crate) fn detection(plan: &Plan, report: &mut Report) -> Result<()> {
     const WAITER: &str = r#"
 import signal, sys, time
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -407,7 +407,7 @@ import os; os.rename(sys.argv[1] + ".tmp", sys.argv[1])
 }
 
 /// 5. Many tracked processes; the daemon's footprint idle and under a fork storm.
-pub fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
+pub(crate) fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<()> {
     let n = plan.scale;
     // Two trees of n, and the first one's zombies while init reaps them.
     let _pid_max = PidMax::at_least(n * 2 + 20_000)?;
@@ -606,6 +606,6 @@ fn footprint(
     })
 }
 
-pub fn verdict(met: bool) -> &'static str {
+pub(crate) fn verdict(met: bool) -> &'static str {
     if met { "(goal met)" } else { "(goal missed)" }
 }

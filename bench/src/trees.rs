@@ -15,7 +15,7 @@ use leash::sys::Pidfd;
 use leash_tests::{CHAIN, Cgroup, wait_for};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shape {
+pub(crate) enum Shape {
     /// The root starts every other process itself.
     Fan,
     /// Each process starts the next.
@@ -27,7 +27,7 @@ pub enum Shape {
 }
 
 impl Shape {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Shape::Fan => "fan",
             Shape::Chain => "chain",
@@ -37,7 +37,7 @@ impl Shape {
     }
 
     /// A command, inside `cgroup`, that grows into `n` sleeping processes (the root included).
-    pub fn command(self, cgroup: &Cgroup, n: usize) -> Command {
+    pub(crate) fn command(self, cgroup: &Cgroup, n: usize) -> Command {
         let others = (n - 1).to_string();
         let mut command = match self {
             Shape::Fan => cgroup.command(
@@ -73,12 +73,12 @@ impl Shape {
 }
 
 /// Waits until the tree has grown into its `n` sleeping processes.
-pub fn settle(cgroup: &Cgroup, n: usize) {
+pub(crate) fn settle(cgroup: &Cgroup, n: usize) {
     cgroup.settle(n, &["sleep"]);
 }
 
 /// The kernel's own: cgroup.kill, until the group is empty.
-pub fn cgroup_kill(cgroup: &Cgroup) -> Result<Duration> {
+pub(crate) fn cgroup_kill(cgroup: &Cgroup) -> Result<Duration> {
     let started = Instant::now();
     fs::write(cgroup.procs_file().with_file_name("cgroup.kill"), "1")?;
     wait_unpopulated(cgroup, Duration::from_secs(60))?;
@@ -87,7 +87,7 @@ pub fn cgroup_kill(cgroup: &Cgroup) -> Result<Duration> {
 
 /// The referee for every method: the kernel's `populated 0` for the group, polled every
 /// 100 µs (so a method's time is exact to about that).
-pub fn wait_unpopulated(cgroup: &Cgroup, timeout: Duration) -> Result<()> {
+pub(crate) fn wait_unpopulated(cgroup: &Cgroup, timeout: Duration) -> Result<()> {
     let events = cgroup.procs_file().with_file_name("cgroup.events");
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
@@ -102,7 +102,7 @@ pub fn wait_unpopulated(cgroup: &Cgroup, timeout: Duration) -> Result<()> {
 /// What tree-kill libraries do: walk /proc for the root's descendants by parent pid, SIGKILL
 /// them, and walk again until none is found. Returns the time and the processes that escaped
 /// (still in the cgroup after the walk found nothing more).
-pub fn ppid_walk_kill(root: u32, cgroup: &Cgroup) -> Result<(Duration, usize)> {
+pub(crate) fn ppid_walk_kill(root: u32, cgroup: &Cgroup) -> Result<(Duration, usize)> {
     let started = Instant::now();
     loop {
         let snapshot = leash::proc::all_processes()?;
@@ -129,7 +129,7 @@ pub fn ppid_walk_kill(root: u32, cgroup: &Cgroup) -> Result<(Duration, usize)> {
 
 /// killpg(root's group, SIGKILL): what a supervisor that started the root in its own process
 /// group does.
-pub fn killpg(root: u32) -> Result<Duration> {
+pub(crate) fn killpg(root: u32) -> Result<Duration> {
     let started = Instant::now();
     let status = Command::new("kill")
         .args(["-KILL", "--", &format!("-{root}")])
@@ -142,7 +142,7 @@ pub fn killpg(root: u32) -> Result<Duration> {
 
 /// The group's processes that are still running (zombies waiting for their parent do not
 /// count: they run nothing).
-pub fn live_in(cgroup: &Cgroup) -> BTreeSet<u32> {
+pub(crate) fn live_in(cgroup: &Cgroup) -> BTreeSet<u32> {
     cgroup
         .procs()
         .into_iter()
@@ -151,13 +151,13 @@ pub fn live_in(cgroup: &Cgroup) -> BTreeSet<u32> {
 }
 
 /// Reaps a root this program started, whatever killed it.
-pub fn reap(mut root: Child) {
+pub(crate) fn reap(mut root: Child) {
     let _ = root.kill();
     let _ = root.wait();
 }
 
 /// Compiles the small C process maker into the build directory.
-pub fn build_forker() -> Result<PathBuf> {
+pub(crate) fn build_forker() -> Result<PathBuf> {
     let source = concat!(env!("CARGO_MANIFEST_DIR"), "/src/forker.c");
     let exe = std::env::current_exe()?;
     let out = exe.with_file_name("leash-forker");
@@ -174,7 +174,11 @@ pub fn build_forker() -> Result<PathBuf> {
 }
 
 /// Waits up to `timeout` for `condition`; an error saying `what` if it never holds.
-pub fn await_that(what: &str, timeout: Duration, condition: impl FnMut() -> bool) -> Result<()> {
+pub(crate) fn await_that(
+    what: &str,
+    timeout: Duration,
+    condition: impl FnMut() -> bool,
+) -> Result<()> {
     if wait_for(timeout, condition) {
         Ok(())
     } else {
@@ -185,7 +189,7 @@ pub fn await_that(what: &str, timeout: Duration, condition: impl FnMut() -> bool
 /// The forker's fan of `n` sleeping children inside `group`. Given `uid`, the fan's root runs
 /// as that user once its children exist (they stay root's: a user's process limit may be under
 /// `n`), so that the user may register it. Its stdin and stdout are piped: see [`wait_ready`].
-pub fn fan(forker: &Path, group: &Cgroup, n: usize, uid: Option<u32>) -> Command {
+pub(crate) fn fan(forker: &Path, group: &Cgroup, n: usize, uid: Option<u32>) -> Command {
     let forker = forker.to_str().unwrap_or_default();
     let mut args = vec!["fan".to_owned(), n.to_string()];
     args.extend(uid.map(|uid| uid.to_string()));
@@ -196,7 +200,7 @@ pub fn fan(forker: &Path, group: &Cgroup, n: usize, uid: Option<u32>) -> Command
 }
 
 /// Waits for the forker's "ready" line: all its children exist.
-pub fn wait_ready(root: &mut Child) -> Result<()> {
+pub(crate) fn wait_ready(root: &mut Child) -> Result<()> {
     let stdout = root.stdout.take().context("the forker's stdout")?;
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line)?;
@@ -209,7 +213,7 @@ pub fn wait_ready(root: &mut Child) -> Result<()> {
 
 /// Waits until the machine has about `baseline` processes again: the init here reaps a killed
 /// tree's orphans slowly, and the next large tree needs the pids back.
-pub fn await_reaped(baseline: usize) -> Result<()> {
+pub(crate) fn await_reaped(baseline: usize) -> Result<()> {
     await_that(
         "init to reap the killed tree",
         Duration::from_secs(120),
@@ -218,14 +222,14 @@ pub fn await_reaped(baseline: usize) -> Result<()> {
 }
 
 /// Raises kernel.pid_max for the run when needed, and puts it back.
-pub struct PidMax {
+pub(crate) struct PidMax {
     was: Option<String>,
 }
 
 impl PidMax {
     const PATH: &str = "/proc/sys/kernel/pid_max";
 
-    pub fn at_least(wanted: usize) -> Result<Self> {
+    pub(crate) fn at_least(wanted: usize) -> Result<Self> {
         let was = fs::read_to_string(Self::PATH)?;
         if was.trim().parse::<usize>()? >= wanted {
             return Ok(Self { was: None });

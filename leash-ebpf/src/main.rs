@@ -22,7 +22,13 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
-#![cfg_attr(target_arch = "bpf", allow(internal_features))]
+#![cfg_attr(
+    target_arch = "bpf",
+    expect(
+        internal_features,
+        reason = "core_intrinsics, for the counters' atomic adds"
+    )
+)]
 
 #[cfg(target_arch = "bpf")]
 mod programs;

@@ -69,7 +69,7 @@ const BPF_RB_FORCE_WAKEUP: u64 = 2;
 /// sched_process_fork fires in the forking task, after the child is made and before it is woken:
 /// a child that joins here is a member before it runs one instruction.
 #[btf_tracepoint(function = "sched_process_fork")]
-pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
+pub(crate) fn leash_fork(ctx: BtfTracePointContext) -> i32 {
     let parent = current_tgid();
     // The hot path for every fork on the machine: one lookup, and out for non-members.
     // SAFETY: copied at once (see "Reading the hash maps").
@@ -156,7 +156,7 @@ pub fn leash_fork(ctx: BtfTracePointContext) -> i32 {
 /// on under its pid), nor when exec from another thread ends the old main thread (the process
 /// goes on under its pid, running the new program).
 #[btf_tracepoint(function = "sched_process_exit")]
-pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
+pub(crate) fn leash_exit(ctx: BtfTracePointContext) -> i32 {
     let tgid = current_tgid();
     // The hot path for every thread's exit on the machine: one lookup, and out for
     // non-members, before any read of the task.
@@ -214,7 +214,7 @@ pub fn leash_exit(ctx: BtfTracePointContext) -> i32 {
 /// here, so the program it executes never runs: a doomed tree starts nothing new. Members that
 /// were there at the doom keep their grace period, exec or not.
 #[btf_tracepoint(function = "sched_process_exec")]
-pub fn leash_exec(ctx: BtfTracePointContext) -> i32 {
+pub(crate) fn leash_exec(ctx: BtfTracePointContext) -> i32 {
     let tgid = current_tgid();
     // SAFETY: copied at once (see "Reading the hash maps").
     let Some(entry) = (unsafe { MEMBERS.get(tgid) }).copied() else {

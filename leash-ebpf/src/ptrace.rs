@@ -41,7 +41,7 @@ const SYSCALL_ARGS: usize = 16;
 /// non-members leave after reading their context and at most one lookup.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "fentry/security_ptrace_access_check")]
-pub fn leash_ptrace_guard(ctx: *mut c_void) -> i32 {
+pub(crate) fn leash_ptrace_guard(ctx: *mut c_void) -> i32 {
     let ctx = FEntryContext::new(ctx);
     let previous = ctx.arg::<u64>(2) as i32;
     // Another program has refused already: its answer stands.
@@ -74,7 +74,7 @@ pub fn leash_ptrace_guard(ctx: *mut c_void) -> i32 {
 
 /// `ptrace(request, pid, ...)`: PTRACE_ATTACH or PTRACE_SEIZE of a process outside the tree.
 #[tracepoint(category = "syscalls", name = "sys_enter_ptrace")]
-pub fn leash_ptrace_attach(ctx: TracePointContext) -> u32 {
+pub(crate) fn leash_ptrace_attach(ctx: TracePointContext) -> u32 {
     let Some(request) = syscall_arg(&ctx, 0) else {
         return 0;
     };
@@ -88,7 +88,7 @@ pub fn leash_ptrace_attach(ctx: TracePointContext) -> u32 {
 /// `pidfd_getfd(pidfd, fd, flags)`. The pidfd names its process only through the caller's
 /// descriptor table, which this tracepoint does not walk: every call by a member is refused.
 #[tracepoint(category = "syscalls", name = "sys_enter_pidfd_getfd")]
-pub fn leash_pidfd_getfd(_ctx: TracePointContext) -> u32 {
+pub(crate) fn leash_pidfd_getfd(_ctx: TracePointContext) -> u32 {
     if current_member().is_some() {
         kill_current();
     }
@@ -97,7 +97,7 @@ pub fn leash_pidfd_getfd(_ctx: TracePointContext) -> u32 {
 
 /// `process_vm_writev(pid, ...)`.
 #[tracepoint(category = "syscalls", name = "sys_enter_process_vm_writev")]
-pub fn leash_vm_writev(ctx: TracePointContext) -> u32 {
+pub(crate) fn leash_vm_writev(ctx: TracePointContext) -> u32 {
     kill_if_outside(&ctx, 0);
     0
 }

@@ -36,7 +36,7 @@ const USER_NS_LEVELS: usize = 33;
 /// Runs once per task (thread), and once more with no task at the end.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/task")]
-pub fn leash_whois(ctx: *mut c_void) -> i32 {
+pub(crate) fn leash_whois(ctx: *mut c_void) -> i32 {
     // SAFETY: the context of a task iterator is `struct bpf_iter__task { meta, task }`, two
     // pointers: this reads the second, which the verifier checks as a context access.
     let task = unsafe { *(ctx as *const *const u8).add(1) };

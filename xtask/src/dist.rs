@@ -3,8 +3,8 @@
 //! target/dist/leash-VERSION-x86_64-linux/. `--check` then runs it in Debian userlands
 //! (userland.rs); `cargo xtask deb` packages the staging (deb.rs).
 
-pub mod deb;
-pub mod userland_check;
+pub(crate) mod deb;
+pub(crate) mod userland_check;
 
 use std::{
     fs,
@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 use crate::{output, setup, status, workspace_root};
 
 /// The oldest glibc the shipped binary runs on: Debian 11's and Ubuntu 20.04's.
-pub const GLIBC_FLOOR: (u32, u32) = (2, 31);
+pub(crate) const GLIBC_FLOOR: (u32, u32) = (2, 31);
 /// Rust's target, with the glibc version cargo-zigbuild links against.
 const ZIG_TARGET: &str = "x86_64-unknown-linux-gnu.2.31";
 /// Where cargo puts what it builds for that target (cargo-zigbuild drops the glibc suffix).
@@ -28,7 +28,7 @@ const CARGO_ZIGBUILD_VERSION: &str = "0.24.1";
 const ZIGLANG_VERSION: &str = "0.15.2";
 
 #[derive(clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Then run the staged binary in Debian 11 and 13 userlands (chroots, as root): a daemon, a
     /// `leash run` whose host is SIGKILLed, its tree gone. Userlands are cached in
     /// /var/cache/leash-vmtest/userlands (LEASH_VMTEST_CACHE=DIR to change it).
@@ -37,18 +37,18 @@ pub struct Options {
 }
 
 /// What `dist` staged.
-pub struct Staged {
+pub(crate) struct Staged {
     pub dir: PathBuf,
     pub version: String,
 }
 
 impl Staged {
-    pub fn binary(&self) -> PathBuf {
+    pub(crate) fn binary(&self) -> PathBuf {
         self.dir.join("bin/leash")
     }
 
     /// The staging of the workspace's version, which must exist.
-    pub fn existing() -> Result<Self> {
+    pub(crate) fn existing() -> Result<Self> {
         let version = version()?;
         let staged = Self {
             dir: staging_dir(&version),
@@ -64,7 +64,7 @@ impl Staged {
     }
 }
 
-pub fn dist(options: &Options) -> Result<()> {
+pub(crate) fn dist(options: &Options) -> Result<()> {
     let staged = build_and_stage()?;
     if options.check {
         userland_check::check(&staged, None)?;
@@ -72,7 +72,7 @@ pub fn dist(options: &Options) -> Result<()> {
     Ok(())
 }
 
-pub fn build_and_stage() -> Result<Staged> {
+pub(crate) fn build_and_stage() -> Result<Staged> {
     setup()?;
     let python = ensure_zig()?;
     crate::ensure_cargo_subcommand(None, "zigbuild", CARGO_ZIGBUILD_VERSION)?;
@@ -123,7 +123,7 @@ pub fn build_and_stage() -> Result<Staged> {
 }
 
 /// The workspace's version (leash-user's).
-pub fn version() -> Result<String> {
+pub(crate) fn version() -> Result<String> {
     let manifest = fs::read_to_string(workspace_root().join("Cargo.toml"))?;
     let mut in_package = false;
     for line in manifest.lines() {
@@ -174,7 +174,7 @@ fn ensure_zig() -> Result<PathBuf> {
 
 /// The newest `GLIBC_x.y` version among the binary's dynamic symbols: the oldest glibc it
 /// runs on.
-pub fn glibc_floor(binary: &Path) -> Result<(u32, u32)> {
+pub(crate) fn glibc_floor(binary: &Path) -> Result<(u32, u32)> {
     let symbols = output(Command::new("objdump").arg("-T").arg(binary))
         .context("reading the binary's dynamic symbols (objdump is in binutils)")?;
     newest_glibc(&symbols).with_context(|| format!("{} has no GLIBC_ symbol", binary.display()))
@@ -192,7 +192,7 @@ fn newest_glibc(objdump: &str) -> Option<(u32, u32)> {
 }
 
 /// The shared libraries the binary links (`NEEDED`).
-pub fn needed_libraries(binary: &Path) -> Result<Vec<String>> {
+pub(crate) fn needed_libraries(binary: &Path) -> Result<Vec<String>> {
     let headers = output(Command::new("objdump").arg("-p").arg(binary))?;
     Ok(headers
         .lines()

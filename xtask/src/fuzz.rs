@@ -24,7 +24,7 @@ const RSS_LIMIT_MB: u32 = 2048;
 /// shorter).
 const INPUT_TIMEOUT_S: u32 = 60;
 
-pub fn fuzz(seconds: u64, target: Option<&str>) -> Result<()> {
+pub(crate) fn fuzz(seconds: u64, target: Option<&str>) -> Result<()> {
     let targets: Vec<&str> = match target {
         Some(name) if TARGETS.contains(&name) => vec![name],
         Some(name) => bail!("no fuzz target {name:?}; there are {}", TARGETS.join(", ")),

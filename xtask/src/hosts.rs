@@ -17,7 +17,7 @@ use crate::{apt_install, is_root, output, status, workspace_root};
 
 /// Set to 1 to leave out the tests of the host libraries (a machine with neither Node.js nor
 /// the npm registry): the Rust tests that drive them then say so and pass.
-pub const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
+pub(crate) const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
 
 /// The Python packages the tests run, pinned: pytest for the Python library's suite; the
 /// linters of the deployment files (tests/tests/deploy_manifests.rs): kubernetes-validate,
@@ -42,8 +42,8 @@ const NPM_PACKAGES: &[&str] = &[
     NODE_TYPES,
 ];
 /// TypeScript and Node's types, which `cargo xtask lint` checks the Node library with too.
-pub const TYPESCRIPT: &str = "typescript@5.9.3";
-pub const NODE_TYPES: &str = "@types/node@20.19.43";
+pub(crate) const TYPESCRIPT: &str = "typescript@5.9.3";
+pub(crate) const NODE_TYPES: &str = "@types/node@20.19.43";
 const CLAUDE_CODE_VERSION: &str = "2.1.332";
 const BUN_VERSION: &str = "1.4.5";
 
@@ -70,16 +70,16 @@ fn npm_packages() -> Result<Vec<String>> {
 const DEFAULT_CACHE: &str = "/var/cache/leash-hosts";
 
 /// The virtual environment the Python tests run in, under target/.
-pub fn python_venv() -> PathBuf {
+pub(crate) fn python_venv() -> PathBuf {
     workspace_root().join("target/hosts/python")
 }
 
-pub fn cache_dir() -> PathBuf {
+pub(crate) fn cache_dir() -> PathBuf {
     env::var_os("LEASH_HOSTS_CACHE").map_or_else(|| PathBuf::from(DEFAULT_CACHE), PathBuf::from)
 }
 
 /// Installs what the host libraries' tests need, each part only when missing.
-pub fn prepare() -> Result<()> {
+pub(crate) fn prepare() -> Result<()> {
     if env::var(SKIP_VAR).is_ok_and(|v| v == "1") {
         eprintln!("xtask: {SKIP_VAR}=1: the host libraries' tests are left out");
         return Ok(());
@@ -108,7 +108,7 @@ fn prepare_python() -> Result<()> {
 
 /// The virtual environment, made if missing, with the `pins` (`NAME==VERSION`) that it lacks
 /// installed; returns its interpreter.
-pub fn ensure_python_packages(pins: &[&str]) -> Result<PathBuf> {
+pub(crate) fn ensure_python_packages(pins: &[&str]) -> Result<PathBuf> {
     let venv = python_venv();
     let python = venv.join("bin/python");
     if !python.exists() {
@@ -214,7 +214,7 @@ fn node_major() -> Option<u32> {
         .ok()
 }
 
-pub fn ensure_node() -> Result<()> {
+pub(crate) fn ensure_node() -> Result<()> {
     if node_major().is_some_and(|major| major >= 18) {
         return Ok(());
     }
@@ -233,7 +233,7 @@ pub fn ensure_node() -> Result<()> {
 
 /// `npm install` into `cache` unless it holds exactly these versions already (a stamp file
 /// names them).
-pub fn install_npm_packages(cache: &Path, packages: &[String]) -> Result<()> {
+pub(crate) fn install_npm_packages(cache: &Path, packages: &[String]) -> Result<()> {
     let stamp = cache.join("installed");
     let wanted = packages.join("\n");
     if fs::read_to_string(&stamp).is_ok_and(|found| found == wanted) {

@@ -28,7 +28,7 @@ use anyhow::{Context, Result, bail};
 use crate::{apt_install, cargo, output, poll, setup, status, workspace_root};
 
 #[derive(clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Also run the image as the DaemonSet does and check enforcement, hand-over and
     /// take-over against trees started on this machine.
     #[arg(long)]
@@ -117,7 +117,7 @@ const PREFIX: &str = "leash-image";
 const START_DEADLINE: Duration = Duration::from_secs(30);
 const KILL_DEADLINE: Duration = Duration::from_secs(10);
 
-pub fn image(options: &Options) -> Result<()> {
+pub(crate) fn image(options: &Options) -> Result<()> {
     let started = Instant::now();
     if !crate::is_root() {
         bail!("run it as root: a rootless podman cannot load BPF programs");

@@ -25,7 +25,7 @@ const EXCLUDED: [&str; 4] = [
 ];
 
 /// A userland: a suite and what it holds beyond the minimal base.
-pub struct Userland {
+pub(crate) struct Userland {
     /// Names the cached tarball: two userlands of one suite with other packages differ.
     pub name: &'static str,
     pub suite: &'static str,
@@ -37,7 +37,7 @@ pub struct Userland {
 }
 
 /// Debian 11, the oldest userland the binary must run in (glibc 2.31).
-pub const BULLSEYE: Userland = Userland {
+pub(crate) const BULLSEYE: Userland = Userland {
     name: "bullseye",
     suite: "bullseye",
     include: &[],
@@ -45,7 +45,7 @@ pub const BULLSEYE: Userland = Userland {
 };
 
 /// Debian 13, the newest.
-pub const TRIXIE: Userland = Userland {
+pub(crate) const TRIXIE: Userland = Userland {
     name: "trixie",
     suite: "trixie",
     include: &[],
@@ -54,7 +54,7 @@ pub const TRIXIE: Userland = Userland {
 
 /// Debian 12 with systemd as init, and an unprivileged user to run trees: the system test's
 /// guest (systemtest/).
-pub const BOOKWORM_SYSTEMD: Userland = Userland {
+pub(crate) const BOOKWORM_SYSTEMD: Userland = Userland {
     name: "bookworm-systemd",
     suite: "bookworm",
     include: &["systemd", "systemd-sysv", "dbus", "procps"],
@@ -68,11 +68,11 @@ pub const BOOKWORM_SYSTEMD: Userland = Userland {
 };
 
 /// Every userland the tests use.
-pub const ALL: [&Userland; 3] = [&BULLSEYE, &TRIXIE, &BOOKWORM_SYSTEMD];
+pub(crate) const ALL: [&Userland; 3] = [&BULLSEYE, &TRIXIE, &BOOKWORM_SYSTEMD];
 
 /// `cargo xtask userlands`: makes every userland not cached yet, all at once (fetching them is
 /// most of their cost, and the archive serves them in parallel).
-pub fn userlands() -> Result<()> {
+pub(crate) fn userlands() -> Result<()> {
     ensure_mmdebstrap()?;
     let started = Instant::now();
     let results: Vec<Result<PathBuf>> = std::thread::scope(|scope| {
@@ -99,7 +99,7 @@ pub fn userlands() -> Result<()> {
 
 impl Userland {
     /// The cached tarball, made first if missing.
-    pub fn tarball(&self) -> Result<PathBuf> {
+    pub(crate) fn tarball(&self) -> Result<PathBuf> {
         let dir = vmtest::cache_dir().join("userlands");
         let tarball = dir.join(format!("{}.tar", self.name));
         if tarball.is_file() {
@@ -142,7 +142,7 @@ impl Userland {
     }
 
     /// A fresh copy of the userland at `root` (anything there before is removed).
-    pub fn unpack(&self, root: &Path) -> Result<()> {
+    pub(crate) fn unpack(&self, root: &Path) -> Result<()> {
         let tarball = self.tarball()?;
         if root.exists() {
             fs::remove_dir_all(root).with_context(|| format!("removing {}", root.display()))?;

@@ -14,7 +14,7 @@ use leash::{
 const FEW_DESCRIPTORS: u64 = 4096;
 
 #[derive(Args, Debug)]
-pub struct DaemonArgs {
+pub(super) struct DaemonArgs {
     /// Processes tracked at once, over all trees (kernel memory is reserved for them).
     #[arg(long, default_value_t = Capacity::default().members)]
     max_members: u32,
@@ -76,7 +76,7 @@ pub struct DaemonArgs {
     ptrace_guard: String,
 }
 
-pub fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
+pub(super) fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
     // Every connection holds descriptors (its socket, its host's pidfd), and so does every
     // kill: the common soft limit of 1024 would refuse clients after a few hundred.
     match leash::sys::raise_fd_limit() {

@@ -23,7 +23,7 @@ pub(super) const VERSION: &str = concat!(
 );
 
 #[derive(Args, Debug)]
-pub struct CompletionsArgs {
+pub(super) struct CompletionsArgs {
     /// The shell to complete for.
     shell: Shell,
 }
@@ -36,13 +36,13 @@ enum Shell {
 }
 
 #[derive(Args, Debug)]
-pub struct ManpagesArgs {
+pub(super) struct ManpagesArgs {
     /// The directory to write them to (made if missing).
     dir: PathBuf,
 }
 
 /// Prints the completion script for a shell.
-pub fn completions(args: CompletionsArgs) -> Result<ExitCode> {
+pub(super) fn completions(args: CompletionsArgs) -> Result<ExitCode> {
     let shell = match args.shell {
         Shell::Bash => clap_complete::Shell::Bash,
         Shell::Zsh => clap_complete::Shell::Zsh,
@@ -57,7 +57,7 @@ pub fn completions(args: CompletionsArgs) -> Result<ExitCode> {
 }
 
 /// Writes leash.1 and a page for every subcommand shown in `--help` (leash-run.1, ...).
-pub fn manpages(args: ManpagesArgs) -> Result<ExitCode> {
+pub(super) fn manpages(args: ManpagesArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(&args.dir).with_context(|| format!("making {}", args.dir.display()))?;
     let mut cli = for_man(super::Cli::command().disable_help_subcommand(true));
     // Gives every subcommand its display name ("leash-run"), which names its page.

@@ -19,7 +19,7 @@ use leash_client::{
 
 /// How a tree is enforced, as `run` and `exec` take it.
 #[derive(Args, Debug)]
-pub struct EnforcementArgs {
+pub(super) struct EnforcementArgs {
     /// Time between SIGTERM and SIGKILL when the tree is killed (the daemon's default if not
     /// given; 0 goes straight to SIGKILL).
     #[arg(long, value_parser = super::duration::parse)]
@@ -44,7 +44,7 @@ impl EnforcementArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct RunArgs {
+pub(super) struct RunArgs {
     #[command(flatten)]
     enforcement: EnforcementArgs,
     /// The command, the root of the tree.
@@ -55,7 +55,7 @@ pub struct RunArgs {
 // The token comes on a descriptor or in the environment, never on the command line (see the
 // command's help in mod.rs).
 #[derive(Args, Debug)]
-pub struct ExecArgs {
+pub(super) struct ExecArgs {
     /// Read the host's lease token from file descriptor N (3 or above), a pipe or file the host
     /// passed: up to a newline or the end of it (at most 256 bytes). N is closed before CMD
     /// runs, so CMD never holds it. The way to prefer: nothing CMD starts can see the token.
@@ -82,7 +82,7 @@ pub struct ExecArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct AdoptArgs {
+pub(super) struct AdoptArgs {
     /// Read the host's lease token from file descriptor N, as `leash exec --lease-fd` does
     /// (or from LEASH_LEASE, as it does).
     #[arg(long, value_name = "N")]
@@ -100,7 +100,7 @@ pub struct AdoptArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct KillArgs {
+pub(super) struct KillArgs {
     /// The tree's id.
     tree: u32,
     /// Time between SIGTERM and SIGKILL (the tree's own if not given).
@@ -115,7 +115,7 @@ const FORWARDED: [i32; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
 /// How often the wait for the end of the tree looks for a forwarded signal.
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
-pub fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
+pub(super) fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
     // First, before any thread starts, so that none takes them the default way (see
     // SignalFd::block).
     let signals = SignalFd::block(&FORWARDED).context("taking SIGTERM, SIGINT and SIGHUP")?;
@@ -191,7 +191,7 @@ fn forward(client: &mut Client, tree: u32, child: &mut Child, signal: i32) -> Ex
     ExitCode::from(u8::try_from(128 + signal).unwrap_or(u8::MAX))
 }
 
-pub fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {
+pub(super) fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {
     // First of all: wiped where /proc/PID/environ shows it, so that no process of the same
     // user reads the token there while this one registers (the command never gets it).
     let from_env = leash::sys::take_env_secret(LEASE_ENV);
@@ -235,7 +235,7 @@ pub fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(127))
 }
 
-pub fn adopt(socket: &Path, args: AdoptArgs) -> Result<ExitCode> {
+pub(super) fn adopt(socket: &Path, args: AdoptArgs) -> Result<ExitCode> {
     // As exec does, and for the same reasons.
     let from_env = leash::sys::take_env_secret(LEASE_ENV);
     let mut status = args
@@ -366,7 +366,7 @@ fn lease_token(fd: Option<i32>, from_env: Option<std::ffi::OsString>) -> Result<
     }
 }
 
-pub fn kill(socket: &Path, args: KillArgs) -> Result<ExitCode> {
+pub(super) fn kill(socket: &Path, args: KillArgs) -> Result<ExitCode> {
     let mut client = Client::connect_to(socket)?;
     let summary = client.kill(args.tree, args.grace)?;
     println!(

@@ -20,7 +20,7 @@ const FORMAT_ENV: &str = "LEASH_LOG_FORMAT";
 const JOURNAL_FIELD_PREFIX: &str = "LEASH";
 
 /// Sets up the log for the whole process.
-pub fn init() {
+pub(super) fn init() {
     let filter = || EnvFilter::try_from_env(LEVEL_ENV).unwrap_or_else(|_| EnvFilter::new("info"));
     let format = std::env::var(FORMAT_ENV).ok();
     let (journald, unknown_format) = match format.as_deref() {

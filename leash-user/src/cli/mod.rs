@@ -126,7 +126,7 @@ enum Commands {
     Manpages(generate::ManpagesArgs),
 }
 
-pub fn main() -> ExitCode {
+pub(crate) fn main() -> ExitCode {
     logging::init();
     let cli = Cli::parse();
     // `run` and `exec` exit with their command's status; their own failures need a code of

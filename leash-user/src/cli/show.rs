@@ -10,13 +10,13 @@ use leash_client::{Client, StatusInfo, TreeInfo};
 use super::view::{self, member_rows};
 
 #[derive(Args, Debug)]
-pub struct ShowArgs {
+pub(super) struct ShowArgs {
     /// Print JSON (one document) instead of text.
     #[arg(long)]
     json: bool,
 }
 
-pub fn ls(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
+pub(super) fn ls(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
     let trees = Client::connect_to(socket)?.list()?;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -32,7 +32,7 @@ pub fn ls(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn status(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
+pub(super) fn status(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
     let status = Client::connect_to(socket)?.status()?;
     let mut out = std::io::stdout().lock();
     if args.json {

@@ -13,7 +13,7 @@ use leash::{Capacity, Tracker, TreeEvent, TreeStatus};
 use leash_common::{EventKind, Pid};
 
 #[derive(Args, Debug)]
-pub struct TrackArgs {
+pub(super) struct TrackArgs {
     /// Adopt this running process and its existing descendants instead of starting CMD.
     #[arg(long, conflicts_with = "command", required_unless_present = "command")]
     pid: Option<Pid>,
@@ -25,7 +25,7 @@ pub struct TrackArgs {
     command: Vec<String>,
 }
 
-pub fn track(args: TrackArgs) -> Result<ExitCode> {
+pub(super) fn track(args: TrackArgs) -> Result<ExitCode> {
     let capacity = Capacity {
         members: args.max_members,
         ..Capacity::default()

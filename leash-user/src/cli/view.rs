@@ -6,7 +6,7 @@ use leash_client::MemberInfo;
 
 /// One member, placed in its tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Row {
+pub(super) struct Row {
     pub depth: usize,
     pub pid: u32,
     pub comm: String,
@@ -17,7 +17,7 @@ pub struct Row {
 
 /// The members as a tree: each under the member that forked it, oldest first; a member whose
 /// parent is not a member (the root, or one registered from /proc) starts at depth 0.
-pub fn member_rows(members: &[MemberInfo], now_ns: u64) -> Vec<Row> {
+pub(super) fn member_rows(members: &[MemberInfo], now_ns: u64) -> Vec<Row> {
     let pids: HashMap<u32, &MemberInfo> = members.iter().map(|m| (m.pid, m)).collect();
     let mut children: HashMap<u32, Vec<&MemberInfo>> = HashMap::new();
     let mut tops = Vec::new();
@@ -54,7 +54,7 @@ pub fn member_rows(members: &[MemberInfo], now_ns: u64) -> Vec<Row> {
 }
 
 /// `45s`, `3m02s`, `2h05m`, `3d04h`.
-pub fn age(duration: Duration) -> String {
+pub(super) fn age(duration: Duration) -> String {
     let s = duration.as_secs();
     match s {
         0..60 => format!("{s}s"),
@@ -65,7 +65,7 @@ pub fn age(duration: Duration) -> String {
 }
 
 /// A state letter in words.
-pub fn state_word(state: char) -> &'static str {
+pub(super) fn state_word(state: char) -> &'static str {
     match state {
         'R' => "running",
         'S' => "sleeping",

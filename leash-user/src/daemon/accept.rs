@@ -24,13 +24,16 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 /// has logged. Kept outside [`next_connection`], so that neither resets when the loop waits on
 /// something else in between (a signal, say).
 #[derive(Debug, Default)]
-pub struct AcceptFailures {
+pub(super) struct AcceptFailures {
     backoff: Backoff,
     log: RateLimit,
 }
 
 /// The next connection. Failed accepts are retried, never returned (see the module's doc).
-pub async fn next_connection(listener: &UnixListener, failures: &mut AcceptFailures) -> UnixStream {
+pub(super) async fn next_connection(
+    listener: &UnixListener,
+    failures: &mut AcceptFailures,
+) -> UnixStream {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {

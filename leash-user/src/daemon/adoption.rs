@@ -29,7 +29,7 @@ const SEED_CHUNK: usize = 64;
 /// Registers `process` as the root of a new tree with every descendant it has, nested in
 /// `nest_in` if given, held by `holder`, and files it as `entry` in the place `reservation`
 /// holds.
-pub async fn adopt(
+pub(super) async fn adopt(
     daemon: &Arc<Daemon>,
     process: ProcessRef,
     nest_in: Option<TreeId>,
@@ -69,7 +69,7 @@ async fn seed_pass(daemon: &Arc<Daemon>, adoption: &mut Adoption) -> Result<(), 
 /// The last step of an adoption, on the owner: the tree is registered and filed. If its lease
 /// ended meanwhile, or the tree it is nested in is being killed or is gone, it is killed now:
 /// what it took from that tree was out of that tree's kill.
-pub fn file(
+pub(super) fn file(
     owner: &Rc<Owner>,
     adoption: Adoption,
     entry: TreeEntry,
@@ -95,7 +95,7 @@ pub fn file(
 
 /// The numbers process `pid` has in each pid namespace it is in (just `pid` if they cannot be
 /// read): what names a tree's root to clients in containers, even after it has exited.
-pub fn root_numbers(pid: Pid) -> Box<[Pid]> {
+pub(super) fn root_numbers(pid: Pid) -> Box<[Pid]> {
     proc::namespace_pids(pid)
         .filter(|numbers| numbers.first() == Some(&pid))
         .unwrap_or_else(|| vec![pid])

@@ -18,14 +18,14 @@ use leash_common::{Pid, TreeId};
 
 /// A process's user ids, from /proc/PID/status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProcessUids {
+pub(super) struct ProcessUids {
     pub real: u32,
     pub effective: u32,
     pub saved: u32,
 }
 
 impl ProcessUids {
-    pub fn of(pid: Pid) -> Option<Self> {
+    pub(super) fn of(pid: Pid) -> Option<Self> {
         let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
         Self::parse(&status)
     }
@@ -43,7 +43,7 @@ impl ProcessUids {
 
 /// kill(2): a sender may signal a target if it is privileged, or if its real or effective uid
 /// equals the target's real or saved uid.
-pub fn may_signal(sender: ProcessUids, target: ProcessUids) -> bool {
+pub(super) fn may_signal(sender: ProcessUids, target: ProcessUids) -> bool {
     sender.effective == 0
         || [sender.real, sender.effective]
             .iter()
@@ -51,13 +51,13 @@ pub fn may_signal(sender: ProcessUids, target: ProcessUids) -> bool {
 }
 
 /// Whether a client of `uid` may see, kill or release a tree owned by `owner`.
-pub fn may_manage(uid: u32, owner: u32) -> bool {
+pub(super) fn may_manage(uid: u32, owner: u32) -> bool {
     uid == 0 || uid == owner
 }
 
 /// Who is asking.
 #[derive(Clone, Copy, Debug)]
-pub struct Requester<'a> {
+pub(super) struct Requester<'a> {
     pub uid: u32,
     pub lease: u64,
     /// The tree the requesting process runs in, then each tree that one is nested in; empty
@@ -69,7 +69,7 @@ pub struct Requester<'a> {
 
 /// A tree, as the rules see it.
 #[derive(Clone, Copy, Debug)]
-pub struct TreeFacts<'a> {
+pub(super) struct TreeFacts<'a> {
     pub lease: u64,
     pub owner: u32,
     /// The tree, then each tree it is nested in.
@@ -80,7 +80,7 @@ pub struct TreeFacts<'a> {
 
 /// What the rules say of a request on a tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(super) enum Verdict {
     Allowed,
     /// The client may not even see the tree: it is reported as missing.
     Hidden,
@@ -90,7 +90,7 @@ pub enum Verdict {
 /// Whether the client may see the tree (list, events). Only a tree registered from its own
 /// pid namespace or one nested in it: a container sees its own trees, never those of another
 /// container of the same uid; the host's namespace sees them all.
-pub fn may_see(who: Requester<'_>, tree: TreeFacts<'_>) -> bool {
+pub(super) fn may_see(who: Requester<'_>, tree: TreeFacts<'_>) -> bool {
     if !tree.registered_from.contains(&who.pid_namespace) {
         return false;
     }
@@ -107,7 +107,7 @@ fn holds_the_client(who: Requester<'_>, tree: TreeFacts<'_>) -> bool {
 }
 
 /// Whether the client may release the tree.
-pub fn may_release(who: Requester<'_>, tree: TreeFacts<'_>) -> Verdict {
+pub(super) fn may_release(who: Requester<'_>, tree: TreeFacts<'_>) -> Verdict {
     if !may_see(who, tree) {
         Verdict::Hidden
     } else if holds_the_client(who, tree) {
@@ -120,7 +120,7 @@ pub fn may_release(who: Requester<'_>, tree: TreeFacts<'_>) -> Verdict {
 }
 
 /// Whether the client may kill the tree.
-pub fn may_kill(who: Requester<'_>, tree: TreeFacts<'_>) -> Verdict {
+pub(super) fn may_kill(who: Requester<'_>, tree: TreeFacts<'_>) -> Verdict {
     if !may_see(who, tree) {
         Verdict::Hidden
     } else if holds_the_client(who, tree) {

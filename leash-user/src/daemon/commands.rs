@@ -23,7 +23,7 @@ use crate::{
 const QUEUED_COMMANDS: usize = 256;
 
 /// A command to the owner thread.
-pub enum Command {
+pub(super) enum Command {
     // Urgent: enforcement's.
     /// A lease ended, for `reason`: kill its trees.
     EndLease {
@@ -102,7 +102,7 @@ impl Command {
 
 /// The owner thread has stopped: the daemon is exiting.
 #[derive(Debug)]
-pub struct Stopped;
+pub(super) struct Stopped;
 
 impl From<Stopped> for Refusal {
     fn from(_: Stopped) -> Self {
@@ -111,18 +111,18 @@ impl From<Stopped> for Refusal {
 }
 
 /// How the rest of the daemon hands commands to the owner.
-pub struct Jobs {
+pub(super) struct Jobs {
     urgent: mpsc::UnboundedSender<Command>,
     clients: mpsc::Sender<Command>,
 }
 
 /// The owner's ends of the queues.
-pub struct Queues {
+pub(super) struct Queues {
     urgent: mpsc::UnboundedReceiver<Command>,
     clients: mpsc::Receiver<Command>,
 }
 
-pub fn queues() -> (Jobs, Queues) {
+pub(super) fn queues() -> (Jobs, Queues) {
     let (urgent, urgent_rx) = mpsc::unbounded_channel();
     let (clients, clients_rx) = mpsc::channel(QUEUED_COMMANDS);
     (
@@ -137,7 +137,7 @@ pub fn queues() -> (Jobs, Queues) {
 impl Queues {
     /// The next command: an urgent one if any waits, else a client's; None once both queues are
     /// closed.
-    pub async fn next(&mut self) -> Option<Command> {
+    pub(super) async fn next(&mut self) -> Option<Command> {
         tokio::select! {
             biased;
             Some(command) = self.urgent.recv() => Some(command),
@@ -173,19 +173,19 @@ impl Jobs {
         let _ = self.urgent.send(command);
     }
 
-    pub fn end_lease(&self, lease: LeaseId, reason: &'static str) {
+    pub(super) fn end_lease(&self, lease: LeaseId, reason: &'static str) {
         self.urgent(Command::EndLease { lease, reason });
     }
 
-    pub fn watch_host(&self, lease: LeaseId, host: OwnedFd, until: oneshot::Receiver<()>) {
+    pub(super) fn watch_host(&self, lease: LeaseId, host: OwnedFd, until: oneshot::Receiver<()>) {
         self.urgent(Command::WatchHost { lease, host, until });
     }
 
-    pub fn apply_root_exit(&self, tree: TreeId, policy: RootExitPolicy) {
+    pub(super) fn apply_root_exit(&self, tree: TreeId, policy: RootExitPolicy) {
         self.urgent(Command::ApplyRootExit { tree, policy });
     }
 
-    pub async fn kill(
+    pub(super) async fn kill(
         &self,
         tree: TreeId,
         grace: Option<Duration>,
@@ -200,15 +200,15 @@ impl Jobs {
         .await
     }
 
-    pub async fn shutdown(&self) -> Result<(), Stopped> {
+    pub(super) async fn shutdown(&self) -> Result<(), Stopped> {
         self.ask(|done| Command::Shutdown { done }).await
     }
 
-    pub async fn release(&self, tree: TreeId) -> Result<anyhow::Result<()>, Stopped> {
+    pub(super) async fn release(&self, tree: TreeId) -> Result<anyhow::Result<()>, Stopped> {
         self.ask(|reply| Command::Release { tree, reply }).await
     }
 
-    pub async fn start_adoption(
+    pub(super) async fn start_adoption(
         &self,
         process: ProcessRef,
         nest_in: Option<TreeId>,
@@ -223,7 +223,7 @@ impl Jobs {
         .await
     }
 
-    pub async fn seed(
+    pub(super) async fn seed(
         &self,
         tree: TreeId,
         found: Vec<ProcessInfo>,
@@ -231,12 +231,12 @@ impl Jobs {
         self.ask(|reply| Command::Seed { tree, found, reply }).await
     }
 
-    pub async fn abandon_adoption(&self, adoption: Adoption) -> Result<(), Stopped> {
+    pub(super) async fn abandon_adoption(&self, adoption: Adoption) -> Result<(), Stopped> {
         self.ask(|done| Command::AbandonAdoption { adoption, done })
             .await
     }
 
-    pub async fn file_adoption(
+    pub(super) async fn file_adoption(
         &self,
         adoption: Adoption,
         entry: TreeEntry,

@@ -38,7 +38,7 @@ const UNREAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// Serves a connection, then closes the daemon's end of it apart (`disposal`): a client may
 /// have left descriptors queued on it, and the last close of the socket closes them. So the
 /// socket is never dropped on the way: setting up only borrows it, and serving hands it back.
-pub async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
+pub(super) async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     // First: from now on the kernel names the sender of every request (see request_stream). A
     // connection it cannot be set on is served all the same, its requests taken as the host's.
     if let Err(e) = sys::set_passcred(stream.as_fd()) {

@@ -26,15 +26,15 @@ use leash_common::Account;
 use crate::sys;
 
 /// Descriptors of one account that may wait to be closed (queued, or being closed).
-pub const PER_ACCOUNT: usize = 1024;
+pub(super) const PER_ACCOUNT: usize = 1024;
 /// Descriptors of every account together.
-pub const OVERALL: usize = 4096;
+pub(super) const OVERALL: usize = 4096;
 /// Threads that close, at most; each serves one account at a time.
-pub const THREADS: usize = 8;
+pub(super) const THREADS: usize = 8;
 
 /// The daemon's disposal: cheap to clone, one for the whole daemon.
 #[derive(Clone, Default)]
-pub struct Disposal(Arc<Mutex<State>>);
+pub(super) struct Disposal(Arc<Mutex<State>>);
 
 #[derive(Default)]
 struct State {
@@ -65,7 +65,7 @@ struct Batch {
 }
 
 /// Room kept for descriptors about to be read, so that whatever the read brings has a place.
-pub struct Reservation {
+pub(super) struct Reservation {
     disposal: Disposal,
     account: Account,
     counted: usize,
@@ -78,7 +78,7 @@ impl Disposal {
 
     /// Room for `count` descriptors of `account`, or None: too many of its own, or of everyone's,
     /// wait to be closed.
-    pub fn reserve(&self, account: Account, count: usize) -> Option<Reservation> {
+    pub(super) fn reserve(&self, account: Account, count: usize) -> Option<Reservation> {
         if count == 0 {
             // Nothing to keep room for (most reads): no lane is made for it.
             return Some(Reservation {
@@ -105,7 +105,12 @@ impl Disposal {
     /// its close releases nothing of the client's and is done here. Otherwise it goes to the
     /// disposal, over the bounds if need be (see [`carries_no_descriptors`] for what bounds
     /// those).
-    pub fn close_connection(&self, account: Account, socket: OwnedFd, slot: Option<Box<dyn Send>>) {
+    pub(super) fn close_connection(
+        &self,
+        account: Account,
+        socket: OwnedFd,
+        slot: Option<Box<dyn Send>>,
+    ) {
         let _ = sys::shutdown(socket.as_fd());
         if carries_no_descriptors(&socket) {
             drop(socket);
@@ -117,7 +122,7 @@ impl Disposal {
 
     /// Closes the daemon's listening socket, as it stops: the connections not accepted yet are
     /// closed with it, and what their clients queued on them. Charged to root (account 0).
-    pub fn close_listener(&self, listener: OwnedFd) {
+    pub(super) fn close_listener(&self, listener: OwnedFd) {
         self.forced(0, 1).dispose(vec![listener]);
     }
 
@@ -259,7 +264,7 @@ impl Batch {
 impl Reservation {
     /// Closes `fds` apart, in the room kept for them. (More than was kept are taken all the
     /// same: they are already the daemon's.)
-    pub fn dispose(self, fds: Vec<OwnedFd>) {
+    pub(super) fn dispose(self, fds: Vec<OwnedFd>) {
         self.dispose_then(fds, None);
     }
 

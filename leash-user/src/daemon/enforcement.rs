@@ -24,7 +24,7 @@ use crate::kernel::{Kill, KillError, KillStep};
 /// The grace period is the tree's own, or `grace` if that is shorter: it is at most what the
 /// tree was registered with. A kill already under way keeps going, with its grace shortened to
 /// `grace` (or the tree's own) if that is shorter.
-pub fn start_kill(
+pub(super) fn start_kill(
     owner: &Rc<Owner>,
     tree: TreeId,
     grace: Option<Duration>,
@@ -168,7 +168,7 @@ async fn drive_kill(
 /// forwarded while the tree is still known), then it leaves the maps and `tree_empty` is sent.
 /// Roots' exits among the records are told at once; other trees' policies for them are
 /// applied in the owner's next turn.
-pub fn end_tree(owner: &Rc<Owner>, tree: TreeId, kill: Option<KillSummary>) {
+pub(super) fn end_tree(owner: &Rc<Owner>, tree: TreeId, kill: Option<KillSummary>) {
     for exited in tree_events::collect(owner) {
         let policy = tree_events::announce_root_exit(&owner.daemon, exited);
         if let Some(policy) = policy.filter(|_| exited != tree) {
@@ -188,7 +188,7 @@ pub fn end_tree(owner: &Rc<Owner>, tree: TreeId, kill: Option<KillSummary>) {
 }
 
 /// Waits for a kill started by [`start_kill`].
-pub async fn outcome(mut pending: PendingOutcome) -> KillOutcome {
+pub(super) async fn outcome(mut pending: PendingOutcome) -> KillOutcome {
     match pending.wait_for(Option::is_some).await {
         Ok(outcome) => outcome.clone().expect("waited for Some"),
         Err(_) => Err(KillError::Kernel {
@@ -199,7 +199,7 @@ pub async fn outcome(mut pending: PendingOutcome) -> KillOutcome {
 }
 
 /// Kills every tree and waits until all are empty (shutdown).
-pub async fn kill_all(owner: &Rc<Owner>, reason: KillReason) {
+pub(super) async fn kill_all(owner: &Rc<Owner>, reason: KillReason) {
     let trees = owner.daemon.registry.trees();
     let started = Instant::now();
     let pending: Vec<_> = trees

@@ -24,7 +24,7 @@ use crate::{kernel::UserNamespace, proc};
 
 /// A client, as the kernel knows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClientIdentity {
+pub(super) struct ClientIdentity {
     pub account: Account,
     /// Its pid namespace (inode number), then each above it, up to the daemon's at least.
     pub pid_namespaces: Arc<[u32]>,
@@ -32,13 +32,13 @@ pub struct ClientIdentity {
 
 impl ClientIdentity {
     /// The client's own pid namespace.
-    pub fn pid_namespace(&self) -> u32 {
+    pub(super) fn pid_namespace(&self) -> u32 {
         self.pid_namespaces.first().copied().unwrap_or(0)
     }
 }
 
 /// The account of a process of `uid` that runs in `user_ns` (None: the initial namespace).
-pub fn account_of(uid: u32, user_ns: Option<UserNamespace>) -> Account {
+pub(super) fn account_of(uid: u32, user_ns: Option<UserNamespace>) -> Account {
     match user_ns {
         None => uid.into(),
         Some(ns) if ns.owner != 0 => ns.owner.into(),
@@ -48,7 +48,7 @@ pub fn account_of(uid: u32, user_ns: Option<UserNamespace>) -> Account {
 
 /// Who the client process `pid` is (`uid` as it connected, its pids numbered as `view` says).
 /// None: it has exited.
-pub async fn identify(
+pub(super) async fn identify(
     daemon: &Daemon,
     pid: Pid,
     uid: u32,

@@ -15,7 +15,7 @@ use leash_common::Account;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How an account is named in messages and logs.
-pub fn describe(account: Account) -> String {
+pub(super) fn describe(account: Account) -> String {
     match u32::try_from(account) {
         Ok(uid) => format!("uid {uid}"),
         Err(_) => format!("user namespace {}", account & 0xffff_ffff),
@@ -46,7 +46,7 @@ const OVER_RATE_PAUSE: Duration = Duration::from_millis(500);
 /// How often an account's refusals are logged, at most.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
-pub struct Limits {
+pub(super) struct Limits {
     limits: UidLimits,
     accounts: Mutex<HashMap<Account, UidUse>>,
 }
@@ -71,7 +71,7 @@ struct Refusals {
 }
 
 /// A connection held open; its account's count goes down when it is dropped.
-pub struct ConnectionSlot {
+pub(super) struct ConnectionSlot {
     limits: Arc<Limits>,
     account: Account,
 }
@@ -90,7 +90,7 @@ impl Drop for ConnectionSlot {
 }
 
 impl Limits {
-    pub fn new(limits: UidLimits) -> Arc<Self> {
+    pub(super) fn new(limits: UidLimits) -> Arc<Self> {
         Arc::new(Self {
             limits,
             accounts: Mutex::new(HashMap::new()),
@@ -121,7 +121,10 @@ impl Limits {
     }
 
     /// Counts a new connection of `account`, or says why it is refused.
-    pub fn open_connection(self: &Arc<Self>, account: Account) -> Result<ConnectionSlot, String> {
+    pub(super) fn open_connection(
+        self: &Arc<Self>,
+        account: Account,
+    ) -> Result<ConnectionSlot, String> {
         let mut accounts = self.accounts();
         let usage = self.usage(&mut accounts, account);
         if account != 0 && usage.connections >= self.limits.connections {
@@ -141,7 +144,7 @@ impl Limits {
 
     /// Spends `cost` of `account`'s request budget; when it is spent, says how long until it
     /// is back (the request is refused, and the connection reads nothing more meanwhile).
-    pub fn spend(&self, account: Account, cost: u32) -> Result<(), Duration> {
+    pub(super) fn spend(&self, account: Account, cost: u32) -> Result<(), Duration> {
         if account == 0 {
             return Ok(());
         }
@@ -163,7 +166,7 @@ impl Limits {
     }
 
     /// Waits for `account`'s turn at heavy work: one such job per account at a time.
-    pub async fn heavy(&self, account: Account) -> OwnedSemaphorePermit {
+    pub(super) async fn heavy(&self, account: Account) -> OwnedSemaphorePermit {
         let semaphore = self.usage(&mut self.accounts(), account).heavy.clone();
         semaphore
             .acquire_owned()
@@ -171,7 +174,7 @@ impl Limits {
             .expect("the semaphore is never closed")
     }
 
-    pub fn limits(&self) -> UidLimits {
+    pub(super) fn limits(&self) -> UidLimits {
         self.limits
     }
 }

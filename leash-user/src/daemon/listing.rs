@@ -22,7 +22,7 @@ use crate::proc;
 /// The trees the client may see, with their members. The member map is read once, and /proc
 /// once per listed member, by a blocking thread and under no lock; the reply is bounded (see
 /// `MAX_LISTED`) whatever the trees' sizes.
-pub async fn list(
+pub(super) async fn list(
     daemon: &Arc<Daemon>,
     peer: &Peer,
     only: Option<TreeId>,
@@ -61,7 +61,7 @@ pub async fn list(
 }
 
 /// The daemon's state as the client may see it: every tree counts, the leases it may manage.
-pub fn status(daemon: &Daemon, peer: &Peer) -> Result<Reply, Refusal> {
+pub(super) fn status(daemon: &Daemon, peer: &Peer) -> Result<Reply, Refusal> {
     let trees = daemon.registry.trees();
     let leases = daemon.registry.count_leases(|uid, pid_namespaces| {
         may_manage(peer.uid, uid) && pid_namespaces.contains(&peer.pid_namespace)

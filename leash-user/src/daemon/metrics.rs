@@ -25,7 +25,7 @@ use prometheus_client::{
 
 /// Why a tree is killed (`kill_started` events, the `killed` summary), in the order of their
 /// label values in `leash_kills_total`.
-pub const KILL_REASONS: [KillReason; 8] = [
+pub(super) const KILL_REASONS: [KillReason; 8] = [
     KillReason::Request,
     KillReason::RootExited,
     KillReason::LeaseEnded,
@@ -66,13 +66,13 @@ fn code_index(code: ErrorCode) -> usize {
 
 /// The upper bounds of the kill-duration buckets, in seconds: 1 ms to 10 s. A kill with no
 /// grace to wait takes milliseconds; one that waits takes its grace period (2 s by default).
-pub const KILL_DURATION_BOUNDS: [f64; 13] = [
+pub(super) const KILL_DURATION_BOUNDS: [f64; 13] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
 /// The counters of what happened since the daemon started.
 #[derive(Debug, Default)]
-pub struct Metrics {
+pub(super) struct Metrics {
     /// Per [`KILL_REASONS`].
     kills: [AtomicU64; KILL_REASONS.len()],
     kill_failures: AtomicU64,
@@ -106,34 +106,34 @@ impl Histogram {
 impl Metrics {
     /// A kill started for `reason` (once per kill: a kill already under way is not counted
     /// again).
-    pub fn kill_started(&self, reason: KillReason) {
+    pub(super) fn kill_started(&self, reason: KillReason) {
         if let Some(index) = KILL_REASONS.iter().position(|&known| known == reason) {
             self.kills[index].fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// A tree's kill ended with the tree empty, `elapsed` after it was doomed.
-    pub fn kill_done(&self, elapsed: Duration) {
+    pub(super) fn kill_done(&self, elapsed: Duration) {
         self.kill_duration.observe(elapsed);
     }
 
     /// A kill gave up (members stuck in the kernel).
-    pub fn kill_failed(&self) {
+    pub(super) fn kill_failed(&self) {
         self.kill_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A request was answered with the error `code`.
-    pub fn refused(&self, code: ErrorCode) {
+    pub(super) fn refused(&self, code: ErrorCode) {
         self.refused[code_index(code)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// An event did not fit in a subscriber's queue.
-    pub fn event_dropped(&self) {
+    pub(super) fn event_dropped(&self) {
         self.events_dropped.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The counters now, in a snapshot whose other figures are left at 0.
-    pub fn counted(&self) -> Snapshot {
+    pub(super) fn counted(&self) -> Snapshot {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         Snapshot {
             kills: self.kills.each_ref().map(load),
@@ -149,7 +149,7 @@ impl Metrics {
 
 /// Everything one scrape shows, read at one time.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Snapshot {
+pub(super) struct Snapshot {
     pub trees: u64,
     pub trees_capacity: u64,
     pub members: u64,
@@ -166,17 +166,17 @@ pub struct Snapshot {
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelCounters {
+pub(super) struct KernelCounters {
     pub events_dropped: u64,
     pub inserts_failed: u64,
 }
 
 /// The `Content-Type` of [`encode`]'s text: the Prometheus text format, version 0.0.4.
-pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+pub(super) use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// The snapshot in the Prometheus text format, version 0.0.4 (not OpenMetrics: no `# EOF`, and
 /// a counter's HELP and TYPE name it with its `_total`, as every Prometheus parser reads it).
-pub fn encode(snapshot: &Snapshot) -> String {
+pub(super) fn encode(snapshot: &Snapshot) -> String {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(snapshot.clone()));
     let mut text = String::new();

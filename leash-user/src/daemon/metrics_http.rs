@@ -88,7 +88,7 @@ fn snapshot(daemon: &Daemon) -> Snapshot {
 }
 
 /// The bound endpoint.
-pub enum Listener {
+pub(super) enum Listener {
     Unix(UnixListener),
     Tcp(TcpListener),
 }
@@ -111,7 +111,7 @@ impl fmt::Display for Listener {
 /// root's alone, a stale socket replaced, a live one refused), but 0600 root's, or 0660 with
 /// `group`: a user who may connect may also hold the few connections served at once, and so
 /// keep the scraper out. A TCP address that is in use is refused.
-pub async fn bind(addr: &MetricsAddr, group: Option<u32>) -> Result<Listener> {
+pub(super) async fn bind(addr: &MetricsAddr, group: Option<u32>) -> Result<Listener> {
     match addr {
         MetricsAddr::Unix(path) => super::socket::bind(
             path,
@@ -127,7 +127,7 @@ pub async fn bind(addr: &MetricsAddr, group: Option<u32>) -> Result<Listener> {
 }
 
 /// Serves `GET /metrics` on `listener` for as long as the daemon runs.
-pub async fn serve(listener: Listener, daemon: Arc<Daemon>) {
+pub(super) async fn serve(listener: Listener, daemon: Arc<Daemon>) {
     let disposal = daemon.disposal.clone();
     let server = Server::new(move || metrics::encode(&snapshot(&daemon)));
     accept(listener, Arc::new(server), disposal).await;

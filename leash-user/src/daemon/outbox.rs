@@ -18,16 +18,16 @@ use super::{metrics::Metrics, pid_view::PidView};
 
 /// Reply bytes queued before the connection reads no further request until some are written
 /// (a client that pipelines requests and reads its replies is slowed to its own pace).
-pub const REPLY_BYTES: usize = 128 * 1024;
+pub(super) const REPLY_BYTES: usize = 128 * 1024;
 /// Reply bytes past which the client is disconnected: only replies that come on their own (a
 /// kill's) can take the queue past [`REPLY_BYTES`], and they are few and small.
-pub const MAX_REPLY_BYTES: usize = 4 * REPLY_BYTES;
+pub(super) const MAX_REPLY_BYTES: usize = 4 * REPLY_BYTES;
 /// Event bytes queued for a subscriber before further events are dropped (and counted).
-pub const EVENT_BYTES: usize = 128 * 1024;
+pub(super) const EVENT_BYTES: usize = 128 * 1024;
 
 /// One connection's queues. Clones share them.
 #[derive(Clone, Default)]
-pub struct Outbox(Arc<Shared>);
+pub(super) struct Outbox(Arc<Shared>);
 
 #[derive(Default)]
 struct Shared {
@@ -69,7 +69,7 @@ enum Queued {
 
 impl Outbox {
     /// An outbox whose error replies and dropped events count in `metrics`.
-    pub fn counted(metrics: Arc<Metrics>) -> Self {
+    pub(super) fn counted(metrics: Arc<Metrics>) -> Self {
         Self(Arc::new(Shared {
             metrics: Some(metrics),
             ..Shared::default()
@@ -82,7 +82,7 @@ impl Outbox {
 
     /// Queues a reply. One that does not fit under [`MAX_REPLY_BYTES`] closes the outbox: the
     /// client is not reading, and is disconnected.
-    pub fn reply(&self, line: &ServerLine) {
+    pub(super) fn reply(&self, line: &ServerLine) {
         if let (Some(metrics), Some(error)) = (&self.0.metrics, line.error_body()) {
             metrics.refused(error.code);
         }
@@ -104,13 +104,13 @@ impl Outbox {
 
     /// Queues an event line; one that does not fit is dropped and counted where it was lost.
     /// Returns false once the outbox is closed (the subscriber is gone).
-    pub fn event(&self, line: &Arc<[u8]>) -> bool {
+    pub(super) fn event(&self, line: &Arc<[u8]>) -> bool {
         self.queue_event(line.len(), || Queued::Line(line.clone()))
     }
 
     /// Queues `event` to be sent with its pids as `view` numbers them, counting `bytes` for it;
     /// as [`Outbox::event`] otherwise.
-    pub fn event_to_number(&self, event: &Event, view: PidView, bytes: usize) -> bool {
+    pub(super) fn event_to_number(&self, event: &Event, view: PidView, bytes: usize) -> bool {
         self.queue_event(bytes, || Queued::ToNumber {
             event: Box::new(event.clone()),
             view,
@@ -139,7 +139,7 @@ impl Outbox {
 
     /// Counts `count` events lost before they reached this subscriber (in the kernel's ring
     /// buffer, say). Returns false once the outbox is closed.
-    pub fn dropped(&self, count: u64) -> bool {
+    pub(super) fn dropped(&self, count: u64) -> bool {
         let mut queues = self.queues();
         if queues.closed {
             return false;
@@ -152,7 +152,7 @@ impl Outbox {
 
     /// Waits until fewer than [`REPLY_BYTES`] of replies are queued; false if that did not
     /// happen within `patience` (the client is not reading) or the outbox closed.
-    pub async fn room_for_replies(&self, patience: std::time::Duration) -> bool {
+    pub(super) async fn room_for_replies(&self, patience: std::time::Duration) -> bool {
         let room = async {
             loop {
                 // Registered before the queue is looked at, so a write in between is not lost.
@@ -173,12 +173,12 @@ impl Outbox {
     }
 
     /// Whether a reply did not fit.
-    pub fn overflowed(&self) -> bool {
+    pub(super) fn overflowed(&self) -> bool {
         self.queues().overflowed
     }
 
     /// Ends the outbox: nothing more is queued; the writer sends what is queued, then stops.
-    pub fn close(&self) {
+    pub(super) fn close(&self) {
         self.queues().closed = true;
         self.0.wake.notify_one();
         self.0.written.notify_waiters();
@@ -186,11 +186,11 @@ impl Outbox {
 
     /// Whether nothing is queued and nobody but this handle and the writer's can queue more
     /// (no reply is still to come).
-    pub fn is_settled(&self) -> bool {
+    pub(super) fn is_settled(&self) -> bool {
         self.queues().replies.is_empty() && Arc::strong_count(&self.0) <= 2
     }
 
-    pub fn is_closed(&self) -> bool {
+    pub(super) fn is_closed(&self) -> bool {
         self.queues().closed
     }
 
@@ -236,7 +236,7 @@ impl Outbox {
 
     /// Writes queued lines to `writer` until the outbox is closed and drained, or the client
     /// goes away.
-    pub async fn write_to(self, mut writer: impl AsyncWrite + Unpin) {
+    pub(super) async fn write_to(self, mut writer: impl AsyncWrite + Unpin) {
         while let Some(line) = self.next().await {
             if writer.write_all(&line).await.is_err() {
                 break;
@@ -260,7 +260,7 @@ impl Queues {
 #[cfg(test)]
 impl Outbox {
     /// Closes the outbox and returns all it writes.
-    pub fn written(&self) -> Vec<u8> {
+    pub(super) fn written(&self) -> Vec<u8> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -272,7 +272,7 @@ impl Outbox {
 }
 
 /// One line of the protocol, newline included.
-pub fn encode(line: &ServerLine) -> Vec<u8> {
+pub(super) fn encode(line: &ServerLine) -> Vec<u8> {
     // A ServerLine is plain data: encoding it cannot fail.
     let mut bytes = serde_json::to_vec(line).unwrap_or_default();
     bytes.push(b'\n');

@@ -10,7 +10,7 @@ use super::shared::Daemon;
 use crate::kernel::Tracker;
 
 /// What the owner thread holds; enforcement runs on it.
-pub struct Owner {
+pub(super) struct Owner {
     pub daemon: Arc<Daemon>,
     tracker: RefCell<Tracker>,
     /// The kernel's count of ring-buffer records it had no room for, when last read.
@@ -18,7 +18,7 @@ pub struct Owner {
 }
 
 impl Owner {
-    pub fn new(daemon: Arc<Daemon>, tracker: Tracker) -> Self {
+    pub(super) fn new(daemon: Arc<Daemon>, tracker: Tracker) -> Self {
         let events_dropped = tracker.stats().map_or(0, |stats| stats.events_dropped);
         Self {
             daemon,
@@ -28,7 +28,7 @@ impl Owner {
     }
 
     /// The tracker, for one step. Never held across an await: the owner's tasks take turns.
-    pub fn tracker(&self) -> RefMut<'_, Tracker> {
+    pub(super) fn tracker(&self) -> RefMut<'_, Tracker> {
         self.tracker.borrow_mut()
     }
 }

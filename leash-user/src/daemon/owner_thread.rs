@@ -27,7 +27,7 @@ const OWNER_NICE: i32 = -10;
 
 /// Starts the owner thread with `tracker`. Taken over from pins, it first holds the previous
 /// daemon's trees again.
-pub fn start(
+pub(super) fn start(
     daemon: Arc<Daemon>,
     tracker: Tracker,
     queues: Queues,

@@ -7,7 +7,7 @@ use crate::{kernel::TrackerView, proc};
 
 /// Who is on the other end, as the kernel says.
 #[derive(Clone, Copy, Debug)]
-pub struct Peer {
+pub(super) struct Peer {
     pub uid: u32,
     /// Whom its trees and requests are charged to (see `identity`).
     pub account: Account,
@@ -24,7 +24,7 @@ pub struct Peer {
 impl Peer {
     /// The tree the client's process runs in, then each tree that one is nested in; empty
     /// when it runs in none. The trees it may never release or kill.
-    pub fn confinement(&self, view: &TrackerView) -> Vec<TreeId> {
+    pub(super) fn confinement(&self, view: &TrackerView) -> Vec<TreeId> {
         match view.member(self.pid) {
             // The start time tells the client's process from an earlier one by the same pid;
             // unknown (0), the entry is taken as the client's: fail closed.
@@ -39,7 +39,7 @@ impl Peer {
     }
 
     /// The rules' view of the client, confined to `confined` (see [`Peer::confinement`]).
-    pub fn requester<'a>(&self, confined: &'a [TreeId]) -> Requester<'a> {
+    pub(super) fn requester<'a>(&self, confined: &'a [TreeId]) -> Requester<'a> {
         Requester {
             uid: self.uid,
             lease: self.lease,

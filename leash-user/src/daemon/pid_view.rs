@@ -18,7 +18,7 @@ use crate::proc;
 
 /// How one client numbers processes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PidView {
+pub(super) struct PidView {
     /// How deep the client's pid namespace is nested in the daemon's: 0 for the daemon's own.
     depth: usize,
 }
@@ -27,7 +27,7 @@ impl PidView {
     /// The view of the client process `pid` (a number of the daemon's namespace): one number
     /// in its `NSpid` for the daemon's namespace, one more for each nested in it. None if they
     /// cannot be read (it has exited).
-    pub fn of_client(pid: Pid) -> Option<Self> {
+    pub(super) fn of_client(pid: Pid) -> Option<Self> {
         let levels = proc::namespace_pids(pid)?.len();
         Some(Self {
             depth: levels.checked_sub(1)?,
@@ -35,23 +35,23 @@ impl PidView {
     }
 
     /// How deep the client's namespace is nested in the daemon's.
-    pub fn depth(self) -> usize {
+    pub(super) fn depth(self) -> usize {
         self.depth
     }
 
     /// The view of a client whose namespace is nested `depth` deep in the daemon's.
     #[cfg(test)]
-    pub fn nested(depth: usize) -> Self {
+    pub(super) fn nested(depth: usize) -> Self {
         Self { depth }
     }
 
     /// The client's namespace is the daemon's: its numbers are the daemon's.
-    pub fn is_daemons(self) -> bool {
+    pub(super) fn is_daemons(self) -> bool {
         self.depth == 0
     }
 
     /// The client's number for the live process `pid`; 0 if it cannot see it (or it is gone).
-    pub fn number(self, pid: Pid) -> Pid {
+    pub(super) fn number(self, pid: Pid) -> Pid {
         if self.is_daemons() || pid == 0 {
             return pid;
         }
@@ -59,7 +59,7 @@ impl PidView {
     }
 
     /// `event` with its pids as this view numbers them.
-    pub fn number_event(self, event: &Event) -> Event {
+    pub(super) fn number_event(self, event: &Event) -> Event {
         let mut event = event.clone();
         if !self.is_daemons() {
             event.pid = event.pid.map(|pid| self.number(pid));
@@ -70,7 +70,7 @@ impl PidView {
 
     /// The client's number for a process whose numbers in each namespace are `numbers` (its
     /// `NSpid`, read while it ran); 0 if the client cannot see it.
-    pub fn pick(self, numbers: &[Pid]) -> Pid {
+    pub(super) fn pick(self, numbers: &[Pid]) -> Pid {
         numbers.get(self.depth).copied().unwrap_or(0)
     }
 }

@@ -50,7 +50,7 @@ fn host_identity(daemon: &Daemon, holder: &Holder) -> ClientIdentity {
 
 /// Holds every tree found in the maps again: one lease per recorded host, watched until the
 /// host exits. A tree with no recorded holder is killed (fail closed).
-pub fn hold_again(owner: &Rc<Owner>) {
+pub(super) fn hold_again(owner: &Rc<Owner>) {
     let daemon = &owner.daemon;
     let found: Vec<(TreeId, Holder, Pid, bool)> = {
         let tracker = owner.tracker();

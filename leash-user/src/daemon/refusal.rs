@@ -7,13 +7,13 @@ use crate::kernel::{self, IdentifyError};
 
 /// Why a request was refused: becomes the error reply.
 #[derive(Debug)]
-pub struct Refusal {
+pub(super) struct Refusal {
     pub code: ErrorCode,
     pub message: String,
 }
 
 impl Refusal {
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+    pub(super) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
             code,
             message: message.into(),
@@ -21,12 +21,12 @@ impl Refusal {
     }
 
     /// Trees a client may not see are reported as missing, not as forbidden.
-    pub fn no_tree(tree: TreeId) -> Self {
+    pub(super) fn no_tree(tree: TreeId) -> Self {
         Self::new(ErrorCode::NotFound, format!("no tree {tree}"))
     }
 
     /// The error reply to request `id`.
-    pub fn into_line(self, id: u64) -> ServerLine {
+    pub(super) fn into_line(self, id: u64) -> ServerLine {
         ServerLine::error(Some(id), self.code, self.message)
     }
 }

@@ -26,7 +26,7 @@ use crate::{
 };
 
 /// How a `register` names its process.
-pub enum Named {
+pub(super) enum Named {
     /// A number of the daemon's pid namespace.
     Pid(u32),
     /// A pidfd sent with the request.
@@ -36,7 +36,7 @@ pub enum Named {
 }
 
 /// What a `register` asks for its tree.
-pub struct Asked<'a> {
+pub(super) struct Asked<'a> {
     /// The token of the lease to register under (another's, as `leash exec` does), if not
     /// the connection's own.
     pub token: Option<&'a str>,
@@ -45,7 +45,7 @@ pub struct Asked<'a> {
 }
 
 /// A tree's grace period: `grace_ms` if it is within the limit, the daemon's default if None.
-pub fn grace(daemon: &Daemon, grace_ms: Option<u64>) -> Result<Duration, Refusal> {
+pub(super) fn grace(daemon: &Daemon, grace_ms: Option<u64>) -> Result<Duration, Refusal> {
     match grace_ms {
         None => Ok(daemon.config.default_grace),
         Some(ms) if ms <= MAX_GRACE_MS => Ok(Duration::from_millis(ms)),
@@ -61,7 +61,7 @@ pub fn grace(daemon: &Daemon, grace_ms: Option<u64>) -> Result<Duration, Refusal
 /// named it to the daemon when it connected: right in whatever pid namespace the client runs.
 /// Only under another lease (the exec shim's way): under its own, a client would be killed as
 /// its connection closed.
-pub fn named(
+pub(super) fn named(
     peer: &Peer,
     pidfds: &Pidfds,
     pid: Option<u32>,
@@ -116,7 +116,7 @@ fn check_same_pid_namespace(peer: &Peer, pid: u32) -> Result<(), Refusal> {
 }
 
 /// Registers the process `named` for `peer`, as `asked`.
-pub async fn register(
+pub(super) async fn register(
     daemon: &Arc<Daemon>,
     peer: &Peer,
     named: Named,

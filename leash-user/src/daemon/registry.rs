@@ -20,7 +20,7 @@ use crate::sys;
 mod entry;
 
 use entry::PendingKill;
-pub use entry::{
+pub(super) use entry::{
     BegunKill, KillOutcome, KillStart, LeaseHolder, NoLease, OverQuota, Ownership, PendingOutcome,
     RootExit, TreeEntry,
 };
@@ -50,12 +50,12 @@ struct State {
 
 /// The daemon's leases and trees. Clones share them.
 #[derive(Clone, Debug)]
-pub struct Registry(Arc<Mutex<State>>);
+pub(super) struct Registry(Arc<Mutex<State>>);
 
 /// A registration's place in its accounts' quotas, held from before its /proc walk until its
 /// tree is filed; dropped unfiled, the place is given back.
 #[must_use = "a reservation is filed, or dropped to give its place back"]
-pub struct Reservation {
+pub(super) struct Reservation {
     registry: Registry,
     accounts: Vec<Account>,
 }
@@ -95,7 +95,7 @@ impl Registry {
     /// Opens a lease for the host `host_pid` (started at `host_start_ticks`) of uid `uid`,
     /// charged to `account`, running in `pid_namespaces` (its own first), with a new secret
     /// token.
-    pub fn open_lease(
+    pub(super) fn open_lease(
         &self,
         uid: u32,
         account: Account,
@@ -125,7 +125,7 @@ impl Registry {
     /// Notes that `lease` now holds a tree; at its first, says so at INFO (`lease_opened`). A
     /// connection that only asks (`status`, `list`, `watch`) is logged at DEBUG alone: a client
     /// that connects in a loop must not fill the log.
-    pub fn lease_holds_a_tree(&self, lease: LeaseId) {
+    pub(super) fn lease_holds_a_tree(&self, lease: LeaseId) {
         let first = {
             let mut state = self.state();
             let Some(entry) = state.leases.get_mut(&lease) else {
@@ -152,7 +152,7 @@ impl Registry {
     /// INFO (`lease_ended`) if it ever held a tree, at DEBUG if it only asked. Once: when both
     /// the connection and the watch on its host see the host die, the second finds it gone
     /// (and its trees already being killed).
-    pub fn end_lease(&self, lease: LeaseId, reason: &str) -> Vec<TreeId> {
+    pub(super) fn end_lease(&self, lease: LeaseId, reason: &str) -> Vec<TreeId> {
         let (entry, trees) = {
             let mut state = self.state();
             let Some(entry) = state.leases.remove(&lease) else {
@@ -183,12 +183,16 @@ impl Registry {
     }
 
     /// The secret of `lease`, if it is live.
-    pub fn token(&self, lease: LeaseId) -> Option<String> {
+    pub(super) fn token(&self, lease: LeaseId) -> Option<String> {
         self.state().leases.get(&lease).map(|l| l.token.clone())
     }
 
     /// The lease a new tree goes under: `own` (the connection's), or the one `token` names.
-    pub fn lease_for(&self, own: LeaseId, token: Option<&str>) -> Result<LeaseHolder, NoLease> {
+    pub(super) fn lease_for(
+        &self,
+        own: LeaseId,
+        token: Option<&str>,
+    ) -> Result<LeaseHolder, NoLease> {
         let state = self.state();
         let (lease, found) = match token {
             None => state
@@ -217,7 +221,7 @@ impl Registry {
     }
 
     /// How many leases `may_see` lets through, given each lease's uid and pid namespaces.
-    pub fn count_leases(&self, mut may_see: impl FnMut(u32, &[u32]) -> bool) -> usize {
+    pub(super) fn count_leases(&self, mut may_see: impl FnMut(u32, &[u32]) -> bool) -> usize {
         let state = self.state();
         state
             .leases
@@ -227,14 +231,18 @@ impl Registry {
     }
 
     /// Every live lease.
-    pub fn lease_count(&self) -> usize {
+    pub(super) fn lease_count(&self) -> usize {
         self.state().leases.len()
     }
 
     /// Takes a place for a new tree in the quota of each of `accounts` (root's, 0, has none):
     /// each may hold at most `limit` trees, those being registered included. Checked and taken
     /// under one lock, so that registrations running side by side cannot both pass the check.
-    pub fn reserve(&self, accounts: &[Account], limit: usize) -> Result<Reservation, OverQuota> {
+    pub(super) fn reserve(
+        &self,
+        accounts: &[Account],
+        limit: usize,
+    ) -> Result<Reservation, OverQuota> {
         let mut accounts: Vec<Account> = accounts.iter().copied().filter(|&a| a != 0).collect();
         accounts.dedup();
         let mut state = self.state();
@@ -261,7 +269,7 @@ impl Registry {
     /// Files a tree just registered, in the place `reservation` holds. Returns why it must be
     /// killed at once, if it must: its lease ended meanwhile (`lease_ended`), or the tree it is
     /// nested in (`enclosing`) is being killed or gone (`enclosing_killed`).
-    pub fn file(
+    pub(super) fn file(
         &self,
         tree: TreeId,
         entry: TreeEntry,
@@ -290,22 +298,22 @@ impl Registry {
     }
 
     /// Files a tree a previous daemon left in the pins (no quota: it is held already).
-    pub fn hold(&self, tree: TreeId, entry: TreeEntry) {
+    pub(super) fn hold(&self, tree: TreeId, entry: TreeEntry) {
         self.state().trees.insert(tree, entry);
     }
 
     /// How many trees are filed.
-    pub fn tree_count(&self) -> usize {
+    pub(super) fn tree_count(&self) -> usize {
         self.state().trees.len()
     }
 
     /// Every filed tree.
-    pub fn trees(&self) -> Vec<TreeId> {
+    pub(super) fn trees(&self) -> Vec<TreeId> {
         self.state().trees.keys().copied().collect()
     }
 
     /// Every tree no kill is under way for.
-    pub fn live_trees(&self) -> Vec<TreeId> {
+    pub(super) fn live_trees(&self) -> Vec<TreeId> {
         let state = self.state();
         state
             .trees
@@ -316,7 +324,7 @@ impl Registry {
     }
 
     /// Who holds `tree`.
-    pub fn ownership(&self, tree: TreeId) -> Option<Ownership> {
+    pub(super) fn ownership(&self, tree: TreeId) -> Option<Ownership> {
         self.state().trees.get(&tree).map(|entry| Ownership {
             lease: entry.lease,
             owner_uid: entry.owner_uid,
@@ -325,7 +333,7 @@ impl Registry {
     }
 
     /// Who hears of `tree`'s events, and its lease.
-    pub fn audience(&self, tree: TreeId) -> Option<(Audience, LeaseId)> {
+    pub(super) fn audience(&self, tree: TreeId) -> Option<(Audience, LeaseId)> {
         self.state()
             .trees
             .get(&tree)
@@ -333,7 +341,7 @@ impl Registry {
     }
 
     /// Records that `tree`'s root exited; None if it is not filed or was recorded before.
-    pub fn root_exited(&self, tree: TreeId) -> Option<RootExit> {
+    pub(super) fn root_exited(&self, tree: TreeId) -> Option<RootExit> {
         let mut state = self.state();
         let entry = state.trees.get_mut(&tree)?;
         if entry.root_exited {
@@ -349,7 +357,7 @@ impl Registry {
     }
 
     /// Whether `tree` keeps its members past its root's exit, and no kill is under way.
-    pub fn is_kept(&self, tree: TreeId) -> bool {
+    pub(super) fn is_kept(&self, tree: TreeId) -> bool {
         self.state()
             .trees
             .get(&tree)
@@ -359,7 +367,7 @@ impl Registry {
     /// Begins `tree`'s kill, unless one is under way; None if there is no such tree. The grace
     /// period is the tree's own, or `grace` if that is shorter. A kill under way keeps going,
     /// with its grace shortened to that if it is shorter.
-    pub fn begin_kill(&self, tree: TreeId, grace: Option<Duration>) -> Option<KillStart> {
+    pub(super) fn begin_kill(&self, tree: TreeId, grace: Option<Duration>) -> Option<KillStart> {
         let mut state = self.state();
         let entry = state.trees.get_mut(&tree)?;
         let grace = grace.map_or(entry.grace, |asked| asked.min(entry.grace));
@@ -392,7 +400,7 @@ impl Registry {
 
     /// A kill of `tree` gave up: it stays, unkillable, and another kill may try again. Returns
     /// who hears of it, and its lease.
-    pub fn kill_failed(&self, tree: TreeId) -> Option<(Audience, LeaseId)> {
+    pub(super) fn kill_failed(&self, tree: TreeId) -> Option<(Audience, LeaseId)> {
         let mut state = self.state();
         let entry = state.trees.get_mut(&tree)?;
         entry.kill = None;
@@ -401,13 +409,13 @@ impl Registry {
     }
 
     /// Takes `tree` out: it is empty, or released.
-    pub fn remove(&self, tree: TreeId) -> Option<TreeEntry> {
+    pub(super) fn remove(&self, tree: TreeId) -> Option<TreeEntry> {
         self.state().trees.remove(&tree)
     }
 
     /// Takes `tree` out to be released, unless it is being killed (or a kill gave up on it).
     /// Err(None): no such tree; Err(Some(state)): it is in that state.
-    pub fn take_for_release(&self, tree: TreeId) -> Result<TreeEntry, Option<TreeState>> {
+    pub(super) fn take_for_release(&self, tree: TreeId) -> Result<TreeEntry, Option<TreeState>> {
         let mut state = self.state();
         match state.trees.get(&tree).map(TreeEntry::state) {
             None => Err(None),
@@ -418,7 +426,7 @@ impl Registry {
 
     /// Calls `each` with every tree `only` names (every one if None), and keeps what it makes
     /// of each: a read model made under one short lock.
-    pub fn map_trees<T>(
+    pub(super) fn map_trees<T>(
         &self,
         only: Option<TreeId>,
         mut each: impl FnMut(TreeId, &TreeEntry, &dyn Fn(LeaseId) -> u32) -> Option<T>,

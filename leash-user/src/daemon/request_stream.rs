@@ -40,12 +40,12 @@ use super::disposal::{Disposal, Reservation};
 use crate::{proc, sys};
 
 /// Pidfds waiting for their requests, per connection.
-pub const MAX_WAITING: usize = 4;
+pub(super) const MAX_WAITING: usize = 4;
 
 /// The pidfds a connection sent that no request has taken yet, each with the number of the
 /// line it came with (counted from 0).
 #[derive(Clone, Default)]
-pub struct Pidfds(Arc<Mutex<VecDeque<(u64, OwnedFd)>>>);
+pub(super) struct Pidfds(Arc<Mutex<VecDeque<(u64, OwnedFd)>>>);
 
 impl Pidfds {
     fn waiting(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, OwnedFd)>> {
@@ -54,7 +54,7 @@ impl Pidfds {
 
     /// The pidfd that came with line `line`, if one did. Those of earlier lines, which no
     /// request took, are closed.
-    pub fn take(&self, line: u64) -> Option<OwnedFd> {
+    pub(super) fn take(&self, line: u64) -> Option<OwnedFd> {
         let mut waiting = self.waiting();
         while waiting
             .front()
@@ -83,7 +83,7 @@ impl Pidfds {
 /// line numbers with the first such sender's pid (0: one in no pid namespace the daemon sees).
 /// Pruned as lines are served.
 #[derive(Clone, Default)]
-pub struct Strangers(Arc<Mutex<VecDeque<(u64, u64, u32)>>>);
+pub(super) struct Strangers(Arc<Mutex<VecDeque<(u64, u64, u32)>>>);
 
 impl Strangers {
     fn lines(&self) -> std::sync::MutexGuard<'_, VecDeque<(u64, u64, u32)>> {
@@ -91,7 +91,7 @@ impl Strangers {
     }
 
     /// Who other than the host sent (part of) line `line`, if anyone did.
-    pub fn sender_of(&self, line: u64) -> Option<u32> {
+    pub(super) fn sender_of(&self, line: u64) -> Option<u32> {
         let mut lines = self.lines();
         while lines.front().is_some_and(|&(_, last, _)| last < line) {
             lines.pop_front();
@@ -114,7 +114,7 @@ impl Strangers {
 }
 
 /// A connection's read half, read with recvmsg.
-pub struct RequestStream {
+pub(super) struct RequestStream {
     half: OwnedReadHalf,
     pidfds: Pidfds,
     strangers: Strangers,
@@ -130,7 +130,7 @@ pub struct RequestStream {
 impl RequestStream {
     /// The read half of a connection (with SO_PASSCRED set) of process `host`, of `account`:
     /// pidfds it sends go to `pidfds`, lines other processes send to `strangers`.
-    pub fn new(
+    pub(super) fn new(
         half: OwnedReadHalf,
         host: u32,
         pidfds: Pidfds,
@@ -150,7 +150,7 @@ impl RequestStream {
     }
 
     /// The read half, once reading is over (to reunite it with its write half).
-    pub fn into_half(self) -> OwnedReadHalf {
+    pub(super) fn into_half(self) -> OwnedReadHalf {
         self.half
     }
 

@@ -28,10 +28,10 @@ use crate::kernel::KillError;
 const HEAVY_COST: u32 = 20;
 
 /// A reply that comes once something is done (a kill's, when its tree is empty).
-pub type LaterReply = Pin<Box<dyn Future<Output = ServerLine> + Send>>;
+pub(super) type LaterReply = Pin<Box<dyn Future<Output = ServerLine> + Send>>;
 
 /// What the connection does with a request.
-pub enum Response {
+pub(super) enum Response {
     /// Sends this line.
     Now(ServerLine),
     /// Sends what this gives, when it gives it, serving other requests meanwhile.
@@ -44,7 +44,7 @@ pub enum Response {
 }
 
 /// One connection's side of request handling.
-pub struct Session {
+pub(super) struct Session {
     pub peer: Peer,
     pub subscribed: bool,
     /// The pidfds this connection sent, for the requests that name their process by one.
@@ -67,7 +67,7 @@ type Answer = Result<Reply, Refusal>;
 
 impl Session {
     /// Handles request line `line_number` of the connection.
-    pub async fn handle(
+    pub(super) async fn handle(
         &mut self,
         daemon: &Arc<Daemon>,
         line: &[u8],

@@ -25,7 +25,7 @@ use crate::kernel::{Guard, TrackerView, Whois};
 
 /// Shared by every task of the daemon. The tracker itself is the owner thread's alone (see
 /// `owner`); everyone else reads the maps through `view` and hands changes to `jobs`.
-pub struct Daemon {
+pub(super) struct Daemon {
     pub view: TrackerView,
     pub jobs: Jobs,
     pub registry: Registry,
@@ -54,7 +54,7 @@ pub struct Daemon {
 
 impl Daemon {
     /// A daemon serving `config`, reading the maps through `view`, handing changes to `jobs`.
-    pub fn new(
+    pub(super) fn new(
         config: Config,
         view: TrackerView,
         jobs: Jobs,
@@ -83,25 +83,25 @@ impl Daemon {
     }
 
     /// Sends an event of a tree to the subscribers of its `audience`.
-    pub fn emit(&self, audience: &Audience, event: Event) {
+    pub(super) fn emit(&self, audience: &Audience, event: Event) {
         self.subscribers.deliver(audience, event, None);
     }
 
     /// Sends an event about a tree's root, whose numbers in each pid namespace are
     /// `root_numbers`: subscribers in containers are told its number there even once it is gone.
-    pub fn emit_about_root(&self, audience: &Audience, event: Event, root_numbers: &[u32]) {
+    pub(super) fn emit_about_root(&self, audience: &Audience, event: Event, root_numbers: &[u32]) {
         self.subscribers
             .deliver(audience, event, Some(root_numbers));
     }
 
     /// Notes that memory was freed (a connection ended, heavy work is done): the allocator's
     /// free memory is given back soon.
-    pub fn memory_freed(&self) {
+    pub(super) fn memory_freed(&self) {
         self.memory_freed.store(true, Ordering::Relaxed);
     }
 
     /// Whether memory was freed since the last call.
-    pub fn take_memory_freed(&self) -> bool {
+    pub(super) fn take_memory_freed(&self) -> bool {
         self.memory_freed.swap(false, Ordering::Relaxed)
     }
 }

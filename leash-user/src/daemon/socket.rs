@@ -10,7 +10,7 @@ use super::config::{Config, MetricsAddr};
 use crate::{sys, trusted_dir};
 
 /// Removes the daemon's sockets (it is stopping, or could not start).
-pub fn remove_sockets(config: &Config) {
+pub(super) fn remove_sockets(config: &Config) {
     let _ = fs::remove_file(&config.socket);
     if let Some(path) = config.metrics.as_ref().and_then(MetricsAddr::socket_path) {
         let _ = fs::remove_file(path);
@@ -19,7 +19,7 @@ pub fn remove_sockets(config: &Config) {
 
 /// Who may connect to a socket the daemon binds, by its file's mode.
 #[derive(Clone, Copy, Debug)]
-pub enum SocketAccess {
+pub(super) enum SocketAccess {
     /// 0666: anyone; what they may do is checked per request.
     Everyone,
     /// 0600, root's alone; 0660 with its group set to this one, if given.
@@ -28,7 +28,7 @@ pub enum SocketAccess {
 
 /// Binds a socket, the one `option` names: its directory is made if needed (0755) and must be
 /// root's alone (see `trusted_dir`), a stale socket is replaced, a live daemon's is not.
-pub fn bind(path: &Path, option: &str, access: SocketAccess) -> Result<UnixListener> {
+pub(super) fn bind(path: &Path, option: &str, access: SocketAccess) -> Result<UnixListener> {
     let dir = path
         .parent()
         .filter(|dir| !dir.as_os_str().is_empty())

@@ -16,7 +16,7 @@ use super::{
 
 /// What one subscriber may hear.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Hears {
+pub(super) enum Hears {
     /// Root: every tree.
     Everything,
     /// The trees owned by this uid.
@@ -28,7 +28,7 @@ pub enum Hears {
 /// Who may hear of a tree's events: its owner's uid (for [`Hears::Uid`]), and the pid
 /// namespaces it was registered from (a subscriber in none of them hears nothing of it).
 #[derive(Clone, Debug)]
-pub struct Audience {
+pub(super) struct Audience {
     pub owner: u32,
     pub registered_from: Arc<[u32]>,
 }
@@ -45,7 +45,7 @@ struct Subscriber {
 type Filed = HashMap<Hears, Vec<Subscriber>>;
 
 #[derive(Default)]
-pub struct Subscribers(Mutex<Filed>);
+pub(super) struct Subscribers(Mutex<Filed>);
 
 impl Subscribers {
     fn filed(&self) -> MutexGuard<'_, Filed> {
@@ -54,7 +54,7 @@ impl Subscribers {
 
     /// Files the connection of `lease`, a client in pid namespace `pid_namespace`; it hears
     /// until [`Subscribers::remove`]. Its events carry pids as `view` numbers them.
-    pub fn add(
+    pub(super) fn add(
         &self,
         hears: Hears,
         lease: LeaseId,
@@ -71,7 +71,7 @@ impl Subscribers {
         self.filed().entry(hears).or_default().push(subscriber);
     }
 
-    pub fn remove(&self, lease: LeaseId) {
+    pub(super) fn remove(&self, lease: LeaseId) {
         self.filed().retain(|_, subscribers| {
             subscribers.retain(|subscriber| subscriber.lease != lease);
             !subscribers.is_empty()
@@ -79,7 +79,7 @@ impl Subscribers {
     }
 
     /// Whether anyone would hear of an event of `owner`'s tree held by `lease`.
-    pub fn any_for(&self, owner: u32, lease: LeaseId) -> bool {
+    pub(super) fn any_for(&self, owner: u32, lease: LeaseId) -> bool {
         let filed = self.filed();
         [Hears::Everything, Hears::Uid(owner), Hears::Lease(lease)]
             .iter()
@@ -90,7 +90,7 @@ impl Subscribers {
     /// for all of them, but for subscribers in containers, whose writers number its pids their
     /// way. An event about a tree's root comes with the root's numbers (`root_numbers`), picked
     /// here.
-    pub fn deliver(&self, audience: &Audience, event: Event, root_numbers: Option<&[u32]>) {
+    pub(super) fn deliver(&self, audience: &Audience, event: Event, root_numbers: Option<&[u32]>) {
         let lease = event.lease;
         let mut filed = self.filed();
         let mut line: Option<Arc<[u8]>> = None;
@@ -124,7 +124,7 @@ impl Subscribers {
 
     /// Tells every subscriber that `count` events were lost before the daemon read them (the
     /// kernel's ring buffer was full): nobody can say whose they were.
-    pub fn dropped_everywhere(&self, count: u64) {
+    pub(super) fn dropped_everywhere(&self, count: u64) {
         let mut filed = self.filed();
         for subscribers in filed.values_mut() {
             subscribers.retain(|subscriber| subscriber.outbox.dropped(count));

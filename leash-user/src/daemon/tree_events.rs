@@ -20,7 +20,7 @@ const UNTRACKED_RETRIES: usize = 500;
 /// Reads every record waiting in the ring buffer: forwards members' records, kills children
 /// that could not be tracked, and tells subscribers of records the kernel had no room for.
 /// Returns the trees whose root exited.
-pub fn collect(owner: &Rc<Owner>) -> Vec<TreeId> {
+pub(super) fn collect(owner: &Rc<Owner>) -> Vec<TreeId> {
     let (events, lost) = {
         let mut tracker = owner.tracker();
         let events = tracker.drain_events();
@@ -47,7 +47,7 @@ pub fn collect(owner: &Rc<Owner>) -> Vec<TreeId> {
 
 /// Records `tree`'s root exit, once, and tells its subscribers; returns the tree's policy for
 /// it, or None if the exit was recorded before (or the tree is gone).
-pub fn announce_root_exit(daemon: &Daemon, tree: TreeId) -> Option<RootExitPolicy> {
+pub(super) fn announce_root_exit(daemon: &Daemon, tree: TreeId) -> Option<RootExitPolicy> {
     let exit = daemon.registry.root_exited(tree)?;
     tracing::info!(tree, root = exit.root[0], policy = ?exit.policy, "root exited");
     daemon.emit_about_root(

@@ -25,7 +25,7 @@ const COLLECT_EVERY: Duration = Duration::from_millis(50);
 
 /// Reacts to the ring buffer's root-exit events as soon as they are written, and collects the
 /// other records every 50 ms.
-pub async fn watch_events(owner: Rc<Owner>) {
+pub(super) async fn watch_events(owner: Rc<Owner>) {
     let readable = owner.tracker().events_fd().and_then(sys::async_readable);
     let readable = match readable {
         Ok(fd) => fd,
@@ -50,7 +50,7 @@ pub async fn watch_events(owner: Rc<Owner>) {
 }
 
 /// The backstop: reads every live tree's state in the kernel.
-pub async fn sweep(owner: Rc<Owner>) {
+pub(super) async fn sweep(owner: Rc<Owner>) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     loop {
         every.tick().await;
@@ -78,14 +78,14 @@ pub async fn sweep(owner: Rc<Owner>) {
 }
 
 /// Records a root's exit once and applies the tree's policy.
-pub fn root_exited(owner: &Rc<Owner>, tree: TreeId) {
+pub(super) fn root_exited(owner: &Rc<Owner>, tree: TreeId) {
     if let Some(policy) = tree_events::announce_root_exit(&owner.daemon, tree) {
         apply_root_exit(owner, tree, policy);
     }
 }
 
 /// Applies `tree`'s `policy` for its root's exit, which was told already.
-pub fn apply_root_exit(owner: &Rc<Owner>, tree: TreeId, policy: RootExitPolicy) {
+pub(super) fn apply_root_exit(owner: &Rc<Owner>, tree: TreeId, policy: RootExitPolicy) {
     // A root killed as it forked past what may be tracked: say why the tree dies.
     let status = owner.tracker().tree_status(tree);
     let untrackable = status.ok().and_then(|status| fail_closed(&status));
@@ -120,7 +120,7 @@ fn finish_if_kept_and_empty(owner: &Rc<Owner>, tree: TreeId) {
 
 /// A lease ended (its host died or its connection closed), for `reason` (`host_exited`,
 /// `connection_closed`, ...): every tree it holds is killed.
-pub fn end_lease(owner: &Rc<Owner>, lease: LeaseId, reason: &str) {
+pub(super) fn end_lease(owner: &Rc<Owner>, lease: LeaseId, reason: &str) {
     for tree in owner.daemon.registry.end_lease(lease, reason) {
         start_kill(owner, tree, None, KillReason::LeaseEnded);
     }
@@ -128,7 +128,7 @@ pub fn end_lease(owner: &Rc<Owner>, lease: LeaseId, reason: &str) {
 
 /// Ends `lease` when its host process (`pidfd`) exits; stops watching, without ending it, when
 /// `until` closes (the connection that holds the lease ended, and ends it itself).
-pub fn watch_host(
+pub(super) fn watch_host(
     owner: &Rc<Owner>,
     lease: LeaseId,
     pidfd: OwnedFd,

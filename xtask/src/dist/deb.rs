@@ -27,7 +27,7 @@ leash: maintainer-script-calls-systemctl *
 ";
 
 #[derive(clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Repackage the binary `cargo xtask dist` staged, building nothing, under this Debian
     /// version (e.g. 0.1.0+1): an upgrade that changes nothing but the version.
     #[arg(long, value_name = "VERSION")]
@@ -39,7 +39,7 @@ pub struct Options {
     pub check: bool,
 }
 
-pub fn deb(options: &Options) -> Result<()> {
+pub(crate) fn deb(options: &Options) -> Result<()> {
     let staged = match options.version {
         Some(_) => Staged::existing()?,
         None => build_and_stage()?,
@@ -71,7 +71,7 @@ pub fn deb(options: &Options) -> Result<()> {
 }
 
 /// Packages the staging as version `version`, into `out`/leash_VERSION_amd64.deb.
-pub fn package(staged: &Staged, version: &str, out: &Path) -> Result<PathBuf> {
+pub(crate) fn package(staged: &Staged, version: &str, out: &Path) -> Result<PathBuf> {
     let root = workspace_root();
     let work = root.join("target/debian");
     lay_out(staged, &work.join("root"))?;

@@ -33,14 +33,14 @@ const SOCKET: &str = "/run/leash-dist-test/leash.sock";
 
 /// The packages `cargo xtask deb --check` installs: the package, then the same binary under
 /// a newer version (an upgrade).
-pub struct Packages<'a> {
+pub(crate) struct Packages<'a> {
     pub first: &'a Path,
     pub upgrade: &'a Path,
 }
 
 /// Runs the checks in every userland, printing PASS or FAIL and the time for each; fails if
 /// any failed.
-pub fn check(staged: &Staged, packages: Option<&Packages>) -> Result<()> {
+pub(crate) fn check(staged: &Staged, packages: Option<&Packages>) -> Result<()> {
     if !is_root() {
         bail!("the userland checks need root (chroot, mount namespaces, BPF)");
     }

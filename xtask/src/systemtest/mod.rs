@@ -45,7 +45,7 @@ WantedBy=multi-user.target
 const MARKER: &str = "SYSTEMTEST ";
 
 #[derive(clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// kvm, tcg, or auto: KVM when a short probe boot works, TCG (emulation) otherwise.
     #[arg(long, default_value = "auto", value_parser = ["auto", "kvm", "tcg"])]
     accel: String,
@@ -54,7 +54,7 @@ pub struct Options {
     timeout: u64,
 }
 
-pub fn systemtest(options: &Options) -> Result<()> {
+pub(crate) fn systemtest(options: &Options) -> Result<()> {
     vmtest::ensure_tools()?;
     if !Path::new("/usr/bin/cpio").is_file() {
         apt_install(&["cpio"], false)?;

@@ -13,19 +13,19 @@ use anyhow::{Context, Result, bail};
 use crate::{is_root, output, status};
 
 /// The key that signs every Debian suite's Release file (the debian-archive-keyring package).
-pub const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
+pub(crate) const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 /// Where the packages come from; `LEASH_VMTEST_MIRROR` replaces it (the security archive is
 /// MIRROR/debian-security).
 const DEFAULT_MIRROR: &str = "http://deb.debian.org";
-pub const MIRROR_VAR: &str = "LEASH_VMTEST_MIRROR";
+pub(crate) const MIRROR_VAR: &str = "LEASH_VMTEST_MIRROR";
 
 /// Debian's archive, or the mirror `LEASH_VMTEST_MIRROR` names (without a trailing slash).
-pub fn mirror() -> String {
+pub(crate) fn mirror() -> String {
     let mirror = std::env::var(MIRROR_VAR).unwrap_or_else(|_| DEFAULT_MIRROR.to_owned());
     mirror.trim_end_matches('/').to_owned()
 }
 
-pub struct Apt {
+pub(crate) struct Apt {
     suite: String,
     dir: PathBuf,
     updated: bool,
@@ -34,7 +34,7 @@ pub struct Apt {
 impl Apt {
     /// The apt of `suite` (bullseye, bookworm...), its state under `dir`: the suite itself,
     /// its -updates and its -security.
-    pub fn new(suite: &str, dir: &Path) -> Result<Self> {
+    pub(crate) fn new(suite: &str, dir: &Path) -> Result<Self> {
         for sub in ["lists/partial", "cache/archives/partial"] {
             let path = dir.join(sub);
             fs::create_dir_all(&path).with_context(|| format!("making {}", path.display()))?;
@@ -57,7 +57,7 @@ impl Apt {
     }
 
     /// Fetches the suite's package lists, once per run.
-    pub fn update(&mut self) -> Result<()> {
+    pub(crate) fn update(&mut self) -> Result<()> {
         if self.updated {
             return Ok(());
         }
@@ -70,7 +70,7 @@ impl Apt {
     }
 
     /// Whether the suite offers `package` at exactly `version`.
-    pub fn offers(&self, package: &str, version: &str) -> Result<bool> {
+    pub(crate) fn offers(&self, package: &str, version: &str) -> Result<bool> {
         let listing = output(self.command("apt-cache").args(["madison", package]))?;
         Ok(listing
             .lines()
@@ -79,7 +79,7 @@ impl Apt {
 
     /// The kernel package that `meta` (a meta-package such as linux-image-cloud-amd64) depends
     /// on in its newest version, and that package's newest version.
-    pub fn newest_dependency(&self, meta: &str) -> Result<(String, String)> {
+    pub(crate) fn newest_dependency(&self, meta: &str) -> Result<(String, String)> {
         let depends = output(self.command("apt-cache").args([
             "depends",
             "--no-recommends",
@@ -103,7 +103,7 @@ impl Apt {
     }
 
     /// Downloads `package` at `version` into `dir`; returns the .deb.
-    pub fn download(&self, package: &str, version: &str, dir: &Path) -> Result<PathBuf> {
+    pub(crate) fn download(&self, package: &str, version: &str, dir: &Path) -> Result<PathBuf> {
         fs::create_dir_all(dir).with_context(|| format!("making {}", dir.display()))?;
         status(
             self.command("apt-get")
@@ -159,7 +159,7 @@ impl Apt {
     }
 }
 
-pub fn ensure_keyring() -> Result<()> {
+pub(crate) fn ensure_keyring() -> Result<()> {
     if Path::new(KEYRING).exists() {
         return Ok(());
     }

@@ -13,7 +13,7 @@ const S_IFREG: u32 = 0o100_000;
 const S_IFLNK: u32 = 0o120_000;
 const S_IFCHR: u32 = 0o020_000;
 
-pub struct Writer<W: Write> {
+pub(super) struct Writer<W: Write> {
     out: W,
     next_inode: u32,
     written: u64,
@@ -29,7 +29,7 @@ struct Header<'a> {
 }
 
 impl<W: Write> Writer<W> {
-    pub fn new(out: W) -> Self {
+    pub(super) fn new(out: W) -> Self {
         Self {
             out,
             next_inode: 1,
@@ -39,7 +39,7 @@ impl<W: Write> Writer<W> {
 
     /// `path` is the path inside the image, absolute or not ("/usr/bin" and "usr/bin" are the
     /// same). A directory must come before what it holds: the kernel creates no parents.
-    pub fn dir(&mut self, path: &str, permissions: u32) -> io::Result<()> {
+    pub(super) fn dir(&mut self, path: &str, permissions: u32) -> io::Result<()> {
         self.header(&Header {
             name: path,
             mode: S_IFDIR | permissions,
@@ -49,7 +49,7 @@ impl<W: Write> Writer<W> {
         })
     }
 
-    pub fn file(
+    pub(super) fn file(
         &mut self,
         path: &str,
         permissions: u32,
@@ -75,7 +75,7 @@ impl<W: Write> Writer<W> {
         self.pad()
     }
 
-    pub fn symlink(&mut self, path: &str, target: &str) -> io::Result<()> {
+    pub(super) fn symlink(&mut self, path: &str, target: &str) -> io::Result<()> {
         self.header(&Header {
             name: path,
             mode: S_IFLNK | 0o777,
@@ -87,7 +87,7 @@ impl<W: Write> Writer<W> {
         self.pad()
     }
 
-    pub fn char_device(
+    pub(super) fn char_device(
         &mut self,
         path: &str,
         permissions: u32,
@@ -104,7 +104,7 @@ impl<W: Write> Writer<W> {
     }
 
     /// Writes the trailer; returns the archive's size and its output.
-    pub fn finish(mut self) -> io::Result<(u64, W)> {
+    pub(super) fn finish(mut self) -> io::Result<(u64, W)> {
         self.header(&Header {
             name: "TRAILER!!!",
             mode: 0,

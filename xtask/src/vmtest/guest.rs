@@ -8,13 +8,13 @@ use std::path::Path;
 use super::initramfs::BUSYBOX_DIR;
 
 /// The start of every line the host reads as a report from init.
-pub const MARKER: &str = "@@vmtest";
+pub(super) const MARKER: &str = "@@vmtest";
 /// How long one test binary may run in a guest before it is killed (the host's own timeout, for
 /// the whole kernel, is the backstop).
-pub const BINARY_TIMEOUT_S: u64 = 600;
+pub(super) const BINARY_TIMEOUT_S: u64 = 600;
 
 /// A test binary as the guest runs it.
-pub struct GuestTest<'a> {
+pub(super) struct GuestTest<'a> {
     pub name: &'a str,
     pub path: &'a Path,
 }
@@ -23,7 +23,7 @@ pub struct GuestTest<'a> {
 /// - `@@vmtest kernel RELEASE` once set up;
 /// - `@@vmtest begin NAME` and `@@vmtest end NAME STATUS` around each test binary;
 /// - `@@vmtest done` before powering off.
-pub fn init_script(tests: &[GuestTest], test_args: &[String], workdir: &Path) -> String {
+pub(super) fn init_script(tests: &[GuestTest], test_args: &[String], workdir: &Path) -> String {
     let mut script = format!(
         r#"#!{BUSYBOX_DIR}/busybox sh
 # leash's integration tests in a virtual machine (cargo xtask vmtest).
@@ -83,7 +83,7 @@ cd {workdir}
 }
 
 /// The script for the probe of an accelerator: it only reports and powers off.
-pub fn probe_script() -> String {
+pub(super) fn probe_script() -> String {
     format!(
         "#!{BUSYBOX_DIR}/busybox sh\n\
          {BUSYBOX_DIR}/busybox mount -t proc proc /proc\n\

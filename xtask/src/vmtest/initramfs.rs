@@ -19,7 +19,7 @@ use super::cpio;
 use crate::output;
 
 /// Where busybox and its applets go in the guest.
-pub const BUSYBOX_DIR: &str = "/vmtest/bin";
+pub(super) const BUSYBOX_DIR: &str = "/vmtest/bin";
 
 /// Programs the tests run, by name, from the host's system directories. Each must exist.
 const PROGRAMS: &[&str] = &[
@@ -51,14 +51,14 @@ enum Entry {
 
 /// The image, path by path. A BTreeMap of paths keeps every directory before what it holds, as
 /// the kernel needs.
-pub struct Image {
+pub(super) struct Image {
     entries: BTreeMap<PathBuf, Entry>,
     /// Where stripped copies are kept between runs.
     stripped: PathBuf,
 }
 
 impl Image {
-    pub fn new(stripped: &Path) -> Self {
+    pub(super) fn new(stripped: &Path) -> Self {
         let mut image = Self {
             entries: BTreeMap::new(),
             stripped: stripped.to_path_buf(),
@@ -78,7 +78,7 @@ impl Image {
     /// The host's file at `path`, at the same path, with the symlinks on the way to it, and
     /// (for a program or library) the libraries it needs. `strip`: copy it without its debug
     /// information (the test binaries are ten times smaller so).
-    pub fn add_host_file(&mut self, path: &Path, strip: bool) -> Result<()> {
+    pub(super) fn add_host_file(&mut self, path: &Path, strip: bool) -> Result<()> {
         let real = self.add_host_path(path)?;
         if self.entries.contains_key(&real) {
             return Ok(());
@@ -103,7 +103,7 @@ impl Image {
     }
 
     /// The host's directory tree at `dir`, but what `skip` rejects (given each path).
-    pub fn add_host_tree(&mut self, dir: &Path, skip: &dyn Fn(&Path) -> bool) -> Result<()> {
+    pub(super) fn add_host_tree(&mut self, dir: &Path, skip: &dyn Fn(&Path) -> bool) -> Result<()> {
         let real = self.add_host_path(dir)?;
         self.entries.insert(real.clone(), Entry::Dir);
         let mut entries: Vec<_> = fs::read_dir(&real)
@@ -130,7 +130,7 @@ impl Image {
     }
 
     /// A program from the host's system directories, by name.
-    pub fn add_program(&mut self, name: &str) -> Result<()> {
+    pub(super) fn add_program(&mut self, name: &str) -> Result<()> {
         let path = SYSTEM_PATH
             .iter()
             .map(|dir| Path::new(dir).join(name))
@@ -144,7 +144,7 @@ impl Image {
         self.add_host_file(&path, false)
     }
 
-    pub fn add_text(&mut self, path: &str, content: String, permissions: u32) {
+    pub(super) fn add_text(&mut self, path: &str, content: String, permissions: u32) {
         self.add_parents(Path::new(path));
         self.entries.insert(
             path.into(),
@@ -156,7 +156,7 @@ impl Image {
     }
 
     /// An empty directory (a working directory the guest needs).
-    pub fn add_dir(&mut self, path: &Path) {
+    pub(super) fn add_dir(&mut self, path: &Path) {
         self.add_parents(path);
         self.entries.insert(path.to_path_buf(), Entry::Dir);
     }
@@ -203,7 +203,7 @@ impl Image {
 
     /// Writes the image as an uncompressed initramfs (the kernel unpacks it faster than it
     /// would decompress it under emulation); returns its size.
-    pub fn write(&self, to: &Path) -> Result<u64> {
+    pub(super) fn write(&self, to: &Path) -> Result<u64> {
         let partial = to.with_extension("partial");
         let file =
             File::create(&partial).with_context(|| format!("writing {}", partial.display()))?;
@@ -278,7 +278,7 @@ impl Image {
     }
 
     /// How many files the image holds.
-    pub fn file_count(&self) -> usize {
+    pub(super) fn file_count(&self) -> usize {
         self.entries
             .values()
             .filter(|entry| matches!(entry, Entry::File { .. }))
@@ -337,7 +337,7 @@ fn is_shared_library(path: &Path) -> bool {
 
 /// The host's programs the tests run, busybox, and Debian's Python with its standard library
 /// (less its test suites, the development files and the GUI and packaging modules).
-pub fn add_host_programs(image: &mut Image) -> Result<()> {
+pub(super) fn add_host_programs(image: &mut Image) -> Result<()> {
     for program in PROGRAMS {
         image.add_program(program)?;
     }
@@ -354,7 +354,7 @@ pub fn add_host_programs(image: &mut Image) -> Result<()> {
 
 /// busybox as /vmtest/bin/busybox: a path of its own, so that its applets (installed there by
 /// init) do not shadow the host's programs.
-pub fn add_busybox(image: &mut Image) -> Result<()> {
+pub(super) fn add_busybox(image: &mut Image) -> Result<()> {
     let busybox = SYSTEM_PATH
         .iter()
         .map(|dir| Path::new(dir).join("busybox"))

@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use super::apt::Apt;
 
 /// A kernel to test on.
-pub struct Pin {
+pub(super) struct Pin {
     /// What `--kernel` names, and the per-kernel lines print.
     pub name: &'static str,
     /// The Debian suite that ships it (its -updates and -security are searched too).
@@ -32,7 +32,7 @@ pub struct Pin {
 
 /// The kernels users run, as Debian ships them (checked on deb.debian.org; update a pin when a
 /// run warns that it is gone).
-pub const PINS: [Pin; 4] = [
+pub(super) const PINS: [Pin; 4] = [
     Pin {
         name: "bullseye-5.10",
         suite: "bullseye",
@@ -64,7 +64,7 @@ pub const PINS: [Pin; 4] = [
 ];
 
 /// A kernel ready to boot.
-pub struct Kernel {
+pub(crate) struct Kernel {
     pub name: &'static str,
     pub package: String,
     pub version: String,
@@ -77,7 +77,7 @@ pub struct Kernel {
 
 /// Finds each pin's kernel in the cache, or fetches it into the cache. apt runs only for the
 /// kernels not cached yet.
-pub fn resolve(pins: &[&'static Pin], cache: &Path) -> Result<Vec<Kernel>> {
+pub(super) fn resolve(pins: &[&'static Pin], cache: &Path) -> Result<Vec<Kernel>> {
     let mut apts: BTreeMap<&str, Apt> = BTreeMap::new();
     let mut kernels = Vec::new();
     for pin in pins {
@@ -203,7 +203,7 @@ fn extract(deb: &Path, dir: &Path) -> Result<()> {
 }
 
 /// The pins `--kernel` names, in table order; all of them when none is named.
-pub fn select(names: &[String]) -> Result<Vec<&'static Pin>> {
+pub(super) fn select(names: &[String]) -> Result<Vec<&'static Pin>> {
     if names.is_empty() {
         return Ok(PINS.iter().collect());
     }

@@ -32,17 +32,17 @@ use anyhow::{Context, Result, bail};
 use crate::{apt_install, is_root, setup, workspace_root};
 use guest::GuestTest;
 use initramfs::Image;
-pub use qemu::{Accel, Ending};
+pub(crate) use qemu::{Accel, Ending};
 use report::Console;
 
-pub use apt::mirror;
-pub use qemu::boot;
+pub(crate) use apt::mirror;
+pub(crate) use qemu::boot;
 
-pub const CACHE_VAR: &str = "LEASH_VMTEST_CACHE";
+pub(crate) const CACHE_VAR: &str = "LEASH_VMTEST_CACHE";
 const DEFAULT_CACHE: &str = "/var/cache/leash-vmtest";
 
 #[derive(clap::Args)]
-pub struct Options {
+pub(crate) struct Options {
     /// Boot only this kernel; repeat for more. All of them when absent: bullseye-5.10,
     /// bookworm-6.1, bookworm-6.12, trixie-6.12.
     #[arg(long = "kernel", value_name = "NAME")]
@@ -70,7 +70,7 @@ pub struct Options {
     test_args: Vec<String>,
 }
 
-pub fn vmtest(options: &Options) -> Result<()> {
+pub(crate) fn vmtest(options: &Options) -> Result<()> {
     let pins = kernels::select(&options.kernels)?;
     if options.list {
         list();
@@ -106,7 +106,7 @@ pub fn vmtest(options: &Options) -> Result<()> {
 
 /// The accelerator `choice` names (kvm, tcg), or for `auto` the one a short boot of `vmlinuz`
 /// finds working (its probe's initramfs is made in `out`).
-pub fn accelerator(choice: &str, vmlinuz: &Path, out: &Path) -> Result<Accel> {
+pub(crate) fn accelerator(choice: &str, vmlinuz: &Path, out: &Path) -> Result<Accel> {
     Ok(match choice {
         "kvm" => Accel::Kvm,
         "tcg" => Accel::Tcg,
@@ -119,7 +119,7 @@ pub fn accelerator(choice: &str, vmlinuz: &Path, out: &Path) -> Result<Accel> {
 }
 
 /// The kernel `name`d in [`kernels::PINS`], fetched into the cache if it is not there yet.
-pub fn kernel(name: &str) -> Result<kernels::Kernel> {
+pub(crate) fn kernel(name: &str) -> Result<kernels::Kernel> {
     let pins = kernels::select(&[name.to_owned()])?;
     kernels::resolve(&pins, &cache_dir())?
         .pop()
@@ -172,7 +172,7 @@ fn list() {
 }
 
 /// QEMU, busybox, objcopy, dpkg-deb and Debian's Python, installed when missing.
-pub fn ensure_tools() -> Result<()> {
+pub(crate) fn ensure_tools() -> Result<()> {
     let needs = [
         ("qemu-system-x86_64", "qemu-system-x86"),
         ("busybox", "busybox-static"),
@@ -196,7 +196,7 @@ pub fn ensure_tools() -> Result<()> {
     apt_install(&missing, false)
 }
 
-pub fn cache_dir() -> PathBuf {
+pub(crate) fn cache_dir() -> PathBuf {
     env::var_os(CACHE_VAR).map_or_else(|| PathBuf::from(DEFAULT_CACHE), PathBuf::from)
 }
 

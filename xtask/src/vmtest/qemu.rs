@@ -26,7 +26,7 @@ const CPUS: u32 = 2;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Accel {
+pub(crate) enum Accel {
     Kvm,
     Tcg,
 }
@@ -42,7 +42,7 @@ impl fmt::Display for Accel {
 
 /// How a boot ended.
 #[derive(Debug)]
-pub enum Ending {
+pub(crate) enum Ending {
     /// QEMU exited (the guest powered off, or the kernel panicked and `panic=-1` rebooted it
     /// into `-no-reboot`).
     Exited,
@@ -54,7 +54,7 @@ pub enum Ending {
 
 /// Boots `kernel` with `initrd`, calling `on_line` with each line of the console (and of QEMU's
 /// own errors, prefixed `qemu: `), until QEMU exits, `timeout` passes or `on_line` breaks.
-pub fn boot(
+pub(crate) fn boot(
     accel: Accel,
     kernel: &Path,
     initrd: &Path,
@@ -156,7 +156,7 @@ fn forward(
 /// KVM when it works here, TCG otherwise: a short boot with KVM must reach init. On these
 /// machines /dev/kvm exists but nested KVM fails (the guest hangs or QEMU reports "KVM internal
 /// error"), and the probe costs its timeout once per run.
-pub fn choose_accel(kernel: &Path, probe_initrd: &Path) -> Result<Accel> {
+pub(super) fn choose_accel(kernel: &Path, probe_initrd: &Path) -> Result<Accel> {
     if File::options()
         .read(true)
         .write(true)

@@ -8,7 +8,7 @@ use crate::count_before;
 
 /// One test binary's run in a guest.
 #[derive(Default)]
-pub struct BinaryRun {
+pub(super) struct BinaryRun {
     pub name: String,
     /// Its exit status, once init reported it.
     pub status: Option<i32>,
@@ -25,13 +25,13 @@ pub struct BinaryRun {
 
 impl BinaryRun {
     /// Whether the binary ran to the end and nothing in it failed.
-    pub fn ok(&self) -> bool {
+    pub(super) fn ok(&self) -> bool {
         self.status == Some(0) && self.failed == 0
     }
 
     /// What went wrong, for the list of failures: failed tests by name, or how the binary ended
     /// when libtest could not say.
-    pub fn problems(&self) -> Vec<String> {
+    pub(super) fn problems(&self) -> Vec<String> {
         let mut problems: Vec<String> = self
             .failures
             .iter()
@@ -54,7 +54,7 @@ impl BinaryRun {
 
 /// What the console of one kernel's run said so far.
 #[derive(Default)]
-pub struct Console {
+pub(super) struct Console {
     /// As init printed it (`uname -r`), once it did.
     pub release: Option<String>,
     pub binaries: Vec<BinaryRun>,
@@ -66,7 +66,7 @@ pub struct Console {
 
 impl Console {
     /// Takes one line of the console into account.
-    pub fn read(&mut self, line: &str) {
+    pub(super) fn read(&mut self, line: &str) {
         let now = Instant::now();
         if let Some(marker) = line.strip_prefix(MARKER) {
             let mut words = marker.split_whitespace();
@@ -108,11 +108,11 @@ impl Console {
     }
 
     /// The binary still running when the console stopped, if any.
-    pub fn unfinished(&self) -> Option<&BinaryRun> {
+    pub(super) fn unfinished(&self) -> Option<&BinaryRun> {
         self.binaries.last().filter(|run| run.status.is_none())
     }
 
-    pub fn totals(&self) -> (u64, u64, u64) {
+    pub(super) fn totals(&self) -> (u64, u64, u64) {
         self.binaries.iter().fold((0, 0, 0), |(p, f, i), run| {
             // A binary that failed without a libtest failure (a crash, a timeout) counts as one
             // failed test, so that no failure totals to zero.
@@ -125,7 +125,7 @@ impl Console {
         })
     }
 
-    pub fn problems(&self) -> Vec<String> {
+    pub(super) fn problems(&self) -> Vec<String> {
         self.binaries.iter().flat_map(BinaryRun::problems).collect()
     }
 }

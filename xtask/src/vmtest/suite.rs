@@ -18,7 +18,7 @@ use crate::{cargo, workspace_root};
 /// impossible in a guest, a load test, or a test of user space alone, which behaves the same on
 /// every kernel and runs on the host's (`cargo xtask test`).
 #[rustfmt::skip]
-pub const LEFT_OUT: &[(&str, &str)] = &[
+pub(super) const LEFT_OUT: &[(&str, &str)] = &[
     ("systemd_unit", "runs systemd-analyze, which the guests do not have"),
     ("watch_tmux", "drives a terminal through tmux, which the guests do not have"),
     ("thousand", "a load test: a 1001-process tree; fork_chain and adopt_existing take the same kernel paths"),
@@ -52,7 +52,7 @@ pub const LEFT_OUT: &[(&str, &str)] = &[
 ];
 
 /// A test binary to run in the guests.
-pub struct TestBinary {
+pub(super) struct TestBinary {
     /// The name of its file in tests/tests/, without `.rs`.
     pub name: String,
     /// Where cargo built it: the guests run it at the same path.
@@ -61,7 +61,7 @@ pub struct TestBinary {
 
 /// Builds `leash` and every integration test binary; returns the binaries the guests run:
 /// those `only` names, or all but [`LEFT_OUT`] when it is empty.
-pub fn build(only: &[String]) -> Result<Vec<TestBinary>> {
+pub(super) fn build(only: &[String]) -> Result<Vec<TestBinary>> {
     // The tests run target/debug/leash, found next to their own directory.
     cargo(&["build", "--package", "leash-user"])?;
     let built = build_test_binaries(only)?;

@@ -34,7 +34,7 @@ use kernel::kernel_findings;
 use report::{Report, Status, text};
 
 #[derive(Args, Debug)]
-pub struct DoctorArgs {
+pub(super) struct DoctorArgs {
     /// Print JSON (one document: the findings and a verdict) instead of text.
     #[arg(long)]
     json: bool,
@@ -43,7 +43,7 @@ pub struct DoctorArgs {
     pin_dir: PathBuf,
 }
 
-pub fn doctor(socket: &Path, args: DoctorArgs) -> Result<ExitCode> {
+pub(super) fn doctor(socket: &Path, args: DoctorArgs) -> Result<ExitCode> {
     let root = is_root();
     let daemon = bounded(TIMEOUT, {
         let socket = socket.to_owned();

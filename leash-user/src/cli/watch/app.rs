@@ -13,7 +13,7 @@ const LOG_LINES: usize = 500;
 
 /// One line of the tree view.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Line {
+pub(super) enum Line {
     Lease {
         lease: u64,
         host_pid: u32,
@@ -40,7 +40,7 @@ impl Line {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LogLine {
+pub(super) struct LogLine {
     /// Wall-clock time, as shown.
     pub time: String,
     pub text: String,
@@ -48,14 +48,14 @@ pub struct LogLine {
 
 /// What the run loop must do after a key.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Action {
+pub(super) enum Action {
     None,
     Quit,
     Kill(TreeId),
 }
 
 #[derive(Debug, Default)]
-pub struct App {
+pub(super) struct App {
     pub trees: Vec<TreeInfo>,
     /// Process states read from /proc at the last refresh, by pid.
     pub states: std::collections::HashMap<u32, char>,
@@ -76,7 +76,7 @@ pub struct App {
 
 impl App {
     /// The lines of the tree view, as folded and filtered now.
-    pub fn lines(&self) -> Vec<Line> {
+    pub(super) fn lines(&self) -> Vec<Line> {
         let filter = self.filter.to_lowercase();
         let mut lines = Vec::new();
         let mut trees: Vec<&TreeInfo> = self.trees.iter().collect();
@@ -118,19 +118,19 @@ impl App {
         lines
     }
 
-    pub fn tree(&self, tree: TreeId) -> Option<&TreeInfo> {
+    pub(super) fn tree(&self, tree: TreeId) -> Option<&TreeInfo> {
         self.trees.iter().find(|t| t.tree == tree)
     }
 
     /// The tree of the selected line, if any.
-    pub fn selected_tree(&self) -> Option<TreeId> {
+    pub(super) fn selected_tree(&self) -> Option<TreeId> {
         let lines = self.lines();
         lines
             .get(self.selected.min(lines.len().saturating_sub(1)))?
             .tree()
     }
 
-    pub fn set_trees(&mut self, trees: Vec<TreeInfo>, now_ns: u64) {
+    pub(super) fn set_trees(&mut self, trees: Vec<TreeInfo>, now_ns: u64) {
         self.trees = trees;
         self.now_ns = now_ns;
         self.folded
@@ -138,7 +138,7 @@ impl App {
         self.clamp_selection();
     }
 
-    pub fn on_key(&mut self, key: KeyEvent) -> Action {
+    pub(super) fn on_key(&mut self, key: KeyEvent) -> Action {
         // A message lasts until the next key.
         self.message = None;
         if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
@@ -197,14 +197,14 @@ impl App {
     }
 
     /// Adds an event to the log.
-    pub fn on_event(&mut self, event: &Event, time: String) {
+    pub(super) fn on_event(&mut self, event: &Event, time: String) {
         if event.kind == EventKind::Dropped {
             self.dropped_here += event.count.unwrap_or(0);
         }
         self.push_log(time, describe(event));
     }
 
-    pub fn push_log(&mut self, time: String, text: String) {
+    pub(super) fn push_log(&mut self, time: String, text: String) {
         if self.log.len() == LOG_LINES {
             self.log.pop_front();
         }
@@ -217,7 +217,7 @@ impl App {
 }
 
 /// An event in words, for the log.
-pub fn describe(event: &Event) -> String {
+pub(super) fn describe(event: &Event) -> String {
     let pid = event.pid.map(|p| p.to_string()).unwrap_or_default();
     let comm = event.comm.as_deref().unwrap_or("");
     let tree = event.tree;

@@ -26,7 +26,7 @@ const FRAME: Duration = Duration::from_millis(50);
 const REFRESH: Duration = Duration::from_millis(500);
 
 #[derive(Args, Debug)]
-pub struct WatchArgs {
+pub(super) struct WatchArgs {
     /// Print the events as JSON lines instead of the live view (for scripts and log
     /// shippers; see docs/JSON.md).
     #[arg(long)]
@@ -40,7 +40,7 @@ enum News {
     Killed(String),
 }
 
-pub fn watch(socket: &Path, args: WatchArgs) -> Result<ExitCode> {
+pub(super) fn watch(socket: &Path, args: WatchArgs) -> Result<ExitCode> {
     if args.json {
         return watch_json(socket);
     }

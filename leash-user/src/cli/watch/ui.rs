@@ -14,7 +14,7 @@ use crate::cli::view;
 
 const KEYS: &str = "↑↓/jk move  enter fold  K kill tree  / filter  q quit";
 
-pub fn draw(frame: &mut Frame<'_>, app: &App) {
+pub(super) fn draw(frame: &mut Frame<'_>, app: &App) {
     // The trees get most of the screen; the log a third, within bounds.
     let log_height = (frame.area().height / 3).clamp(3, 12);
     let [header, trees, log, footer] = Layout::vertical([

@@ -18,18 +18,18 @@ const HTTP_11: &[u8] = b"HTTP/1.1 ";
 
 /// A connection's stream, whose first bytes written say `HTTP/1.1 ` where they said
 /// `HTTP/1.0 `. Reads pass through.
-pub struct Http11<S> {
+pub(super) struct Http11<S> {
     stream: S,
     /// Bytes written so far.
     written: usize,
 }
 
 impl<S> Http11<S> {
-    pub fn new(stream: S) -> Self {
+    pub(super) fn new(stream: S) -> Self {
         Self { stream, written: 0 }
     }
 
-    pub fn into_inner(self) -> S {
+    pub(super) fn into_inner(self) -> S {
         self.stream
     }
 }

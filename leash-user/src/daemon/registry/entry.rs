@@ -9,14 +9,14 @@ use tokio::sync::watch;
 use crate::{daemon::subscribers::Audience, kernel::KillError};
 
 /// The outcome of a kill, as every waiter sees it.
-pub type KillOutcome = Result<KillSummary, KillError>;
+pub(crate) type KillOutcome = Result<KillSummary, KillError>;
 
 /// Where a kill's outcome comes, once it is known.
-pub type PendingOutcome = watch::Receiver<Option<KillOutcome>>;
+pub(crate) type PendingOutcome = watch::Receiver<Option<KillOutcome>>;
 
 /// A kill under way.
 #[derive(Debug)]
-pub struct PendingKill {
+pub(super) struct PendingKill {
     pub(super) outcome: PendingOutcome,
     /// The grace period, which a later kill, the lease's end or shutdown may shorten (never
     /// lengthen); the kill task follows it.
@@ -25,7 +25,7 @@ pub struct PendingKill {
 
 /// What the daemon knows about a registered tree, beyond the kernel maps.
 #[derive(Debug)]
-pub struct TreeEntry {
+pub(crate) struct TreeEntry {
     pub lease: LeaseId,
     pub owner_uid: u32,
     /// The pid of the lease's host (0 if no daemon recorded one): named in the tree's log lines,
@@ -51,7 +51,7 @@ pub struct TreeEntry {
 
 impl TreeEntry {
     /// A tree just registered (or found again in the pins): no kill under way.
-    pub fn new(
+    pub(crate) fn new(
         lease: LeaseId,
         holder: &Holder,
         registrar_account: Account,
@@ -77,14 +77,14 @@ impl TreeEntry {
     }
 
     /// Who may hear of the tree's events.
-    pub fn audience(&self) -> Audience {
+    pub(crate) fn audience(&self) -> Audience {
         Audience {
             owner: self.owner_uid,
             registered_from: self.registered_from.clone(),
         }
     }
 
-    pub fn state(&self) -> TreeState {
+    pub(crate) fn state(&self) -> TreeState {
         match (&self.kill, self.unkillable) {
             (Some(_), _) => TreeState::Killing,
             (None, true) => TreeState::Unkillable,
@@ -99,7 +99,7 @@ impl TreeEntry {
 }
 
 /// What a tree's kill is to do, as [`Registry::begin_kill`] found it.
-pub enum KillStart {
+pub(crate) enum KillStart {
     /// No kill was under way: the caller runs this one.
     Begun(BegunKill),
     /// One is: its outcome, its grace shortened if the new one is shorter.
@@ -107,7 +107,7 @@ pub enum KillStart {
 }
 
 /// A kill begun, for the task that runs it.
-pub struct BegunKill {
+pub(crate) struct BegunKill {
     pub audience: Audience,
     pub lease: LeaseId,
     pub host_pid: u32,
@@ -121,7 +121,7 @@ pub struct BegunKill {
 }
 
 /// A root's exit, recorded: what its tree's policy and events need.
-pub struct RootExit {
+pub(crate) struct RootExit {
     pub audience: Audience,
     pub lease: LeaseId,
     pub root: Box<[u32]>,
@@ -129,14 +129,14 @@ pub struct RootExit {
 }
 
 /// Who holds a tree: what the rules of `auth` weigh.
-pub struct Ownership {
+pub(crate) struct Ownership {
     pub lease: LeaseId,
     pub owner_uid: u32,
     pub registered_from: Arc<[u32]>,
 }
 
 /// The lease a new tree goes under, with who holds it and where its host runs.
-pub struct LeaseHolder {
+pub(crate) struct LeaseHolder {
     pub lease: LeaseId,
     pub holder: Holder,
     /// The host's pid namespaces, its own first: the tree is registered from there.
@@ -145,7 +145,7 @@ pub struct LeaseHolder {
 
 /// Why a lease could not be found.
 #[derive(Debug, PartialEq, Eq)]
-pub enum NoLease {
+pub(crate) enum NoLease {
     /// The connection's own lease is gone (it is ending).
     Own,
     /// No live lease has the token.
@@ -155,7 +155,7 @@ pub enum NoLease {
 /// Why a registration may not go on: `account` holds `held` trees (some maybe being
 /// registered), the most it may.
 #[derive(Debug, PartialEq, Eq)]
-pub struct OverQuota {
+pub(crate) struct OverQuota {
     pub account: Account,
     pub held: usize,
 }

@@ -14,7 +14,7 @@ use crate::{
 };
 
 /// The map operations and process operations a [`Kill`](super::Kill) makes, and its clock.
-pub trait KillTarget {
+pub(super) trait KillTarget {
     /// A handle on one process, which names it for good (a pidfd).
     type Process;
 
