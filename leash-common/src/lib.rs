@@ -316,6 +316,38 @@ pub enum EventKind {
     /// `pid`, the child of member `parent`, could not join `tree` (the member map is full);
     /// `time_ns` is its start time. The forker was sent SIGKILL; user space kills the child.
     ForkFailed = 6,
+    /// A program met something on a rare path that user space should log: `parent` holds a
+    /// [`Diagnostic`] code, `pid` the member concerned. Never written for a non-member.
+    Diagnostic = 7,
+}
+
+/// What a [`EventKind::Diagnostic`] record reports: rare paths of the programs, for the
+/// daemon's log. They go through the ring buffer, which a daemon that takes over the pins reads
+/// as the one before it did, so no diagnostic is lost to a hand-over.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Diagnostic {
+    /// A member forked, and the child's thread group id could not be read: the child is not
+    /// tracked.
+    ChildUnread = 1,
+    /// A member forked, and the child's start time could not be read: the child is tracked
+    /// with a start time of 0.
+    StartUnread = 2,
+    /// A member of the tree forked past its owner's member quota, the tree's first such fork
+    /// (two at once on two CPUs may both be first): the forker was killed, and the tree is
+    /// killed as over its quota.
+    QuotaHit = 3,
+}
+
+impl Diagnostic {
+    pub fn from_u32(value: u32) -> Option<Self> {
+        Some(match value {
+            1 => Self::ChildUnread,
+            2 => Self::StartUnread,
+            3 => Self::QuotaHit,
+            _ => return None,
+        })
+    }
 }
 
 impl EventKind {
@@ -327,6 +359,7 @@ impl EventKind {
             4 => Self::ForkKilled,
             5 => Self::Exec,
             6 => Self::ForkFailed,
+            7 => Self::Diagnostic,
             _ => return None,
         })
     }

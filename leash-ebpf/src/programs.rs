@@ -13,8 +13,8 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use leash_common::{
-    ALL_ACCOUNTS, Account, Event, EventKind, Member, NO_LIMIT, Pid, TreeControl, TreeCounters,
-    TreeId, flags, stat,
+    ALL_ACCOUNTS, Account, Diagnostic, Event, EventKind, Member, NO_LIMIT, Pid, TreeControl,
+    TreeCounters, TreeId, flags, stat,
 };
 
 // Capacities here are placeholders: user space sets the real ones at load time.
@@ -79,6 +79,7 @@ pub(crate) fn leash_fork(ctx: BtfTracePointContext) -> i32 {
     let forker: *const u8 = ctx.arg(0);
     let child: *const u8 = ctx.arg(1);
     let Some(child_tgid) = read_task::<u32>(child, &TASK_TGID_OFFSET) else {
+        diagnose(Diagnostic::ChildUnread, entry.tree, parent);
         return 0;
     };
     // A new thread shares its creator's thread group: threads are not members.
@@ -98,7 +99,10 @@ pub(crate) fn leash_fork(ctx: BtfTracePointContext) -> i32 {
     let account = control.holder.account;
     let over_quota = over_quota(account);
     let over_capacity = over_capacity();
-    let start_ns = read_task::<u64>(child, &TASK_START_OFFSET).unwrap_or(0);
+    let start_ns = read_task::<u64>(child, &TASK_START_OFFSET).unwrap_or_else(|| {
+        diagnose(Diagnostic::StartUnread, tree, child_tgid);
+        0
+    });
     let member = Member {
         tree,
         parent,
@@ -126,7 +130,11 @@ pub(crate) fn leash_fork(ctx: BtfTracePointContext) -> i32 {
         // (see "Reading the hash maps"), aligned for its u64s. Other CPUs update the same
         // counters: they are only added to atomically; the read of over_quota may be stale.
         unsafe {
-            quota_spent |= (*counters).over_quota != 0;
+            let spent_before = (*counters).over_quota != 0;
+            quota_spent |= spent_before;
+            if over_quota && !spent_before {
+                diagnose(Diagnostic::QuotaHit, tree, parent);
+            }
             if joined {
                 add(&raw mut (*counters).joined, 1);
             }
@@ -345,6 +353,11 @@ fn count(index: u32) {
 fn emit(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid) {
     // SAFETY: the helper takes nothing and returns a clock's reading.
     emit_at(kind, tree, pid, parent, unsafe { bpf_ktime_get_boot_ns() });
+}
+
+/// Reports a rare path to the daemon's log (see [`Diagnostic`]), for member `pid` of `tree`.
+fn diagnose(what: Diagnostic, tree: TreeId, pid: Pid) {
+    emit(EventKind::Diagnostic, tree, pid, what as u32);
 }
 
 fn emit_at(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid, time_ns: u64) {

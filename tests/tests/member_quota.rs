@@ -65,6 +65,13 @@ fn one_users_fork_storm_kills_only_its_own_tree() {
         storm.procs().len()
     );
     let _ = storm_host.wait();
+    // The programs said so in the daemon's log, as it happened.
+    assert!(
+        wait_for(Duration::from_secs(5), || daemon
+            .log()
+            .contains(r#"what="quota_hit""#)),
+        "the programs' quota diagnostic in the daemon's log"
+    );
 
     // The steady tree is whole, tracked and still forking.
     let steady_tree = trees

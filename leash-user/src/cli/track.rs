@@ -63,7 +63,10 @@ pub(super) fn track(args: TrackArgs) -> Result<ExitCode> {
                     shown.remove(&event.pid);
                     true
                 }
-                EventKind::ForkKilled | EventKind::ForkFailed | EventKind::Exec => true,
+                EventKind::ForkKilled
+                | EventKind::ForkFailed
+                | EventKind::Exec
+                | EventKind::Diagnostic => true,
             };
             if show {
                 print_event(&event);
@@ -98,6 +101,12 @@ fn print_event(event: &TreeEvent) {
         EventKind::ForkFailed => println!(
             "! {:>7} forked by {} could not be tracked (the map is full)",
             event.pid, event.parent
+        ),
+        EventKind::Diagnostic => println!(
+            "! {:>7} {}: the programs report {:?}",
+            event.pid,
+            event.comm,
+            leash_common::Diagnostic::from_u32(event.parent)
         ),
     }
 }

@@ -5,7 +5,7 @@
 use std::rc::Rc;
 
 use leash_client::protocol::{Event, EventKind, RootExitPolicy, TreeId};
-use leash_common::EventKind as KernelEventKind;
+use leash_common::{Diagnostic, EventKind as KernelEventKind};
 
 use super::{owner::Owner, shared::Daemon};
 use crate::{
@@ -35,6 +35,7 @@ pub(super) fn collect(owner: &Rc<Owner>) -> Vec<TreeId> {
         match event.kind {
             KernelEventKind::RootExit => root_exits.push(event.tree),
             KernelEventKind::ForkFailed => kill_untracked_child(&event),
+            KernelEventKind::Diagnostic => log_diagnostic(&event),
             _ => {}
         }
         forward(&owner.daemon, event);
@@ -56,6 +57,36 @@ pub(super) fn announce_root_exit(daemon: &Daemon, tree: TreeId) -> Option<RootEx
         &exit.root,
     );
     Some(exit.policy)
+}
+
+/// A program's report of a rare path (see [`Diagnostic`]), in the daemon's log: WARN, with its
+/// fields (`kernel_diagnostic`).
+fn log_diagnostic(event: &TreeEvent) {
+    let (tree, pid) = (event.tree, event.pid);
+    let (what, message) = match Diagnostic::from_u32(event.parent) {
+        Some(Diagnostic::ChildUnread) => (
+            "child_unread",
+            "a member forked and its child could not be read: the child is not tracked",
+        ),
+        Some(Diagnostic::StartUnread) => (
+            "start_unread",
+            "a member's child's start time could not be read: it is tracked with none",
+        ),
+        Some(Diagnostic::QuotaHit) => (
+            "quota_hit",
+            "a member forked past its owner's member quota: the forker was killed",
+        ),
+        None => ("unknown", "a diagnostic this daemon does not know"),
+    };
+    tracing::warn!(
+        parent: None,
+        event = "kernel_diagnostic",
+        what,
+        tree,
+        pid,
+        comm = event.comm.as_str(),
+        "{message}"
+    );
 }
 
 /// A member's child could not join its tree (the member map is full): its forker died in the
@@ -105,7 +136,9 @@ fn forward(daemon: &Daemon, kernel: TreeEvent) {
         KernelEventKind::Fork => EventKind::Fork,
         KernelEventKind::Exec => EventKind::Exec,
         KernelEventKind::Exit | KernelEventKind::RootExit => EventKind::Exit,
-        KernelEventKind::ForkKilled | KernelEventKind::ForkFailed => return,
+        KernelEventKind::ForkKilled | KernelEventKind::ForkFailed | KernelEventKind::Diagnostic => {
+            return;
+        }
     };
     let Some((audience, lease)) = daemon.registry.audience(kernel.tree) else {
         return;
