@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 from .errors import LeashError, from_daemon
 
@@ -20,6 +20,34 @@ MAX_LINE_BYTES = 256 * 1024 * 1024
 MAX_GRACE_MS = 600_000
 
 Json = Dict[str, Any]
+
+# The words of the protocol's enums, as the daemon writes them (a test of the Rust workspace
+# checks each list against the daemon's). A newer daemon may send words not listed here: the
+# fields that carry them are typed `str`.
+#: What an `Event` is about (`Event.kind`).
+EventKind = Literal[
+    "registered",
+    "root_exited",
+    "kill_started",
+    "tree_empty",
+    "released",
+    "fork",
+    "exec",
+    "exit",
+    "dropped",
+    "kill_failed",
+]
+#: Why a tree was killed (`KillSummary.reason`, and `Event.reason` of `kill_started`).
+KillReason = Literal[
+    "request",
+    "root_exited",
+    "lease_ended",
+    "enclosing_killed",
+    "member_quota",
+    "untrackable",
+    "resumed",
+    "shutdown",
+]
 
 
 def socket_path(socket: Union[str, os.PathLike[str], None]) -> str:
@@ -128,10 +156,10 @@ class Tree:
 
 @dataclass(frozen=True)
 class Event:
-    """An event line. `kind` is `registered`, `root_exited`, `kill_started`, `tree_empty`,
-    `kill_failed`, `released`, `fork`, `exec`, `exit` or `dropped` (then `count` events were
-    lost here, by the daemon or by this library's bounded queue); the other fields are set
-    where the kind has them."""
+    """An event line. `kind` is one of `EventKind`: `registered`, `root_exited`,
+    `kill_started`, `tree_empty`, `kill_failed`, `released`, `fork`, `exec`, `exit` or
+    `dropped` (then `count` events were lost here, by the daemon or by this library's bounded
+    queue); the other fields are set where the kind has them."""
 
     kind: str
     tree: int
