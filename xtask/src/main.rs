@@ -44,7 +44,7 @@ enum Task {
     /// /var/cache/leash-hosts (LEASH_HOSTS_CACHE=DIR to change it; LEASH_TEST_SKIP_HOSTS=1
     /// leaves those tests out).
     Test {
-        /// Passed to `cargo test` (e.g. `--test fork_chain`).
+        /// Passed to `cargo test` (e.g. `--test scenarios fork_chain::`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -59,7 +59,7 @@ enum Task {
     ///
     /// The kernels are Debian's cloud kernels of bullseye (5.10), bookworm (6.1 and 6.12) and
     /// trixie (6.12), each booted under QEMU (KVM where it works, TCG otherwise) with an
-    /// initramfs of the test binaries. Prints every test's output, one line per kernel and the
+    /// initramfs of the test binary. Prints every test's output, one line per kernel and the
     /// total; fails if a test fails on any kernel. Installs QEMU and busybox when missing, and
     /// caches the kernels in /var/cache/leash-vmtest (LEASH_VMTEST_CACHE=DIR to change it).
     Vmtest(vmtest::Options),

@@ -1,6 +1,6 @@
 //! What the guest runs as PID 1: a busybox shell script that sets the machine up as a modern
 //! distribution has it (pure cgroup v2 at /sys/fs/cgroup, bpffs, /tmp and /run on tmpfs, lo up),
-//! runs each test binary with its output straight on the serial console, and powers off. Marker
+//! runs each scenario with its output straight on the serial console, and powers off. Marker
 //! lines tell the host what is happening; nothing else in the output starts with [`MARKER`].
 
 use std::path::Path;
@@ -9,21 +9,28 @@ use super::initramfs::BUSYBOX_DIR;
 
 /// The start of every line the host reads as a report from init.
 pub(super) const MARKER: &str = "@@vmtest";
-/// How long one test binary may run in a guest before it is killed (the host's own timeout, for
+/// How long one scenario may run in a guest before it is killed (the host's own timeout, for
 /// the whole kernel, is the backstop).
-pub(super) const BINARY_TIMEOUT_S: u64 = 600;
+pub(super) const SCENARIO_TIMEOUT_S: u64 = 600;
 
-/// A test binary as the guest runs it.
+/// A scenario as the guest runs it: the test binary with exactly these tests.
 pub(super) struct GuestTest<'a> {
     pub name: &'a str,
-    pub path: &'a Path,
+    /// Full names, passed with `--exact`.
+    pub tests: &'a [String],
 }
 
 /// The init script. Its markers, one per line:
 /// - `@@vmtest kernel RELEASE` once set up;
-/// - `@@vmtest begin NAME` and `@@vmtest end NAME STATUS` around each test binary;
+/// - `@@vmtest begin NAME` and `@@vmtest end NAME STATUS` around each scenario, one run of
+///   `binary` each;
 /// - `@@vmtest done` before powering off.
-pub(super) fn init_script(tests: &[GuestTest], test_args: &[String], workdir: &Path) -> String {
+pub(super) fn init_script(
+    binary: &Path,
+    tests: &[GuestTest],
+    test_args: &[String],
+    workdir: &Path,
+) -> String {
     let mut script = format!(
         r#"#!{BUSYBOX_DIR}/busybox sh
 # leash's integration tests in a virtual machine (cargo xtask vmtest).
@@ -52,7 +59,7 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup
 # As systemd mounts it: root's alone (bpffs defaults to 1777).
 mount -t bpf -o mode=0700 bpf /sys/fs/bpf
 ip link set lo up
-# Every SIGKILL is recorded, so that a test binary that is SIGKILLed can be told who did it.
+# Every SIGKILL is recorded, so that a scenario that is SIGKILLed can be told who did it.
 T=/sys/kernel/tracing
 mount -t tracefs tracefs $T 2>/dev/null &&
     echo 'sig == 9' > $T/events/signal/signal_generate/filter &&
@@ -63,19 +70,24 @@ cd {workdir}
         workdir = quote(&workdir.to_string_lossy()),
     );
     let args: String = test_args.iter().map(|a| format!(" {}", quote(a))).collect();
+    // The kernel names a process after the first 15 bytes of its file's name.
+    let file_name = binary.file_name().unwrap_or_default().to_string_lossy();
+    let comm: String = file_name.chars().take(15).collect();
+    let path = quote(&binary.to_string_lossy());
     for test in tests {
-        // The kernel names a process after the first 15 bytes of its file's name.
-        let file_name = test.path.file_name().unwrap_or_default().to_string_lossy();
-        let comm: String = file_name.chars().take(15).collect();
+        let names: String = test
+            .tests
+            .iter()
+            .map(|t| format!(" {}", quote(t)))
+            .collect();
         script.push_str(&format!(
             "echo > $T/trace 2>/dev/null\n\
              echo \"{MARKER} begin {name}\"\n\
-             timeout -s KILL {BINARY_TIMEOUT_S} {path}{args} </dev/null 2>&1\n\
+             timeout -s KILL {SCENARIO_TIMEOUT_S} {path} --exact{names}{args} </dev/null 2>&1\n\
              status=$?\n\
              [ $status = 137 ] && grep -F ' comm={comm} ' $T/trace 2>/dev/null | tail -3 | sed 's/^/SIGKILL by /'\n\
              echo \"{MARKER} end {name} $status\"\n",
             name = test.name,
-            path = quote(&test.path.to_string_lossy()),
         ));
     }
     script.push_str(&format!("echo \"{MARKER} done\"\npoweroff -f\n"));
@@ -102,25 +114,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_test_runs_between_its_markers_with_the_arguments() {
-        let path = Path::new("/w/target/debug/deps/fork_chain-01");
-        let tests = [GuestTest {
-            name: "fork_chain",
-            path,
-        }];
+    fn each_scenario_runs_its_tests_exactly_between_its_markers_with_the_arguments() {
+        let binary = Path::new("/w/target/debug/deps/scenarios-0123456789");
+        let fork_chain = ["fork_chain::a".to_owned(), "fork_chain::it's".to_owned()];
+        let threads = ["threads::b".to_owned()];
+        let tests = [
+            GuestTest {
+                name: "fork_chain",
+                tests: &fork_chain,
+            },
+            GuestTest {
+                name: "threads",
+                tests: &threads,
+            },
+        ];
         let script = init_script(
+            binary,
             &tests,
-            &["it's".into(), "--exact".into()],
+            &["--test-threads".into(), "1".into()],
             Path::new("/w/tests"),
         );
         assert!(script.starts_with("#!/vmtest/bin/busybox sh\n"));
         let begin = script.find("@@vmtest begin fork_chain\"").unwrap();
         let run = script
-            .find("'/w/target/debug/deps/fork_chain-01' 'it'\\''s' '--exact' </dev/null 2>&1")
+            .find(
+                "'/w/target/debug/deps/scenarios-0123456789' --exact 'fork_chain::a' \
+                 'fork_chain::it'\\''s' '--test-threads' '1' </dev/null 2>&1",
+            )
             .unwrap();
         let end = script.find("@@vmtest end fork_chain $status").unwrap();
-        assert!(script.contains(" comm=fork_chain-01 "));
         assert!(begin < run && run < end);
+        let threads = script.find("@@vmtest begin threads\"").unwrap();
+        assert!(end < threads);
+        assert!(script.contains(" --exact 'threads::b' '--test-threads' '1' </dev/null"));
+        assert!(script.contains(" comm=scenarios-01234 "));
         assert!(script.contains("cd '/w/tests'\n"));
         assert!(script.trim_end().ends_with("poweroff -f"));
     }

@@ -1,4 +1,4 @@
-//! The guests' whole file system: an initramfs that mirrors the host's paths. The test binaries
+//! The guests' whole file system: an initramfs that mirrors the host's paths. The test binary
 //! and `leash` sit where cargo built them (the tests find `leash` next to themselves, and other
 //! paths they know are absolute), the host programs the tests run sit where the host has them,
 //! with the libraries `ldd` names and every symlink on the way (/bin -> usr/bin...), and busybox
@@ -77,7 +77,7 @@ impl Image {
 
     /// The host's file at `path`, at the same path, with the symlinks on the way to it, and
     /// (for a program or library) the libraries it needs. `strip`: copy it without its debug
-    /// information (the test binaries are ten times smaller so).
+    /// information (test binaries are ten times smaller so).
     pub(super) fn add_host_file(&mut self, path: &Path, strip: bool) -> Result<()> {
         let real = self.add_host_path(path)?;
         if self.entries.contains_key(&real) {

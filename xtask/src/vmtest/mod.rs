@@ -1,7 +1,7 @@
 //! `cargo xtask vmtest`: the integration tests on the kernels users run. Each Debian cloud
 //! kernel of [`kernels::PINS`] boots under QEMU (KVM where it works, TCG otherwise) with an
-//! initramfs that holds the test binaries, `leash` and what the tests run; init runs the test
-//! binaries one by one and powers off; the host reads the console.
+//! initramfs that holds the test binary, `leash` and what the tests run; init runs the scenarios
+//! one by one and powers off; the host reads the console.
 //!
 //! Kernels are cached outside the clone (/var/cache/leash-vmtest, or `LEASH_VMTEST_CACHE`);
 //! the initramfs, the stripped binaries and each kernel's console log are build output, in
@@ -47,8 +47,8 @@ pub(crate) struct Options {
     /// bookworm-6.1, bookworm-6.12, trixie-6.12.
     #[arg(long = "kernel", value_name = "NAME")]
     kernels: Vec<String>,
-    /// Run only this test binary (a file of tests/tests/, without .rs); repeat for more. May
-    /// name one that is left out by default.
+    /// Run only this scenario (a module of the test binary: a file of tests/tests/, without
+    /// .rs); repeat for more. May name one that is left out by default.
     #[arg(long = "test", value_name = "NAME")]
     tests: Vec<String>,
     /// kvm, tcg, or auto: KVM when a short probe boot works, TCG (emulation) otherwise.
@@ -61,11 +61,12 @@ pub(crate) struct Options {
     /// How long one kernel's run may take, in seconds, before its machine is stopped.
     #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
     timeout: u64,
-    /// List the kernels and the test binaries left out, with why, and run nothing.
+    /// List the kernels and the scenarios left out, with why, and run nothing.
     #[arg(long)]
     list: bool,
-    /// After `--`: passed to every test binary, as to `cargo test -- ...` (a name filter,
-    /// `--skip NAME`, `--exact`, `--test-threads 1`).
+    /// After `--`: libtest's arguments, as to `cargo test -- ...`. Those that choose tests (a
+    /// name filter, `--skip NAME`, `--exact`) choose them from the test binary's list here; the
+    /// others (`--test-threads 1`, `--nocapture`) go to every scenario's run.
     #[arg(last = true, value_name = "TEST ARGS")]
     test_args: Vec<String>,
 }
@@ -88,11 +89,11 @@ pub(crate) fn vmtest(options: &Options) -> Result<()> {
     let out = workspace_root().join("target/vmtest");
     fs::create_dir_all(out.join("logs")).with_context(|| format!("making {}", out.display()))?;
 
-    let binaries = suite::build(&options.tests)?;
+    let suite = suite::build(&options.tests, &options.test_args)?;
     let kernels = kernels::resolve(&pins, &cache)?;
 
     let initrd = out.join("initramfs.cpio");
-    build_initramfs(&binaries, &options.test_args, &out, &initrd)?;
+    build_initramfs(&suite, &out, &initrd)?;
     let accel = accelerator(&options.accel, &kernels[0].vmlinuz, &out)?;
 
     let timeout = Duration::from_secs(options.timeout);
@@ -165,7 +166,7 @@ fn list() {
             pin.name, pin.package, pin.version, pin.suite
         );
     }
-    println!("test binaries left out (xtask/src/vmtest/suite.rs); every other one runs:");
+    println!("scenarios left out (xtask/src/vmtest/suite.rs); every other one runs:");
     for (name, reason) in suite::LEFT_OUT {
         println!("  {name:<20} {reason}");
     }
@@ -200,54 +201,49 @@ pub(crate) fn cache_dir() -> PathBuf {
     env::var_os(CACHE_VAR).map_or_else(|| PathBuf::from(DEFAULT_CACHE), PathBuf::from)
 }
 
-/// The binaries of the build the tests run, beside the test binaries: `leash`, and the tests
+/// The binaries of the build the tests run, beside the test binary: `leash`, and the tests
 /// crate's helpers (tests/src/bin/).
 const GUEST_PROGRAMS: [&str; 2] = ["leash", "ptrace-probe"];
 
 /// The initramfs of the test run: see initramfs.rs. Returns its size.
-fn build_initramfs(
-    binaries: &[suite::TestBinary],
-    test_args: &[String],
-    out: &Path,
-    to: &Path,
-) -> Result<u64> {
+fn build_initramfs(suite: &suite::Suite, out: &Path, to: &Path) -> Result<u64> {
     let mut image = Image::new(&out.join("stripped"));
     initramfs::add_host_programs(&mut image)?;
-    for binary in binaries {
-        image.add_host_file(&binary.path, true)?;
-    }
+    image.add_host_file(&suite.binary, true)?;
     // The tests run the `leash` of their build: target/PROFILE/leash, beside their deps/; and
     // the tests crate's own helper binaries, which cargo puts there too.
     for program in GUEST_PROGRAMS {
-        let path = binaries[0]
-            .path
+        let path = suite
+            .binary
             .parent()
             .and_then(Path::parent)
             .map(|dir| dir.join(program))
             .filter(|path| path.is_file())
-            .with_context(|| format!("no {program} binary beside the test binaries"))?;
+            .with_context(|| format!("no {program} binary beside the test binary"))?;
         image.add_host_file(&path, true)?;
     }
     // cargo runs a test binary in its package's directory.
     let workdir = workspace_root().join("tests");
     image.add_dir(&workdir);
     add_etc(&mut image);
-    let tests: Vec<GuestTest> = binaries
+    let tests: Vec<GuestTest> = suite
+        .scenarios
         .iter()
-        .map(|binary| GuestTest {
-            name: &binary.name,
-            path: &binary.path,
+        .map(|scenario| GuestTest {
+            name: &scenario.name,
+            tests: &scenario.tests,
         })
         .collect();
     image.add_text(
         "/init",
-        guest::init_script(&tests, test_args, &workdir),
+        guest::init_script(&suite.binary, &tests, &suite.run_args, &workdir),
         0o755,
     );
     let size = image.write(to)?;
     eprintln!(
-        "xtask: initramfs of {} test binaries, {} files: {} MB",
-        binaries.len(),
+        "xtask: initramfs of {} scenarios ({} tests), {} files: {} MB",
+        tests.len(),
+        tests.iter().map(|test| test.tests.len()).sum::<usize>(),
         image.file_count(),
         size / 1_000_000
     );
@@ -333,7 +329,7 @@ impl KernelResult<'_> {
     fn problems(&self) -> Vec<String> {
         let mut problems = self.console.problems();
         if let Some(trouble) = self.trouble() {
-            // The trouble names the binary that did not finish.
+            // The trouble names the scenario that did not finish.
             if let Some(unfinished) = self.console.unfinished() {
                 problems.retain(|problem| !problem.starts_with(&format!("{} (", unfinished.name)));
             }

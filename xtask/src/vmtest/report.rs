@@ -1,14 +1,14 @@
-//! Reading a guest's console: init's markers and libtest's own lines, into what each test binary
-//! did on one kernel.
+//! Reading a guest's console: init's markers and libtest's own lines, into what each scenario did
+//! on one kernel.
 
 use std::time::{Duration, Instant};
 
 use super::guest::MARKER;
 use crate::count_before;
 
-/// One test binary's run in a guest.
+/// One scenario's run in a guest: the test binary, with that scenario's tests.
 #[derive(Default)]
-pub(super) struct BinaryRun {
+pub(super) struct ScenarioRun {
     pub name: String,
     /// Its exit status, once init reported it.
     pub status: Option<i32>,
@@ -17,26 +17,22 @@ pub(super) struct BinaryRun {
     pub failed: u64,
     pub ignored: u64,
     pub had_result: bool,
-    /// Tests libtest reported `FAILED`.
+    /// Tests libtest reported `FAILED`, by full name (`threads::fifty_threads_are_one_member`).
     pub failures: Vec<String>,
     pub took: Duration,
     started: Option<Instant>,
 }
 
-impl BinaryRun {
-    /// Whether the binary ran to the end and nothing in it failed.
+impl ScenarioRun {
+    /// Whether the run ended well and no test in it failed.
     pub(super) fn ok(&self) -> bool {
         self.status == Some(0) && self.failed == 0
     }
 
-    /// What went wrong, for the list of failures: failed tests by name, or how the binary ended
+    /// What went wrong, for the list of failures: failed tests by name, or how the run ended
     /// when libtest could not say.
     pub(super) fn problems(&self) -> Vec<String> {
-        let mut problems: Vec<String> = self
-            .failures
-            .iter()
-            .map(|test| format!("{}::{test}", self.name))
-            .collect();
+        let mut problems = self.failures.clone();
         if problems.is_empty() && !self.ok() {
             problems.push(match self.status {
                 None => format!("{} (did not finish)", self.name),
@@ -57,7 +53,7 @@ impl BinaryRun {
 pub(super) struct Console {
     /// As init printed it (`uname -r`), once it did.
     pub release: Option<String>,
-    pub binaries: Vec<BinaryRun>,
+    pub scenarios: Vec<ScenarioRun>,
     /// Init reported it was done.
     pub done: bool,
     /// Set up and ran: everything after init's first marker is the tests' output.
@@ -75,13 +71,13 @@ impl Console {
                     self.release = Some(release.to_owned());
                     self.started = true;
                 }
-                (Some("begin"), Some(name), _) => self.binaries.push(BinaryRun {
+                (Some("begin"), Some(name), _) => self.scenarios.push(ScenarioRun {
                     name: name.to_owned(),
                     started: Some(now),
-                    ..BinaryRun::default()
+                    ..ScenarioRun::default()
                 }),
                 (Some("end"), Some(name), Some(status)) => {
-                    if let Some(run) = self.binaries.last_mut().filter(|run| run.name == name) {
+                    if let Some(run) = self.scenarios.last_mut().filter(|run| run.name == name) {
                         run.status = status.parse().ok();
                         run.took = run.started.map_or(Duration::ZERO, |s| now - s);
                     }
@@ -91,7 +87,7 @@ impl Console {
             }
             return;
         }
-        let Some(run) = self.binaries.last_mut().filter(|run| run.status.is_none()) else {
+        let Some(run) = self.scenarios.last_mut().filter(|run| run.status.is_none()) else {
             return;
         };
         if let Some(result) = line.strip_prefix("test result: ") {
@@ -107,14 +103,14 @@ impl Console {
         }
     }
 
-    /// The binary still running when the console stopped, if any.
-    pub(super) fn unfinished(&self) -> Option<&BinaryRun> {
-        self.binaries.last().filter(|run| run.status.is_none())
+    /// The scenario still running when the console stopped, if any.
+    pub(super) fn unfinished(&self) -> Option<&ScenarioRun> {
+        self.scenarios.last().filter(|run| run.status.is_none())
     }
 
     pub(super) fn totals(&self) -> (u64, u64, u64) {
-        self.binaries.iter().fold((0, 0, 0), |(p, f, i), run| {
-            // A binary that failed without a libtest failure (a crash, a timeout) counts as one
+        self.scenarios.iter().fold((0, 0, 0), |(p, f, i), run| {
+            // A run that failed without a libtest failure (a crash, a timeout) counts as one
             // failed test, so that no failure totals to zero.
             let failed = if run.ok() {
                 run.failed
@@ -126,7 +122,10 @@ impl Console {
     }
 
     pub(super) fn problems(&self) -> Vec<String> {
-        self.binaries.iter().flat_map(BinaryRun::problems).collect()
+        self.scenarios
+            .iter()
+            .flat_map(ScenarioRun::problems)
+            .collect()
     }
 }
 
@@ -143,18 +142,18 @@ mod tests {
     }
 
     #[test]
-    fn markers_and_libtest_lines_make_each_binarys_result() {
+    fn markers_and_libtest_lines_make_each_scenarios_result() {
         let console = read(&[
             "SeaBIOS (version 1.16.2)",
             "@@vmtest kernel 5.10.0-46-cloud-amd64",
             "@@vmtest begin fork_chain",
             "running 1 test",
-            "test a_fork_chain_is_tracked_hop_by_hop ... ok",
+            "test fork_chain::a_fork_chain_is_tracked_hop_by_hop ... ok",
             "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 2.01s",
             "@@vmtest end fork_chain 0",
             "@@vmtest begin threads",
-            "test fifty_threads_are_one_member ... FAILED",
-            "test a_fork_from_a_thread_is_a_member ... ok",
+            "test threads::fifty_threads_are_one_member ... FAILED",
+            "test threads::a_fork_from_a_thread_is_a_member ... ok",
             "test result: FAILED. 1 passed; 1 failed; 2 ignored; 0 measured; 0 filtered out",
             "@@vmtest end threads 101",
             "@@vmtest begin daemon_restart",
@@ -163,8 +162,8 @@ mod tests {
         ]);
         assert_eq!(console.release.as_deref(), Some("5.10.0-46-cloud-amd64"));
         assert!(console.started && !console.done);
-        assert_eq!(console.binaries.len(), 4);
-        assert!(console.binaries[0].ok());
+        assert_eq!(console.scenarios.len(), 4);
+        assert!(console.scenarios[0].ok());
         assert_eq!(console.totals(), (2, 3, 2));
         assert_eq!(
             console.problems(),

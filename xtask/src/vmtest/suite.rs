@@ -1,8 +1,10 @@
-//! Which integration tests the guests run, and building them. Every test binary of tests/tests/
+//! Which integration tests the guests run, and building them. The integration tests are one test
+//! binary, [`TEST_BINARY`], with a module per scenario (a file of tests/tests/); every scenario
 //! runs on every kernel unless it is left out below, with the reason: a new scenario is tested on
 //! the old kernels without anyone having to remember it.
 
 use std::{
+    collections::BTreeMap,
     io::{BufRead, BufReader},
     path::PathBuf,
     process::{Command, Stdio},
@@ -13,10 +15,14 @@ use serde_json::Value;
 
 use crate::{cargo, workspace_root};
 
-/// Test binaries the guests do not run, and why. A guest runs about five times slower than the
-/// host under emulation (TCG), and CI runs four of them: what is left out here is either
-/// impossible in a guest, a load test, or a test of user space alone, which behaves the same on
-/// every kernel and runs on the host's (`cargo xtask test`).
+/// The integration tests' test binary (tests/Cargo.toml; its root is tests/tests/main.rs).
+pub(super) const TEST_BINARY: &str = "scenarios";
+
+/// Scenarios (modules of the test binary, files of tests/tests/) the guests do not run, and
+/// why. A guest runs about five times slower than the host under emulation (TCG), and CI runs
+/// four of them: what is left out here is either impossible in a guest, a load test, or a test
+/// of user space alone, which behaves the same on every kernel and runs on the host's (`cargo
+/// xtask test`).
 #[rustfmt::skip]
 pub(super) const LEFT_OUT: &[(&str, &str)] = &[
     ("systemd_unit", "runs systemd-analyze, which the guests do not have"),
@@ -37,6 +43,7 @@ pub(super) const LEFT_OUT: &[(&str, &str)] = &[
     ("run_refused", "user space: a refused `leash run` leaves nothing waiting"),
     ("grace_shortened", "user space: a pending grace only gets shorter"),
     ("metrics", "user space: the metrics endpoint; its checks run Python's prometheus_client and promtool, which the guests do not have"),
+    ("host_words", "user space: the host libraries' lists of the protocol's words"),
     ("host_python", "needs Python with pytest, which the guests do not have; the library's kernel paths are the exec shim's (exec_shim)"),
     ("host_node", "needs Node.js and the Claude Agent SDK, which the guests do not have; the library's kernel paths are the exec shim's (exec_shim)"),
     ("subordinate_uids", "user space: accounts per user; the kernel path, the whois iterator reading a user namespace's owner, is whois's"),
@@ -51,85 +58,100 @@ pub(super) const LEFT_OUT: &[(&str, &str)] = &[
     ("deploy_manifests", "lints the image definition and the Kubernetes manifests with tools of the Python environment, which the guests do not have; no kernel path"),
 ];
 
-/// A test binary to run in the guests.
-pub(super) struct TestBinary {
-    /// The name of its file in tests/tests/, without `.rs`.
-    pub name: String,
-    /// Where cargo built it: the guests run it at the same path.
-    pub path: PathBuf,
+/// What the guests run.
+pub(super) struct Suite {
+    /// Where cargo built the test binary: the guests run it at the same path.
+    pub binary: PathBuf,
+    /// The scenarios the guests run, by name.
+    pub scenarios: Vec<Scenario>,
+    /// The arguments after `--` that do not choose tests (`--test-threads 1`, `--nocapture`):
+    /// every run of the binary in the guests gets them.
+    pub run_args: Vec<String>,
 }
 
-/// Builds `leash` and every integration test binary; returns the binaries the guests run:
-/// those `only` names, or all but [`LEFT_OUT`] when it is empty.
-pub(super) fn build(only: &[String]) -> Result<Vec<TestBinary>> {
+/// One scenario as the guests run it: the test binary, given exactly its tests' names.
+pub(super) struct Scenario {
+    /// Its module: the name of its file in tests/tests/, without `.rs`.
+    pub name: String,
+    /// The full names of the tests to run (`fork_chain::a_fork_chain_is_tracked_hop_by_hop`).
+    pub tests: Vec<String>,
+}
+
+/// Builds `leash` and the test binary; returns what the guests run: the scenarios `only` names,
+/// or all but [`LEFT_OUT`] when it is empty, each with its tests that `test_args` choose.
+///
+/// The tests are chosen here, from the binary's own list, and the guests get their exact names:
+/// libtest's filters are substrings of `module::test`, so a filter cannot name a module (`threads::`
+/// matches `kill_threads::` too), and one process per scenario keeps each scenario's result, and
+/// its timeout, its own, as when each was a binary of its own.
+pub(super) fn build(only: &[String], test_args: &[String]) -> Result<Suite> {
     // The tests run target/debug/leash, found next to their own directory.
     cargo(&["build", "--package", "leash-user"])?;
-    let built = build_test_binaries(only)?;
+    let binary = build_test_binary()?;
+    let every = by_scenario(list_tests(&binary, &[])?);
     for name in only {
-        if !built.iter().any(|binary| &binary.name == name) {
+        if !every.contains_key(name) {
             bail!(
-                "no test binary {name:?}; there are {}",
-                built
-                    .iter()
-                    .map(|b| b.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "no scenario {name:?}; there are {}",
+                every.keys().cloned().collect::<Vec<_>>().join(", ")
             );
         }
     }
-    let mut chosen: Vec<TestBinary> = built
+    let (selection, run_args) = split_test_args(test_args);
+    let scenarios: Vec<Scenario> = by_scenario(list_tests(&binary, &selection)?)
         .into_iter()
-        .filter(|binary| {
+        .filter(|(name, _)| {
             if only.is_empty() {
-                !LEFT_OUT.iter().any(|(name, _)| *name == binary.name)
+                !LEFT_OUT.iter().any(|(left_out, _)| left_out == name)
             } else {
-                only.contains(&binary.name)
+                only.contains(name)
             }
         })
+        .map(|(name, tests)| Scenario { name, tests })
         .collect();
-    chosen.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(chosen)
+    if scenarios.is_empty() {
+        bail!("no test to run: the arguments after -- ({test_args:?}) choose none");
+    }
+    Ok(Suite {
+        binary,
+        scenarios,
+        run_args,
+    })
 }
 
-/// `cargo test -p leash-tests --no-run`, reading where each test binary went from cargo's JSON
-/// messages (the file names carry a hash). Only the binaries `only` names when it is not empty
-/// (each of them is checked to exist by cargo then), every one otherwise.
-fn build_test_binaries(only: &[String]) -> Result<Vec<TestBinary>> {
+/// `cargo test -p leash-tests --test scenarios --no-run`, reading where the binary went from
+/// cargo's JSON messages (its file name carries a hash).
+fn build_test_binary() -> Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut targets = Vec::new();
-    if only.is_empty() {
-        targets.push("--tests".to_owned());
-    }
-    for name in only {
-        targets.extend(["--test".to_owned(), name.clone()]);
-    }
     let mut child = Command::new(cargo)
-        .args(["test", "--package", "leash-tests"])
-        .args(&targets)
+        .args(["test", "--package", "leash-tests", "--test", TEST_BINARY])
         .args(["--no-run", "--message-format=json-render-diagnostics"])
         .current_dir(workspace_root())
         .stdout(Stdio::piped())
         .spawn()
         .context("running cargo test --no-run")?;
     let stdout = child.stdout.take().context("cargo's output")?;
-    let mut binaries = Vec::new();
+    let mut built = None;
     for line in BufReader::new(stdout).lines() {
         let line = line.context("reading cargo's output")?;
-        if let Some(binary) = test_binary(&line) {
-            binaries.push(binary);
+        if let Some(binary) = test_binary(&line).filter(|binary| binary.name == TEST_BINARY) {
+            built = Some(binary.path);
         }
     }
     let status = child.wait().context("waiting for cargo")?;
     if !status.success() {
         bail!("building the integration tests failed: {status}");
     }
-    if binaries.is_empty() {
-        bail!("cargo built no integration test binary");
-    }
-    Ok(binaries)
+    built.with_context(|| format!("cargo built no test binary {TEST_BINARY}"))
 }
 
-/// The test binary a line of cargo's JSON reports, if it reports one of tests/tests/.
+/// A test binary a line of cargo's JSON reports.
+struct TestBinary {
+    name: String,
+    path: PathBuf,
+}
+
+/// The test binary a line of cargo's JSON reports, if it reports one.
 fn test_binary(line: &str) -> Option<TestBinary> {
     let message: Value = serde_json::from_str(line).ok()?;
     if message["reason"] != "compiler-artifact" {
@@ -145,8 +167,84 @@ fn test_binary(line: &str) -> Option<TestBinary> {
     })
 }
 
+/// The full names of the tests `binary` runs given `selection` (filters, `--skip`, `--exact`),
+/// from its `--list --format terse`: one `NAME: test` line each.
+fn list_tests(binary: &PathBuf, selection: &[String]) -> Result<Vec<String>> {
+    let output = Command::new(binary)
+        .args(["--list", "--format", "terse"])
+        .args(selection)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {} --list", binary.display()))?;
+    if !output.status.success() {
+        bail!(
+            "{} --list {selection:?} failed: {}",
+            binary.display(),
+            output.status
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.strip_suffix(": test"))
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Full test names by their scenario, the module before the first `::`.
+fn by_scenario(tests: Vec<String>) -> BTreeMap<String, Vec<String>> {
+    let mut scenarios: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for test in tests {
+        let scenario = test
+            .split_once("::")
+            .map_or(test.as_str(), |(module, _)| module);
+        scenarios.entry(scenario.to_owned()).or_default().push(test);
+    }
+    scenarios
+}
+
+/// The arguments after `--` (libtest's), split into those that choose tests, which the list
+/// here applies (name filters, `--skip NAME`, `--exact`), and those every run in the guests
+/// gets (`--test-threads 1`, `--nocapture`...). `--ignored` and `--include-ignored` go to both:
+/// they choose, and an ignored test named exactly still runs only with them.
+fn split_test_args(args: &[String]) -> (Vec<String>, Vec<String>) {
+    // libtest's options whose value is the next argument, other than --skip.
+    const WITH_VALUE: [&str; 6] = [
+        "--test-threads",
+        "--logfile",
+        "--color",
+        "--format",
+        "-Z",
+        "--shuffle-seed",
+    ];
+    let (mut selection, mut run) = (Vec::new(), Vec::new());
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--skip" => {
+                selection.push(arg.clone());
+                selection.extend(args.next().cloned());
+            }
+            "--ignored" | "--include-ignored" => {
+                selection.push(arg.clone());
+                run.push(arg.clone());
+            }
+            "--exact" => selection.push(arg.clone()),
+            skip if skip.starts_with("--skip=") => selection.push(arg.clone()),
+            option if WITH_VALUE.contains(&option) => {
+                run.push(arg.clone());
+                run.extend(args.next().cloned());
+            }
+            option if option.starts_with('-') => run.push(arg.clone()),
+            _ => selection.push(arg.clone()),
+        }
+    }
+    (selection, run)
+}
+
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     #[test]
@@ -160,19 +258,103 @@ mod tests {
         }
     }
 
+    /// cargo builds only what tests/tests/main.rs declares (autotests = false): a file it does
+    /// not would never run.
     #[test]
-    fn cargo_messages_name_the_test_binaries() {
-        let line = r#"{"reason":"compiler-artifact","target":{"kind":["test"],"name":"fork_chain"},"executable":"/w/target/debug/deps/fork_chain-0123"}"#;
+    fn every_scenario_file_is_a_module_of_the_test_binary() {
+        let dir = workspace_root().join("tests/tests");
+        let main = fs::read_to_string(dir.join("main.rs")).unwrap();
+        let declared: Vec<&str> = main
+            .lines()
+            .filter_map(|line| line.strip_prefix("mod ")?.strip_suffix(';'))
+            .collect();
+        let mut files: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .filter_map(|name| Some(name.strip_suffix(".rs")?.to_owned()))
+            .filter(|name| name != "main")
+            .collect();
+        files.sort();
+        for name in &files {
+            assert!(
+                declared.contains(&name.as_str()),
+                "tests/tests/{name}.rs is not declared in tests/tests/main.rs (`mod {name};`)"
+            );
+        }
+        assert_eq!(declared.len(), files.len(), "a module without its file");
+    }
+
+    #[test]
+    fn cargo_messages_name_the_test_binary() {
+        let line = r#"{"reason":"compiler-artifact","target":{"kind":["test"],"name":"scenarios"},"executable":"/w/target/debug/deps/scenarios-0123"}"#;
         let binary = test_binary(line).unwrap();
-        assert_eq!(binary.name, "fork_chain");
+        assert_eq!(binary.name, "scenarios");
         assert_eq!(
             binary.path,
-            PathBuf::from("/w/target/debug/deps/fork_chain-0123")
+            PathBuf::from("/w/target/debug/deps/scenarios-0123")
         );
         let library = r#"{"reason":"compiler-artifact","target":{"kind":["lib"],"name":"leash_tests"},"executable":"/w/x"}"#;
         assert!(test_binary(library).is_none());
         let fresh = r#"{"reason":"compiler-artifact","target":{"kind":["test"],"name":"x"},"executable":null}"#;
         assert!(test_binary(fresh).is_none());
         assert!(test_binary("not json").is_none());
+    }
+
+    #[test]
+    fn tests_are_grouped_by_their_module_which_no_other_name_contains() {
+        let scenarios = by_scenario(
+            [
+                "threads::a",
+                "kill_threads::b",
+                "threads::c",
+                "thread_exits::d",
+            ]
+            .map(String::from)
+            .to_vec(),
+        );
+        assert_eq!(scenarios["threads"], ["threads::a", "threads::c"]);
+        assert_eq!(scenarios["kill_threads"], ["kill_threads::b"]);
+        assert_eq!(scenarios.len(), 3);
+    }
+
+    #[test]
+    fn arguments_that_choose_tests_are_kept_from_the_guests() {
+        let args = [
+            "fifty",
+            "--skip",
+            "threads::",
+            "--exact",
+            "--test-threads",
+            "1",
+            "--nocapture",
+            "--skip=x",
+            "--ignored",
+            "--format",
+            "pretty",
+        ]
+        .map(String::from);
+        let (selection, run) = split_test_args(&args);
+        assert_eq!(
+            selection,
+            [
+                "fifty",
+                "--skip",
+                "threads::",
+                "--exact",
+                "--skip=x",
+                "--ignored"
+            ]
+        );
+        assert_eq!(
+            run,
+            [
+                "--test-threads",
+                "1",
+                "--nocapture",
+                "--ignored",
+                "--format",
+                "pretty"
+            ]
+        );
     }
 }
