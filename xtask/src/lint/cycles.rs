@@ -48,8 +48,25 @@ mod tests {
 
     use super::*;
 
-    /// A crate in a temporary directory: (relative path, source) pairs.
-    fn fixture(name: &str, files: &[(&str, &str)]) -> PathBuf {
+    /// A crate in a temporary directory, removed when dropped (a failed test too).
+    struct Fixture(PathBuf);
+
+    impl std::ops::Deref for Fixture {
+        type Target = Path;
+
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A crate of (relative path, source) pairs in a temporary directory.
+    fn fixture(name: &str, files: &[(&str, &str)]) -> Fixture {
         let dir = std::env::temp_dir().join(format!("leash-cycles-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         for (path, source) in files {
@@ -57,7 +74,7 @@ mod tests {
             fs::create_dir_all(path.parent().unwrap()).unwrap();
             fs::write(path, source).unwrap();
         }
-        dir
+        Fixture(dir)
     }
 
     fn names(cycles: &[Cycle], dir: &Path) -> Vec<Vec<String>> {
