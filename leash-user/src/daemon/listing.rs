@@ -10,7 +10,7 @@ use leash_client::protocol::{
 use leash_common::{Member, Pid};
 
 use super::{
-    auth::{TreeFacts, may_manage, may_see},
+    auth::{may_manage, may_see},
     peer::Peer,
     pid_view::PidView,
     refusal::Refusal,
@@ -31,15 +31,9 @@ pub(super) async fn list(
     let who = peer.requester(&confined);
     let mut trees = daemon.registry.map_trees(only, |tree, entry, host_pid| {
         let chain = daemon.view.enclosing(tree);
-        let facts = TreeFacts {
-            lease: entry.lease,
-            owner: entry.owner_uid,
-            chain: &chain,
-            registered_from: &entry.registered_from,
-        };
-        may_see(who, facts).then(|| {
+        may_see(who, entry.ownership().facts(&chain)).then(|| {
             let mut info = tree_info(tree, entry, chain.get(1).copied(), peer.view);
-            info.host_pid = host_pid(entry.lease);
+            info.host_pid = host_pid;
             info
         })
     });

@@ -325,11 +325,7 @@ impl Registry {
 
     /// Who holds `tree`.
     pub(super) fn ownership(&self, tree: TreeId) -> Option<Ownership> {
-        self.state().trees.get(&tree).map(|entry| Ownership {
-            lease: entry.lease,
-            owner_uid: entry.owner_uid,
-            registered_from: entry.registered_from.clone(),
-        })
+        self.state().trees.get(&tree).map(TreeEntry::ownership)
     }
 
     /// Who hears of `tree`'s events, and its lease.
@@ -429,15 +425,18 @@ impl Registry {
     pub(super) fn map_trees<T>(
         &self,
         only: Option<TreeId>,
-        mut each: impl FnMut(TreeId, &TreeEntry, &dyn Fn(LeaseId) -> u32) -> Option<T>,
+        mut each: impl FnMut(TreeId, &TreeEntry, u32) -> Option<T>,
     ) -> Vec<T> {
         let state = self.state();
-        let host_pid = |lease: LeaseId| state.leases.get(&lease).map_or(0, |l| l.host_pid);
         state
             .trees
             .iter()
             .filter(|(tree, _)| only.is_none_or(|only| only == **tree))
-            .filter_map(|(&tree, entry)| each(tree, entry, &host_pid))
+            .filter_map(|(&tree, entry)| {
+                // Its lease's host while the lease lasts, 0 once it has ended.
+                let host_pid = state.leases.get(&entry.lease).map_or(0, |l| l.host_pid);
+                each(tree, entry, host_pid)
+            })
             .collect()
     }
 }

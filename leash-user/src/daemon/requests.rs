@@ -283,13 +283,7 @@ impl Session {
             return Err(Refusal::no_tree(tree));
         };
         let chain = daemon.view.enclosing(tree);
-        let facts = TreeFacts {
-            lease: ownership.lease,
-            owner: ownership.owner_uid,
-            chain: &chain,
-            registered_from: &ownership.registered_from,
-        };
-        match rule(self.peer.requester(&confined), facts) {
+        match rule(self.peer.requester(&confined), ownership.facts(&chain)) {
             Verdict::Allowed => Ok(()),
             Verdict::Hidden => Err(Refusal::no_tree(tree)),
             Verdict::Denied(why) => Err(Refusal::new(

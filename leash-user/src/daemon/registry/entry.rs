@@ -2,11 +2,14 @@
 
 use std::{sync::Arc, time::Duration};
 
-use leash_client::protocol::{KillSummary, LeaseId, RootExitPolicy, TreeState};
+use leash_client::protocol::{KillSummary, LeaseId, RootExitPolicy, TreeId, TreeState};
 use leash_common::{Account, Holder};
 use tokio::sync::watch;
 
-use crate::{daemon::subscribers::Audience, kernel::KillError};
+use crate::{
+    daemon::{auth::TreeFacts, subscribers::Audience},
+    kernel::KillError,
+};
 
 /// The outcome of a kill, as every waiter sees it.
 pub(crate) type KillOutcome = Result<KillSummary, KillError>;
@@ -76,6 +79,15 @@ impl TreeEntry {
         }
     }
 
+    /// Who holds it.
+    pub(crate) fn ownership(&self) -> Ownership {
+        Ownership {
+            lease: self.lease,
+            owner_uid: self.owner_uid,
+            registered_from: self.registered_from.clone(),
+        }
+    }
+
     /// Who may hear of the tree's events.
     pub(crate) fn audience(&self) -> Audience {
         Audience {
@@ -133,6 +145,19 @@ pub(crate) struct Ownership {
     pub lease: LeaseId,
     pub owner_uid: u32,
     pub registered_from: Arc<[u32]>,
+}
+
+impl Ownership {
+    /// The facts the rules weigh, for the tree whose chain (it, then each tree it is nested
+    /// in) is `chain`.
+    pub(crate) fn facts<'a>(&'a self, chain: &'a [TreeId]) -> TreeFacts<'a> {
+        TreeFacts {
+            lease: self.lease,
+            owner: self.owner_uid,
+            chain,
+            registered_from: &self.registered_from,
+        }
+    }
 }
 
 /// The lease a new tree goes under, with who holds it and where its host runs.
