@@ -1,5 +1,6 @@
 //! The endpoint's answers and its limits, through hyper on in-memory streams (and, for the
-//! cap on connections, on a loopback port). The deadlines are waited for in real time.
+//! cap on connections, on a loopback port). The deadlines are waited for on tokio's paused
+//! clock, which moves on whenever every task waits: exact, and no real time spent.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -18,6 +19,15 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A runtime whose clock stands still until every task waits, then jumps to the next timer.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
         .build()
         .unwrap()
 }
@@ -202,7 +212,7 @@ fn the_figures_are_read_at_most_once_a_second() {
 
 /// How long `client`'s connection lasted, from now, and what it got.
 async fn until_closed(mut client: tokio::io::DuplexStream) -> (Duration, Vec<u8>) {
-    let start = Instant::now();
+    let start = tokio::time::Instant::now();
     let mut got = Vec::new();
     let read = timeout(Duration::from_secs(30), client.read_to_end(&mut got)).await;
     assert!(matches!(read, Ok(Ok(_))), "{read:?}");
@@ -211,7 +221,7 @@ async fn until_closed(mut client: tokio::io::DuplexStream) -> (Duration, Vec<u8>
 
 #[test]
 fn clients_that_send_no_whole_head_are_dropped_in_time() {
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         for sent in [&b""[..], b"GET /metrics HTTP/1.1\r\nX: "] {
             let (mut client, served) = duplex(1024);
             let serving = tokio::spawn(server().serve_connection(served));
@@ -232,9 +242,9 @@ fn clients_that_send_no_whole_head_are_dropped_in_time() {
 fn a_response_not_taken_is_dropped_in_time() {
     // More than the stream holds: the server waits on a client that does not read.
     let server = Arc::new(Server::new(|| "x 1\n".repeat(64 * 1024)));
-    runtime().block_on(async {
+    paused_runtime().block_on(async {
         let (mut client, served) = duplex(4096);
-        let start = Instant::now();
+        let start = tokio::time::Instant::now();
         let serving = tokio::spawn(server.serve_connection(served));
         client.write_all(GET).await.unwrap();
         let served = timeout(Duration::from_secs(30), serving).await;
