@@ -78,9 +78,8 @@ pub(crate) fn build_and_stage() -> Result<Staged> {
     crate::ensure_cargo_subcommand(None, "zigbuild", CARGO_ZIGBUILD_VERSION)?;
     let root = workspace_root();
     eprintln!("xtask: building leash for {ZIG_TARGET} with cargo-zigbuild");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     status(
-        Command::new(cargo)
+        crate::cargo_command()
             .args([
                 "zigbuild",
                 "--release",

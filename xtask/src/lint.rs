@@ -23,7 +23,9 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{ensure_nightly_rust_src, hosts, output, setup, status, workspace_root};
+use crate::{
+    cargo, cargo_command, ensure_nightly_rust_src, hosts, output, setup, status, workspace_root,
+};
 
 /// The Python linters, pinned. mypy 1.20 is the last that checks for Python 3.9, the oldest
 /// the library supports (pyproject.toml's `python_version`).
@@ -93,12 +95,6 @@ pub(crate) fn lint() -> Result<()> {
     Ok(())
 }
 
-fn cargo_command() -> Command {
-    let mut command = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    command.current_dir(workspace_root());
-    command
-}
-
 /// Adds `component` to `toolchain` (None: the one cargo runs here) unless it is there; a
 /// minimal rustup profile has neither rustfmt nor clippy.
 fn ensure_component(toolchain: Option<&str>, component: &str) -> Result<()> {
@@ -121,7 +117,7 @@ fn ensure_component(toolchain: Option<&str>, component: &str) -> Result<()> {
 
 fn rustfmt() -> Result<()> {
     ensure_component(None, "rustfmt")?;
-    status(cargo_command().args(["fmt", "--all", "--check"]))
+    cargo(&["fmt", "--all", "--check"])
 }
 
 /// leash-user's build script builds the eBPF programs even for clippy: `setup` first, as for a
@@ -129,14 +125,14 @@ fn rustfmt() -> Result<()> {
 fn clippy_host() -> Result<()> {
     ensure_component(None, "clippy")?;
     setup()?;
-    status(cargo_command().args([
+    cargo(&[
         "clippy",
         "--workspace",
         "--all-targets",
         "--",
         "-D",
         "warnings",
-    ]))
+    ])
 }
 
 /// leash-ebpf as aya-build builds it (aya-build 0.2.0's `build_ebpf`): nightly, the BPF target,

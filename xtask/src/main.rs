@@ -240,10 +240,8 @@ fn test(args: &[String]) -> Result<()> {
 /// test binary's result (`tests: N passed, M failed`), so the outcome is not buried among the
 /// per-binary summaries.
 fn cargo_test_with_summary(args: &[&str]) -> Result<()> {
-    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut child = Command::new(cargo)
+    let mut child = cargo_command()
         .args(args)
-        .current_dir(workspace_root())
         .stdout(Stdio::piped())
         .spawn()
         .context("running cargo test")?;
@@ -492,8 +490,14 @@ fn remove_stale_test_pins() {
 }
 
 fn cargo(args: &[&str]) -> Result<()> {
-    let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    status(Command::new(cargo).args(args).current_dir(workspace_root()))
+    status(cargo_command().args(args))
+}
+
+/// Cargo (the one that runs xtask, else `cargo` on PATH), in the workspace's root.
+fn cargo_command() -> Command {
+    let mut command = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command.current_dir(workspace_root());
+    command
 }
 
 fn workspace_root() -> PathBuf {

@@ -97,9 +97,8 @@ pub(crate) fn package(staged: &Staged, version: &str, out: &Path) -> Result<Path
 
     fs::create_dir_all(out)?;
     let deb = out.join(format!("leash_{version}_amd64.deb"));
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     status(
-        Command::new(cargo)
+        crate::cargo_command()
             .args([
                 "deb",
                 "--package",

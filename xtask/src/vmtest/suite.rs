@@ -13,7 +13,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::{cargo, workspace_root};
+use crate::{cargo, cargo_command};
 
 /// The integration tests' test binary (tests/Cargo.toml; its root is tests/tests/main.rs).
 pub(super) const TEST_BINARY: &str = "scenarios";
@@ -122,11 +122,9 @@ pub(super) fn build(only: &[String], test_args: &[String]) -> Result<Suite> {
 /// `cargo test -p leash-tests --test scenarios --no-run`, reading where the binary went from
 /// cargo's JSON messages (its file name carries a hash).
 fn build_test_binary() -> Result<PathBuf> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut child = Command::new(cargo)
+    let mut child = cargo_command()
         .args(["test", "--package", "leash-tests", "--test", TEST_BINARY])
         .args(["--no-run", "--message-format=json-render-diagnostics"])
-        .current_dir(workspace_root())
         .stdout(Stdio::piped())
         .spawn()
         .context("running cargo test --no-run")?;
@@ -246,6 +244,7 @@ mod tests {
     use std::fs;
 
     use super::*;
+    use crate::workspace_root;
 
     #[test]
     fn every_test_left_out_exists() {
