@@ -41,8 +41,12 @@ pub mod map {
     /// `Array<Whois>` of one entry: user space writes the pid it asks about, the whois program
     /// writes what the kernel knows of it (see [`super::Whois`]).
     pub const WHOIS: &str = "WHOIS";
+    /// `HashMap<Pid, u64>`: the hosts of leases that hold trees, by thread group id, each with
+    /// its start time (boot-time ns, at /proc's clock-tick resolution). Written by user space;
+    /// the host programs take a host out as they report that it is dying.
+    pub const HOSTS: &str = "HOSTS";
     /// Every map, as pinned.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 9] = [
         MEMBERS,
         TREE_COUNTERS,
         TREE_CONTROL,
@@ -51,12 +55,13 @@ pub mod map {
         ACCOUNT_JOINED,
         ACCOUNT_SEEDED,
         WHOIS,
+        HOSTS,
     ];
 }
 
 /// The version of this ABI (the maps' layouts and meanings). Pinned maps are kept under it, so
 /// a daemon never takes over maps it would misread.
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 
 /// Names of the programs in the object.
 pub mod program {
@@ -66,6 +71,14 @@ pub mod program {
     pub const EXIT: &str = "leash_exit";
     /// tp_btf on `sched_process_exec`: tells what a member runs now (an event only).
     pub const EXEC: &str = "leash_exec";
+    /// tp_btf on `signal_generate`: a host in `HOSTS` whose thread group a signal has set
+    /// exiting (SIGKILL, the OOM killer's, a default-fatal signal neither caught nor blocked)
+    /// is reported dying, before its exit tears down its memory.
+    pub const HOST_SIGNALLED: &str = "leash_host_signalled";
+    /// tp_btf on `signal_deliver`: a host in `HOSTS` that takes a signal whose action is the
+    /// default and fatal (a crash: SIGSEGV, SIGABRT, ..., which dump core before the group
+    /// exits) is reported dying.
+    pub const HOST_SIGNAL_DELIVERED: &str = "leash_host_signal_delivered";
     /// A task iterator (`iter/task`): fills `WHOIS` for the process it names.
     pub const WHOIS: &str = "leash_whois";
     /// fmod_ret on `security_ptrace_access_check`: refuses a member attach-mode access to any
@@ -113,6 +126,12 @@ pub mod global {
     /// reserve), so it is tracked before it runs, and its forker is killed and its tree with
     /// it, as at the quota. Fail closed with no window.
     pub const MEMBER_CAPACITY: &str = "MEMBER_CAPACITY";
+    /// Byte offset of `signal_struct.flags` (from the kernel's BTF): `SIGNAL_GROUP_EXIT` there
+    /// says the thread group is exiting.
+    pub const SIGNAL_FLAGS_OFFSET: &str = "SIGNAL_FLAGS_OFFSET";
+    /// Byte offset of the handler in `struct k_sigaction` (`sa.sa_handler`, from the kernel's
+    /// BTF).
+    pub const SIGACTION_HANDLER_OFFSET: &str = "SIGACTION_HANDLER_OFFSET";
     /// [`super::NamespaceOffsets`]: where the whois program finds a task's namespaces.
     pub const NAMESPACE_OFFSETS: &str = "NAMESPACE_OFFSETS";
 }
@@ -319,6 +338,11 @@ pub enum EventKind {
     /// A program met something on a rare path that user space should log: `parent` holds a
     /// [`Diagnostic`] code, `pid` the member concerned. Never written for a non-member.
     Diagnostic = 7,
+    /// `pid`, a host in `HOSTS`, is dying: a signal set its thread group exiting, or it takes
+    /// a fatal signal's default action. `parent` holds the signal, `time_ns` the host's start
+    /// time as `HOSTS` has it, `comm` the name of the task the program ran in: the sender of the
+    /// signal that set the group exiting, or the host itself taking a fatal default action.
+    HostDying = 8,
 }
 
 /// What a [`EventKind::Diagnostic`] record reports: rare paths of the programs, for the
@@ -360,6 +384,7 @@ impl EventKind {
             5 => Self::Exec,
             6 => Self::ForkFailed,
             7 => Self::Diagnostic,
+            8 => Self::HostDying,
             _ => return None,
         })
     }

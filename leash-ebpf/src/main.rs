@@ -14,6 +14,9 @@
 //!
 //! Events go to a ring buffer, best effort; the maps are the truth.
 //!
+//! Two more (hosts.rs) see a lease's host start to die, on `signal_generate` and
+//! `signal_deliver`, so its trees' kill begins before the kernel has torn the host down.
+//!
 //! Beside them, a task iterator (`whois`) answers user space's questions about a client process
 //! that only the kernel can: the owner of its user namespace, its pid namespaces.
 //!
@@ -30,6 +33,8 @@
     )
 )]
 
+#[cfg(target_arch = "bpf")]
+mod hosts;
 #[cfg(target_arch = "bpf")]
 mod programs;
 #[cfg(target_arch = "bpf")]

@@ -51,7 +51,7 @@ static TASK_START_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TASK_GROUP_LEADER_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
-static TASK_SIGNAL_OFFSET: u32 = 0;
+pub(crate) static TASK_SIGNAL_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static SIGNAL_LIVE_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
@@ -264,6 +264,12 @@ fn group_dead(task: *const u8) -> bool {
 /// same start time, to the resolution of the entry (user space makes entries from /proc's
 /// clock ticks; the programs, exact).
 pub(crate) fn is_member(task: *const u8, entry: &Member) -> bool {
+    started_at(task, entry.start_ns)
+}
+
+/// Whether the process `task` belongs to (any of its threads) started at `start_ns`, to the
+/// resolution of /proc's clock ticks where user space took it from /proc.
+pub(crate) fn started_at(task: *const u8, start_ns: u64) -> bool {
     let Some(leader) = read_task::<*const u8>(task, &TASK_GROUP_LEADER_OFFSET) else {
         return false;
     };
@@ -273,7 +279,7 @@ pub(crate) fn is_member(task: *const u8, entry: &Member) -> bool {
     // SAFETY: a reference to a static is valid and aligned for the read (volatile only so
     // that the value user space set at load is read, not the placeholder: see the globals).
     let tick = unsafe { read_volatile(&NS_PER_TICK) }.max(1);
-    start == entry.start_ns || start / tick == entry.start_ns / tick
+    start == start_ns || start / tick == start_ns / tick
 }
 
 /// Whether `account` has all the members its quota allows (root has no quota).
@@ -360,7 +366,7 @@ fn diagnose(what: Diagnostic, tree: TreeId, pid: Pid) {
     emit(EventKind::Diagnostic, tree, pid, what as u32);
 }
 
-fn emit_at(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid, time_ns: u64) {
+pub(crate) fn emit_at(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid, time_ns: u64) {
     let event = Event {
         kind: kind as u32,
         tree,
@@ -369,9 +375,13 @@ fn emit_at(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid, time_ns: u64) {
         time_ns,
         comm: bpf_get_current_comm().unwrap_or_default(),
     };
-    // Waking the reader costs more than writing the record: only a root's exit, which the
-    // daemon must act on at once, wakes it; it collects the rest on its own schedule.
-    let wakeup = if matches!(kind, EventKind::RootExit | EventKind::ForkFailed) {
+    // Waking the reader costs more than writing the record: only what the daemon must act on
+    // at once (a root's exit, a host's death, a child it must kill) wakes it; it collects the
+    // rest on its own schedule.
+    let wakeup = if matches!(
+        kind,
+        EventKind::RootExit | EventKind::ForkFailed | EventKind::HostDying
+    ) {
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP

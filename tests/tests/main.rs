@@ -34,6 +34,7 @@ mod fork_chain;
 mod garbage;
 mod grace_shortened;
 mod hijacked_dirs;
+mod host_death;
 mod host_dies;
 mod host_killed_mid_wait;
 mod host_node;

@@ -67,6 +67,8 @@ pub(super) fn track(args: TrackArgs) -> Result<ExitCode> {
                 | EventKind::ForkFailed
                 | EventKind::Exec
                 | EventKind::Diagnostic => true,
+                // A host's, not a tree's (this tracker watches none).
+                EventKind::HostDying => false,
             };
             if show {
                 print_event(&event);
@@ -108,6 +110,7 @@ fn print_event(event: &TreeEvent) {
             event.comm,
             leash_common::Diagnostic::from_u32(event.parent)
         ),
+        EventKind::HostDying => println!("! {:>7} host is dying", event.pid),
     }
 }
 

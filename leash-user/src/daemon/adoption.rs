@@ -16,6 +16,7 @@ use super::{
     refusal::Refusal,
     registry::{Reservation, TreeEntry},
     shared::Daemon,
+    watch::watch_host_death,
 };
 use crate::{
     kernel::{self, Adoption},
@@ -77,12 +78,16 @@ pub(super) fn file(
 ) -> Result<TreeId, Refusal> {
     let enclosing = adoption.enclosing();
     let tree = owner.tracker().finish_adoption(adoption)?;
+    let lease = entry.lease;
     match owner
         .daemon
         .registry
         .file(tree, entry, enclosing, reservation)
     {
-        None => Ok(tree),
+        None => {
+            watch_host_death(owner, lease);
+            Ok(tree)
+        }
         Some(reason) => {
             start_kill(owner, tree, None, reason);
             Err(Refusal::new(

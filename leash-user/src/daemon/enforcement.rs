@@ -166,13 +166,19 @@ async fn drive_kill(
 
 /// An empty tree's end: its members' last records go out (they are queued already, and are
 /// forwarded while the tree is still known), then it leaves the maps and `tree_empty` is sent.
-/// Roots' exits among the records are told at once; other trees' policies for them are
-/// applied in the owner's next turn.
+/// Roots' exits among the records are told at once; other trees' policies for them, and the
+/// ends of dying hosts' leases, are applied in the owner's next turn.
 pub(super) fn end_tree(owner: &Rc<Owner>, tree: TreeId, kill: Option<KillSummary>) {
-    for exited in tree_events::collect(owner) {
+    let collected = tree_events::collect(owner);
+    for exited in collected.root_exits {
         let policy = tree_events::announce_root_exit(&owner.daemon, exited);
         if let Some(policy) = policy.filter(|_| exited != tree) {
             owner.daemon.jobs.apply_root_exit(exited, policy);
+        }
+    }
+    for dying in &collected.hosts_dying {
+        for lease in tree_events::leases_of_dying_host(&owner.daemon, dying) {
+            owner.daemon.jobs.end_lease(lease, tree_events::HOST_KILLED);
         }
     }
     let Some(entry) = owner.daemon.registry.remove(tree) else {

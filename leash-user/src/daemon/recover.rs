@@ -128,8 +128,28 @@ pub(super) fn hold_again(owner: &Rc<Owner>) {
     for tree in doomed {
         start_kill(owner, tree, None, KillReason::Resumed);
     }
+    watch_host_deaths_again(owner, &hosts);
     for ((pid, start_ticks), (lease, _)) in hosts {
         watch_host_again(owner, lease, pid, start_ticks);
+    }
+}
+
+/// Has the programs watch the death of every host held again, and of no other: the pinned map
+/// kept the previous daemon's, and a lease that ended while no daemon ran left its host there.
+fn watch_host_deaths_again(owner: &Owner, held: &HashMap<(Pid, u64), HeldHost>) {
+    let mut tracker = owner.tracker();
+    for host in tracker.watched_hosts() {
+        if !held.contains_key(&(host.pid, host.start_ticks)) {
+            tracker.unwatch_host_death(host);
+        }
+    }
+    for &(pid, start_ticks) in held.keys() {
+        if let Err(e) = tracker.watch_host_death(proc::ProcessRef { pid, start_ticks }) {
+            tracing::debug!(
+                host = pid,
+                "the kernel does not watch the host's death ({e})"
+            );
+        }
     }
 }
 

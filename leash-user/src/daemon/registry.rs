@@ -15,7 +15,7 @@ use leash_common::{Account, Holder};
 use tokio::sync::watch;
 
 use super::subscribers::Audience;
-use crate::sys;
+use crate::{proc::ProcessRef, sys};
 
 mod entry;
 
@@ -37,6 +37,15 @@ struct Lease {
     host_start_ticks: u64,
     /// A tree was registered under it: from then on its end is worth an INFO line.
     held_trees: bool,
+}
+
+impl Lease {
+    fn host(&self) -> ProcessRef {
+        ProcessRef {
+            pid: self.host_pid,
+            start_ticks: self.host_start_ticks,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -180,6 +189,32 @@ impl Registry {
             tracing::debug!(lease, reason, "lease ended");
         }
         trees
+    }
+
+    /// The host of `lease`, if it is live.
+    pub(super) fn host_of(&self, lease: LeaseId) -> Option<ProcessRef> {
+        self.state().leases.get(&lease).map(Lease::host)
+    }
+
+    /// The live leases whose host is `host`.
+    pub(super) fn leases_of(&self, host: ProcessRef) -> Vec<LeaseId> {
+        let state = self.state();
+        let leases = state.leases.iter();
+        leases
+            .filter(|(_, lease)| lease.host() == host)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Whether a tree is held under a live lease of `host`.
+    pub(super) fn host_holds_trees(&self, host: ProcessRef) -> bool {
+        let state = self.state();
+        state.trees.values().any(|tree| {
+            state
+                .leases
+                .get(&tree.lease)
+                .is_some_and(|lease| lease.host() == host)
+        })
     }
 
     /// The secret of `lease`, if it is live.

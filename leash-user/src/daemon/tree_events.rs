@@ -4,7 +4,7 @@
 
 use std::rc::Rc;
 
-use leash_client::protocol::{Event, EventKind, RootExitPolicy, TreeId};
+use leash_client::protocol::{Event, EventKind, LeaseId, RootExitPolicy, TreeId};
 use leash_common::{Diagnostic, EventKind as KernelEventKind};
 
 use super::{owner::Owner, shared::Daemon};
@@ -17,10 +17,64 @@ use crate::{
 const UNTRACKED_RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
 const UNTRACKED_RETRIES: usize = 500;
 
+/// What the daemon must act on among the records collected.
+#[derive(Debug, Default)]
+pub(super) struct Collected {
+    /// Trees whose root exited.
+    pub root_exits: Vec<TreeId>,
+    /// Hosts the kernel saw start to die.
+    pub hosts_dying: Vec<HostDying>,
+}
+
+/// A host the kernel saw start to die.
+#[derive(Debug)]
+pub(super) struct HostDying {
+    pub host: ProcessRef,
+    /// The signal it dies of.
+    pub signal: u32,
+    /// The name of the task that sent it (the host's own, for a crash).
+    pub sender: String,
+}
+
+impl HostDying {
+    /// A `HostDying` record: the host's pid, its start time in `time_ns`, the signal in
+    /// `parent`.
+    fn of(record: &TreeEvent) -> Self {
+        Self {
+            host: ProcessRef {
+                pid: record.pid,
+                start_ticks: ns_to_ticks(record.time_ns),
+            },
+            signal: record.parent,
+            sender: record.comm.clone(),
+        }
+    }
+}
+
+/// The reason a lease ends with when the kernel saw its host start to die.
+pub(super) const HOST_KILLED: &str = "host_killed";
+
+/// The live leases of a host the kernel saw start to die (theirs to end), its death told in
+/// the log if it held any.
+pub(super) fn leases_of_dying_host(daemon: &Daemon, dying: &HostDying) -> Vec<LeaseId> {
+    let leases = daemon.registry.leases_of(dying.host);
+    if !leases.is_empty() {
+        tracing::info!(
+            parent: None,
+            event = "host_dying",
+            host_pid = dying.host.pid,
+            signal = dying.signal,
+            sender = dying.sender,
+            "host is dying"
+        );
+    }
+    leases
+}
+
 /// Reads every record waiting in the ring buffer: forwards members' records, kills children
 /// that could not be tracked, and tells subscribers of records the kernel had no room for.
-/// Returns the trees whose root exited.
-pub(super) fn collect(owner: &Rc<Owner>) -> Vec<TreeId> {
+/// Returns what the caller must act on: roots that exited, hosts that are dying.
+pub(super) fn collect(owner: &Rc<Owner>) -> Collected {
     let (events, lost) = {
         let mut tracker = owner.tracker();
         let events = tracker.drain_events();
@@ -30,10 +84,11 @@ pub(super) fn collect(owner: &Rc<Owner>) -> Vec<TreeId> {
             dropped.saturating_sub(owner.events_dropped.replace(dropped)),
         )
     };
-    let mut root_exits = Vec::new();
+    let mut collected = Collected::default();
     for event in events {
         match event.kind {
-            KernelEventKind::RootExit => root_exits.push(event.tree),
+            KernelEventKind::RootExit => collected.root_exits.push(event.tree),
+            KernelEventKind::HostDying => collected.hosts_dying.push(HostDying::of(&event)),
             KernelEventKind::ForkFailed => kill_untracked_child(&event),
             KernelEventKind::Diagnostic => log_diagnostic(&event),
             _ => {}
@@ -43,7 +98,7 @@ pub(super) fn collect(owner: &Rc<Owner>) -> Vec<TreeId> {
     if lost > 0 {
         owner.daemon.subscribers.dropped_everywhere(lost);
     }
-    root_exits
+    collected
 }
 
 /// Records `tree`'s root exit, once, and tells its subscribers; returns the tree's policy for
@@ -136,9 +191,10 @@ fn forward(daemon: &Daemon, kernel: TreeEvent) {
         KernelEventKind::Fork => EventKind::Fork,
         KernelEventKind::Exec => EventKind::Exec,
         KernelEventKind::Exit | KernelEventKind::RootExit => EventKind::Exit,
-        KernelEventKind::ForkKilled | KernelEventKind::ForkFailed | KernelEventKind::Diagnostic => {
-            return;
-        }
+        KernelEventKind::ForkKilled
+        | KernelEventKind::ForkFailed
+        | KernelEventKind::Diagnostic
+        | KernelEventKind::HostDying => return,
     };
     let Some((audience, lease)) = daemon.registry.audience(kernel.tree) else {
         return;

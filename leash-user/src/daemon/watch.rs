@@ -1,6 +1,11 @@
 //! When trees are killed: a root exits, a lease ends (its host dies, or its connection
 //! closes), or a tree cannot be tracked.
 //!
+//! A host's death is seen three ways, the first to come ending its leases: the programs report
+//! it as it begins (a fatal signal, a crash: `host_killed`), its socket closes, and its pidfd
+//! turns readable (`host_exited`). The last two come only once the kernel has torn the host's
+//! memory down.
+//!
 //! Root exits are seen two ways: the ring buffer's events wake the daemon at once, and a sweep
 //! of the kernel's per-tree state catches anything the events missed (they are best effort;
 //! the maps are the truth).
@@ -13,7 +18,7 @@ use tokio::sync::oneshot;
 use super::{
     enforcement::{end_tree, start_kill},
     owner::Owner,
-    tree_events,
+    tree_events::{self, HOST_KILLED, HostDying},
 };
 use crate::{kernel::TreeStatus, sys};
 
@@ -43,7 +48,11 @@ pub(super) async fn watch_events(owner: Rc<Owner>) {
             },
             _ = collect.tick() => {}
         }
-        for tree in tree_events::collect(&owner) {
+        let collected = tree_events::collect(&owner);
+        for dying in &collected.hosts_dying {
+            host_dying(&owner, dying);
+        }
+        for tree in collected.root_exits {
             root_exited(&owner, tree);
         }
     }
@@ -121,8 +130,37 @@ fn finish_if_kept_and_empty(owner: &Rc<Owner>, tree: TreeId) {
 /// A lease ended (its host died or its connection closed), for `reason` (`host_exited`,
 /// `connection_closed`, ...): every tree it holds is killed.
 pub(super) fn end_lease(owner: &Rc<Owner>, lease: LeaseId, reason: &str) {
-    for tree in owner.daemon.registry.end_lease(lease, reason) {
+    let registry = &owner.daemon.registry;
+    let host = registry.host_of(lease);
+    for tree in registry.end_lease(lease, reason) {
         start_kill(owner, tree, None, KillReason::LeaseEnded);
+    }
+    // The host's death is no longer news once no lease of it holds a tree.
+    if let Some(host) = host.filter(|&host| !registry.host_holds_trees(host)) {
+        owner.tracker().unwatch_host_death(host);
+    }
+}
+
+/// Has the programs report the death of the host of `lease`, which now holds a tree, as it
+/// begins. Best effort: the host's pidfd and socket stay the backstop.
+pub(super) fn watch_host_death(owner: &Owner, lease: LeaseId) {
+    let Some(host) = owner.daemon.registry.host_of(lease) else {
+        return;
+    };
+    if let Err(e) = owner.tracker().watch_host_death(host) {
+        tracing::debug!(
+            lease,
+            host = host.pid,
+            "the kernel does not watch the host's death ({e}): its exit ends the lease"
+        );
+    }
+}
+
+/// The kernel saw `host` start to die (a signal set it exiting, or it crashed): its leases end
+/// now, before its exit has torn down its memory.
+pub(super) fn host_dying(owner: &Rc<Owner>, dying: &HostDying) {
+    for lease in tree_events::leases_of_dying_host(&owner.daemon, dying) {
+        end_lease(owner, lease, HOST_KILLED);
     }
 }
 

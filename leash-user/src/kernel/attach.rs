@@ -50,6 +50,12 @@ impl Attached {
             .override_global(global::TASK_GROUP_LEADER_OFFSET, &task.group_leader, true)
             .override_global(global::TASK_SIGNAL_OFFSET, &task.signal, true)
             .override_global(global::SIGNAL_LIVE_OFFSET, &task.signal_live, true)
+            .override_global(global::SIGNAL_FLAGS_OFFSET, &task.signal_flags, true)
+            .override_global(
+                global::SIGACTION_HANDLER_OFFSET,
+                &task.sigaction_handler,
+                true,
+            )
             .override_global(global::NS_PER_TICK, &proc::ticks_to_ns(1), true)
             .override_global(
                 global::MEMBERS_PER_UID,
@@ -69,6 +75,8 @@ impl Attached {
             // for all of them.
             .map_max_entries(map::ACCOUNT_JOINED, capacity.trees + 1)
             .map_max_entries(map::ACCOUNT_SEEDED, capacity.trees + 1)
+            // A host is watched while its lease holds trees: never more hosts than trees.
+            .map_max_entries(map::HOSTS, capacity.trees)
             .load(PROGRAMS)
             .context("loading the leash eBPF object (are you root?)")?;
 

@@ -10,7 +10,8 @@ use btf_rs::{Btf, Type};
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
-/// Byte offsets into `struct task_struct`, and into the `struct signal_struct` it points to.
+/// Byte offsets into `struct task_struct`, into the `struct signal_struct` it points to, and
+/// into a signal's `struct k_sigaction`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskOffsets {
     /// `pid_t tgid`
@@ -23,6 +24,11 @@ pub struct TaskOffsets {
     pub signal: u32,
     /// `atomic_t live` in `struct signal_struct`: the group's threads not yet exiting.
     pub signal_live: u32,
+    /// `unsigned int flags` in `struct signal_struct`: `SIGNAL_GROUP_EXIT` and the like.
+    pub signal_flags: u32,
+    /// The handler in `struct k_sigaction` (`sa.sa_handler`): what the host programs read of
+    /// the action a signal is delivered with.
+    pub sigaction_handler: u32,
 }
 
 /// The running kernel's BTF, parsed: read it once and take every offset from it (a parse of
@@ -45,6 +51,9 @@ impl TaskOffsets {
             group_leader: field_offset(btf, "task_struct", "group_leader")?,
             signal: field_offset(btf, "task_struct", "signal")?,
             signal_live: field_offset(btf, "signal_struct", "live")?,
+            signal_flags: field_offset(btf, "signal_struct", "flags")?,
+            sigaction_handler: field_offset(btf, "k_sigaction", "sa")?
+                + field_offset(btf, "sigaction", "sa_handler")?,
         })
     }
 }
@@ -150,6 +159,12 @@ mod tests {
         assert!(
             offsets.signal_live.is_multiple_of(4),
             "an atomic_t: {offsets:?}"
+        );
+        assert!(offsets.signal_flags.is_multiple_of(4), "{offsets:?}");
+        assert_ne!(offsets.signal_flags, offsets.signal_live);
+        assert!(
+            offsets.sigaction_handler.is_multiple_of(8),
+            "a pointer: {offsets:?}"
         );
     }
 }

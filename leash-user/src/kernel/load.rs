@@ -111,6 +111,7 @@ impl Tracker {
             events: RingBuf::try_from(take_map(&mut ebpf, map::EVENTS)?)?,
             account_joined: HashMap::try_from(take_map(&mut ebpf, map::ACCOUNT_JOINED)?)?,
             account_seeded: HashMap::try_from(take_map(&mut ebpf, map::ACCOUNT_SEEDED)?)?,
+            hosts: HashMap::try_from(take_map(&mut ebpf, map::HOSTS)?)?,
             next_tree: 1,
             pins,
             whois: whois.into(),
@@ -166,6 +167,7 @@ impl Tracker {
             events: RingBuf::try_from(events)?,
             account_joined: HashMap::try_from(pins.open_map(map::ACCOUNT_JOINED)?)?,
             account_seeded: HashMap::try_from(pins.open_map(map::ACCOUNT_SEEDED)?)?,
+            hosts: HashMap::try_from(pins.open_map(map::HOSTS)?)?,
             next_tree: 1,
             whois: Whois::new(
                 link_fd(&pins.open_link(program::WHOIS)?)?,

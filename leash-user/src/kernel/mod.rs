@@ -5,6 +5,7 @@
 mod attach;
 pub mod btf;
 mod error;
+mod hosts;
 mod kill;
 mod load;
 mod maps;

@@ -13,10 +13,12 @@ pub(super) static PROGRAMS: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
 
 /// The programs `Tracker::load` attaches, and where: each to a BTF-typed tracepoint (tp_btf).
-pub const PROGRAMS_ATTACHED: [(&str, &str); 3] = [
+pub const PROGRAMS_ATTACHED: [(&str, &str); 5] = [
     (program::FORK, "tp_btf/sched_process_fork"),
     (program::EXIT, "tp_btf/sched_process_exit"),
     (program::EXEC, "tp_btf/sched_process_exec"),
+    (program::HOST_SIGNALLED, "tp_btf/signal_generate"),
+    (program::HOST_SIGNAL_DELIVERED, "tp_btf/signal_deliver"),
 ];
 
 /// A descriptor of `link` of its own (aya's handles lend none), which holds the link whatever

@@ -8,7 +8,7 @@ use aya::{
     Ebpf,
     maps::{HashMap, MapData, RingBuf},
 };
-use leash_common::{Account, TreeId};
+use leash_common::{Account, Pid, TreeId};
 
 use super::{
     pins::Pins,
@@ -27,6 +27,8 @@ pub struct Tracker {
     pub(super) events: RingBuf<MapData>,
     pub(super) account_joined: HashMap<MapData, Account, i64>,
     pub(super) account_seeded: HashMap<MapData, Account, i64>,
+    /// Hosts watched for their death (see hosts.rs), with their start times.
+    pub(super) hosts: HashMap<MapData, Pid, u64>,
     pub(super) next_tree: TreeId,
     pub(super) pins: Option<Pins>,
     pub(super) whois: std::sync::Arc<Whois>,
