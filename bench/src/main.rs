@@ -3,6 +3,7 @@
 //! to BENCHMARKS.md. Every figure is a median over repeated runs; every ratio comes from runs of
 //! the same repetition, the variants alternating. Needs root.
 
+mod detection;
 mod flood;
 mod load;
 mod measure;
@@ -143,7 +144,7 @@ fn run(args: &Args) -> Result<()> {
         sections::escapes(&plan, &mut report)?;
     }
     if runs(Section::Detection) {
-        sections::detection(&plan, &mut report)?;
+        detection::detection(&plan, &mut report)?;
     }
     if runs(Section::Scale) {
         sections::scale(&plan, &forker, &mut report)?;

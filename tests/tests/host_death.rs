@@ -69,17 +69,24 @@ elif mode == "oom":
 sys.stdin.readline()
 "#;
 
-const WAIT: Duration = Duration::from_secs(30);
+// A deadline, not a delay: under emulation, loaded, touching 1 GiB alone can take half a minute.
+const WAIT: Duration = Duration::from_secs(120);
 
 /// A host started in `cgroup`, with the pid of its agent.
 struct Host {
     process: Child,
     lines: Receiver<String>,
+    /// Where its stderr goes: told when it fails to say what it should.
+    stderr: PathBuf,
     agent: u32,
 }
 
 impl Host {
     fn start(daemon: &Daemon, cgroup: &Cgroup, args: &[&str]) -> Self {
+        let stderr = daemon.dir.join(format!(
+            "{}.stderr",
+            cgroup.path().file_name().unwrap().to_string_lossy()
+        ));
         let mut process = cgroup
             .command(&python(), &[&["-c", HOST][..], args].concat())
             .env("LEASH_SOCKET", &daemon.socket)
@@ -89,12 +96,14 @@ impl Host {
             .env_remove("LEASH_LEASE")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
+            .stderr(fs::File::create(&stderr).expect("the host's stderr"))
             .spawn()
             .expect("starting a Python host");
         let lines = read_lines(&mut process);
         let mut host = Self {
             process,
             lines,
+            stderr,
             agent: 0,
         };
         let line = host.line("agent ");
@@ -109,10 +118,10 @@ impl Host {
     /// The rest of the next line that starts with `prefix`.
     fn line(&self, prefix: &str) -> String {
         loop {
-            let line = self
-                .lines
-                .recv_timeout(WAIT)
-                .unwrap_or_else(|e| panic!("the host said no {prefix:?}: {e}"));
+            let line = self.lines.recv_timeout(WAIT).unwrap_or_else(|e| {
+                let stderr = fs::read_to_string(&self.stderr).unwrap_or_default();
+                panic!("the host said no {prefix:?} ({e}); its stderr:\n{stderr}")
+            });
             if let Some(rest) = line.strip_prefix(prefix) {
                 return rest.trim().to_owned();
             }

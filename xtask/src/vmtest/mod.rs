@@ -222,6 +222,9 @@ fn build_initramfs(suite: &suite::Suite, out: &Path, to: &Path) -> Result<u64> {
             .with_context(|| format!("no {program} binary beside the test binary"))?;
         image.add_host_file(&path, true)?;
     }
+    // The Python host library, which the hosts of host_death import from the source tree.
+    let library = workspace_root().join("clients/python/src");
+    image.add_host_tree(&library, &|path| path.ends_with("__pycache__"))?;
     // cargo runs a test binary in its package's directory.
     let workdir = workspace_root().join("tests");
     image.add_dir(&workdir);
