@@ -64,6 +64,19 @@ impl Report {
             if plan.quick { " --quick" } else { "" },
             if plan.quick { "quick" } else { "full" },
         );
+        // Other work on the machine skews every figure: say how busy it was as the run began.
+        let load = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let load: Vec<&str> = load.split_whitespace().take(3).collect();
+        let _ = writeln!(
+            text,
+            "Load average as the run began (1, 5, 15 min): {}{}.\n",
+            load.join(", "),
+            if load.first().and_then(|l| l.parse::<f64>().ok()).unwrap_or(0.0) > 0.5 {
+                ": the machine was not quiet, and every figure below is slower for it"
+            } else {
+                ": quiet"
+            }
+        );
         text.push_str(
             "Every figure is a median over repetitions; every ratio is the median of per-repetition \
              ratios, the variants alternating within a repetition. These machines are shared and \
