@@ -71,14 +71,15 @@ pub mod program {
     pub const EXIT: &str = "leash_exit";
     /// tp_btf on `sched_process_exec`: tells what a member runs now (an event only).
     pub const EXEC: &str = "leash_exec";
+    /// (The kernel keeps 15 characters of a program's name: these two differ within them.)
     /// tp_btf on `signal_generate`: a host in `HOSTS` whose thread group a signal has set
     /// exiting (SIGKILL, the OOM killer's, a default-fatal signal neither caught nor blocked)
     /// is reported dying, before its exit tears down its memory.
-    pub const HOST_SIGNALLED: &str = "leash_host_signalled";
+    pub const HOST_KILL: &str = "leash_hostkill";
     /// tp_btf on `signal_deliver`: a host in `HOSTS` that takes a signal whose action is the
     /// default and fatal (a crash: SIGSEGV, SIGABRT, ..., which dump core before the group
     /// exits) is reported dying.
-    pub const HOST_SIGNAL_DELIVERED: &str = "leash_host_signal_delivered";
+    pub const HOST_CRASH: &str = "leash_hostcrash";
     /// A task iterator (`iter/task`): fills `WHOIS` for the process it names.
     pub const WHOIS: &str = "leash_whois";
     /// fmod_ret on `security_ptrace_access_check`: refuses a member attach-mode access to any

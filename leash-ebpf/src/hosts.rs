@@ -51,7 +51,7 @@ const SIG_DFL: u64 = 0;
 /// int result)` fires in the sender, after the kernel has queued the signal (or found it
 /// ignored) and, for a fatal one, set the target's group exiting.
 #[btf_tracepoint(function = "signal_generate")]
-pub(crate) fn leash_host_signalled(ctx: BtfTracePointContext) -> i32 {
+pub(crate) fn leash_hostkill(ctx: BtfTracePointContext) -> i32 {
     let task: *const u8 = ctx.arg(2);
     // The hot path for every signal on the machine (a SIGCHLD at every exit among them): one
     // read and one lookup, and out for any process that is not a host.
@@ -72,7 +72,7 @@ pub(crate) fn leash_host_signalled(ctx: BtfTracePointContext) -> i32 {
 /// `signal_deliver(int sig, struct kernel_siginfo *info, struct k_sigaction *ka)` fires in the
 /// thread that takes the signal, with the action it is about to take.
 #[btf_tracepoint(function = "signal_deliver")]
-pub(crate) fn leash_host_signal_delivered(ctx: BtfTracePointContext) -> i32 {
+pub(crate) fn leash_hostcrash(ctx: BtfTracePointContext) -> i32 {
     let tgid = current_tgid();
     // SAFETY: a u64 copied at once (see "Reading the hash maps" in programs.rs).
     let Some(start_ns) = (unsafe { HOSTS.get(tgid) }).copied() else {

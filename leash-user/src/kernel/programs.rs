@@ -17,8 +17,8 @@ pub const PROGRAMS_ATTACHED: [(&str, &str); 5] = [
     (program::FORK, "tp_btf/sched_process_fork"),
     (program::EXIT, "tp_btf/sched_process_exit"),
     (program::EXEC, "tp_btf/sched_process_exec"),
-    (program::HOST_SIGNALLED, "tp_btf/signal_generate"),
-    (program::HOST_SIGNAL_DELIVERED, "tp_btf/signal_deliver"),
+    (program::HOST_KILL, "tp_btf/signal_generate"),
+    (program::HOST_CRASH, "tp_btf/signal_deliver"),
 ];
 
 /// A descriptor of `link` of its own (aya's handles lend none), which holds the link whatever
