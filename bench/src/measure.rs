@@ -71,7 +71,12 @@ impl Report {
             text,
             "Load average as the run began (1, 5, 15 min): {}{}.\n",
             load.join(", "),
-            if load.first().and_then(|l| l.parse::<f64>().ok()).unwrap_or(0.0) > 0.5 {
+            if load
+                .first()
+                .and_then(|l| l.parse::<f64>().ok())
+                .unwrap_or(0.0)
+                > 0.5
+            {
                 ": the machine was not quiet, and every figure below is slower for it"
             } else {
                 ": quiet"

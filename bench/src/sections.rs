@@ -377,6 +377,7 @@ pub(crate) fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<(
     let (tree, mut root) = client.spawn(&mut command, &GRACE_0)?;
     wait_ready(&mut root)?;
     let tracked_build = started.elapsed();
+    let rss_tracking_n = rss_mib(daemon.pid())?;
     let truth = group.procs();
     // The kernel's count of the tree (`list` names at most 1000 members a tree, and counts
     // them all).
@@ -432,6 +433,7 @@ pub(crate) fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<(
 
     // The daemon at rest, then under a tracked fork storm.
     let idle = footprint(daemon.pid(), Duration::from_secs(2), || Ok(None))?;
+    let rss_just_started = rss_from_start(&daemon.dir.join("just-started"))?;
     let dropped_before = client.status()?.events_dropped;
     // One storming process per core: a single one is bound by its own fork+wait round trip.
     let workers = thread::available_parallelism().map_or(2, |n| n.get());
@@ -494,7 +496,21 @@ pub(crate) fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<(
         ],
         &[
             vec![
-                "idle".into(),
+                "just started: serving, no client yet".into(),
+                f1(rss_just_started),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ],
+            vec![
+                format!("{n} members tracked (the tree above, built)"),
+                f1(rss_tracking_n),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ],
+            vec![
+                "idle, after its clients".into(),
                 f1(idle.rss_mib),
                 f1(idle.cpu_percent),
                 "-".into(),
@@ -542,13 +558,8 @@ fn footprint(
         thread::sleep(window);
     }
     let (cpu_used, elapsed) = (cpu()? - cpu_before, started.elapsed().as_secs_f64());
-    let rss_kib: f64 = fs::read_to_string(format!("/proc/{pid}/status"))?
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0);
     Ok(Footprint {
-        rss_mib: rss_kib / 1024.0,
+        rss_mib: rss_mib(pid)?,
         cpu_percent: 100.0 * cpu_used / elapsed,
         rate,
     })
@@ -556,4 +567,36 @@ fn footprint(
 
 pub(crate) fn verdict(met: bool) -> &'static str {
     if met { "(goal met)" } else { "(goal missed)" }
+}
+
+/// Process `pid`'s resident memory (VmRSS), in MiB.
+fn rss_mib(pid: u32) -> Result<f64> {
+    let rss_kib: f64 = fs::read_to_string(format!("/proc/{pid}/status"))?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("no VmRSS")?;
+    Ok(rss_kib / 1024.0)
+}
+
+/// A daemon's RSS once it serves, before any client has connected: what loading left behind.
+/// A daemon of its own (unpinned, in `dir`), watched through its log rather than its socket, since a
+/// connection's end is one of the times the daemon gives memory back.
+fn rss_from_start(dir: &Path) -> Result<f64> {
+    fs::create_dir_all(dir)?;
+    let log = dir.join("daemon.log");
+    let mut daemon = Command::new(leash_tests::leash_binary())
+        .args(["daemon", "--no-pin", "--socket"])
+        .arg(dir.join("leash.sock"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log)?)
+        .spawn()?;
+    let serving = await_that("the daemon to serve", Duration::from_secs(30), || {
+        fs::read_to_string(&log).is_ok_and(|text| text.contains("leash daemon serving"))
+    });
+    let rss = serving.and_then(|()| rss_mib(daemon.id()));
+    leash_tests::daemon::signal(daemon.id(), "TERM");
+    daemon.wait()?;
+    rss
 }
