@@ -5,6 +5,7 @@
 
 mod detection;
 mod flood;
+mod kill_beside;
 mod load;
 mod measure;
 mod sections;
@@ -139,6 +140,7 @@ fn run(args: &Args) -> Result<()> {
     }
     if runs(Section::Kill) {
         sections::kill_latency(&plan, &mut report)?;
+        kill_beside::kill_beside_others(&plan, &forker, &mut report)?;
     }
     if runs(Section::Escapes) {
         sections::escapes(&plan, &mut report)?;
