@@ -37,6 +37,7 @@ mod hijacked_dirs;
 mod host_death;
 mod host_dies;
 mod host_killed_mid_wait;
+mod host_memory;
 mod host_node;
 mod host_python;
 mod host_words;

@@ -40,8 +40,9 @@ export HOME=/root LANG=C.UTF-8 RUST_BACKTRACE=1
 # The tests of the daemon under its unit's restrictions run without the system call filter:
 # the guests have no systemd-analyze to expand it.
 export LEASH_TEST_SKIP_SYSTEMD=1
-# Nor have they Node.js or the host libraries' sources: the tests that run a host library are
-# left out (their kernel paths are the exec shim's, which exec_shim and pid_namespace test).
+# Nor have they Node.js or pytest: the host libraries' test suites are left out (their kernel
+# paths are the exec shim's, which exec_shim and pid_namespace test). The Python library's
+# sources are there, for host_death's hosts.
 export LEASH_TEST_SKIP_HOSTS=1
 # Nor gdb: the ptrace guard's test checks gdb on the host only, and its helper everywhere.
 export LEASH_TEST_NO_GDB=1

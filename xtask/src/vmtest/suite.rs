@@ -43,6 +43,7 @@ pub(super) const LEFT_OUT: &[(&str, &str)] = &[
     ("run_refused", "user space: a refused `leash run` leaves nothing waiting"),
     ("grace_shortened", "user space: a pending grace only gets shorter"),
     ("metrics", "user space: the metrics endpoint; its checks run Python's prometheus_client and promtool, which the guests do not have"),
+    ("host_memory", "host_death's kernel path with a host holding 1 GiB, whose touching takes a minute under emulation; host_death runs the same path with small hosts"),
     ("host_words", "user space: the host libraries' lists of the protocol's words"),
     ("host_python", "needs Python with pytest, which the guests do not have; the library's kernel paths are the exec shim's (exec_shim)"),
     ("host_node", "needs Node.js and the Claude Agent SDK, which the guests do not have; the library's kernel paths are the exec shim's (exec_shim)"),
