@@ -165,3 +165,30 @@ fn a_root_exit_is_recorded_once() {
     assert!(registry.root_exited(6).is_none());
     assert!(registry.root_exited(8).is_none());
 }
+
+#[test]
+fn a_host_is_named_by_its_pid_and_start_and_holds_trees_while_a_lease_of_it_does() {
+    let registry = Registry::default();
+    let host = ProcessRef {
+        pid: 10,
+        start_ticks: 100,
+    };
+    let (first, second) = (lease(&registry), lease(&registry));
+    // The same pid, started later: another process.
+    let later = registry
+        .open_lease(1000, 1000, [1].into(), 10, 200)
+        .unwrap();
+    let mut leases = registry.leases_of(host);
+    leases.sort_unstable();
+    assert_eq!(leases, vec![first, second]);
+    assert_eq!(registry.host_of(later).map(|h| h.start_ticks), Some(200));
+    assert!(!registry.host_holds_trees(host), "no tree yet");
+    let place = registry.reserve(&[], 10).unwrap();
+    let _ = registry.file(5, entry(second, 1000), None, place);
+    assert!(registry.host_holds_trees(host));
+    let _ = registry.end_lease(first, "connection_closed");
+    assert!(registry.host_holds_trees(host), "the second lease holds tree 5");
+    let _ = registry.end_lease(second, "host_killed");
+    assert!(!registry.host_holds_trees(host));
+    assert_eq!(registry.leases_of(host), Vec::<LeaseId>::new());
+}
