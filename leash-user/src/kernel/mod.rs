@@ -5,6 +5,7 @@
 mod attach;
 pub mod btf;
 mod error;
+mod index;
 mod kill;
 mod load;
 mod maps;
