@@ -15,9 +15,17 @@
 //! time), so a recycled pid is never hit.
 //!
 //! Every step is short whatever the tree's size, so that one driver can interleave a kill with
-//! other work: a walk of the map queues the members that need a signal, and each step signals
-//! at most [`SIGNALS_PER_STEP`] of them. An entry checked long after its walk is still safe to
+//! other work: a search queues the members that need a signal, and each step signals at most
+//! [`SIGNALS_PER_STEP`] of them. An entry checked long after its search is still safe to
 //! signal: the pidfd is opened first and the entry (or /proc) checked after, as for a fresh one.
+//!
+//! A search costs what the tree costs, not what the map holds: it looks up the pids the index
+//! of each tree's pids has for the tree (see `kernel::index`), and trusts what it found only if
+//! the kernel's counters show it found every member; otherwise it walks the whole map, which is
+//! the truth. The counters can show it because a member cannot come back once it has left:
+//! with none joined or put in between the two reads of the counters around the lookups, every
+//! entry found in the tree was counted by the first read, so finding as many as it counted
+//! finds them all. A walk also runs at least every [`FULL_ROUND_EVERY`] while members are left.
 
 mod signal;
 mod target;
@@ -35,7 +43,7 @@ use leash_common::{Member, Pid, TreeId};
 use signal::{Signal, process_of, signal_member};
 use target::KillTarget;
 
-use super::tracker::Tracker;
+use super::{tracker::Tracker, types::TreeStatus};
 use crate::proc::ProcessRef;
 
 /// How long SIGKILL rounds may go on before the kill is reported as failed (a process stuck in
@@ -43,9 +51,9 @@ use crate::proc::ProcessRef;
 pub const KILL_ROUNDS_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a round waits for the signalled members to die before the next round.
 const ROUND_WAIT: Duration = Duration::from_millis(20);
-/// A SIGKILL round walks the whole member map. After the first, one is needed only when a
-/// member joined since the last began (a SIGKILLed process dies; sending again changes
-/// nothing), but one runs at least this often all the same.
+/// After the first SIGKILL round, another is needed only when a member joined since the last
+/// began (a SIGKILLed process dies; sending again changes nothing), but one that walks the
+/// whole member map runs at least this often all the same.
 const FULL_ROUND_EVERY: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(1);
 /// How many exiting members one step checks in /proc, so a step stays short at any tree size.
@@ -88,7 +96,7 @@ pub struct Kill {
     doomed_ns: u64,
 }
 
-/// A member entry as a walk found it, and what to send it.
+/// A member entry as a search found it, and what to send it.
 #[derive(Clone, Copy, Debug)]
 struct Queued {
     pid: Pid,
@@ -116,6 +124,22 @@ pub enum KillError {
     Kernel { tree: TreeId, message: String },
 }
 
+/// Where a search for the tree's members looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Search {
+    /// The index's pids of the tree, if they can be shown to be every member; else the map.
+    Index,
+    /// The whole member map.
+    Walk,
+}
+
+/// What a search found.
+struct Found {
+    members: Vec<(Pid, Member)>,
+    /// Whether the whole map was walked for them.
+    walked: bool,
+}
+
 #[derive(Debug)]
 enum Phase {
     Start,
@@ -126,7 +150,7 @@ enum Phase {
     },
     Rounds {
         next_round: Instant,
-        /// When a round runs even if no member joined.
+        /// When a round that walks the map runs, even if no member joined.
         next_full_round: Instant,
         /// The tree's `joined` counter when the last round began.
         joined: u64,
@@ -212,11 +236,12 @@ impl Kill {
                 if self.grace.is_zero() {
                     // Straight to the first round, without a pause.
                     self.phase = rounds_from(now);
-                    self.round(tracker, now)?;
+                    self.round(tracker, now, Search::Index)?;
                 } else {
                     let joined = tracker.tree_status(tree)?.joined;
-                    // Members born doomed (after the doom, before this walk) get SIGKILL.
-                    self.enqueue(tracker, Signal::TermOrKillNewborn(self.doomed_ns))?;
+                    // Members born doomed (after the doom, before this search) get SIGKILL.
+                    let newborn = Signal::TermOrKillNewborn(self.doomed_ns);
+                    self.enqueue(tracker, newborn, Search::Index)?;
                     self.phase = Phase::Grace {
                         until: now + self.grace,
                         joined,
@@ -224,7 +249,7 @@ impl Kill {
                 }
             }
             Phase::Grace { until, joined } => {
-                if tracker.is_empty(tree)? {
+                if tracker.counted_empty(tree)? {
                     return Ok(self.exiting(now));
                 }
                 if now >= until {
@@ -232,7 +257,7 @@ impl Kill {
                     // round sends SIGKILL to every member, those still queued for SIGTERM too.
                     self.queue.clear();
                     self.phase = rounds_from(now);
-                    self.round(tracker, now)?;
+                    self.round(tracker, now, Search::Index)?;
                 } else {
                     // A member forked (and died of it, in the kernel): its child was born
                     // doomed and does not get the grace period.
@@ -242,7 +267,8 @@ impl Kill {
                             until,
                             joined: joined_now,
                         };
-                        self.enqueue(tracker, Signal::KillNewborn(self.doomed_ns))?;
+                        let newborn = Signal::KillNewborn(self.doomed_ns);
+                        self.enqueue(tracker, newborn, Search::Index)?;
                     }
                 }
             }
@@ -252,7 +278,7 @@ impl Kill {
                 joined,
                 give_up,
             } => {
-                if tracker.is_empty(tree)? {
+                if tracker.counted_empty(tree)? {
                     return Ok(self.exiting(now));
                 }
                 // Not while a round is still being sent: the members left have not all had
@@ -265,11 +291,13 @@ impl Kill {
                     }
                     .into());
                 }
-                // A round begins once the last one's queue is worked through.
-                if self.queue.is_empty() {
-                    let someone_joined = tracker.tree_status(tree)?.joined != joined;
-                    if now >= next_round && (someone_joined || now >= next_full_round) {
-                        self.round(tracker, now)?;
+                // A round begins once the last one's queue is worked through: a search of the
+                // index for newborns, or now and then a walk of the map whatever happened.
+                if self.queue.is_empty() && now >= next_round {
+                    if tracker.tree_status(tree)?.joined != joined {
+                        self.round(tracker, now, Search::Index)?;
+                    } else if now >= next_full_round {
+                        self.round(tracker, now, Search::Walk)?;
                     }
                 }
             }
@@ -313,8 +341,16 @@ impl Kill {
         }
     }
 
-    /// Begins a SIGKILL round: queues every member, as the map has them now.
-    fn round<T: KillTarget>(&mut self, tracker: &mut T, now: Instant) -> Result<()> {
+    /// Begins a SIGKILL round: queues every member, as `search` finds them now.
+    fn round<T: KillTarget>(
+        &mut self,
+        tracker: &mut T,
+        now: Instant,
+        search: Search,
+    ) -> Result<()> {
+        // Read before the search: whoever joins during it makes the next round run.
+        let joined_now = tracker.tree_status(self.tree)?.joined;
+        let (queued, walked) = self.enqueue(tracker, Signal::Kill, search)?;
         let Phase::Rounds {
             next_round,
             next_full_round,
@@ -324,24 +360,27 @@ impl Kill {
         else {
             return Ok(());
         };
-        // Read before the walk: whoever joins during it makes the next round run.
-        *joined = tracker.tree_status(self.tree)?.joined;
+        *joined = joined_now;
         *next_round = now + ROUND_WAIT;
-        *next_full_round = now + FULL_ROUND_EVERY;
-        let queued = self.enqueue(tracker, Signal::Kill)?;
+        if walked || *next_full_round <= now {
+            *next_full_round = now + FULL_ROUND_EVERY;
+        }
         self.rounds += 1;
-        tracing::debug!(round = self.rounds, queued, "SIGKILL round");
+        tracing::debug!(round = self.rounds, queued, walked, "SIGKILL round");
         Ok(())
     }
 
-    /// Walks the member map and queues what `signal` says for each member of the tree.
-    /// Returns how many were queued.
-    fn enqueue<T: KillTarget>(&mut self, tracker: &T, signal: Signal) -> Result<usize> {
+    /// Finds the tree's members (see [`Kill::find_members`]) and queues what `signal` says for
+    /// each. Returns how many were queued, and whether the whole map was walked.
+    fn enqueue<T: KillTarget>(
+        &mut self,
+        tracker: &mut T,
+        signal: Signal,
+        search: Search,
+    ) -> Result<(usize, bool)> {
+        let Found { members, walked } = self.find_members(tracker, search)?;
         let mut queued = 0;
-        for (pid, member) in tracker.member_entries()? {
-            if member.tree != self.tree {
-                continue;
-            }
+        for (pid, member) in members {
             let process = process_of(pid, member);
             let Some(number) = signal.for_member(&member, self.signalled.get(&process).copied())
             else {
@@ -360,8 +399,41 @@ impl Kill {
             }
             queued += 1;
         }
-        tracing::debug!(?signal, queued, "queued");
-        Ok(queued)
+        tracing::debug!(?signal, queued, walked, "queued");
+        Ok((queued, walked))
+    }
+
+    /// The tree's members now: those the index has, if the counters show they are all of them
+    /// (see the module doc), or else every member a walk of the whole map finds (and the index
+    /// is set to them).
+    fn find_members<T: KillTarget>(&self, tracker: &mut T, search: Search) -> Result<Found> {
+        if search == Search::Index {
+            let before = tracker.tree_status(self.tree)?;
+            let members = tracker.indexed_members(self.tree);
+            let after = tracker.tree_status(self.tree)?;
+            if found_all(&before, &after, members.len()) {
+                return Ok(Found {
+                    members,
+                    walked: false,
+                });
+            }
+            tracing::debug!(
+                tree = self.tree,
+                indexed = members.len(),
+                counted = before.members,
+                "the index cannot be shown to hold every member: walking the map"
+            );
+        }
+        let members: Vec<_> = tracker
+            .member_entries()?
+            .into_iter()
+            .filter(|(_, member)| member.tree == self.tree)
+            .collect();
+        tracker.reindex(self.tree, &members);
+        Ok(Found {
+            members,
+            walked: true,
+        })
     }
 
     /// Signals the next [`SIGNALS_PER_STEP`] queued members.
@@ -415,7 +487,7 @@ impl Kill {
         Ok(())
     }
 
-    /// The map is empty: wait for the signalled members to finish exiting.
+    /// The counters say the tree is empty: wait for the signalled members to finish exiting.
     fn exiting(&mut self, now: Instant) -> KillStep {
         // Whatever is still queued left the map: nothing to signal.
         self.queue.clear();
@@ -432,6 +504,15 @@ impl Kill {
         };
         KillStep::Wait(Duration::ZERO)
     }
+}
+
+/// Whether `found` members, looked up between the counters' reads `before` and `after`, are
+/// every member: none joined or was put in between, so each one found was counted in `before`,
+/// and it found as many as were counted.
+fn found_all(before: &TreeStatus, after: &TreeStatus, found: usize) -> bool {
+    before.joined == after.joined
+        && before.seeded == after.seeded
+        && u64::try_from(found).is_ok_and(|found| found >= before.members)
 }
 
 fn rounds_from(now: Instant) -> Phase {

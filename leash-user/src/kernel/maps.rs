@@ -59,6 +59,7 @@ impl Tracker {
         let account = self.holder(tree).map(|h| h.account).ok();
         let _ = self.view.counters.remove(&tree);
         let _ = self.view.control.remove(&tree);
+        self.view.index.forget(tree);
         // The account's quota entries go with its last tree.
         if let Some(account) = account
             && !self
@@ -95,6 +96,7 @@ impl Tracker {
                 if self.view.members.insert(pid, back, BPF_EXIST).is_ok() {
                     self.add_seeded(enclosing, 1)?;
                     self.add_seeded(tree, -1)?;
+                    self.view.index.admit(enclosing, pid);
                 }
             }
         }
@@ -147,6 +149,7 @@ impl Tracker {
                 "took out a member whose process is gone"
             );
             self.add_seeded(stale.tree, -1)?;
+            self.view.index.remove(stale.tree, pid);
         }
         Ok(())
     }

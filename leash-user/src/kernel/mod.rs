@@ -6,6 +6,7 @@ mod attach;
 pub mod btf;
 mod error;
 mod hosts;
+mod index;
 mod kill;
 mod load;
 mod maps;

@@ -252,6 +252,7 @@ impl Tracker {
         let still_there = proc::alive_start(process.pid) == Some(process.start_ticks);
         if still_there {
             self.add_seeded(tree, 1)?;
+            self.view.index.admit(tree, process.pid);
             return Ok(true);
         }
         if self.view.members.remove(&process.pid).is_err() {
@@ -286,6 +287,8 @@ impl Tracker {
         }
         self.add_seeded(current.tree, -1)?;
         self.add_seeded(tree, 1)?;
+        self.view.index.remove(current.tree, process.pid);
+        self.view.index.admit(tree, process.pid);
         Ok(true)
     }
 }

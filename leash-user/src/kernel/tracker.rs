@@ -92,12 +92,14 @@ impl Tracker {
         self.view.duplicate()
     }
 
-    /// Takes every event waiting in the ring buffer. Best effort: see `Stats::events_dropped`.
+    /// Takes every event waiting in the ring buffer, and keeps the index of each tree's pids
+    /// up to date with them. Best effort: see `Stats::events_dropped`.
     pub fn drain_events(&mut self) -> Vec<TreeEvent> {
         let mut events = Vec::new();
         while let Some(item) = self.events.next() {
             events.extend(TreeEvent::decode(&item));
         }
+        self.index_records(&events);
         events
     }
 

@@ -9,7 +9,10 @@ use anyhow::{Context, Result, anyhow};
 use aya::maps::{HashMap, IterableMap, Map, MapData, MapError, PerCpuArray};
 use leash_common::{Holder, Member, Pid, TreeControl, TreeCounters, TreeId, stat};
 
-use super::types::{Capacity, MemberInfo, Stats, TreeStatus};
+use super::{
+    index::MemberIndex,
+    types::{Capacity, MemberInfo, Stats, TreeStatus},
+};
 use crate::{
     proc::{self, ProcessInfo},
     sys,
@@ -25,6 +28,9 @@ pub struct TrackerView {
     pub(super) control: HashMap<MapData, TreeId, TreeControl>,
     stats: PerCpuArray<MapData, u64>,
     capacity: Capacity,
+    /// Each tree's pids, a hint for the kill (see [`MemberIndex`]). Kept by the tracker alone,
+    /// in its own view, as it writes the maps and reads the records: a duplicate's stays empty.
+    pub(super) index: MemberIndex,
 }
 
 // Views are handed to other threads; a change in aya that made that impossible must not compile.
@@ -60,6 +66,7 @@ impl TrackerView {
             control: HashMap::try_from(control)?,
             stats: PerCpuArray::try_from(stats)?,
             capacity,
+            index: MemberIndex::default(),
         })
     }
 

@@ -28,11 +28,21 @@ pub(super) trait KillTarget {
     /// The kernel's counters of `tree`: its members now, and how many ever joined at fork.
     fn tree_status(&self, tree: TreeId) -> Result<TreeStatus>;
 
-    /// Whether `tree` has no members left.
-    fn is_empty(&self, tree: TreeId) -> Result<bool>;
+    /// Whether the kernel's counters say `tree` has no members left. They are exact: each
+    /// program counts a member in or out right after it changes the map, and a member that
+    /// forks is alive, and counted, until its child has been counted in.
+    fn counted_empty(&self, tree: TreeId) -> Result<bool>;
 
-    /// Every entry of the member map now.
+    /// Every entry of the member map now: a walk of the whole map, all trees'.
     fn member_entries(&self) -> Result<Vec<(Pid, Member)>>;
+
+    /// The members of `tree` that the index of each tree's pids knows of, each looked up in the
+    /// map now (only those whose entry is in `tree`; a pid found outside it leaves the index).
+    /// It may lack members (see `kernel::index`).
+    fn indexed_members(&mut self, tree: TreeId) -> Vec<(Pid, Member)>;
+
+    /// Sets the index's pids of `tree` to `members`, what a walk of the map just found.
+    fn reindex(&mut self, tree: TreeId, members: &[(Pid, Member)]);
 
     /// The member entry of `pid`, if there is one.
     fn member(&self, pid: Pid) -> Option<Member>;
@@ -71,12 +81,20 @@ impl KillTarget for Tracker {
         TrackerView::tree_status(self, tree)
     }
 
-    fn is_empty(&self, tree: TreeId) -> Result<bool> {
-        TrackerView::is_empty(self, tree)
+    fn counted_empty(&self, tree: TreeId) -> Result<bool> {
+        Ok(TrackerView::tree_status(self, tree)?.members == 0)
     }
 
     fn member_entries(&self) -> Result<Vec<(Pid, Member)>> {
         TrackerView::member_entries(self)
+    }
+
+    fn indexed_members(&mut self, tree: TreeId) -> Vec<(Pid, Member)> {
+        Tracker::indexed_members(self, tree)
+    }
+
+    fn reindex(&mut self, tree: TreeId, members: &[(Pid, Member)]) {
+        Tracker::reindex(self, tree, members);
     }
 
     fn member(&self, pid: Pid) -> Option<Member> {

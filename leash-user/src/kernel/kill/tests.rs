@@ -3,8 +3,8 @@
 //! only when the test moves it. No BPF, no real process.
 
 use std::{
-    cell::RefCell,
-    collections::BTreeMap,
+    cell::{Cell, RefCell},
+    collections::{BTreeMap, BTreeSet},
     io,
     time::{Duration, Instant},
 };
@@ -14,7 +14,7 @@ use leash_common::{Member, Pid, TreeId};
 
 use super::{
     FULL_ROUND_EVERY, KILL_ROUNDS_TIMEOUT, Kill, KillError, KillReport, KillStep, KillTarget,
-    SIGNALS_PER_STEP,
+    SIGNALS_PER_STEP, found_all,
 };
 use crate::{
     kernel::TreeStatus,
@@ -62,12 +62,19 @@ struct Fake {
     /// How far the clock moved since `epoch`.
     elapsed: Duration,
     members: BTreeMap<Pid, Member>,
+    /// Each tree's pids as user space has heard: forks and registrations go in at once (their
+    /// records read in time), exits stay until a kill finds them gone (their records unread).
+    index: BTreeMap<TreeId, BTreeSet<Pid>>,
     /// Every process ever, the newest of a pid last (processes are behind a RefCell: signals
     /// go through `&self`, as they do through a pidfd).
     processes: RefCell<Vec<Process>>,
     doomed_ns: Option<u64>,
     joined: u64,
     next_pid: Pid,
+    /// Walks of the whole member map.
+    walks: Cell<usize>,
+    /// Lookups of one entry of the member map.
+    lookups: Cell<usize>,
 }
 
 impl Fake {
@@ -76,10 +83,13 @@ impl Fake {
             epoch: Instant::now(),
             elapsed: Duration::ZERO,
             members: BTreeMap::new(),
+            index: BTreeMap::new(),
             processes: RefCell::new(Vec::new()),
             doomed_ns: None,
             joined: 0,
             next_pid: 1000,
+            walks: Cell::new(0),
+            lookups: Cell::new(0),
         }
     }
 
@@ -105,8 +115,15 @@ impl Fake {
         start_ns
     }
 
-    /// A member of `tree` that joined at a fork, before any kill.
+    /// A member of `tree` that joined at a fork, before any kill; its fork record was read.
     fn add_member(&mut self, tree: TreeId) -> Pid {
+        let pid = self.add_unindexed_member(tree);
+        self.index.entry(tree).or_default().insert(pid);
+        pid
+    }
+
+    /// A member of `tree` that joined at a fork whose record was dropped, or not read yet.
+    fn add_unindexed_member(&mut self, tree: TreeId) -> Pid {
         let pid = self.next_pid;
         self.next_pid += 1;
         let start_ns = self.start(pid);
@@ -132,10 +149,18 @@ impl Fake {
     }
 
     /// `pid` forks: in a doomed tree the fork program kills the forker, and the child joins
-    /// all the same (born doomed). Returns the child's pid.
+    /// all the same (born doomed). Its record is read at once. Returns the child's pid.
     fn fork(&mut self, pid: Pid) -> Pid {
+        let child = self.fork_unrecorded(pid);
+        let tree = self.members[&child].tree;
+        self.index.entry(tree).or_default().insert(child);
+        child
+    }
+
+    /// [`Fake::fork`], its record not read (yet).
+    fn fork_unrecorded(&mut self, pid: Pid) -> Pid {
         let tree = self.members[&pid].tree;
-        let child = self.add_member(tree);
+        let child = self.add_unindexed_member(tree);
         self.members.get_mut(&child).unwrap().parent = pid;
         if self.doomed_ns.is_some() {
             self.process(pid).state = State::Dying;
@@ -169,6 +194,13 @@ impl Fake {
     fn tree_members(&self, tree: TreeId) -> usize {
         self.members.values().filter(|m| m.tree == tree).count()
     }
+
+    fn indexed(&self, tree: TreeId) -> Vec<Pid> {
+        self.index
+            .get(&tree)
+            .map(|pids| pids.iter().copied().collect())
+            .unwrap_or_default()
+    }
 }
 
 impl KillTarget for Fake {
@@ -199,15 +231,35 @@ impl KillTarget for Fake {
         })
     }
 
-    fn is_empty(&self, tree: TreeId) -> Result<bool> {
+    fn counted_empty(&self, tree: TreeId) -> Result<bool> {
         Ok(self.tree_members(tree) == 0)
     }
 
     fn member_entries(&self) -> Result<Vec<(Pid, Member)>> {
+        self.walks.set(self.walks.get() + 1);
         Ok(self.members.iter().map(|(&pid, &m)| (pid, m)).collect())
     }
 
+    fn indexed_members(&mut self, tree: TreeId) -> Vec<(Pid, Member)> {
+        let mut found = Vec::new();
+        for pid in self.indexed(tree) {
+            match self.member(pid) {
+                Some(member) if member.tree == tree => found.push((pid, member)),
+                _ => {
+                    self.index.get_mut(&tree).map(|pids| pids.remove(&pid));
+                }
+            }
+        }
+        found
+    }
+
+    fn reindex(&mut self, tree: TreeId, members: &[(Pid, Member)]) {
+        self.index
+            .insert(tree, members.iter().map(|&(pid, _)| pid).collect());
+    }
+
     fn member(&self, pid: Pid) -> Option<Member> {
+        self.lookups.set(self.lookups.get() + 1);
         self.members.get(&pid).copied()
     }
 
@@ -490,4 +542,188 @@ fn a_stale_entry_from_proc_is_taken_out_not_signalled() {
     assert!(fake.member(pid).is_none(), "the stale entry is taken out");
     assert_eq!(fake.signals(live), [libc::SIGKILL]);
     assert_eq!(report.killed, 1);
+}
+
+/// Other trees' members, many more than the tree killed has.
+const CROWD: usize = 2000;
+
+#[test]
+fn a_complete_index_spares_the_walk_of_the_whole_map() {
+    for grace in [Duration::ZERO, Duration::from_secs(5)] {
+        let mut fake = Fake::new();
+        let members: Vec<Pid> = (0..10).map(|_| fake.add_member(TREE)).collect();
+        let crowd: Vec<Pid> = (0..CROWD).map(|_| fake.add_member(OTHER_TREE)).collect();
+        let mut kill = Kill::new(TREE, grace);
+        let report = drive(&mut kill, &mut fake, |_| {}).unwrap();
+        assert_eq!(report.terminated + report.killed, members.len());
+        assert_eq!(fake.walks.get(), 0, "no walk of the map");
+        assert!(
+            fake.lookups.get() <= 3 * members.len(),
+            "{} lookups: the tree's cost, not the map's",
+            fake.lookups.get()
+        );
+        assert_eq!(fake.tree_members(TREE), 0);
+        assert!(crowd.iter().all(|&pid| fake.signals(pid).is_empty()));
+    }
+}
+
+#[test]
+fn a_member_the_index_lacks_is_found_by_a_walk_in_the_same_round() {
+    let mut fake = Fake::new();
+    let indexed: Vec<Pid> = (0..10).map(|_| fake.add_member(TREE)).collect();
+    // Its fork record was dropped; and a member whose exit record was dropped keeps the index
+    // as large as the tree, so its size alone would pass for complete.
+    let missing = fake.add_unindexed_member(TREE);
+    let gone = fake.add_member(TREE);
+    fake.process(gone).state = State::Reaped;
+    fake.members.remove(&gone);
+    for _ in 0..CROWD {
+        fake.add_member(OTHER_TREE);
+    }
+    assert_eq!(fake.indexed(TREE).len(), fake.tree_members(TREE));
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let report = drive(&mut kill, &mut fake, |_| {}).unwrap();
+    assert_eq!(fake.signals(missing), [libc::SIGKILL]);
+    for &pid in &indexed {
+        assert_eq!(fake.signals(pid), [libc::SIGKILL]);
+    }
+    assert_eq!(
+        (report.killed, report.rounds),
+        (11, 1),
+        "in the first round"
+    );
+    assert_eq!(fake.walks.get(), 1);
+    assert!(
+        report.elapsed < FULL_ROUND_EVERY,
+        "not left to the periodic walk"
+    );
+    assert_eq!(fake.tree_members(TREE), 0);
+}
+
+#[test]
+fn newborns_are_found_through_the_index_or_by_a_walk() {
+    let mut fake = Fake::new();
+    let parent = fake.add_member(TREE);
+    let other = fake.add_member(TREE);
+    fake.process(other).unkillable = true;
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    kill.step_on(&mut fake).unwrap();
+    // A fork whose record is read before the next round: the index has the child.
+    let recorded = fake.fork(parent);
+    let mut unrecorded = None;
+    let mut walks_before = None;
+    let error = drive(&mut kill, &mut fake, |fake| {
+        if unrecorded.is_none() && fake.signals(recorded) == [libc::SIGKILL] {
+            walks_before = Some(fake.walks.get());
+            // Its child's record is not read in time: a walk finds it.
+            unrecorded = Some(fake.fork_unrecorded(recorded));
+        }
+    })
+    .unwrap_err();
+    assert!(matches!(error, KillError::Unkillable { .. }), "{error:?}");
+    assert_eq!(
+        walks_before,
+        Some(0),
+        "the first newborn came from the index"
+    );
+    let unrecorded = unrecorded.unwrap();
+    assert_eq!(fake.signals(recorded), [libc::SIGKILL]);
+    assert_eq!(fake.signals(unrecorded), [libc::SIGKILL]);
+    assert!(fake.walks.get() > 0, "found by a walk");
+}
+
+#[test]
+fn a_recycled_pid_in_the_index_is_never_signalled_and_leaves_it() {
+    let mut fake = Fake::new();
+    let live = fake.add_member(TREE);
+    // Two members die and their exit records are lost; one's pid goes to a member of another
+    // tree, the other's to a process no tree holds.
+    let (to_other_tree, to_outsider) = (fake.add_member(TREE), fake.add_member(TREE));
+    for pid in [to_other_tree, to_outsider] {
+        fake.process(pid).state = State::Reaped;
+        fake.members.remove(&pid);
+    }
+    fake.tick(Duration::from_millis(20));
+    let start_ns = fake.start(to_other_tree);
+    fake.members.insert(
+        to_other_tree,
+        Member {
+            tree: OTHER_TREE,
+            parent: 1,
+            start_ns,
+        },
+    );
+    fake.start(to_outsider);
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let report = drive(&mut kill, &mut fake, |_| {}).unwrap();
+    assert_eq!(fake.signals(live), [libc::SIGKILL]);
+    assert!(
+        fake.signals(to_other_tree).is_empty(),
+        "the other tree's member"
+    );
+    assert!(fake.signals(to_outsider).is_empty(), "the outsider");
+    assert_eq!(fake.process(to_outsider).state, State::Running);
+    assert_eq!(report.killed, 1);
+    assert_eq!(
+        fake.walks.get(),
+        0,
+        "dead pids do not make the index look short"
+    );
+    assert_eq!(fake.indexed(TREE), [live], "the dead pids left the index");
+    assert_eq!(fake.member(to_other_tree).map(|m| m.tree), Some(OTHER_TREE));
+}
+
+#[test]
+fn a_long_kill_still_walks_the_map_now_and_then() {
+    let mut fake = Fake::new();
+    let stuck = fake.add_member(TREE);
+    fake.process(stuck).unkillable = true;
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let mut missing = None;
+    let result = drive(&mut kill, &mut fake, |fake| {
+        // A member nothing counts or records (as if the counters had drifted): only a walk can
+        // find it.
+        if missing.is_none() && fake.elapsed > Duration::from_millis(100) {
+            let pid = fake.add_unindexed_member(TREE);
+            fake.joined -= 1;
+            missing = Some(pid);
+        }
+    });
+    assert!(result.is_err(), "the stuck one stays");
+    assert_eq!(fake.signals(missing.unwrap()), [libc::SIGKILL]);
+    assert!(fake.walks.get() >= 2);
+}
+
+#[test]
+fn the_index_is_trusted_only_if_nobody_joined_or_was_put_in_meanwhile() {
+    let status = |members: u64, seeded: i64, joined: u64| TreeStatus {
+        tree: TREE,
+        root: 0,
+        members,
+        seeded,
+        joined,
+        left: 0,
+        failed_inserts: 0,
+        over_quota: 0,
+        root_exit_ns: None,
+        doomed_ns: None,
+        parent: None,
+    };
+    assert!(found_all(&status(3, 1, 2), &status(3, 1, 2), 3));
+    assert!(
+        found_all(&status(3, 1, 2), &status(2, 1, 2), 3),
+        "one left after its lookup"
+    );
+    assert!(
+        !found_all(&status(3, 1, 2), &status(3, 1, 2), 2),
+        "one missing"
+    );
+    assert!(
+        !found_all(&status(3, 1, 2), &status(4, 1, 3), 3),
+        "one joined: perhaps not counted"
+    );
+    assert!(
+        !found_all(&status(3, 1, 2), &status(4, 2, 2), 3),
+        "one put in: perhaps not counted"
+    );
 }
