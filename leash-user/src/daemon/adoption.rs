@@ -52,15 +52,16 @@ pub(super) async fn adopt(
 /// the owner in short chunks.
 async fn seed_pass(daemon: &Arc<Daemon>, adoption: &mut Adoption) -> Result<(), Refusal> {
     let (tree, root) = (adoption.tree(), adoption.root());
-    let found = {
+    let walk = {
         let daemon = daemon.clone();
         tokio::task::spawn_blocking(move || daemon.view.find_descendants(tree, root))
             .await
             .map_err(|e| Refusal::new(ErrorCode::Internal, e.to_string()))?
             .map_err(kernel::Error::Maps)?
     };
+    adoption.searched(&walk.counts);
     let mut new = 0;
-    for chunk in found.chunks(SEED_CHUNK) {
+    for chunk in walk.found.chunks(SEED_CHUNK) {
         new += daemon.jobs.seed(tree, chunk.to_vec()).await??;
     }
     Ok(adoption.end_pass(new)?)

@@ -16,8 +16,10 @@
 //! - a descendant found in /proc is seeded with the checks it always had, made when it is
 //!   seeded (same start time, still alive, held by no tree but the enclosing one): an aged
 //!   snapshot only means that some of what it shows is skipped;
-//! - the search ends with a pass that finds nothing new: every process then in the root's
-//!   subtree is a member, or was forked from one after it joined, which the kernel followed.
+//! - the search ends with a pass that finds nothing new and reads every member steadily (see
+//!   `proc::descendants_of`): every process then in the root's subtree is a member, or was
+//!   forked from one after it joined, which the kernel followed. A process found and seeded
+//!   in a pass is new, so another pass follows, in which it is a member, read with care.
 //!
 //! [`find_descendants`]: super::TrackerView::find_descendants
 
@@ -35,7 +37,7 @@ use super::{
     tracker::Tracker,
 };
 use crate::{
-    proc::{self, ProcessInfo, ProcessRef},
+    proc::{self, ProcessInfo, ProcessRef, WalkCounts},
     sys::{self, Pidfd, SpawnHeldError},
 };
 
@@ -69,7 +71,10 @@ impl Tracker {
             let pass = self
                 .find_descendants(adoption.tree(), adoption.root())
                 .map_err(Error::Maps)
-                .and_then(|found| self.seed_found(adoption.tree(), &found))
+                .and_then(|walk| {
+                    adoption.searched(&walk.counts);
+                    self.seed_found(adoption.tree(), &walk.found)
+                })
                 .and_then(|new| adoption.end_pass(new));
             if let Err(e) = pass {
                 self.abandon_adoption(adoption);
@@ -81,8 +86,9 @@ impl Tracker {
 
     /// Begins registering the running process `root` as the root of a new tree (see
     /// [`Tracker::adopt_process`] for where the tree is nested): makes the tree and seeds the
-    /// root. Then, while [`Adoption::wants_pass`], a pass: [`find_descendants`],
-    /// [`Tracker::seed_found`] (in chunks as short as wanted) and [`Adoption::end_pass`]; then
+    /// root. Then, while [`Adoption::wants_pass`], a pass: [`find_descendants`] (counted with
+    /// [`Adoption::searched`]), [`Tracker::seed_found`] (in chunks as short as wanted) and
+    /// [`Adoption::end_pass`]; then
     /// [`Tracker::finish_adoption`], or [`Tracker::abandon_adoption`] on any failure. On error
     /// here, nothing is registered.
     ///
@@ -129,6 +135,9 @@ impl Tracker {
             seeded: 1,
             passes: 0,
             searching: !childless,
+            unsettled: false,
+            found: 0,
+            proc_reads: 0,
         })
     }
 
@@ -167,10 +176,24 @@ impl Tracker {
             enclosing,
             seeded,
             passes,
+            found,
+            proc_reads,
             ..
         } = adoption;
         // DEBUG: the daemon's INFO line (`tree_registered`) names the lease and the owner too.
-        tracing::debug!(tree, root, ?enclosing, seeded, passes, "adoption finished");
+        // The /proc reads per member say what the walks cost beside the time it took.
+        let proc_reads_per_member = proc_reads as f64 / seeded as f64;
+        tracing::debug!(
+            tree,
+            root,
+            ?enclosing,
+            seeded,
+            passes,
+            found,
+            proc_reads,
+            proc_reads_per_member,
+            "adoption finished"
+        );
         Ok(tree)
     }
 
@@ -304,6 +327,12 @@ pub struct Adoption {
     passes: usize,
     /// Whether another pass is needed.
     searching: bool,
+    /// Whether this pass's walk read some member unsteadily: it proves nothing.
+    unsettled: bool,
+    /// Processes the passes' walks found, over all passes.
+    found: usize,
+    /// Files of /proc read by the walks.
+    proc_reads: u64,
 }
 
 impl Adoption {
@@ -331,13 +360,22 @@ impl Adoption {
         self.searching
     }
 
-    /// Ends a pass that seeded `new` processes. A pass that seeded none ends the search. Fails
-    /// when passes go on finding new ones: descendants appear faster than /proc can be read
-    /// (the adoption is then to be abandoned).
+    /// Counts a pass's walk.
+    pub fn searched(&mut self, walk: &WalkCounts) {
+        self.found += walk.found;
+        self.proc_reads += walk.proc_reads;
+        self.unsettled |= walk.unsettled > 0;
+    }
+
+    /// Ends a pass that seeded `new` processes. A pass that seeded none, and whose walk read
+    /// every member steadily, ends the search. Fails when passes go on finding new ones:
+    /// descendants appear faster than /proc can be read (the adoption is then to be
+    /// abandoned).
     pub fn end_pass(&mut self, new: usize) -> Result<(), Error> {
         self.passes += 1;
         self.seeded += new;
-        if new == 0 {
+        let proven = !std::mem::take(&mut self.unsettled);
+        if new == 0 && proven {
             self.searching = false;
             return Ok(());
         }
@@ -410,6 +448,9 @@ mod tests {
             seeded: 1,
             passes: 0,
             searching: true,
+            unsettled: false,
+            found: 0,
+            proc_reads: 0,
         }
     }
 
@@ -421,6 +462,24 @@ mod tests {
         adoption.end_pass(0).unwrap();
         assert!(!adoption.wants_pass());
         assert_eq!(adoption.seeded(), 21);
+    }
+
+    #[test]
+    fn a_pass_that_read_a_member_unsteadily_proves_nothing() {
+        let mut adoption = searching();
+        let unsettled = WalkCounts {
+            unsettled: 1,
+            ..WalkCounts::default()
+        };
+        adoption.searched(&unsettled);
+        adoption.end_pass(0).unwrap();
+        assert!(
+            adoption.wants_pass(),
+            "another pass, though nothing was new"
+        );
+        adoption.searched(&WalkCounts::default());
+        adoption.end_pass(0).unwrap();
+        assert!(!adoption.wants_pass());
     }
 
     #[test]
