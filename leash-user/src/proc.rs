@@ -1,10 +1,14 @@
 //! What /proc says about processes: used to seed a tree with a root's existing descendants and
 //! to check that a pid still names the process it named (pid + start time).
 
+mod files;
+mod walk;
+
 use std::collections::HashMap;
 
 use leash_common::Pid;
 
+pub use self::walk::{Descendants, Visit, WalkCounts, descendants_in_batches, descendants_of};
 use crate::sys::Pidfd;
 
 /// One process as /proc shows it.
@@ -201,10 +205,7 @@ const PF_EXITING: u32 = 0x4;
 /// The start time of process `pid` if its thread group is alive (see [`group_alive`]): one
 /// read of /proc/PID/stat when its main thread runs, the threads' only when it does not.
 pub fn alive_start(pid: Pid) -> Option<u64> {
-    let stat = procfs::process::Process::new(pid as i32)
-        .ok()?
-        .stat()
-        .ok()?;
+    let stat = files::stat(pid, &mut Vec::new())?;
     let leader_runs = stat.flags & PF_EXITING == 0 && !matches!(stat.state, 'Z' | 'X');
     // A zombie main thread keeps its pid: the threads read next are this process's.
     (leader_runs || group_alive(pid)).then_some(stat.starttime)
@@ -239,10 +240,11 @@ pub fn is_childless(pid: Pid) -> bool {
     let Some(before) = threads() else {
         return false;
     };
-    let childless = before.iter().all(|tid| {
-        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/children"))
-            .is_ok_and(|children| children.trim().is_empty())
-    });
+    // Only whether each file is empty: a fan's whole file would take one read per page, each
+    // of which the kernel starts by walking the children listed before it.
+    let childless = before
+        .iter()
+        .all(|tid| files::is_empty(&format!("/proc/{pid}/task/{tid}/children")).unwrap_or(false));
     childless && threads() == Some(before)
 }
 

@@ -30,6 +30,7 @@ fn search_elsewhere(view: &TrackerView, adoption: &Adoption) -> Vec<leash::proc:
         s.spawn(|| view.find_descendants(tree, root).expect("searching /proc"))
             .join()
             .expect("the searching thread")
+            .found
     })
 }
 
@@ -90,7 +91,10 @@ fn a_doomed_tree_takes_no_more_members_and_an_abandoned_one_is_released() {
         .start_adoption(process, None, Holder::default())
         .unwrap();
     let tree = adoption.tree();
-    let found = tracker.find_descendants(tree, adoption.root()).unwrap();
+    let found = tracker
+        .find_descendants(tree, adoption.root())
+        .unwrap()
+        .found;
     assert_eq!(found.len(), 200);
     tracker.doom(tree).unwrap();
     let refused = tracker.seed_found(tree, &found);

@@ -4,7 +4,7 @@
 //! step: the long parts of a request (walking /proc, listing members) are done elsewhere,
 //! reading the maps through the daemon's [`TrackerView`](crate::kernel::TrackerView).
 
-use std::{os::fd::OwnedFd, time::Duration};
+use std::{os::fd::OwnedFd, sync::Arc, time::Duration};
 
 use leash_client::protocol::{ErrorCode, KillReason, LeaseId, RootExitPolicy, TreeId};
 use leash_common::Holder;
@@ -15,7 +15,7 @@ use super::{
     registry::{PendingOutcome, Reservation, TreeEntry},
 };
 use crate::{
-    kernel::{self, Adoption},
+    kernel::{self, Adoption, SeedStep},
     proc::{ProcessInfo, ProcessRef},
 };
 
@@ -66,11 +66,13 @@ pub(super) enum Command {
         holder: Holder,
         reply: oneshot::Sender<Result<Adoption, kernel::Error>>,
     },
-    /// Seed what a pass over /proc found into `tree`: how many are new members.
+    /// Seed into `tree` what a pass over /proc found, from `found[from]` on, for as long as
+    /// one step may take (see `adoption`): how far it went, and how many are new members.
     Seed {
         tree: TreeId,
-        found: Vec<ProcessInfo>,
-        reply: oneshot::Sender<Result<usize, kernel::Error>>,
+        found: Arc<[ProcessInfo]>,
+        from: usize,
+        reply: oneshot::Sender<Result<SeedStep, kernel::Error>>,
     },
     /// Give an adoption up.
     AbandonAdoption {
@@ -226,9 +228,16 @@ impl Jobs {
     pub(super) async fn seed(
         &self,
         tree: TreeId,
-        found: Vec<ProcessInfo>,
-    ) -> Result<Result<usize, kernel::Error>, Stopped> {
-        self.ask(|reply| Command::Seed { tree, found, reply }).await
+        found: Arc<[ProcessInfo]>,
+        from: usize,
+    ) -> Result<Result<SeedStep, kernel::Error>, Stopped> {
+        self.ask(|reply| Command::Seed {
+            tree,
+            found,
+            from,
+            reply,
+        })
+        .await
     }
 
     pub(super) async fn abandon_adoption(&self, adoption: Adoption) -> Result<(), Stopped> {

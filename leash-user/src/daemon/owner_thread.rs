@@ -100,8 +100,13 @@ fn execute(owner: &Rc<Owner>, command: Command) {
             let started = owner.tracker().start_adoption(process, nest_in, holder);
             let _ = reply.send(started);
         }
-        Command::Seed { tree, found, reply } => {
-            let _ = reply.send(owner.tracker().seed_found(tree, &found));
+        Command::Seed {
+            tree,
+            found,
+            from,
+            reply,
+        } => {
+            let _ = reply.send(adoption::seed_step(owner, tree, &found, from));
         }
         Command::AbandonAdoption { adoption, done } => {
             owner.tracker().abandon_adoption(adoption);

@@ -1,5 +1,7 @@
 //! The tracker's writes to the maps: trees made, doomed and released, members counted.
 
+use std::collections::HashMap as StdHashMap;
+
 use anyhow::{Context, Result, anyhow, bail};
 use aya::maps::{HashMap, MapData};
 use leash_common::{ALL_ACCOUNTS, Account, Holder, Member, Pid, TreeControl, TreeCounters, TreeId};
@@ -174,4 +176,69 @@ impl Tracker {
         count(&self.account_joined) + count(&self.account_seeded)
             >= i64::from(self.capacity().members)
     }
+
+    /// Counts `count` members put into `tree` by user space (negative: taken out), as
+    /// [`Tracker::add_seeded`] does, in `counts`: the accounts' counts are written now, the
+    /// tree's own when `counts` is written ([`Tracker::write_seed_counts`]).
+    pub(super) fn count_seeded(
+        &mut self,
+        counts: &mut SeedCounts,
+        tree: TreeId,
+        count: i64,
+    ) -> Result<()> {
+        let account = match counts.trees.get_mut(&tree) {
+            Some((account, seeded)) => {
+                *seeded += count;
+                *account
+            }
+            None => {
+                let account = self.control.get(&tree, 0)?.holder.account;
+                counts.trees.insert(tree, (account, count));
+                account
+            }
+        };
+        for account in [account, ALL_ACCOUNTS] {
+            let seeded = match counts.accounts.get(&account) {
+                Some(&seeded) => seeded,
+                None => self.account_seeded.get(&account, 0).unwrap_or(0),
+            };
+            self.account_seeded.insert(account, seeded + count, 0)?;
+            counts.accounts.insert(account, seeded + count);
+        }
+        Ok(())
+    }
+
+    /// Writes the trees' counts that `counts` holds.
+    pub(super) fn write_seed_counts(&mut self, counts: SeedCounts) -> Result<()> {
+        for (tree, (_, seeded)) in counts.trees {
+            let mut control = self.control.get(&tree, 0)?;
+            control.seeded += seeded;
+            self.view.control.insert(tree, control, 0)?;
+        }
+        Ok(())
+    }
+
+    /// [`Tracker::at_capacity`], with the count of every member as `counts` knows it.
+    pub(super) fn at_capacity_counting(&self, counts: &SeedCounts) -> bool {
+        let Some(&seeded) = counts.accounts.get(&ALL_ACCOUNTS) else {
+            return self.at_capacity();
+        };
+        let joined = self.account_joined.get(&ALL_ACCOUNTS, 0).unwrap_or(0);
+        joined + seeded >= i64::from(self.capacity().members)
+    }
+}
+
+/// Members seeded in a run of seeds, counted for less than [`Tracker::add_seeded`] costs for
+/// each (six map operations). The accounts' counts, which the fork program reads for quotas
+/// and the capacity, are still written at once for each member, but from the values written
+/// last, kept here: user space is their only writer, and in it the tracker's owner. The trees'
+/// counts, which only user space reads, are written once at the end: until then a tree being
+/// seeded reads as having fewer members than it has.
+#[derive(Debug, Default)]
+#[must_use = "the trees' counts are written by Tracker::write_seed_counts"]
+pub(super) struct SeedCounts {
+    /// Each account's seeded count, as last written.
+    accounts: StdHashMap<Account, i64>,
+    /// Each tree's account, and the members counted into it.
+    trees: StdHashMap<TreeId, (Account, i64)>,
 }

@@ -27,7 +27,7 @@ pub use pins::Pins;
 pub use programs::PROGRAMS_ATTACHED;
 pub use ptrace_guard::{Guard, GuardChoice};
 pub use record::TreeEvent;
-pub use register::{Adoption, identify, identify_pidfd};
+pub use register::{Adoption, SeedStep, identify, identify_pidfd};
 pub use tracker::Tracker;
 pub use types::{Capacity, MemberInfo, Origin, Stats, TreeStatus};
 pub use view::{TrackerView, fill_comms};

@@ -7,23 +7,26 @@
 //! Adopting a running process is split so that its slow part, the /proc walk, needs no writer
 //! and other work can run between the writer's short calls: [`Tracker::start_adoption`] makes
 //! the tree and seeds the root; each pass is a [`find_descendants`] (read-only, on any thread),
-//! then [`Tracker::seed_found`] on chunks of what it found, then [`Adoption::end_pass`], which
-//! says whether another pass is needed. Each pass's search begins after the previous pass's
-//! seeds are done. This is as safe as one long call, because nothing it relies on holds only
+//! then [`Tracker::seed_until`] in steps as short as wanted over what it found (while the
+//! walk goes on, if wanted), then [`Adoption::end_pass`], which says whether another pass is
+//! needed. Each pass's search begins after the previous pass's seeds are done. This is as safe as one long call, because nothing it relies on holds only
 //! while the calls run back to back:
 //! - the tree is in the kernel maps from `start_adoption` on, so every fork of a seeded member
 //!   is followed by the kernel, whatever runs between the calls;
 //! - a descendant found in /proc is seeded with the checks it always had, made when it is
 //!   seeded (same start time, still alive, held by no tree but the enclosing one): an aged
 //!   snapshot only means that some of what it shows is skipped;
-//! - the search ends with a pass that finds nothing new: every process then in the root's
-//!   subtree is a member, or was forked from one after it joined, which the kernel followed.
+//! - the search ends with a pass that finds nothing new and reads every member steadily (see
+//!   `proc::descendants_of`): every process then in the root's subtree is a member, or was
+//!   forked from one after it joined, which the kernel followed. A process found and seeded
+//!   in a pass is new, so another pass follows, in which it is a member, read with care.
 //!
 //! [`find_descendants`]: super::TrackerView::find_descendants
 
 use std::{
     os::fd::AsFd,
     process::{Child, Command},
+    time::Instant,
 };
 
 use anyhow::{Context, Result, bail};
@@ -31,11 +34,11 @@ use leash_common::{Holder, Member, Pid, TreeId};
 
 use super::{
     error::{Error, IdentifyError},
-    maps::{BPF_EXIST, BPF_NOEXIST},
+    maps::{BPF_EXIST, BPF_NOEXIST, SeedCounts},
     tracker::Tracker,
 };
 use crate::{
-    proc::{self, ProcessInfo, ProcessRef},
+    proc::{self, ProcessInfo, ProcessRef, WalkCounts},
     sys::{self, Pidfd, SpawnHeldError},
 };
 
@@ -69,8 +72,14 @@ impl Tracker {
             let pass = self
                 .find_descendants(adoption.tree(), adoption.root())
                 .map_err(Error::Maps)
-                .and_then(|found| self.seed_found(adoption.tree(), &found))
-                .and_then(|new| adoption.end_pass(new));
+                .and_then(|walk| {
+                    adoption.searched(&walk.counts);
+                    self.seed_until(adoption.tree(), &walk.found, None)
+                })
+                .and_then(|step| {
+                    adoption.count_proc_reads(step.proc_reads);
+                    adoption.end_pass(step.new)
+                });
             if let Err(e) = pass {
                 self.abandon_adoption(adoption);
                 return Err(e.into());
@@ -81,10 +90,10 @@ impl Tracker {
 
     /// Begins registering the running process `root` as the root of a new tree (see
     /// [`Tracker::adopt_process`] for where the tree is nested): makes the tree and seeds the
-    /// root. Then, while [`Adoption::wants_pass`], a pass: [`find_descendants`],
-    /// [`Tracker::seed_found`] (in chunks as short as wanted) and [`Adoption::end_pass`]; then
-    /// [`Tracker::finish_adoption`], or [`Tracker::abandon_adoption`] on any failure. On error
-    /// here, nothing is registered.
+    /// root. Then, while [`Adoption::wants_pass`], a pass: [`find_descendants`] (counted with
+    /// [`Adoption::searched`]), [`Tracker::seed_until`] (in steps as short as wanted) and
+    /// [`Adoption::end_pass`]; then [`Tracker::finish_adoption`], or
+    /// [`Tracker::abandon_adoption`] on any failure. On error here, nothing is registered.
     ///
     /// [`find_descendants`]: super::TrackerView::find_descendants
     pub fn start_adoption(
@@ -129,29 +138,74 @@ impl Tracker {
             seeded: 1,
             passes: 0,
             searching: !childless,
+            unsettled: false,
+            found: 0,
+            proc_reads: 0,
         })
     }
 
     /// Seeds into `tree` the processes a pass found (see [`find_descendants`]) that are not
-    /// members of it yet, each checked again now (see `seed`). Returns how many
-    /// are new members. Its cost is a few system calls per process: a driver that must stay
-    /// responsive passes short chunks. Refuses a tree that is gone or doomed: a kill that saw
-    /// its tree empty must not have members put in behind it.
+    /// members of it yet, each checked again now (see `seed`). Returns how many are new
+    /// members. One call seeds them all: a driver that must stay responsive calls
+    /// [`Tracker::seed_until`].
     ///
     /// [`find_descendants`]: super::TrackerView::find_descendants
     pub fn seed_found(&mut self, tree: TreeId, found: &[ProcessInfo]) -> Result<usize, Error> {
+        Ok(self.seed_until(tree, found, None)?.new)
+    }
+
+    /// Seeds into `tree`, from the first, the processes a pass found (see [`find_descendants`])
+    /// that are not members of it yet, each checked again now (see `seed`), until `deadline`
+    /// has passed: it is checked after each process, so at least one is taken. Each costs a few
+    /// map operations and a read of its /proc stat (tens of µs): a driver that must stay
+    /// responsive sets a deadline a short time ahead, and calls again with the rest. Refuses a
+    /// tree that is gone or doomed: a kill that saw its tree empty must not have members put in
+    /// behind it.
+    ///
+    /// [`find_descendants`]: super::TrackerView::find_descendants
+    pub fn seed_until(
+        &mut self,
+        tree: TreeId,
+        found: &[ProcessInfo],
+        deadline: Option<Instant>,
+    ) -> Result<SeedStep, Error> {
         let status = self.tree_status(tree)?;
         if status.doomed_ns.is_some() {
             return Err(Error::Doomed(tree));
         }
-        let mut new = 0;
+        let mut counts = SeedCounts::default();
+        let mut step = SeedStep::default();
+        let seeded = self.seed_each(tree, status.parent, found, deadline, &mut counts, &mut step);
+        // Whatever happened: what was put in is counted.
+        self.write_seed_counts(counts)?;
+        seeded?;
+        Ok(step)
+    }
+
+    /// Seeds `found` from the first until `deadline` (see [`Tracker::seed_until`]), telling
+    /// `step` what it did.
+    fn seed_each(
+        &mut self,
+        tree: TreeId,
+        enclosing: Option<TreeId>,
+        found: &[ProcessInfo],
+        deadline: Option<Instant>,
+        counts: &mut SeedCounts,
+        step: &mut SeedStep,
+    ) -> Result<(), Error> {
         for process in found {
-            let held = self.member(process.pid).map(|m| m.tree);
-            if held != Some(tree) && self.seed(tree, process)? {
-                new += 1;
+            step.taken += 1;
+            // The stat read that checks it, whatever came of it (see `seed_counted`).
+            step.proc_reads += 1;
+            if self.seed_counted(tree, enclosing, process, counts)? {
+                step.new += 1;
+            }
+            // A vDSO call, not a system call: no cost beside the process's own.
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                break;
             }
         }
-        Ok(new)
+        Ok(())
     }
 
     /// Ends an adoption whose search is over: the tree is registered.
@@ -167,10 +221,24 @@ impl Tracker {
             enclosing,
             seeded,
             passes,
+            found,
+            proc_reads,
             ..
         } = adoption;
         // DEBUG: the daemon's INFO line (`tree_registered`) names the lease and the owner too.
-        tracing::debug!(tree, root, ?enclosing, seeded, passes, "adoption finished");
+        // The /proc reads per member say what the walks cost beside the time it took.
+        let proc_reads_per_member = proc_reads as f64 / seeded as f64;
+        tracing::debug!(
+            tree,
+            root,
+            ?enclosing,
+            seeded,
+            passes,
+            found,
+            proc_reads,
+            proc_reads_per_member,
+            "adoption finished"
+        );
         Ok(tree)
     }
 
@@ -220,57 +288,79 @@ impl Tracker {
     /// Puts one process found in /proc into `tree`: a process no tree holds, or a member of
     /// the tree `tree` is nested in, which comes down into it. Returns whether it is now a
     /// member counted in `seeded`.
+    fn seed(&mut self, tree: TreeId, process: &ProcessInfo) -> Result<bool, Error> {
+        let enclosing = self.tree_status(tree)?.parent;
+        let mut counts = SeedCounts::default();
+        let seeded = self.seed_counted(tree, enclosing, process, &mut counts);
+        self.write_seed_counts(counts)?;
+        seeded
+    }
+
+    /// [`Tracker::seed`] into `tree`, nested in `enclosing`, counted in `counts`.
     ///
     /// A new entry races with the process's exit, which is settled here: the kernel removes
     /// only what is in the map when the thread group dies, so the entry stays only if, after
     /// it was made, the pid still names the same process (start time) and some thread of it
     /// has not begun exiting. Otherwise the entry is taken out again: left in, it would name
     /// whatever process gets the pid next.
-    fn seed(&mut self, tree: TreeId, process: &ProcessInfo) -> Result<bool, Error> {
-        if let Some(current) = self.member(process.pid) {
-            return self.move_down(tree, process, current);
-        }
-        if self.at_capacity() {
-            return Err(Error::MembersFull(self.capacity().members));
-        }
-        let member = Member {
-            tree,
-            parent: process.ppid,
-            start_ns: proc::ticks_to_ns(process.start_ticks),
-        };
-        if self
-            .view
-            .members
-            .insert(process.pid, member, BPF_NOEXIST)
-            .is_err()
-        {
-            // Already a member: the kernel saw it forked from a member first.
-            return Ok(false);
+    fn seed_counted(
+        &mut self,
+        tree: TreeId,
+        enclosing: Option<TreeId>,
+        process: &ProcessInfo,
+        counts: &mut SeedCounts,
+    ) -> Result<bool, Error> {
+        let room = !self.at_capacity_counting(counts);
+        // Inserted first and looked up only if that fails: one map operation fewer for the
+        // usual process, which no tree holds.
+        if !room || !self.insert_new(tree, process) {
+            return match self.member(process.pid) {
+                Some(current) => self.move_down(tree, enclosing, process, current, counts),
+                // Already a member, and gone since; or no room for it.
+                None if room => Ok(false),
+                None => Err(Error::MembersFull(self.capacity().members)),
+            };
         }
         // The same process, alive after the insert: its group's death, whenever it comes, finds
         // the entry (see proc::group_alive).
         let still_there = proc::alive_start(process.pid) == Some(process.start_ticks);
         if still_there {
-            self.add_seeded(tree, 1)?;
+            self.count_seeded(counts, tree, 1)?;
             self.view.index.admit(tree, process.pid);
             return Ok(true);
         }
         if self.view.members.remove(&process.pid).is_err() {
             // The program removed it: it died after the insert and was counted as left.
             // Count it as seeded too, so seeded + joined - left stays true.
-            self.add_seeded(tree, 1)?;
+            self.count_seeded(counts, tree, 1)?;
         }
         Ok(false)
     }
 
-    /// Moves a member of the enclosing tree into `tree`, nested in it.
+    /// Makes an entry for `process` in `tree`, if the member map has none for its pid.
+    fn insert_new(&mut self, tree: TreeId, process: &ProcessInfo) -> bool {
+        let member = Member {
+            tree,
+            parent: process.ppid,
+            start_ns: proc::ticks_to_ns(process.start_ticks),
+        };
+        self.view
+            .members
+            .insert(process.pid, member, BPF_NOEXIST)
+            .is_ok()
+    }
+
+    /// Moves a member of the enclosing tree into `tree`, nested in it. Any other member stays
+    /// where it is: one of `tree` already (the kernel saw it forked from one), or of another
+    /// tree.
     fn move_down(
         &mut self,
         tree: TreeId,
+        enclosing: Option<TreeId>,
         process: &ProcessInfo,
         current: Member,
+        counts: &mut SeedCounts,
     ) -> Result<bool, Error> {
-        let enclosing = self.tree_status(tree)?.parent;
         let same = proc::ns_to_ticks(current.start_ns) == process.start_ticks;
         if Some(current.tree) != enclosing || !same {
             return Ok(false);
@@ -285,12 +375,24 @@ impl Tracker {
         {
             return Ok(false);
         }
-        self.add_seeded(current.tree, -1)?;
-        self.add_seeded(tree, 1)?;
+        self.count_seeded(counts, current.tree, -1)?;
+        self.count_seeded(counts, tree, 1)?;
         self.view.index.remove(current.tree, process.pid);
         self.view.index.admit(tree, process.pid);
         Ok(true)
     }
+}
+
+/// What one call of [`Tracker::seed_until`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SeedStep {
+    /// How many of the processes it was given it went through, from the first: at least one,
+    /// unless it was given none.
+    pub taken: usize,
+    /// How many of them are new members.
+    pub new: usize,
+    /// The files of /proc it read to check them.
+    pub proc_reads: u64,
 }
 
 /// A registration of a running process under way (see [`Tracker::start_adoption`]). Its tree
@@ -307,6 +409,12 @@ pub struct Adoption {
     passes: usize,
     /// Whether another pass is needed.
     searching: bool,
+    /// Whether this pass's walk read some member unsteadily: it proves nothing.
+    unsettled: bool,
+    /// Processes the passes' walks found, over all passes.
+    found: usize,
+    /// Files of /proc read, by the walks and by the checks of what they found.
+    proc_reads: u64,
 }
 
 impl Adoption {
@@ -334,13 +442,27 @@ impl Adoption {
         self.searching
     }
 
-    /// Ends a pass that seeded `new` processes. A pass that seeded none ends the search. Fails
-    /// when passes go on finding new ones: descendants appear faster than /proc can be read
-    /// (the adoption is then to be abandoned).
+    /// Counts a pass's walk.
+    pub fn searched(&mut self, walk: &WalkCounts) {
+        self.found += walk.found;
+        self.proc_reads += walk.proc_reads;
+        self.unsettled |= walk.unsettled > 0;
+    }
+
+    /// Counts files of /proc read to check what a walk found (see [`SeedStep`]).
+    pub fn count_proc_reads(&mut self, reads: u64) {
+        self.proc_reads += reads;
+    }
+
+    /// Ends a pass that seeded `new` processes. A pass that seeded none, and whose walk read
+    /// every member steadily, ends the search. Fails when passes go on finding new ones:
+    /// descendants appear faster than /proc can be read (the adoption is then to be
+    /// abandoned).
     pub fn end_pass(&mut self, new: usize) -> Result<(), Error> {
         self.passes += 1;
         self.seeded += new;
-        if new == 0 {
+        let proven = !std::mem::take(&mut self.unsettled);
+        if new == 0 && proven {
             self.searching = false;
             return Ok(());
         }
@@ -413,6 +535,9 @@ mod tests {
             seeded: 1,
             passes: 0,
             searching: true,
+            unsettled: false,
+            found: 0,
+            proc_reads: 0,
         }
     }
 
@@ -424,6 +549,24 @@ mod tests {
         adoption.end_pass(0).unwrap();
         assert!(!adoption.wants_pass());
         assert_eq!(adoption.seeded(), 21);
+    }
+
+    #[test]
+    fn a_pass_that_read_a_member_unsteadily_proves_nothing() {
+        let mut adoption = searching();
+        let unsettled = WalkCounts {
+            unsettled: 1,
+            ..WalkCounts::default()
+        };
+        adoption.searched(&unsettled);
+        adoption.end_pass(0).unwrap();
+        assert!(
+            adoption.wants_pass(),
+            "another pass, though nothing was new"
+        );
+        adoption.searched(&WalkCounts::default());
+        adoption.end_pass(0).unwrap();
+        assert!(!adoption.wants_pass());
     }
 
     #[test]

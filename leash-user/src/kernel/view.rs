@@ -14,7 +14,7 @@ use super::{
     types::{Capacity, MemberInfo, Stats, TreeStatus},
 };
 use crate::{
-    proc::{self, ProcessInfo},
+    proc::{self, Descendants, ProcessInfo, Visit, WalkCounts},
     sys,
 };
 
@@ -251,30 +251,49 @@ impl TrackerView {
     }
 
     /// One pass of an adoption's search (see [`super::Adoption`]): the descendants of `root`
-    /// in one /proc snapshot that are not members of `tree` yet. Below a member of another
-    /// tree the walk stops, since that tree follows its own; members of the tree `tree` is
-    /// nested in are walked through and found (they come down into `tree`). Reads only, so it
-    /// can run on any thread; [`super::Tracker::seed_found`] puts what it found in, checking
-    /// each process again.
-    pub fn find_descendants(&self, tree: TreeId, root: Pid) -> Result<Vec<ProcessInfo>> {
+    /// that are not members of `tree` yet, read from the children files of /proc from `root`
+    /// down. Below a member of another tree the walk stops, since that tree follows its own;
+    /// members of the tree `tree` is nested in are walked through and found (they come down
+    /// into `tree`); members of `tree` are walked through. Reads only, so it can run on any
+    /// thread; [`super::Tracker::seed_found`] puts what it found in, checking each process
+    /// again.
+    pub fn find_descendants(&self, tree: TreeId, root: Pid) -> Result<Descendants> {
+        Ok(proc::descendants_of(root, self.adoption_visit(tree)?))
+    }
+
+    /// [`TrackerView::find_descendants`], handing what it finds to `deliver` `batch` at a
+    /// time as the walk goes on (see [`proc::descendants_in_batches`]), so that seeding can
+    /// begin before the walk ends.
+    pub fn find_descendants_in_batches(
+        &self,
+        tree: TreeId,
+        root: Pid,
+        batch: usize,
+        deliver: impl FnMut(Vec<ProcessInfo>) -> bool,
+    ) -> Result<WalkCounts> {
+        let visit = self.adoption_visit(tree)?;
+        Ok(proc::descendants_in_batches(root, visit, batch, deliver))
+    }
+
+    /// How an adoption's walk for `tree` treats each process it meets, by the tree that holds
+    /// it.
+    fn adoption_visit(&self, tree: TreeId) -> Result<impl Fn(Pid) -> Visit + '_> {
         let enclosing = self.tree_status(tree)?.parent;
-        let snapshot = proc::all_processes().context("walking /proc")?;
-        // One read of the map for the whole walk: a lookup per process would cost a system
-        // call each. Read after the snapshot, so it knows every member the snapshot shows.
-        let held: StdHashMap<Pid, TreeId> = self
-            .member_entries()?
-            .into_iter()
-            .map(|(pid, member)| (pid, member.tree))
-            .collect();
-        let held_by = |pid: Pid| held.get(&pid).copied();
-        let found = proc::descendants(&snapshot, root, |p| {
-            held_by(p.pid).is_some_and(|held| held != tree && Some(held) != enclosing)
-        });
-        Ok(found
-            .into_iter()
-            .filter(|p| held_by(p.pid) != Some(tree))
-            .cloned()
-            .collect())
+        // A lookup per process met, when the walk meets it: one system call each, against
+        // reading the whole member map (every tree's members) into memory for each pass. For a
+        // tree of 100k in a map of 100k, the batch read would be a little cheaper in time (a
+        // few hundred entries per call), but the lookups cost far less than the /proc reads
+        // each process needs anyway (a few system calls each, and a stat to format), and they
+        // keep a pass's time and memory in proportion to its own tree, however many other
+        // members the machine holds.
+        Ok(
+            move |pid| match self.member(pid).map(|member| member.tree) {
+                None => Visit::Find,
+                Some(held) if held == tree => Visit::Through,
+                Some(held) if Some(held) == enclosing => Visit::Find,
+                Some(_) => Visit::Stop,
+            },
+        )
     }
 }
 
