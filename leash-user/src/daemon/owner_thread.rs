@@ -26,7 +26,8 @@ use crate::{kernel::Tracker, sys};
 const OWNER_NICE: i32 = -10;
 
 /// Starts the owner thread with `tracker`. Taken over from pins, it first holds the previous
-/// daemon's trees again.
+/// daemon's trees again, and this returns once it has: a client served before then would find
+/// its trees missing.
 pub(super) fn start(
     daemon: Arc<Daemon>,
     tracker: Tracker,
@@ -36,22 +37,33 @@ pub(super) fn start(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let (held, trees_held) = std::sync::mpsc::sync_channel(1);
     std::thread::Builder::new()
         .name("leash-owner".to_owned())
         .spawn(move || {
             if let Err(e) = sys::set_thread_nice(OWNER_NICE) {
                 tracing::warn!("cannot raise the enforcement thread's priority: {e}");
             }
-            LocalSet::new().block_on(&runtime, serve(daemon, tracker, queues, taken_over));
+            let serving = serve(daemon, tracker, queues, taken_over, held);
+            LocalSet::new().block_on(&runtime, serving);
         })?;
+    // An error: the thread ended without a word, and the daemon finds out as it asks it.
+    let _ = trees_held.recv();
     Ok(())
 }
 
-async fn serve(daemon: Arc<Daemon>, tracker: Tracker, mut queues: Queues, taken_over: bool) {
+async fn serve(
+    daemon: Arc<Daemon>,
+    tracker: Tracker,
+    mut queues: Queues,
+    taken_over: bool,
+    held: std::sync::mpsc::SyncSender<()>,
+) {
     let owner = Rc::new(Owner::new(daemon, tracker));
     if taken_over {
         recover::hold_again(&owner);
     }
+    let _ = held.send(());
     tokio::task::spawn_local(watch::watch_events(owner.clone()));
     tokio::task::spawn_local(watch::sweep(owner.clone()));
     while let Some(command) = queues.next().await {
