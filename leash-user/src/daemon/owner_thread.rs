@@ -51,6 +51,8 @@ async fn serve(daemon: Arc<Daemon>, tracker: Tracker, mut queues: Queues, taken_
     let owner = Rc::new(Owner::new(daemon, tracker));
     if taken_over {
         recover::hold_again(&owner);
+        // Its passes over the maps and /proc are garbage now: given back with the next trim.
+        owner.daemon.memory_freed();
     }
     tokio::task::spawn_local(watch::watch_events(owner.clone()));
     tokio::task::spawn_local(watch::sweep(owner.clone()));
