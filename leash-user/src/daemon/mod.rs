@@ -109,6 +109,11 @@ pub async fn run(config: Config) -> Result<()> {
         None => Tracker::load(config.capacity).map(|tracker| (tracker, Origin::Loaded)),
     };
     let (tracker, origin) = loaded.inspect_err(|_| remove_sockets(&config))?;
+    // Loading parsed the kernel's BTF (for the offsets, then again for aya's relocations) and
+    // the programs' object: some 40 MiB, all freed by now, but held by the allocator until it
+    // is asked to give them back. Asked now, before anything is served, the daemon starts at
+    // the size it keeps.
+    sys::release_free_memory();
     tracing::info!(
         socket = %config.socket.display(),
         capacity = ?tracker.capacity(),

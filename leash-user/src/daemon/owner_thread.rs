@@ -62,6 +62,8 @@ async fn serve(
     let owner = Rc::new(Owner::new(daemon, tracker));
     if taken_over {
         recover::hold_again(&owner);
+        // Its passes over the maps and /proc are garbage now: given back with the next trim.
+        owner.daemon.memory_freed();
     }
     let _ = held.send(());
     tokio::task::spawn_local(watch::watch_events(owner.clone()));
