@@ -56,7 +56,8 @@ const ROUND_WAIT: Duration = Duration::from_millis(20);
 /// whole member map runs at least this often all the same.
 const FULL_ROUND_EVERY: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(1);
-/// How many exiting members one step checks in /proc, so a step stays short at any tree size.
+/// How many exited members one step takes off the list it waits on, so a step stays short at
+/// any tree size.
 const EXIT_CHECKS_PER_STEP: usize = 1024;
 /// How many queued members one step signals (or finds gone), so a step stays short at any tree
 /// size. A signal costs a pidfd, a check and the signal, some 10 us; but the exits a SIGKILL
@@ -301,36 +302,7 @@ impl Kill {
                     }
                 }
             }
-            Phase::Exiting {
-                ref mut pending,
-                give_up,
-            } => {
-                // Check the last few; an exited one is swapped out for one already checked.
-                let checked_from = pending.len().saturating_sub(EXIT_CHECKS_PER_STEP);
-                for i in (checked_from..pending.len()).rev() {
-                    if tracker.has_exited(pending[i]) {
-                        pending.swap_remove(i);
-                    }
-                }
-                if pending.is_empty() {
-                    return Ok(KillStep::Done(self.report()));
-                }
-                if now >= give_up {
-                    // They run no code of their own any more (the map is empty); something in
-                    // the kernel holds them. Not worth failing the kill for.
-                    tracing::warn!(
-                        tree,
-                        still_exiting = pending.len(),
-                        "members have not finished exiting after {KILL_ROUNDS_TIMEOUT:?}"
-                    );
-                    return Ok(KillStep::Done(self.report()));
-                }
-                if pending.len() > checked_from {
-                    return Ok(KillStep::Wait(POLL));
-                }
-                // Every one checked this step had exited: go on with the rest at once.
-                return Ok(KillStep::Wait(Duration::ZERO));
-            }
+            Phase::Exiting { give_up, .. } => return Ok(self.await_exits(tracker, now, give_up)),
         }
         self.signal_queued(tracker)?;
         if self.queue.is_empty() {
@@ -485,6 +457,49 @@ impl Kill {
             *next_round = tracker.now() + ROUND_WAIT;
         }
         Ok(())
+    }
+
+    /// Takes the members that have finished exiting off the list, from its end, and stops at
+    /// the first one still exiting: they all die at much the same pace, and checking every one
+    /// again at each poll would take the CPUs from their exits. Done when the list is empty.
+    fn await_exits<T: KillTarget>(
+        &mut self,
+        tracker: &T,
+        now: Instant,
+        give_up: Instant,
+    ) -> KillStep {
+        let Phase::Exiting { pending, .. } = &mut self.phase else {
+            return KillStep::Wait(Duration::ZERO);
+        };
+        let mut one_still_exiting = false;
+        for _ in 0..EXIT_CHECKS_PER_STEP {
+            let Some(&last) = pending.last() else { break };
+            if !tracker.has_exited(last) {
+                one_still_exiting = true;
+                break;
+            }
+            pending.pop();
+        }
+        let still_exiting = pending.len();
+        if still_exiting == 0 {
+            return KillStep::Done(self.report());
+        }
+        if now >= give_up {
+            // They run no code of their own any more (the map is empty); something in the
+            // kernel holds them. Not worth failing the kill for.
+            tracing::warn!(
+                tree = self.tree,
+                still_exiting,
+                "members have not finished exiting after {KILL_ROUNDS_TIMEOUT:?}"
+            );
+            return KillStep::Done(self.report());
+        }
+        if one_still_exiting {
+            KillStep::Wait(POLL)
+        } else {
+            // Every one checked this step had exited: go on with the rest at once.
+            KillStep::Wait(Duration::ZERO)
+        }
     }
 
     /// The counters say the tree is empty: wait for the signalled members to finish exiting.

@@ -31,6 +31,8 @@ enum State {
     Running,
     /// Signalled to death: gone at the next tick of the clock.
     Dying,
+    /// Out of the map, still releasing what it holds (see `Process::lingers`).
+    Exiting,
     /// A zombie: it has finished exiting, not yet reaped.
     Exited,
     Reaped,
@@ -45,6 +47,8 @@ struct Process {
     ignores_term: bool,
     /// Stuck in the kernel: not even SIGKILL ends it.
     unkillable: bool,
+    /// Its exit, once the exit program has run, takes until the test ends it.
+    lingers: bool,
     /// Every signal sent to it, in order.
     signals: Vec<i32>,
 }
@@ -75,6 +79,8 @@ struct Fake {
     walks: Cell<usize>,
     /// Lookups of one entry of the member map.
     lookups: Cell<usize>,
+    /// Checks whether a process has finished exiting.
+    exit_checks: Cell<usize>,
 }
 
 impl Fake {
@@ -90,6 +96,7 @@ impl Fake {
             next_pid: 1000,
             walks: Cell::new(0),
             lookups: Cell::new(0),
+            exit_checks: Cell::new(0),
         }
     }
 
@@ -110,6 +117,7 @@ impl Fake {
             state: State::Running,
             ignores_term: false,
             unkillable: false,
+            lingers: false,
             signals: Vec::new(),
         });
         start_ns
@@ -174,7 +182,11 @@ impl Fake {
         self.elapsed += by.max(Duration::from_micros(100));
         for process in self.processes.get_mut() {
             if process.state == State::Dying {
-                process.state = State::Exited;
+                process.state = if process.lingers {
+                    State::Exiting
+                } else {
+                    State::Exited
+                };
                 if self
                     .members
                     .get(&process.pid)
@@ -182,6 +194,15 @@ impl Fake {
                 {
                     self.members.remove(&process.pid);
                 }
+            }
+        }
+    }
+
+    /// Every process still exiting has finished.
+    fn finish_exits(&mut self) {
+        for process in self.processes.get_mut() {
+            if process.state == State::Exiting {
+                process.state = State::Exited;
             }
         }
     }
@@ -310,6 +331,7 @@ impl KillTarget for Fake {
     }
 
     fn has_exited(&self, process: ProcessRef) -> bool {
+        self.exit_checks.set(self.exit_checks.get() + 1);
         let processes = self.processes.borrow();
         processes
             .iter()
@@ -726,4 +748,36 @@ fn the_index_is_trusted_only_if_nobody_joined_or_was_put_in_meanwhile() {
         !found_all(&status(3, 1, 2), &status(4, 2, 2), 3),
         "one put in: perhaps not counted"
     );
+}
+
+#[test]
+fn the_wait_for_exits_checks_one_member_a_poll_while_they_are_exiting() {
+    let mut fake = Fake::new();
+    let members: Vec<Pid> = (0..500).map(|_| fake.add_member(TREE)).collect();
+    for &pid in &members {
+        fake.process(pid).lingers = true;
+    }
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let mut polls = 0;
+    loop {
+        match kill.step_on(&mut fake).unwrap() {
+            KillStep::Wait(pause) => fake.tick(pause),
+            KillStep::Done(_) => panic!("done while its members are still exiting"),
+        }
+        if fake.tree_members(TREE) == 0 {
+            polls += 1;
+        }
+        if polls == 100 {
+            break;
+        }
+    }
+    assert!(
+        fake.exit_checks.get() <= 100,
+        "{} checks in 100 polls: each poll checks one still exiting, not all of them",
+        fake.exit_checks.get()
+    );
+    fake.finish_exits();
+    let report = drive(&mut kill, &mut fake, |_| {}).unwrap();
+    assert_eq!(report.killed, members.len());
+    assert!(fake.exit_checks.get() <= 100 + members.len() + 2);
 }
