@@ -18,6 +18,10 @@
 //! other work: a search queues the members that need a signal, and each step signals at most
 //! [`SIGNALS_PER_STEP`] of them. An entry checked long after its search is still safe to
 //! signal: the pidfd is opened first and the entry (or /proc) checked after, as for a fresh one.
+//! A round's steps go out as one burst all the same: from its first signal to its last, the
+//! processes it wakes are kept from taking the sender's CPU (see `KillTarget::burst`), so they
+//! die together, as after cgroup.kill, rather than one at a time between the signals. The
+//! burst belongs to the thread that steps the kill: a `Kill` stays on its thread.
 //!
 //! A search costs what the tree costs, not what the map holds: it looks up the pids the index
 //! of each tree's pids has for the tree (see `kernel::index`), and trusts what it found only if
@@ -95,6 +99,8 @@ pub struct Kill {
     queue: VecDeque<Queued>,
     /// When the tree was doomed (boot-time ns): members that started later were born doomed.
     doomed_ns: u64,
+    /// Held from the first signal of a round to its last (see [`KillTarget::burst`]).
+    burst: Option<Box<dyn std::any::Any>>,
 }
 
 /// A member entry as a search found it, and what to send it.
@@ -185,6 +191,7 @@ impl Kill {
             signalled: HashMap::new(),
             queue: VecDeque::new(),
             doomed_ns: 0,
+            burst: None,
         }
     }
 
@@ -415,6 +422,9 @@ impl Kill {
         }
         let take = self.queue.len().min(SIGNALS_PER_STEP);
         let mut deferred = 0;
+        if self.burst.is_none() {
+            self.burst = Some(Box::new(tracker.burst()));
+        }
         for Queued {
             pid,
             member,
@@ -441,6 +451,9 @@ impl Kill {
                     self.terminated += 1;
                 }
             }
+        }
+        if self.queue.is_empty() {
+            self.burst = None;
         }
         if deferred > 0 {
             tracing::warn!(
@@ -506,6 +519,7 @@ impl Kill {
     fn exiting(&mut self, now: Instant) -> KillStep {
         // Whatever is still queued left the map: nothing to signal.
         self.queue.clear();
+        self.burst = None;
         let pending: Vec<_> = self.signalled.drain().map(|(member, _)| member).collect();
         tracing::debug!(
             tree = self.tree,

@@ -21,7 +21,7 @@ pub use leash_client::sys::{SpawnHeldError, spawn_held};
 pub use pidfd::{Pidfd, is_shortage, retry_on_shortage};
 pub use poll::{async_readable, wait_readable};
 pub use process::{
-    FdLimit, boottime_ns, group_id, monotonic_ns, raise_fd_limit, random_bytes,
+    FdLimit, Unpreempted, boottime_ns, group_id, monotonic_ns, raise_fd_limit, random_bytes,
     release_free_memory, set_thread_nice, take_env_secret, umask,
 };
 pub use signal::SignalFd;

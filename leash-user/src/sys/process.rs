@@ -169,6 +169,70 @@ pub fn set_thread_nice(nice: i32) -> io::Result<()> {
     }
 }
 
+/// While one is held, the calling thread runs in the real-time class (SCHED_FIFO, the lowest
+/// real-time priority), where no process of the normal classes preempts it; when the last one
+/// a thread holds is dropped, the thread goes back to the normal class, its nice value as it
+/// was (the kernel keeps it across the switch). Nothing changes where the kernel refuses (no
+/// CAP_SYS_NICE, or a cgroup given no real-time runtime). Hold them only for bursts of work:
+/// the kernel's throttling leaves the other classes 5% of a CPU, and that is all it promises.
+#[must_use = "the thread is real-time only while this is held"]
+#[derive(Debug)]
+pub struct Unpreempted {
+    // Not Send: it belongs to the thread it was taken on.
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+thread_local! {
+    /// How many `Unpreempted` this thread holds, and whether the first one made it real-time.
+    static UNPREEMPTED: std::cell::Cell<(u32, bool)> = const { std::cell::Cell::new((0, false)) };
+}
+
+impl Unpreempted {
+    pub fn begin() -> Self {
+        UNPREEMPTED.with(|held| {
+            let (count, raised) = held.get();
+            let raised = if count == 0 {
+                set_realtime(true)
+            } else {
+                raised
+            };
+            held.set((count + 1, raised));
+        });
+        Self {
+            _thread: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for Unpreempted {
+    fn drop(&mut self) {
+        UNPREEMPTED.with(|held| {
+            let (count, raised) = held.get();
+            if count == 1 && raised {
+                set_realtime(false);
+            }
+            held.set((count.saturating_sub(1), raised && count > 1));
+        });
+    }
+}
+
+/// Puts the calling thread in the real-time class, or back in the normal one; returns whether
+/// the kernel did.
+fn set_realtime(on: bool) -> bool {
+    let (policy, priority) = if on {
+        // A child forked meanwhile starts in the normal class.
+        (libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, 1)
+    } else {
+        (libc::SCHED_OTHER, 0)
+    };
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: sched_setscheduler reads the sched_param it is given, valid for the call; pid 0
+    // is the calling thread.
+    unsafe { libc::sched_setscheduler(0, policy, &raw const param) == 0 }
+}
+
 /// Gives the memory the allocator holds free back to the system (glibc keeps what a burst of
 /// work freed, so the daemon's size would otherwise stay at its peak).
 pub fn release_free_memory() {
@@ -198,5 +262,36 @@ mod tests {
         assert_eq!(limit.soft, limit.hard);
         assert!(limit.was <= limit.soft);
         assert_eq!(raise_fd_limit().unwrap().was, limit.soft, "it stays raised");
+    }
+
+    fn policy() -> i32 {
+        // SAFETY: sched_getscheduler takes a number (0: the calling thread) and reads nothing.
+        unsafe { libc::sched_getscheduler(0) }
+    }
+
+    #[test]
+    fn a_thread_is_real_time_until_the_last_of_its_unpreempted_is_dropped() {
+        let (nice_before, before) = (nice(), policy());
+        let outer = Unpreempted::begin();
+        if policy() == before {
+            eprintln!("real-time scheduling refused here (not root?): nothing to check");
+            return;
+        }
+        assert_eq!(policy() & !libc::SCHED_RESET_ON_FORK, libc::SCHED_FIFO);
+        let inner = Unpreempted::begin();
+        drop(inner);
+        assert_eq!(
+            policy() & !libc::SCHED_RESET_ON_FORK,
+            libc::SCHED_FIFO,
+            "one still held"
+        );
+        drop(outer);
+        assert_eq!(policy(), before);
+        assert_eq!(nice(), nice_before, "the nice value is kept");
+    }
+
+    fn nice() -> i32 {
+        // SAFETY: getpriority takes numbers only (PRIO_PROCESS with 0: the calling thread).
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
     }
 }

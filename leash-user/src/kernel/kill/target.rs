@@ -10,13 +10,15 @@ use leash_common::{Member, Pid, TreeId};
 use crate::{
     kernel::{tracker::Tracker, types::TreeStatus, view::TrackerView},
     proc::{self, ProcessRef},
-    sys::Pidfd,
+    sys::{self, Pidfd},
 };
 
 /// The map operations and process operations a [`Kill`](super::Kill) makes, and its clock.
 pub(super) trait KillTarget {
     /// A handle on one process, which names it for good (a pidfd).
     type Process;
+    /// Held while a round's signals go out (see [`KillTarget::burst`]).
+    type Burst: 'static;
 
     /// Now, on the clock the kill's deadlines (grace, rounds, give-up) are measured with.
     fn now(&self) -> Instant;
@@ -61,6 +63,10 @@ pub(super) trait KillTarget {
     /// Sends `signal` to the process `process` names.
     fn send_signal(&self, process: &Self::Process, signal: i32) -> io::Result<()>;
 
+    /// While the returned value is held, the processes the signals wake do not run on this
+    /// CPU before the kill has sent the rest (held from a round's first signal to its last).
+    fn burst(&self) -> Self::Burst;
+
     /// Whether `process` has finished exiting (see [`ProcessRef::has_exited`]).
     fn has_exited(&self, process: ProcessRef) -> bool;
 }
@@ -68,6 +74,7 @@ pub(super) trait KillTarget {
 /// The real maps and processes.
 impl KillTarget for Tracker {
     type Process = Pidfd;
+    type Burst = sys::Unpreempted;
 
     fn now(&self) -> Instant {
         Instant::now()
@@ -115,6 +122,17 @@ impl KillTarget for Tracker {
 
     fn send_signal(&self, process: &Pidfd, signal: i32) -> io::Result<()> {
         process.send_signal(signal)
+    }
+
+    /// Real-time while the round goes out. A process that SIGKILL wakes has slept long and
+    /// preempts whoever woke it: sent at normal priority, a round goes out one signal per
+    /// exit, the sender and its victims taking turns on one CPU. Measured on 2 cores (1000
+    /// sleeping processes, pidfd_open + pidfd_send_signal + close each): 85-99 us a process
+    /// that way, all exited after 110-125 ms; real-time, 8 us a process, all exited after
+    /// 77-97 ms, as they do after cgroup.kill. Only the whole round will do: real-time for
+    /// each step of 256 signals, then normal, was no better than never.
+    fn burst(&self) -> sys::Unpreempted {
+        sys::Unpreempted::begin()
     }
 
     fn has_exited(&self, process: ProcessRef) -> bool {

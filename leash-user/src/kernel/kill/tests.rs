@@ -6,6 +6,7 @@ use std::{
     cell::{Cell, RefCell},
     collections::{BTreeMap, BTreeSet},
     io,
+    rc::Rc,
     time::{Duration, Instant},
 };
 
@@ -81,6 +82,17 @@ struct Fake {
     lookups: Cell<usize>,
     /// Checks whether a process has finished exiting.
     exit_checks: Cell<usize>,
+    /// Bursts held now (see [`KillTarget::burst`]).
+    bursts: Rc<Cell<usize>>,
+}
+
+/// A burst held on the fake: counted while it lives.
+struct Burst(Rc<Cell<usize>>);
+
+impl Drop for Burst {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
+    }
 }
 
 impl Fake {
@@ -97,6 +109,7 @@ impl Fake {
             walks: Cell::new(0),
             lookups: Cell::new(0),
             exit_checks: Cell::new(0),
+            bursts: Rc::new(Cell::new(0)),
         }
     }
 
@@ -226,6 +239,7 @@ impl Fake {
 
 impl KillTarget for Fake {
     type Process = Handle;
+    type Burst = Burst;
 
     fn now(&self) -> Instant {
         self.epoch + self.elapsed
@@ -328,6 +342,11 @@ impl KillTarget for Fake {
             process.state = State::Dying;
         }
         Ok(())
+    }
+
+    fn burst(&self) -> Burst {
+        self.bursts.set(self.bursts.get() + 1);
+        Burst(self.bursts.clone())
     }
 
     fn has_exited(&self, process: ProcessRef) -> bool {
@@ -780,4 +799,31 @@ fn the_wait_for_exits_checks_one_member_a_poll_while_they_are_exiting() {
     let report = drive(&mut kill, &mut fake, |_| {}).unwrap();
     assert_eq!(report.killed, members.len());
     assert!(fake.exit_checks.get() <= 100 + members.len() + 2);
+}
+
+#[test]
+fn a_round_goes_out_in_one_burst_and_the_burst_ends_with_it() {
+    let mut fake = Fake::new();
+    for _ in 0..SIGNALS_PER_STEP * 2 + 10 {
+        fake.add_member(TREE);
+    }
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let mut held = Vec::new();
+    loop {
+        let step = kill.step_on(&mut fake).unwrap();
+        held.push(fake.bursts.get());
+        match step {
+            KillStep::Wait(Duration::ZERO) => {}
+            KillStep::Wait(_) => break,
+            KillStep::Done(_) => panic!("done before its members died"),
+        }
+    }
+    // Three steps send the round; the burst lasts from the first signal to the last, through
+    // the gaps between the steps, and not a step longer.
+    assert_eq!(held, [1, 1, 0]);
+    drive(&mut kill, &mut fake, |fake| {
+        assert_eq!(fake.bursts.get(), 0)
+    })
+    .unwrap();
+    assert_eq!(fake.bursts.get(), 0);
 }
