@@ -1,4 +1,4 @@
-//! 4. Detection: from a host's SIGKILL to the first signal its tree receives, for hosts of
+//! Section 4, detection: from a host's SIGKILL to the first signal its tree receives, for hosts of
 //! every size. The kernel tears down a dying host's whole address space before its socket
 //! closes or its pidfd turns readable; leash sees the death at the signal. The reference is
 //! the host's exit as its parent sees it (waitpid), which is when those would have told.

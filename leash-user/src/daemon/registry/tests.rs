@@ -187,7 +187,10 @@ fn a_host_is_named_by_its_pid_and_start_and_holds_trees_while_a_lease_of_it_does
     let _ = registry.file(5, entry(second, 1000), None, place);
     assert!(registry.host_holds_trees(host));
     let _ = registry.end_lease(first, "connection_closed");
-    assert!(registry.host_holds_trees(host), "the second lease holds tree 5");
+    assert!(
+        registry.host_holds_trees(host),
+        "the second lease holds tree 5"
+    );
     let _ = registry.end_lease(second, "host_killed");
     assert!(!registry.host_holds_trees(host));
     assert_eq!(registry.leases_of(host), Vec::<LeaseId>::new());
