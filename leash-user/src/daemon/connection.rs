@@ -34,6 +34,8 @@ use crate::sys;
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a client may leave a full queue of replies unread before it is disconnected.
 const UNREAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a refused connection's one line may wait for room in its socket.
+const REFUSAL_PATIENCE: Duration = Duration::from_millis(500);
 
 /// Serves a connection, then closes the daemon's end of it apart (`disposal`): a client may
 /// have left descriptors queued on it, and the last close of the socket closes them. So the
@@ -163,8 +165,7 @@ async fn set_up(
         Err(why) => {
             daemon.metrics.refused(ErrorCode::LimitReached);
             let line = ServerLine::error(None, ErrorCode::LimitReached, why);
-            // Best effort: a client that does not read it is closed all the same.
-            let _ = stream.try_write(&encode(&line));
+            say_refusal(stream, &encode(&line)).await;
             return Err((who.account, None));
         }
     };
@@ -197,6 +198,23 @@ async fn set_up(
         host,
         for_owner,
     })
+}
+
+/// Writes a refused connection's one line, waiting a bounded time for its socket to take it.
+/// Best effort: a client that does not take it is closed all the same. A bare `try_write`
+/// is not enough: tokio refuses it (WouldBlock, without trying) until its reactor has seen
+/// the new socket writable, which a busy daemon may not have yet.
+async fn say_refusal(stream: &UnixStream, line: &[u8]) {
+    let said = async {
+        loop {
+            stream.writable().await?;
+            match stream.try_write(line) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                written => return written.map(drop),
+            }
+        }
+    };
+    let _: Result<io::Result<()>, _> = tokio::time::timeout(REFUSAL_PATIENCE, said).await;
 }
 
 /// Whether the host `pid` (started at `start_ticks`, 0 if unknown) is gone or on its way out:
