@@ -356,7 +356,9 @@ pub(crate) fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<(
     // Two trees of n, and the first one's zombies while init reaps them.
     let _pid_max = PidMax::at_least(n * 2 + 20_000)?;
     let baseline = leash::proc::all_processes()?.len();
-    let daemon = start_daemon()?;
+    // The adoption's line (DEBUG) says how many /proc reads its walks took.
+    let daemon = Daemon::start_wrapped(&["env", ADOPTION_LOG], &[])
+        .context("the daemon cannot start without BPF")?;
     let mut client = daemon.client();
     let fan = |group: &Cgroup| fan(forker, group, n, None);
     let await_reaped = || await_reaped(baseline);
@@ -427,7 +429,16 @@ pub(crate) fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<(
     let started = Instant::now();
     let adopted = client.adopt(root.id(), &GRACE_0)?;
     let adoption = started.elapsed();
+    let reads_per_member = adoption_reads(&daemon.log())?;
     client.release(adopted)?;
+    // What any /proc walk of it costs at least: one stat read per process.
+    let started = Instant::now();
+    let stats_read = group
+        .procs()
+        .iter()
+        .filter(|pid| fs::read(format!("/proc/{pid}/stat")).is_ok())
+        .count();
+    let stat_pass = started.elapsed();
     let kernel_kill = cgroup_kill(&group)?;
     reap(root);
 
@@ -477,6 +488,14 @@ pub(crate) fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<(
             vec![
                 format!("register an existing tree of {n} (adopt, ms)"),
                 f1(ms(adoption)),
+                format!(
+                    "{} to read {stats_read} /proc/PID/stat once",
+                    f1(ms(stat_pass))
+                ),
+            ],
+            vec![
+                "its /proc reads per member adopted".into(),
+                f1(reads_per_member),
                 String::new(),
             ],
             vec![
@@ -526,6 +545,25 @@ pub(crate) fn scale(plan: &Plan, forker: &Path, report: &mut Report) -> Result<(
         ],
     );
     Ok(())
+}
+
+/// The daemon's log filter for the scale section: INFO, and the adoption's DEBUG line.
+const ADOPTION_LOG: &str = "LEASH_LOG=info,leash::kernel::register=debug";
+
+/// The /proc reads per member of the last adoption in the daemon's `log`.
+fn adoption_reads(log: &str) -> Result<f64> {
+    let line = log
+        .lines()
+        .rev()
+        .find(|line| line.contains("adoption finished"))
+        .context("the daemon logged no adoption")?;
+    let value = line
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("proc_reads_per_member="))
+        .context("the adoption's line has no proc_reads_per_member")?;
+    value
+        .parse()
+        .with_context(|| format!("proc_reads_per_member={value}"))
 }
 
 struct Footprint {
