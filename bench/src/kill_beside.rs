@@ -26,7 +26,10 @@ pub(crate) fn kill_beside_others(plan: &Plan, forker: &Path, report: &mut Report
     // The largest tree, the others, and the zombies of the last while init reaps them.
     let _pid_max = PidMax::at_least(big + others + big + 20_000)?;
     let baseline = leash::proc::all_processes()?.len();
-    let daemon = Daemon::start(&[]).context("the daemon cannot start without BPF")?;
+    // Room in the member map for both trees (the default holds 131072 members).
+    let members = (big + others + 20_000).max(leash::Capacity::default().members as usize);
+    let daemon = Daemon::start(&["--max-members", &members.to_string()])
+        .context("the daemon cannot start without BPF")?;
     let mut client = daemon.client();
     let mut rows = Vec::new();
     let mut met = true;

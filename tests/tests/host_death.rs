@@ -230,7 +230,7 @@ fn a_host_the_oom_killer_kills_is_seen_dying() {
         return;
     };
     let cgroup = Cgroup::new("host-oom");
-    let limit = MemoryLimit::new("host-oom", 96 << 20);
+    let limit = MemoryLimit::new("host-oom", 48 << 20);
     let mut host = Host::start(&daemon, &cgroup, &["oom"]);
     // The agent goes with it into the limited group, where the host is the largest process.
     limit.admit(host.pid());

@@ -20,7 +20,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use leash_common::{EventKind, Pid, TreeId};
+use leash_common::{EventKind, Member, Pid, TreeId};
 
 use super::record::TreeEvent;
 
@@ -104,8 +104,52 @@ impl MemberIndex {
     }
 
     /// The trees whose sets have grown to be checked against the map, taken.
-    pub(super) fn take_overgrown(&mut self) -> Vec<TreeId> {
+    fn take_overgrown(&mut self) -> Vec<TreeId> {
         self.overgrown.drain().collect()
+    }
+
+    /// Takes in the records (see [`MemberIndex::record`]), then checks against the map, with
+    /// `lookup` (a pid's member entry), each set grown past twice its size when last checked.
+    pub(super) fn take_records(
+        &mut self,
+        events: &[TreeEvent],
+        lookup: impl Fn(Pid) -> Option<Member>,
+    ) {
+        for event in events {
+            self.record(event);
+        }
+        for tree in self.take_overgrown() {
+            let before = self.len(tree);
+            let kept: Vec<Pid> = self
+                .pids(tree)
+                .into_iter()
+                .filter(|&pid| lookup(pid).is_some_and(|m| m.tree == tree))
+                .collect();
+            tracing::debug!(
+                tree,
+                before,
+                after = kept.len(),
+                "index checked against the map"
+            );
+            self.replace(tree, kept);
+        }
+    }
+
+    /// `tree`'s members as the index has them, each looked up with `lookup` now: only those
+    /// whose entry is in `tree`, with that entry. A pid found outside it leaves the index.
+    pub(super) fn members_of(
+        &mut self,
+        tree: TreeId,
+        lookup: impl Fn(Pid) -> Option<Member>,
+    ) -> Vec<(Pid, Member)> {
+        let mut found = Vec::with_capacity(self.len(tree));
+        for pid in self.pids(tree) {
+            match lookup(pid) {
+                Some(member) if member.tree == tree => found.push((pid, member)),
+                _ => self.remove(tree, pid),
+            }
+        }
+        found
     }
 
     fn note_growth(&mut self, tree: TreeId) {
@@ -181,6 +225,44 @@ mod tests {
         assert!(index.take_overgrown().is_empty(), "102 is twice 51");
         index.record(&event(EventKind::Fork, 1, 351));
         assert_eq!(index.take_overgrown(), [1]);
+    }
+
+    fn member(tree: TreeId) -> Member {
+        Member {
+            tree,
+            parent: 1,
+            start_ns: 7,
+        }
+    }
+
+    #[test]
+    fn members_are_looked_up_and_pids_found_elsewhere_leave() {
+        let mut index = MemberIndex::default();
+        for pid in [10, 11, 12] {
+            index.admit(1, pid);
+        }
+        // 10 is still a member; 11 exited (its record lost); 12's pid went to another tree.
+        let lookup = |pid| match pid {
+            10 => Some(member(1)),
+            12 => Some(member(2)),
+            _ => None,
+        };
+        assert_eq!(index.members_of(1, lookup), [(10, member(1))]);
+        assert_eq!(index.pids(1), [10]);
+    }
+
+    #[test]
+    fn an_overgrown_set_loses_what_the_map_no_longer_holds() {
+        let mut index = MemberIndex::default();
+        index.replace(1, 0..100);
+        let forks: Vec<TreeEvent> = (100..201)
+            .map(|pid| event(EventKind::Fork, 1, pid))
+            .collect();
+        // Exit records were dropped: only the last 50 forks are members still.
+        index.take_records(&forks, |pid| (pid > 150).then(|| member(1)));
+        let mut pids = index.pids(1);
+        pids.sort_unstable();
+        assert_eq!(pids, (151..201).collect::<Vec<_>>());
     }
 
     #[test]

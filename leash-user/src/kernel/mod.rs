@@ -7,7 +7,6 @@ pub mod btf;
 mod error;
 mod hosts;
 mod index;
-mod indexed;
 mod kill;
 mod load;
 mod maps;

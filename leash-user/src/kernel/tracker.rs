@@ -8,7 +8,7 @@ use aya::{
     Ebpf,
     maps::{HashMap, MapData, RingBuf},
 };
-use leash_common::{Account, Pid, TreeId};
+use leash_common::{Account, Member, Pid, TreeId};
 
 use super::{
     pins::Pins,
@@ -99,8 +99,23 @@ impl Tracker {
         while let Some(item) = self.events.next() {
             events.extend(TreeEvent::decode(&item));
         }
-        self.index_records(&events);
+        let TrackerView { members, index, .. } = &mut self.view;
+        index.take_records(&events, |pid| members.get(&pid, 0).ok());
         events
+    }
+
+    /// The members of `tree` the index of each tree's pids knows of, each looked up in the
+    /// map now (see [`MemberIndex::members_of`](super::index::MemberIndex::members_of)).
+    pub(super) fn indexed_members(&mut self, tree: TreeId) -> Vec<(Pid, Member)> {
+        let TrackerView { members, index, .. } = &mut self.view;
+        index.members_of(tree, |pid| members.get(&pid, 0).ok())
+    }
+
+    /// Sets the index's pids of `tree` to those a walk of the map just found.
+    pub(super) fn reindex(&mut self, tree: TreeId, found: &[(Pid, Member)]) {
+        self.view
+            .index
+            .replace(tree, found.iter().map(|&(pid, _)| pid));
     }
 
     /// A descriptor that polls readable when events are waiting (a duplicate of the ring

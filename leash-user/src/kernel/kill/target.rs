@@ -64,7 +64,7 @@ pub(super) trait KillTarget {
     fn send_signal(&self, process: &Self::Process, signal: i32) -> io::Result<()>;
 
     /// While the returned value is held, the processes the signals wake do not run on this
-    /// CPU before the kill has sent the rest (held from a round's first signal to its last).
+    /// CPU before the kill has sent the rest (held from a round's search to its last signal).
     fn burst(&self) -> Self::Burst;
 
     /// Whether `process` has finished exiting (see [`ProcessRef::has_exited`]).
