@@ -20,8 +20,10 @@
 //! signal: the pidfd is opened first and the entry (or /proc) checked after, as for a fresh one.
 //! A round's steps go out as one burst all the same: from its search to its last signal, the
 //! processes it wakes are kept from taking the sender's CPU (see `KillTarget::burst`), so they
-//! die together, as after cgroup.kill, rather than one at a time between the signals. The
-//! burst belongs to the thread that steps the kill: a `Kill` stays on its thread.
+//! die together, as after cgroup.kill, rather than one at a time between the signals. Only a
+//! kill's first [`BURST_SIGNALS`] signals do: a larger tree's exits need the CPUs more than
+//! its signals do. The burst belongs to the thread that steps the kill: a `Kill` stays on its
+//! thread.
 //!
 //! A search costs what the tree costs, not what the map holds: it looks up the pids the index
 //! of each tree's pids has for the tree (see `kernel::index`), and trusts what it found only if
@@ -69,6 +71,12 @@ const EXIT_CHECKS_PER_STEP: usize = 1024;
 /// SIGKILLs was measured at 15-60 ms; real-time (see `KillTarget::burst`), 1000 SIGKILLs went
 /// out in about 20 ms.
 pub const SIGNALS_PER_STEP: usize = 256;
+/// How many of a kill's signals go out in bursts (see `KillTarget::burst`). A burst keeps the
+/// sender's CPU from the exits it sets off: that lets a tree of a thousand die together, but
+/// for a tree of 100k it left the exits one CPU for all of its signalling (7 s with 2 cores),
+/// and the tree was gone after 14.4 s; past this count, the signals and the exits share the
+/// CPUs, and the same tree was gone after 11.6 s.
+const BURST_SIGNALS: usize = 2048;
 
 /// What a kill did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -373,7 +381,7 @@ impl Kill {
     ) -> Result<Enqueued> {
         // The burst begins with the search: nothing else takes the CPU between the members
         // found and the signals (it ends when the queue is worked through, or found empty).
-        if self.burst.is_none() {
+        if self.burst.is_none() && self.killed + self.terminated < BURST_SIGNALS {
             self.burst = Some(Box::new(tracker.burst()));
         }
         let Found {
@@ -479,7 +487,7 @@ impl Kill {
                 }
             }
         }
-        if self.queue.is_empty() {
+        if self.queue.is_empty() || self.killed + self.terminated >= BURST_SIGNALS {
             self.burst = None;
         }
         if deferred > 0 {

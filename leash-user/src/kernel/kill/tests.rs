@@ -14,8 +14,8 @@ use anyhow::Result;
 use leash_common::{Member, Pid, TreeId};
 
 use super::{
-    FULL_ROUND_EVERY, KILL_ROUNDS_TIMEOUT, Kill, KillError, KillReport, KillStep, KillTarget,
-    SIGNALS_PER_STEP, found_all,
+    BURST_SIGNALS, FULL_ROUND_EVERY, KILL_ROUNDS_TIMEOUT, Kill, KillError, KillReport, KillStep,
+    KillTarget, SIGNALS_PER_STEP, found_all,
 };
 use crate::{
     kernel::TreeStatus,
@@ -826,4 +826,31 @@ fn a_round_goes_out_in_one_burst_and_the_burst_ends_with_it() {
     })
     .unwrap();
     assert_eq!(fake.bursts.get(), 0);
+}
+
+#[test]
+fn only_the_first_signals_of_a_large_kill_go_out_in_a_burst() {
+    let mut fake = Fake::new();
+    for _ in 0..BURST_SIGNALS * 2 {
+        fake.add_member(TREE);
+    }
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let mut held = Vec::new();
+    loop {
+        let step = kill.step_on(&mut fake).unwrap();
+        let sent = (fake.processes.borrow().iter())
+            .filter(|p| !p.signals.is_empty())
+            .count();
+        held.push((sent, fake.bursts.get()));
+        match step {
+            KillStep::Wait(Duration::ZERO) => {}
+            KillStep::Wait(_) => break,
+            KillStep::Done(_) => panic!("done before its members died"),
+        }
+    }
+    // Held while fewer than BURST_SIGNALS went out, and never again after.
+    for &(sent, bursts) in &held {
+        assert_eq!(bursts, usize::from(sent < BURST_SIGNALS), "{held:?}");
+    }
+    assert_eq!(held.last().unwrap().0, BURST_SIGNALS * 2);
 }
