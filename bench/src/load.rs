@@ -43,6 +43,9 @@ const HOST_PROCESSES: usize = 6;
 /// The longest a host is waited for on a daemon under no load (not a measure: a bound for a
 /// shared, busy machine).
 const SETUP_CAP: Duration = Duration::from_secs(60);
+/// The hosts of uid A are started no faster than this, within its request rate: a
+/// registration counts 20 of its 200 requests a second, and the hosts share one budget.
+const HOST_SPACING: Duration = Duration::from_millis(250);
 /// Between the start of a flood and the first timed kill.
 const RAMP: Duration = Duration::from_millis(500);
 /// The longest a daemon is given to stop on SIGTERM before it is SIGKILLed (one still serving
@@ -281,12 +284,15 @@ fn after_the_load(daemon: &Daemon, cap: Duration) -> Result<(u64, Option<f64>)> 
     Ok((after_kib, recovery))
 }
 
-/// `count` hosts, each with its tree, from a daemon under no load.
+/// `count` hosts, each with its tree, from a daemon under no load, at most one every
+/// [`HOST_SPACING`].
 fn start_hosts(daemon: &Daemon, count: usize) -> Result<Vec<Host>> {
     (0..count)
         .map(|_| {
+            let next = Instant::now() + HOST_SPACING;
             let (host, _) = Host::start(daemon, SETUP_CAP)?
                 .context("a host got no tree from a daemon under no load")?;
+            thread::sleep(next.saturating_duration_since(Instant::now()));
             Ok(host)
         })
         .collect()

@@ -135,28 +135,45 @@ fn run(args: &Args) -> Result<()> {
     let forker = trees::build_forker()?;
     let mut report = measure::Report::new(&plan);
     let runs = |section| args.only.is_empty() || args.only.contains(&section);
-    if runs(Section::Overhead) {
-        sections::overhead(&plan, &mut report)?;
-    }
-    if runs(Section::Kill) {
-        sections::kill_latency(&plan, &mut report)?;
-        kill_beside::kill_beside_others(&plan, &forker, &mut report)?;
-    }
-    if runs(Section::Escapes) {
-        sections::escapes(&plan, &mut report)?;
-    }
-    if runs(Section::Detection) {
-        detection::detection(&plan, &mut report)?;
-    }
-    if runs(Section::Scale) {
-        sections::scale(&plan, &forker, &mut report)?;
-    }
-    if runs(Section::Load) {
-        load::hostile_load(&plan, &forker, &mut report)?;
-    }
+    // A section that fails costs only itself: the others still run, and the report says
+    // which failed and why (a full run takes most of an hour).
+    let mut failed = Vec::new();
+    let mut section =
+        |section: Section, run: &mut dyn FnMut(&mut measure::Report) -> Result<()>| {
+            if !runs(section) {
+                return;
+            }
+            if let Err(e) = run(&mut report) {
+                eprintln!("leash-bench: the {section:?} section failed: {e:#}");
+                report.line(&format!("**The {section:?} section failed:** {e:#}"));
+                failed.push(section);
+            }
+        };
+    section(Section::Overhead, &mut |report| {
+        sections::overhead(&plan, report)
+    });
+    section(Section::Kill, &mut |report| {
+        sections::kill_latency(&plan, report)?;
+        kill_beside::kill_beside_others(&plan, &forker, report)
+    });
+    section(Section::Escapes, &mut |report| {
+        sections::escapes(&plan, report)
+    });
+    section(Section::Detection, &mut |report| {
+        detection::detection(&plan, report)
+    });
+    section(Section::Scale, &mut |report| {
+        sections::scale(&plan, &forker, report)
+    });
+    section(Section::Load, &mut |report| {
+        load::hostile_load(&plan, &forker, report)
+    });
     report.finish(started.elapsed());
     fs::write(&args.out, report.text())
         .with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!("wrote {} in {:.0?}", args.out.display(), started.elapsed());
+    if !failed.is_empty() {
+        anyhow::bail!("sections failed: {failed:?} (the report says why)");
+    }
     Ok(())
 }
