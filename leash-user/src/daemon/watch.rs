@@ -48,13 +48,19 @@ pub(super) async fn watch_events(owner: Rc<Owner>) {
             },
             _ = collect.tick() => {}
         }
-        let collected = tree_events::collect(&owner);
-        for dying in &collected.hosts_dying {
-            host_dying(&owner, dying);
-        }
-        for tree in collected.root_exits {
-            root_exited(&owner, tree);
-        }
+        take_kernel_news(&owner);
+    }
+}
+
+/// Acts on what the programs have reported and the owner has not read yet: hosts dying, roots
+/// exited.
+fn take_kernel_news(owner: &Rc<Owner>) {
+    let collected = tree_events::collect(owner);
+    for dying in &collected.hosts_dying {
+        host_dying(owner, dying);
+    }
+    for tree in collected.root_exits {
+        root_exited(owner, tree);
     }
 }
 
@@ -130,6 +136,12 @@ fn finish_if_kept_and_empty(owner: &Rc<Owner>, tree: TreeId) {
 /// A lease ended (its host died or its connection closed), for `reason` (`host_exited`,
 /// `connection_closed`, ...): every tree it holds is killed.
 pub(super) fn end_lease(owner: &Rc<Owner>, lease: LeaseId, reason: &str) {
+    // A host's exit is seen by its socket and its pidfd as well as by the programs, which saw
+    // it first if it was killed: what they reported is taken first, so that its lease ends
+    // for the reason the kernel gave (a second end of a lease does nothing).
+    if reason != HOST_KILLED {
+        take_kernel_news(owner);
+    }
     let registry = &owner.daemon.registry;
     let host = registry.host_of(lease);
     for tree in registry.end_lease(lease, reason) {
