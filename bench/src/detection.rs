@@ -97,13 +97,8 @@ impl HostKind {
                 host
             }
         };
-        command
-            .args(agent)
-            .env("LEASH_SOCKET", &daemon.socket)
-            .env("LEASH_BIN", daemon.leash_for_anyone())
-            .env("PYTHONPATH", workspace_root().join("clients/python/src"))
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .env_remove("LEASH_LEASE")
+        daemon
+            .python_host(command.args(agent))
             .stdin(Stdio::piped())
             .stdout(Stdio::null());
         command

@@ -136,6 +136,21 @@ impl Daemon {
         command
     }
 
+    /// Sets `command` up to run the Python host library against this daemon: its socket, a
+    /// leash binary any user may run, the library's sources (nothing written into them), and
+    /// no lease inherited from the caller.
+    pub fn python_host<'c>(&self, command: &'c mut Command) -> &'c mut Command {
+        command
+            .env("LEASH_SOCKET", &self.socket)
+            .env("LEASH_BIN", self.leash_for_anyone())
+            .env(
+                "PYTHONPATH",
+                crate::workspace_root().join("clients/python/src"),
+            )
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env_remove("LEASH_LEASE")
+    }
+
     /// The leash binary where any user may run it (the build tree may not be reachable).
     /// A hard link, not a copy, where it can be: a file being written cannot be executed, and
     /// a copy's write descriptor leaks for a moment into children other threads fork.

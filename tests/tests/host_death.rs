@@ -19,7 +19,7 @@ use std::{
 use leash_tests::{
     Cgroup, cgroup2_root,
     daemon::{Daemon, alive, signal},
-    python, read_lines, wait_for, workspace_root,
+    python, read_lines, wait_for,
 };
 
 /// A host: registers `sleep 600` as its agent, prints the agent's pid, then does what its mode
@@ -87,13 +87,8 @@ impl Host {
             "{}.stderr",
             cgroup.path().file_name().unwrap().to_string_lossy()
         ));
-        let mut process = cgroup
-            .command(&python(), &[&["-c", HOST][..], args].concat())
-            .env("LEASH_SOCKET", &daemon.socket)
-            .env("LEASH_BIN", daemon.leash_for_anyone())
-            .env("PYTHONPATH", workspace_root().join("clients/python/src"))
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .env_remove("LEASH_LEASE")
+        let mut process = daemon
+            .python_host(&mut cgroup.command(&python(), &[&["-c", HOST][..], args].concat()))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(fs::File::create(&stderr).expect("the host's stderr"))
