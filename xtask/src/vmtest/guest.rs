@@ -57,6 +57,12 @@ mount -t tmpfs tmpfs /dev/shm
 mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
+# A memory cgroup lives as long as the guest, as on a machine that systemd runs. Without one,
+# each scenario's group turns the kernel's socket-accounting static key on and its removal turns
+# it off: a patch of live kernel code each time, which multi-threaded emulation once got wrong
+# (trixie-6.12 under TCG: an int3 oops in mem_cgroup_sk_alloc while another vCPU made a socket).
+echo +memory > /sys/fs/cgroup/cgroup.subtree_control
+mkdir /sys/fs/cgroup/vmtest-held
 # As systemd mounts it: root's alone (bpffs defaults to 1777).
 mount -t bpf -o mode=0700 bpf /sys/fs/bpf
 ip link set lo up
