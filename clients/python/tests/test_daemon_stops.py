@@ -125,37 +125,18 @@ def end_of(stream: leash.EventStream) -> leash.ConnectionLost:
         seen.append(event.kind)
 
 
-def test_a_daemon_that_shuts_down_says_it_killed_the_trees(
+def test_a_host_is_told_what_became_of_its_trees_when_the_daemon_stops(
     own_daemon: Callable[[], OwnDaemon], cgroups: Callable[[str], Cgroup]
 ) -> None:
+    # One daemon, started twice (a start loads the programs: seconds on a busy machine).
     daemon = own_daemon()
-    group = cgroups("shutdown")
-    lease = leash.Lease(socket=daemon.socket)
-    try:
-        stream = lease.events()
-        agent = lease.popen(group.wrap(["sleep", "600"]))
-        assert wait_until(lambda: group.procs() == {agent.pid})
-        daemon.stop(signal.SIGTERM)
-        lost = end_of(stream)
-        assert lost.reason == "shutdown", f"{lost} (the daemon's log:\n{daemon.log()})"
-        assert "stopped (shutdown): it killed this lease's trees" in str(lost)
-        assert agent.wait(DEADLINE) == -signal.SIGTERM
-        assert group.wait_empty()
-    finally:
-        # No daemon runs: close() finds none to ask about the tree, which is gone.
-        with contextlib.suppress(leash.Unavailable):
-            lease.close()
 
-
-def test_a_daemon_that_hands_over_says_the_trees_stay_enforced(
-    own_daemon: Callable[[], OwnDaemon], cgroups: Callable[[str], Cgroup]
-) -> None:
-    daemon = own_daemon()
-    group = cgroups("hand-over")
+    # A hand-over (SIGHUP): the tree lives on, and the next daemon enforces it.
+    kept = cgroups("hand-over")
     with leash.Lease(socket=daemon.socket) as lease:
         stream = lease.events()
-        agent = lease.popen(group.wrap(["sleep", "600"]))
-        assert wait_until(lambda: group.procs() == {agent.pid})
+        agent = lease.popen(kept.wrap(["sleep", "600"]))
+        assert wait_until(lambda: kept.procs() == {agent.pid})
         daemon.stop(signal.SIGHUP)
         lost = end_of(stream)
         assert lost.reason == "hand_over", f"{lost} (the daemon's log:\n{daemon.log()})"
@@ -164,4 +145,22 @@ def test_a_daemon_that_hands_over_says_the_trees_stay_enforced(
         # The next daemon takes the tree over; closing the lease (a new one) kills it.
         daemon.start()
     assert agent.wait(DEADLINE) == -signal.SIGTERM
-    assert group.wait_empty()
+    assert kept.wait_empty()
+
+    # A shutdown (SIGTERM): the daemon kills the tree, and says so.
+    killed = cgroups("shutdown")
+    lease = leash.Lease(socket=daemon.socket)
+    try:
+        stream = lease.events()
+        agent = lease.popen(killed.wrap(["sleep", "600"]))
+        assert wait_until(lambda: killed.procs() == {agent.pid})
+        daemon.stop(signal.SIGTERM)
+        lost = end_of(stream)
+        assert lost.reason == "shutdown", f"{lost} (the daemon's log:\n{daemon.log()})"
+        assert "stopped (shutdown): it killed this lease's trees" in str(lost)
+        assert agent.wait(DEADLINE) == -signal.SIGTERM
+        assert killed.wait_empty()
+    finally:
+        # No daemon runs: close() finds none to ask about the tree, which is gone.
+        with contextlib.suppress(leash.Unavailable):
+            lease.close()
