@@ -146,3 +146,212 @@ fn venv_python() -> PathBuf {
     );
     python
 }
+
+/// The interpreter another user can run (the tests' environment's is under /root).
+const SYSTEM_PYTHON: &str = "/usr/bin/python3";
+
+/// Copies the files of the installed distribution `hatchling` and of everything it requires
+/// (its build backend, as target/hosts/python has it pinned) into `sys.argv[1]`: a directory
+/// another user's pip imports the backend from, with no index to download it from.
+const COPY_BUILD_BACKEND: &str = r#"
+import importlib.metadata as metadata, os, re, shutil, sys
+from packaging.requirements import Requirement
+dest, todo, seen = sys.argv[1], ["hatchling"], set()
+while todo:
+    name = todo.pop()
+    key = re.sub(r"[-_.]+", "-", name).lower()
+    if key in seen:
+        continue
+    seen.add(key)
+    dist = metadata.distribution(name)
+    for file in dist.files or []:
+        if str(file).startswith(".."):  # its scripts, in bin/
+            continue
+        target = os.path.join(dest, str(file))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(dist.locate_file(file), target)
+    for requirement in map(Requirement, dist.requires or []):
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            todo.append(requirement.name)
+"#;
+
+/// A directory of the test's own, removed however the test ends.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `pip install /path/to/clients/python` by an unprivileged user from a checkout it cannot
+/// write (a system-wide clone, a read-only mount): the build writes nothing into the source
+/// tree (setuptools wrote an egg-info there, and failed). No index is reached: the build
+/// backend is the one pinned in target/hosts/python, on the build's PYTHONPATH.
+#[test]
+fn the_package_installs_as_another_user_from_a_read_only_checkout() {
+    use std::{fs, os::unix::fs::PermissionsExt};
+    if hosts_skipped("Python host library's") {
+        return;
+    }
+    assert!(
+        std::path::Path::new(SYSTEM_PYTHON).is_file(),
+        "no {SYSTEM_PYTHON}: the test installs with the system's Python as another user \
+         (Debian/Ubuntu: apt-get install python3 python3-venv)"
+    );
+    let scratch = Scratch(PathBuf::from(format!(
+        "/tmp/leash-pyinstall-{}",
+        std::process::id()
+    )));
+    let _ = fs::remove_dir_all(&scratch.0);
+    fs::create_dir(&scratch.0).unwrap();
+    fs::set_permissions(&scratch.0, fs::Permissions::from_mode(0o755)).unwrap();
+
+    // The checkout, read-only for everyone but root.
+    let checkout = scratch.0.join("checkout");
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(workspace_root().join("clients/python"))
+        .arg(&checkout)
+        .status()
+        .unwrap();
+    assert!(copied.success(), "copying clients/python");
+    let read_only = Command::new("chmod")
+        .args(["-R", "a-w,a+rX"])
+        .arg(&checkout)
+        .status()
+        .unwrap();
+    assert!(read_only.success(), "making the copy read-only");
+    let before = listing(&checkout);
+
+    let backend = scratch.0.join("backend");
+    let status = Command::new(venv_python())
+        .args(["-c", COPY_BUILD_BACKEND])
+        .arg(&backend)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "copying the build backend from {}",
+        venv_python().display()
+    );
+    let readable = Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&backend)
+        .status()
+        .unwrap();
+    assert!(readable.success());
+
+    let home = scratch.0.join("home");
+    fs::create_dir(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(USER_A), Some(USER_A)).unwrap();
+    let venv = home.join("venv");
+    let as_user = |program: &std::path::Path, args: &[&str]| -> String {
+        let output = Command::new("setpriv")
+            .args(leash_tests::daemon::setpriv_args(USER_A))
+            .arg(program)
+            .args(args)
+            .current_dir(&home)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", &home)
+            .env("PYTHONPATH", &backend)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("PIP_NO_INDEX", "1")
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            output.status.success(),
+            "{} {args:?} as uid {USER_A} failed ({}):\n{said}",
+            program.display(),
+            output.status
+        );
+        said
+    };
+    as_user(
+        SYSTEM_PYTHON.as_ref(),
+        &["-m", "venv", leash_tests::daemon::path_str(&venv)],
+    );
+    let python = venv.join("bin/python");
+    as_user(
+        &python,
+        &[
+            "-m",
+            "pip",
+            "install",
+            "--no-index",
+            "--no-build-isolation",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            leash_tests::daemon::path_str(&checkout),
+        ],
+    );
+    assert_eq!(
+        listing(&checkout),
+        before,
+        "the install wrote into the checkout"
+    );
+
+    // Imported from the venv (not from the checkout: the backend's path is left out too).
+    let imported = Command::new("setpriv")
+        .args(leash_tests::daemon::setpriv_args(USER_A))
+        .arg(&python)
+        .args([
+            "-c",
+            "import importlib.metadata as m, leash; \
+             print(leash.__version__, m.version('leash-client'), leash.__file__)",
+        ])
+        .current_dir(&home)
+        .env_clear()
+        .env("HOME", &home)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&imported.stdout);
+    assert!(
+        imported.status.success(),
+        "importing leash: {said}{}",
+        String::from_utf8_lossy(&imported.stderr)
+    );
+    let version = package_version();
+    let words: Vec<&str> = said.split_whitespace().collect();
+    assert_eq!(words[..2], [version.as_str(), version.as_str()], "{said}");
+    assert!(
+        words[2].starts_with(leash_tests::daemon::path_str(&venv)),
+        "leash was imported from {} instead of the venv",
+        words[2]
+    );
+}
+
+/// Every path under `dir`, sorted.
+fn listing(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(next) = todo.pop() {
+        for entry in std::fs::read_dir(&next).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                todo.push(path.clone());
+            }
+            found.push(path);
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The version clients/python/pyproject.toml gives the package.
+fn package_version() -> String {
+    let pyproject =
+        std::fs::read_to_string(workspace_root().join("clients/python/pyproject.toml")).unwrap();
+    pyproject
+        .lines()
+        .find_map(|line| line.strip_prefix("version = \""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("a version in pyproject.toml")
+        .to_owned()
+}

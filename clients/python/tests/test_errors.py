@@ -78,22 +78,31 @@ def test_a_shim_that_ends_without_a_word_is_an_error_not_a_child(tmp_path: Path)
             lease.popen(["sleep", "600"], stderr=subprocess.DEVNULL)
 
 
-def test_optional_falls_back_loudly_when_there_is_no_daemon(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_optional_falls_back_with_one_warning_when_there_is_no_daemon(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, recwarn: pytest.WarningsRecorder
 ) -> None:
     bogus = str(tmp_path / "no-daemon.sock")
-    caplog.set_level(logging.WARNING, logger="leash")
-    with pytest.warns(leash.UnleashedWarning, match="UNLEASHED"):
-        lease = leash.Lease(socket=bogus, optional=True)
-    with lease:
+    caplog.set_level(logging.INFO, logger="leash")
+    with leash.Lease(socket=bogus, optional=True) as lease:
         assert not lease.leashed and lease.lease_id is None
-        with pytest.warns(leash.UnleashedWarning, match="echo unleashed"):
-            proc = lease.popen(["echo", "unleashed"], stdout=subprocess.PIPE, text=True)
-        assert proc.leash_tree is None
-        assert proc.communicate(timeout=60)[0] == "unleashed\n"
-    logged = [r.getMessage() for r in caplog.records if r.name == "leash"]
-    assert len([m for m in logged if "UNLEASHED" in m]) == 2, logged
-    assert all("sudo systemctl start leash" in m for m in logged if "UNLEASHED" in m)
+        procs = [
+            lease.popen(["echo", "unleashed"], stdout=subprocess.PIPE, text=True) for _ in range(2)
+        ]
+        for proc in procs:
+            assert proc.leash_tree is None
+            with pytest.raises(leash.Unleashed, match=f"process {proc.pid} runs unleashed"):
+                _ = proc.tree
+            assert proc.communicate(timeout=60)[0] == "unleashed\n"
+    # Once for the lease, at the caller's line (here), however many commands run unleashed.
+    warned = [w for w in recwarn if issubclass(w.category, leash.UnleashedWarning)]
+    assert len(warned) == 1, [str(w.message) for w in warned]
+    assert warned[0].filename == __file__
+    message = str(warned[0].message)
+    assert "UNLEASHED" in message and "sudo systemctl start leash" in message
+    # Each command, in the log, below the default level; nothing logged as a warning.
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "leash"]
+    assert [m for level, m in logged if level >= logging.WARNING] == []
+    assert len([m for _, m in logged if "'echo unleashed'" in m]) == 2, logged
 
 
 def test_optional_leashes_when_it_can() -> None:

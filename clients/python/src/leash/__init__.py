@@ -10,7 +10,7 @@ host released it.
     with leash.Lease() as lease:
         agent = lease.popen(["my-agent", "--acp"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, start_new_session=True)
-        print("agent", agent.pid, "in tree", agent.leash_tree)
+        print("agent", agent.pid, "in tree", agent.tree)
 
 For asyncio, `leash.AsyncLease` and its `create_subprocess_exec`. Standard library only.
 """
@@ -19,28 +19,43 @@ from __future__ import annotations
 
 from ._connection import EventStream
 from ._fallback import UnleashedWarning
-from .aio import AsyncEventStream, AsyncLease, tree_of
-from .errors import LeashError, LimitReached, NotFound, PermissionDenied, Unavailable
+from .aio import AsyncEventStream, AsyncLease, LeashedProcess, tree_of
+from .errors import (
+    ConnectionLost,
+    LeaseClosed,
+    LeashError,
+    LimitReached,
+    NotFound,
+    PermissionDenied,
+    Unavailable,
+    Unleashed,
+)
 from .lease import Lease, LeashedPopen
-from .protocol import Event, KillSummary, Member, Tree
+from .protocol import Event, EventKind, KillReason, KillSummary, Member, Tree
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncEventStream",
     "AsyncLease",
+    "ConnectionLost",
     "Event",
+    "EventKind",
     "EventStream",
+    "KillReason",
     "KillSummary",
     "Lease",
+    "LeaseClosed",
     "LeashError",
     "LeashedPopen",
+    "LeashedProcess",
     "LimitReached",
     "Member",
     "NotFound",
     "PermissionDenied",
     "Tree",
-    "UnleashedWarning",
     "Unavailable",
+    "Unleashed",
+    "UnleashedWarning",
     "tree_of",
 ]

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ._event_queue import EventQueue
 from ._replies import LineRouter, Settable, Stream
-from .errors import LeashError, cannot_connect, connection_lost
+from .errors import LeashError, cannot_connect
 from .protocol import (
     MAX_LINE_BYTES,
     PROTOCOL_VERSION,
@@ -116,10 +116,11 @@ class EventStream:
 
 
 class Connection(LineRouter):
-    """A connection and its lease. Raises Unavailable when the daemon cannot be reached."""
+    """A connection and its lease. Raises Unavailable when the daemon cannot be reached.
+    `count_trees`: how many trees the lease holds on it (see LineRouter)."""
 
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
+    def __init__(self, path: str, count_trees: Callable[[], int] = lambda: 0) -> None:
+        super().__init__(path, count_trees)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(path)
@@ -174,7 +175,7 @@ class Connection(LineRouter):
             # be read: the reader tells why.
             if threading.current_thread() is not self._reader:
                 self._reader.join(SEND_FAILED_READ_TIMEOUT)
-            self._fail(connection_lost(self.path, f"sending: {e}"))
+            self._fail(self._end_error(f"sending: {e}")[0])
             assert self._lost is not None
             raise NotSent(self._lost) from None
         return future
@@ -216,21 +217,22 @@ class Connection(LineRouter):
         self._sock.close()
 
     def _read_loop(self) -> None:
-        reason = "the daemon closed the connection"
+        detail = "the daemon closed the connection"
+        unreadable: Optional[ProtocolError] = None
         try:
             with self._sock.makefile("rb") as lines:
                 while True:
                     line = lines.readline(MAX_LINE_BYTES + 1)
                     if not line.endswith(b"\n"):
                         if len(line) > MAX_LINE_BYTES:
-                            raise ProtocolError(f"a line longer than {MAX_LINE_BYTES} bytes")
+                            raise ProtocolError(f"a line longer than {MAX_LINE_BYTES} bytes", line)
                         break
                     self._dispatch(line)
         except ProtocolError as e:
-            reason = str(e)
+            unreadable = e
         except OSError as e:
-            reason = f"reading: {e}"
-        self._fail(*self._end_error(reason))
+            detail = f"reading: {e}"
+        self._fail(*self._end_error(detail, unreadable))
 
     def _streams_now(self) -> List[Stream]:
         with self._lock:

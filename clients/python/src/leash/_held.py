@@ -49,6 +49,10 @@ class HeldTrees:
     def current(self, generation: int) -> List[int]:
         return [t for t, h in self.snapshot().items() if h.generation == generation]
 
+    def counter(self, generation: int) -> Callable[[], int]:
+        """How many trees are held on connection `generation`, asked later."""
+        return lambda: len(self.current(generation))
+
     def events_of(self, lease_id: int) -> Callable[[Event], bool]:
         """Which events a lease's stream shows: its own, and its trees' from before."""
 

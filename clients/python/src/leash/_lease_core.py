@@ -5,11 +5,12 @@ the trees held. Each class keeps only what blocks (threads) or awaits (asyncio).
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Generic, List, Optional, Protocol, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generic, List, Optional, Protocol, Tuple, TypeVar
 
 from . import _shim
+from ._fallback import UnleashedNotice
 from ._held import HeldTrees
-from .errors import LeashError, NotFound, Unavailable
+from .errors import LeaseClosed, LeashError, NotFound, Unavailable
 from .protocol import LeaseInfo, Tree, grace_ms, parse_trees, register_fields, socket_path
 
 log = logging.getLogger("leash")
@@ -49,6 +50,7 @@ class LeaseCore(Generic[C]):
         self._generation = 0
         self._held = HeldTrees()
         self._closed = False
+        self._unleashed = UnleashedNotice()
 
     @property
     def leashed(self) -> bool:
@@ -70,7 +72,7 @@ class LeaseCore(Generic[C]):
         lock). Raises if the lease is closed, or leash cannot be found: then no connection is
         made, as nothing could be spawned through it."""
         if self._closed:
-            raise LeashError("this lease is closed", "closed")
+            raise LeaseClosed()
         if self._leash is None:
             self._leash = _shim.find_leash(self._leash_arg)
         connection = self._connection
@@ -82,6 +84,11 @@ class LeaseCore(Generic[C]):
         if stale is not None:
             log.info("connecting to the leash daemon again at %s", self.socket)
         return stale
+
+    def _trees_on_next_connection(self) -> Callable[[], int]:
+        """How many trees the lease holds on the connection it makes next (call under the
+        lease's lock): what the daemon kills if that connection is ended by this side."""
+        return self._held.counter(self._generation + 1)
 
     def _connected(self, connection: C) -> Tuple[C, int]:
         self._connection = connection

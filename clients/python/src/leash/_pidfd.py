@@ -11,8 +11,8 @@ import os
 import socket
 from typing import Any, Dict, Optional
 
-from .errors import LeashError, cannot_connect, connection_lost
-from .protocol import PROTOCOL_VERSION, ProtocolError, decode_line, encode
+from .errors import LeashError, cannot_connect, connection_ended
+from .protocol import PROTOCOL_VERSION, Event, ProtocolError, decode_line, encode
 
 # How long the daemon may take to answer; a registration's /proc walk takes milliseconds.
 TIMEOUT = 60.0
@@ -47,22 +47,28 @@ def register_pidfd(path: str, token: str, pidfd: int, fields: Dict[str, Any]) ->
                 sock.sendall(line[sent:])
                 return _reply_to(2, replies, path)
         except OSError as e:
-            raise connection_lost(path, f"registering by pidfd: {e}") from None
+            raise connection_ended(path, None, f"registering by pidfd: {e}") from None
 
 
 def _reply_to(request_id: int, replies: Any, path: str) -> Any:
-    """The `ok` value of the reply to `request_id`; events before it are skipped."""
+    """The `ok` value of the reply to `request_id`; events before it are skipped (a `closing`
+    one says why the connection then ends)."""
+    closing = None
     while True:
         line = replies.readline(MAX_REPLY)
         if not line.endswith(b"\n"):
-            raise connection_lost(path, "the daemon closed the connection")
+            raise connection_ended(path, closing, "the daemon closed the connection")
         decoded = decode_line(line)
+        if isinstance(decoded, Event):
+            if decoded.kind == "closing":
+                closing = decoded.reason or "no reason given"
+            continue
         if isinstance(decoded, LeashError):
             raise decoded
         if isinstance(decoded, tuple):
             answered, value = decoded
             if answered != request_id:
-                raise ProtocolError(f"a reply to {answered} while waiting for {request_id}")
+                raise ProtocolError(f"a reply to {answered} while waiting for {request_id}", line)
             if isinstance(value, LeashError):
                 raise value
             return value

@@ -10,6 +10,7 @@ runs. See `leash exec --help`.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -238,13 +239,31 @@ def parse_status(data: bytes, program: StrOrBytesPath) -> Status:
         )
 
 
+# What an exec failure means for the command, beside the system's words.
+_EXEC_FAILURES = {
+    errno.ENOENT: "command not found",
+    errno.EACCES: "not executable, or a directory on its path is not searchable",
+    errno.ENOEXEC: "not executable: not a program, nor a script with a #! line",
+}
+
+
 def exec_error(report: Mapping[str, Any], program: StrOrBytesPath) -> OSError:
-    """The OSError Popen raises when it cannot execute a program (FileNotFoundError for
-    ENOENT...), with the program as its filename."""
-    errno = report.get("errno")
-    if isinstance(errno, int) and errno > 0:
-        return OSError(errno, os.strerror(errno), os.fsdecode(program))
-    return OSError(str(report.get("message", f"could not execute {os.fsdecode(program)}")))
+    """The OSError Popen raises when it cannot execute a program, with the program as its
+    filename: FileNotFoundError for ENOENT ("command not found"), PermissionError for EACCES
+    and for ENOEXEC (a file that is not a program: not executable either way), an OSError of
+    the errno otherwise."""
+    name = os.fsdecode(program)
+    code = report.get("errno")
+    if not isinstance(code, int) or code <= 0:
+        return OSError(str(report.get("message", f"could not execute {name}")))
+    words = os.strerror(code)
+    meaning = _EXEC_FAILURES.get(code)
+    if meaning is not None:
+        words = f"{words} ({meaning})"
+    if code == errno.ENOEXEC:
+        return PermissionError(code, words, name)
+    # OSError(errno, ...) is made the subclass of the errno: FileNotFoundError, PermissionError.
+    return OSError(code, words, name)
 
 
 def no_word(leash: str, returncode: Optional[int], stderr: Optional[bytes]) -> LeashError:

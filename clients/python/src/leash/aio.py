@@ -10,6 +10,7 @@ import os
 from asyncio.subprocess import Process
 from types import TracebackType
 from typing import (
+    TYPE_CHECKING,
     Any,
     Awaitable,
     Callable,
@@ -20,6 +21,7 @@ from typing import (
     Tuple,
     Type,
     Union,
+    cast,
 )
 
 from . import _pidfd, _shim
@@ -30,10 +32,10 @@ from ._connection import (
     NotSent,
 )
 from ._event_queue import EventQueue
-from ._fallback import warn_unleashed
+from ._fallback import tree_or_unleashed
 from ._lease_core import LeaseCore, log_close_error
 from ._replies import LineRouter, Settable, Stream
-from .errors import LeashError, NotFound, Unavailable, cannot_connect, connection_lost
+from .errors import LeaseClosed, LeashError, NotFound, Unavailable, cannot_connect
 from .protocol import (
     MAX_LINE_BYTES,
     PROTOCOL_VERSION,
@@ -49,7 +51,35 @@ from .protocol import (
     parse_registered,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from ._options import ProcessOptions
+
 log = logging.getLogger("leash")
+
+
+class LeashedProcess(Process):
+    """An asyncio.subprocess.Process started by an AsyncLease: `pid` is the command's own and
+    `tree` its tree. `leash_tree` is the tree or None, for a command started unleashed
+    (`optional=True`, and leash was unavailable)."""
+
+    leash_tree: Optional[int] = None
+
+    @property
+    def tree(self) -> int:
+        """The command's tree; raises leash.Unleashed if it was started unleashed."""
+        return tree_or_unleashed(self.leash_tree, self.pid)
+
+
+def _leashed(proc: Process, tree: Optional[int]) -> LeashedProcess:
+    """`proc`, as the LeashedProcess it is. asyncio makes the Process itself (and its
+    transport and protocol with it), so the class is set on the object it made: a subclass
+    with no state of its own beside `leash_tree`, so nothing else changes."""
+    proc.__class__ = LeashedProcess
+    leashed = cast(LeashedProcess, proc)
+    leashed.leash_tree = tree
+    return leashed
 
 
 class AsyncEventStream:
@@ -146,9 +176,13 @@ class _Connection(LineRouter):
     order: a `kill` is answered when its tree is empty) and each event to the streams."""
 
     def __init__(
-        self, path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        path: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        count_trees: Callable[[], int],
     ) -> None:
-        super().__init__(path)
+        super().__init__(path, count_trees)
         self._reader = reader
         self._writer = writer
         self._send_lock = asyncio.Lock()
@@ -161,12 +195,12 @@ class _Connection(LineRouter):
         self.lease = LeaseInfo(0, "")
 
     @classmethod
-    async def open(cls, path: str) -> _Connection:
+    async def open(cls, path: str, count_trees: Callable[[], int]) -> _Connection:
         try:
             reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE_BYTES)
         except OSError as e:
             raise cannot_connect(path, e) from None
-        connection = cls(path, reader, writer)
+        connection = cls(path, reader, writer, count_trees)
         try:
             connection.lease = parse_hello(
                 await connection.request("hello", protocol=PROTOCOL_VERSION)
@@ -208,7 +242,7 @@ class _Connection(LineRouter):
             # The daemon closed the connection; what it said last, if anything, is still to
             # be read: the reader tells why.
             await self.wait_lost(SEND_FAILED_READ_TIMEOUT)
-            self._fail(connection_lost(self.path, f"sending: {e}"))
+            self._fail(self._end_error(f"sending: {e}")[0])
             assert self._lost is not None
             raise NotSent(self._lost) from None
         return future
@@ -246,7 +280,8 @@ class _Connection(LineRouter):
             pass
 
     async def _read_loop(self) -> None:
-        reason = "the daemon closed the connection"
+        detail = "the daemon closed the connection"
+        unreadable: Optional[ProtocolError] = None
         try:
             while True:
                 try:
@@ -257,15 +292,17 @@ class _Connection(LineRouter):
                     raise ProtocolError(f"a line longer than {MAX_LINE_BYTES} bytes") from None
                 self._dispatch(line)
         except ProtocolError as e:
-            reason = str(e)
+            unreadable = e
         except (OSError, RuntimeError) as e:
-            reason = f"reading: {e}"
+            detail = f"reading: {e}"
         except asyncio.CancelledError:
             # The event loop is shutting down with the lease open: the process is ending,
             # and the daemon ends the lease with it.
-            self._fail(LeashError("the event loop stopped", "closed"), ended_by_us=True)
+            self._fail(
+                LeaseClosed("the event loop stopped: this lease is closed"), ended_by_us=True
+            )
             raise
-        self._fail(*self._end_error(reason))
+        self._fail(*self._end_error(detail, unreadable))
 
     def _streams_now(self) -> List[Stream]:
         return list(self._streams)
@@ -299,10 +336,11 @@ class AsyncLease(LeaseCore[_Connection]):
             agent = await lease.create_subprocess_exec("my-agent", "--acp", stdin=PIPE,
                                                        stdout=PIPE, start_new_session=True)
 
-    The arguments are those of `leash.Lease`. If the connection is lost (the daemon restarted
-    or handed over), what waits for a reply raises Unavailable, and the next call connects
-    again, with a new lease: the trees registered before stay enforced by the daemon that takes
-    over. Use it from one event loop.
+    The arguments are those of `leash.Lease` (`grace` in seconds, checked at once). If the
+    connection ends, what waits for a reply raises ConnectionLost, whose message says what
+    became of the trees (the daemon stopped and killed them, or handed them over to the next
+    daemon, which enforces them), and the next call connects again, with a new lease. After
+    aclose(), calls raise LeaseClosed. Use it from one event loop.
     """
 
     def __init__(
@@ -341,7 +379,7 @@ class AsyncLease(LeaseCore[_Connection]):
         except Unavailable as e:
             if not self.optional:
                 raise
-            warn_unleashed(e, "the commands of this lease run")
+            self._unleashed.say(e, "the commands of this lease run")
 
     async def _connect(self) -> _Connection:
         return (await self._connect_counted())[0]
@@ -358,7 +396,8 @@ class AsyncLease(LeaseCore[_Connection]):
             stale = self._stale_connection()
             if stale is not None:
                 await stale.close()
-            return self._connected(await _Connection.open(self.socket))
+            counted = self._trees_on_next_connection()
+            return self._connected(await _Connection.open(self.socket, counted))
 
     async def _request(self, op: str, **fields: Any) -> Any:
         return (await self._call(op, **fields))[0]
@@ -384,20 +423,21 @@ class AsyncLease(LeaseCore[_Connection]):
         *args: _shim.StrOrBytesPath,
         grace: Optional[float] = None,
         keep_on_root_exit: bool = False,
-        **kwds: Any,
-    ) -> Process:
+        **kwds: Unpack[ProcessOptions],
+    ) -> LeashedProcess:
         """asyncio.create_subprocess_exec(program, *args, **kwds), the command on the leash
-        before it runs: a tree of its own (`process.leash_tree`), killed with its
-        SIGTERM-to-SIGKILL `grace` (else the lease's) when this host dies, the lease closes,
-        or (unless `keep_on_root_exit`) the command exits while processes it started remain.
+        before it runs: a tree of its own (`process.tree`), killed with its SIGTERM-to-SIGKILL
+        `grace` in seconds (else the lease's) when this host dies, the lease closes, or (unless
+        `keep_on_root_exit`) the command exits while processes it started remain.
 
-        Raises as asyncio does when the command cannot be executed (FileNotFoundError...), and
-        Unavailable, PermissionDenied, LimitReached or LeashError when leash refuses it: then
-        nothing of the command ever ran."""
-
-        plan = self._spawn_plan([program, *args], False, grace, keep_on_root_exit, kwds)
+        Raises as asyncio does when the command cannot be executed (FileNotFoundError for a
+        missing program, PermissionError for one that is not executable), and Unavailable,
+        PermissionDenied, LimitReached or LeashError when leash refuses it: then nothing of
+        the command ever ran."""
+        options: Dict[str, Any] = dict(kwds)
+        plan = self._spawn_plan([program, *args], False, grace, keep_on_root_exit, options)
         return await self._spawn(
-            plan, lambda: asyncio.create_subprocess_exec(program, *args, **kwds)
+            plan, lambda: asyncio.create_subprocess_exec(program, *args, **options)
         )
 
     async def create_subprocess_shell(
@@ -405,16 +445,16 @@ class AsyncLease(LeaseCore[_Connection]):
         cmd: Union[str, bytes],
         grace: Optional[float] = None,
         keep_on_root_exit: bool = False,
-        **kwds: Any,
-    ) -> Process:
+        **kwds: Unpack[ProcessOptions],
+    ) -> LeashedProcess:
         """asyncio.create_subprocess_shell(cmd, **kwds) on the leash: `/bin/sh -c cmd`."""
-
-        plan = self._spawn_plan(cmd, True, grace, keep_on_root_exit, kwds)
-        return await self._spawn(plan, lambda: asyncio.create_subprocess_shell(cmd, **kwds))
+        options: Dict[str, Any] = dict(kwds)
+        plan = self._spawn_plan(cmd, True, grace, keep_on_root_exit, options)
+        return await self._spawn(plan, lambda: asyncio.create_subprocess_shell(cmd, **options))
 
     async def _spawn(
         self, plan: _shim.Spawn, unleashed: Callable[[], Awaitable[Process]]
-    ) -> Process:
+    ) -> LeashedProcess:
         """`unleashed` starts the command as the caller asked, for optional=True."""
         for attempt in range(2):
             try:
@@ -425,8 +465,7 @@ class AsyncLease(LeaseCore[_Connection]):
                 return await self._spawn_unleashed(unleashed, e, plan.command)
             proc, status = await self._spawn_shim(connection, plan)
             if self._hold_spawned(status, proc.pid, generation):
-                proc.leash_tree = status.tree  # type: ignore[attr-defined]
-                return proc
+                return _leashed(proc, status.tree)
             error = self._refusal(status, await _reap(proc, read_stderr=status.error is None))
             if self._may_retry_on_new_lease(attempt, error) and await connection.wait_lost(
                 LOSS_NOTICE
@@ -471,10 +510,9 @@ class AsyncLease(LeaseCore[_Connection]):
         unleashed: Callable[[], Awaitable[Process]],
         reason: Unavailable,
         command: List[_shim.StrOrBytesPath],
-    ) -> Process:
-        proc = await unleashed()
-        proc.leash_tree = None  # type: ignore[attr-defined]
-        warn_unleashed(reason, f"{_shim.describe(command)} (pid {proc.pid}) runs")
+    ) -> LeashedProcess:
+        proc = _leashed(await unleashed(), None)
+        self._unleashed.say(reason, f"{_shim.describe(command)} (pid {proc.pid}) runs")
         return proc
 
     # -- trees -----------------------------------------------------------------------------
@@ -631,7 +669,8 @@ class AsyncLease(LeaseCore[_Connection]):
 
 
 def tree_of(process: Any) -> Optional[int]:
-    """The leash tree of a process a lease started (None if it runs unleashed)."""
+    """The leash tree of a process a lease started, or None (it runs unleashed, or no lease
+    started it). `process.tree` is the tree, or raises Unleashed."""
     tree = getattr(process, "leash_tree", None)
     return tree if isinstance(tree, int) else None
 

@@ -8,28 +8,45 @@ import os
 import subprocess
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Type
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AnyStr,
+    Dict,
+    List,
+    Literal,
+    Optional,
+    Tuple,
+    Type,
+    overload,
+)
 
 from . import _pidfd, _shim
 from ._connection import LOSS_NOTICE, Connection, EventStream, NotSent
-from ._fallback import warn_unleashed
+from ._fallback import tree_or_unleashed
 from ._lease_core import LeaseCore, log_close_error
 from .errors import LeashError, NotFound, Unavailable
 from .protocol import KillSummary, Tree, grace_ms, parse_killed, parse_registered
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from ._options import PopenOptions
+
 log = logging.getLogger("leash")
 
-if TYPE_CHECKING:
-    _Popen = subprocess.Popen[Any]
-else:
-    _Popen = subprocess.Popen
 
-
-class LeashedPopen(_Popen):
-    """A subprocess.Popen, whose `pid` is the command's own, and `leash_tree` its tree (None if
-    it was started unleashed, with `optional=True`)."""
+class LeashedPopen(subprocess.Popen[AnyStr]):
+    """A subprocess.Popen (`LeashedPopen[str]` with text=True, as `Popen[str]`), whose `pid`
+    is the command's own and `tree` its tree. `leash_tree` is the tree or None, for a command
+    started unleashed (`optional=True`, and leash was unavailable)."""
 
     leash_tree: Optional[int] = None
+
+    @property
+    def tree(self) -> int:
+        """The command's tree; raises leash.Unleashed if it was started unleashed."""
+        return tree_or_unleashed(self.leash_tree, self.pid)
 
 
 class Lease(LeaseCore[Connection]):
@@ -37,14 +54,16 @@ class Lease(LeaseCore[Connection]):
     when this process dies, or the lease is closed, unless it was released.
 
     `socket`: the daemon's socket (else LEASH_SOCKET, else /run/leash/leash.sock). `grace`: the
-    seconds between SIGTERM and SIGKILL for the trees it starts (else the daemon's, 2 s).
-    `leash`: the leash binary to spawn through (else LEASH_BIN, else `leash` on PATH).
-    `optional=True`: if leash is unavailable, start commands unleashed, with a warning, instead
-    of raising Unavailable.
+    seconds (a float) between SIGTERM and SIGKILL for the trees it starts (else the daemon's,
+    2 s), from 0 to 600: checked here, ValueError otherwise. `leash`: the leash binary to spawn
+    through (else LEASH_BIN, else `leash` on PATH). `optional=True`: if leash is unavailable,
+    start commands unleashed, with one UnleashedWarning for the lease, instead of raising
+    Unavailable.
 
-    Thread-safe. If the connection is lost (the daemon restarted or handed over), what waits for
-    a reply raises Unavailable, and the next call connects again, with a new lease: the trees
-    registered before stay enforced by the daemon that takes over.
+    Thread-safe. If the connection ends, what waits for a reply raises ConnectionLost, whose
+    message says what became of the trees (the daemon stopped and killed them, or handed them
+    over to the next daemon, which enforces them), and the next call connects again, with a
+    new lease. After close(), calls raise LeaseClosed.
     """
 
     def __init__(
@@ -64,7 +83,7 @@ class Lease(LeaseCore[Connection]):
         except Unavailable as e:
             if not optional:
                 raise
-            warn_unleashed(e, "the commands of this lease run")
+            self._unleashed.say(e, "the commands of this lease run")
 
     # -- the connection --------------------------------------------------------------------
 
@@ -81,7 +100,7 @@ class Lease(LeaseCore[Connection]):
             stale = self._stale_connection()
             if stale is not None:
                 stale.close()
-            return self._connected(Connection(self.socket))
+            return self._connected(Connection(self.socket, self._trees_on_next_connection()))
 
     def _request(self, op: str, **fields: Any) -> Any:
         return self._call(op, **fields)[0]
@@ -101,6 +120,86 @@ class Lease(LeaseCore[Connection]):
 
     # -- spawning --------------------------------------------------------------------------
 
+    # The overloads of subprocess.Popen (typeshed's): text=True, an encoding, errors or
+    # universal_newlines give LeashedPopen[str]; none of them, LeashedPopen[bytes].
+    @overload
+    def popen(
+        self,
+        args: _shim.Args,
+        *,
+        grace: Optional[float] = None,
+        keep_on_root_exit: bool = False,
+        text: Optional[bool] = None,
+        encoding: str,
+        errors: Optional[str] = None,
+        universal_newlines: Optional[bool] = None,
+        **popen_kwargs: Unpack[PopenOptions],
+    ) -> LeashedPopen[str]: ...
+    @overload
+    def popen(
+        self,
+        args: _shim.Args,
+        *,
+        grace: Optional[float] = None,
+        keep_on_root_exit: bool = False,
+        text: Optional[bool] = None,
+        encoding: Optional[str] = None,
+        errors: str,
+        universal_newlines: Optional[bool] = None,
+        **popen_kwargs: Unpack[PopenOptions],
+    ) -> LeashedPopen[str]: ...
+    @overload
+    def popen(
+        self,
+        args: _shim.Args,
+        *,
+        grace: Optional[float] = None,
+        keep_on_root_exit: bool = False,
+        text: Optional[bool] = None,
+        encoding: Optional[str] = None,
+        errors: Optional[str] = None,
+        universal_newlines: Literal[True],
+        **popen_kwargs: Unpack[PopenOptions],
+    ) -> LeashedPopen[str]: ...
+    @overload
+    def popen(
+        self,
+        args: _shim.Args,
+        *,
+        grace: Optional[float] = None,
+        keep_on_root_exit: bool = False,
+        text: Literal[True],
+        encoding: Optional[str] = None,
+        errors: Optional[str] = None,
+        universal_newlines: Optional[bool] = None,
+        **popen_kwargs: Unpack[PopenOptions],
+    ) -> LeashedPopen[str]: ...
+    @overload
+    def popen(
+        self,
+        args: _shim.Args,
+        *,
+        grace: Optional[float] = None,
+        keep_on_root_exit: bool = False,
+        text: Optional[Literal[False]] = None,
+        encoding: None = None,
+        errors: None = None,
+        universal_newlines: Optional[Literal[False]] = None,
+        **popen_kwargs: Unpack[PopenOptions],
+    ) -> LeashedPopen[bytes]: ...
+    @overload
+    def popen(
+        self,
+        args: _shim.Args,
+        *,
+        grace: Optional[float] = None,
+        keep_on_root_exit: bool = False,
+        text: Optional[bool] = None,
+        encoding: Optional[str] = None,
+        errors: Optional[str] = None,
+        universal_newlines: Optional[bool] = None,
+        **popen_kwargs: Unpack[PopenOptions],
+    ) -> LeashedPopen[Any]: ...
     def popen(
         self,
         args: _shim.Args,
@@ -108,13 +207,14 @@ class Lease(LeaseCore[Connection]):
         grace: Optional[float] = None,
         keep_on_root_exit: bool = False,
         **popen_kwargs: Any,
-    ) -> LeashedPopen:
+    ) -> LeashedPopen[Any]:
         """subprocess.Popen(args, **popen_kwargs), its command on the leash before it runs: a
-        tree of its own (`proc.leash_tree`), killed with its SIGTERM-to-SIGKILL `grace` (else
-        the lease's) when this host dies, the lease closes, or (unless `keep_on_root_exit`) the
-        command itself exits while processes it started remain.
+        tree of its own (`proc.tree`), killed with its SIGTERM-to-SIGKILL `grace` in seconds
+        (else the lease's) when this host dies, the lease closes, or (unless
+        `keep_on_root_exit`) the command itself exits while processes it started remain.
 
-        Raises as Popen does when the command cannot be executed (FileNotFoundError...), and
+        Raises as Popen does when the command cannot be executed (FileNotFoundError for a
+        missing program, PermissionError for one that is not executable), and
         Unavailable, PermissionDenied, LimitReached or LeashError when leash refuses it: then
         nothing of the command ever ran."""
         # The shell is the shim's to run, as Popen would have.
@@ -145,7 +245,7 @@ class Lease(LeaseCore[Connection]):
 
     def _spawn_shim(
         self, connection: Connection, plan: _shim.Spawn
-    ) -> Tuple[LeashedPopen, _shim.Status]:
+    ) -> Tuple[LeashedPopen[Any], _shim.Status]:
         """Starts `leash exec ... -- command` and reads what it says."""
         assert self._leash is not None
         leash = self._leash
@@ -153,7 +253,7 @@ class Lease(LeaseCore[Connection]):
         try:
             argv = plan.shim_argv(leash, connection.path, pipes)
             try:
-                proc = LeashedPopen(argv, **plan.shim_kwargs(pipes))
+                proc: LeashedPopen[Any] = LeashedPopen(argv, **plan.shim_kwargs(pipes))
             except OSError as e:
                 _shim.raise_if_leash_missing(e, leash)
                 raise
@@ -173,9 +273,9 @@ class Lease(LeaseCore[Connection]):
 
     def _popen_unleashed(
         self, args: _shim.Args, reason: Unavailable, popen_kwargs: Dict[str, Any]
-    ) -> LeashedPopen:
-        proc = LeashedPopen(args, **popen_kwargs)
-        warn_unleashed(reason, f"{_shim.describe(args)} (pid {proc.pid}) runs")
+    ) -> LeashedPopen[Any]:
+        proc: LeashedPopen[Any] = LeashedPopen(args, **popen_kwargs)
+        self._unleashed.say(reason, f"{_shim.describe(args)} (pid {proc.pid}) runs")
         return proc
 
     # -- trees -----------------------------------------------------------------------------
@@ -340,7 +440,7 @@ def _read_to_end(fd: int) -> bytes:
         chunks.append(chunk)
 
 
-def _reap(proc: LeashedPopen, read_stderr: bool) -> Tuple[Optional[int], Optional[bytes]]:
+def _reap(proc: LeashedPopen[Any], read_stderr: bool) -> Tuple[Optional[int], Optional[bytes]]:
     """Waits for a shim that did not run its command; returns its exit status and, if asked
     and its stderr is a pipe (nobody will read it now: this child is never handed back), what
     it said there. A stderr that is not a pipe got the shim's words itself."""

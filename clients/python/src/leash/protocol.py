@@ -4,11 +4,12 @@ are encoded here, and replies and events decoded into dataclasses; no I/O happen
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
-from .errors import LeashError, from_daemon
+from .errors import LeashError, from_daemon, quote_line
 
 PROTOCOL_VERSION = 1
 DEFAULT_SOCKET = "/run/leash/leash.sock"
@@ -16,8 +17,9 @@ SOCKET_ENV = "LEASH_SOCKET"
 # Replies can be long (`list` of thousands of members); this bounds the memory one line may
 # take, as the Rust client does.
 MAX_LINE_BYTES = 256 * 1024 * 1024
-# The most grace the daemon accepts (10 minutes).
+# The most grace the daemon accepts (10 minutes: leash-client's MAX_GRACE_MS).
 MAX_GRACE_MS = 600_000
+MAX_GRACE_SECONDS = MAX_GRACE_MS / 1000
 
 Json = Dict[str, Any]
 
@@ -36,6 +38,8 @@ EventKind = Literal[
     "exit",
     "dropped",
     "kill_failed",
+    "closing",
+    "refused",
 ]
 #: Why a tree was killed (`KillSummary.reason`, and `Event.reason` of `kill_started`).
 KillReason = Literal[
@@ -58,13 +62,20 @@ def socket_path(socket: Union[str, os.PathLike[str], None]) -> str:
 
 
 def grace_ms(grace: Optional[float]) -> Optional[int]:
-    """A grace in seconds as the daemon takes it, in whole milliseconds."""
+    """A grace in seconds (a float: 0.5 is half a second) as the daemon takes it, in whole
+    milliseconds. Raises ValueError for one the daemon would refuse: negative, NaN, infinite or
+    over its maximum of 600 seconds."""
     if grace is None:
         return None
-    ms = round(float(grace) * 1000)
-    if not 0 <= ms <= MAX_GRACE_MS:
-        raise ValueError(f"grace must be between 0 and {MAX_GRACE_MS // 1000} seconds, not {grace}")
-    return ms
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)):
+        raise TypeError(f"grace is a number of seconds, not {grace!r}")
+    seconds = float(grace)
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_GRACE_SECONDS):
+        raise ValueError(
+            f"grace must be a number of seconds from 0 to {MAX_GRACE_SECONDS:g} (the daemon's "
+            f"maximum), not {grace!r}"
+        )
+    return round(seconds * 1000)
 
 
 def encode(request_id: int, op: str, **fields: Any) -> bytes:
@@ -133,6 +144,11 @@ class Tree:
     members_truncated: bool = False
     nested_in: Optional[int] = None
 
+    @property
+    def grace(self) -> float:
+        """The tree's grace between SIGTERM and SIGKILL, in seconds."""
+        return self.grace_ms / 1000
+
     @classmethod
     def from_json(cls, value: Json) -> Tree:
         nested_in = value.get("nested_in")
@@ -157,9 +173,12 @@ class Tree:
 @dataclass(frozen=True)
 class Event:
     """An event line. `kind` is one of `EventKind`: `registered`, `root_exited`,
-    `kill_started`, `tree_empty`, `kill_failed`, `released`, `fork`, `exec`, `exit` or
+    `kill_started`, `tree_empty`, `kill_failed`, `released`, `fork`, `exec`, `exit`,
     `dropped` (then `count` events were lost here, by the daemon or by this library's bounded
-    queue); the other fields are set where the kind has them."""
+    queue), `closing` (the daemon's last line before it closes the connection; `reason`:
+    `shutdown`, `hand_over` or `not_reading`) or `refused` (a request another process sent on
+    this lease's connection was refused: `pid`, `code`, `line`; the lease goes on); the other
+    fields are set where the kind has them."""
 
     kind: str
     tree: int
@@ -170,12 +189,18 @@ class Event:
     reason: Optional[str] = None
     count: Optional[int] = None
     kill: Optional[KillSummary] = None
+    code: Optional[str] = None
+    line: Optional[str] = None
 
     @classmethod
     def from_json(cls, value: Json) -> Event:
         def optional_int(name: str) -> Optional[int]:
             v = value.get(name)
             return None if v is None else int(v)
+
+        def optional_str(name: str) -> Optional[str]:
+            v = value.get(name)
+            return None if v is None else str(v)
 
         kill = value.get("kill")
         return cls(
@@ -188,6 +213,8 @@ class Event:
             reason=value.get("reason"),
             count=optional_int("count"),
             kill=KillSummary.from_json(kill) if isinstance(kill, dict) else None,
+            code=optional_str("code"),
+            line=optional_str("line"),
         )
 
     @classmethod
@@ -202,10 +229,14 @@ class LeaseInfo:
 
 
 class ProtocolError(LeashError):
-    """The daemon sent something this library does not understand."""
+    """The daemon sent something this library does not understand: `what` says how, and
+    `line` is the line, when a whole line was not understood (the connection then ends)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(f"the leash daemon sent something unexpected: {message}", "protocol")
+    def __init__(self, what: str, line: Optional[bytes] = None) -> None:
+        quoted = "" if line is None else f": {quote_line(line)}"
+        super().__init__(f"the leash daemon sent something unexpected: {what}{quoted}", "protocol")
+        self.what = what
+        self.line = line
 
 
 # What a line from the daemon is: a reply to request `id` (its `ok` value, or the exception for
@@ -219,9 +250,9 @@ def decode_line(line: bytes) -> Union[Reply, Event, LeashError]:
     try:
         value = json.loads(line)
     except ValueError as e:
-        raise ProtocolError(f"not JSON ({e}): {line[:200]!r}") from None
+        raise ProtocolError(f"not JSON ({e})", line) from None
     if not isinstance(value, dict):
-        raise ProtocolError(f"not an object: {line[:200]!r}")
+        raise ProtocolError("not an object", line)
     try:
         if "event" in value:
             return Event.from_json(value["event"])
@@ -233,8 +264,8 @@ def decode_line(line: bytes) -> Union[Reply, Event, LeashError]:
         if request_id is not None and "ok" in value:
             return int(request_id), value["ok"]
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ProtocolError(f"{e!r} in {line[:200]!r}") from None
-    raise ProtocolError(f"neither a reply nor an event: {line[:200]!r}")
+        raise ProtocolError(f"{e!r}", line) from None
+    raise ProtocolError("neither a reply nor an event", line)
 
 
 def result(ok: Any, key: str) -> Any:
