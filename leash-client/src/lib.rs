@@ -33,8 +33,8 @@ use std::{
 };
 
 pub use protocol::{
-    ClosingReason, ErrorCode, Event, EventKind, KillSummary, LeaseInfo, MemberInfo,
-    RootExitPolicy, StatusInfo, TreeId, TreeInfo,
+    ClosingReason, ErrorCode, Event, EventKind, KillSummary, LeaseInfo, MemberInfo, RootExitPolicy,
+    StatusInfo, TreeId, TreeInfo,
 };
 use protocol::{MAX_REPLY_BYTES, Op, PROTOCOL_VERSION, Reply, Request, ServerLine};
 
@@ -572,7 +572,10 @@ mod tests {
             matches!(error, Error::Closed(Some(ClosingReason::Shutdown))),
             "{error:?}"
         );
-        assert!(error.to_string().contains("killed this lease's trees"), "{error}");
+        assert!(
+            error.to_string().contains("killed this lease's trees"),
+            "{error}"
+        );
         let event = client.next_event(None).unwrap().unwrap();
         assert_eq!(event.kind, EventKind::Closing);
 
@@ -582,7 +585,10 @@ mod tests {
         line.push(b'\n');
         daemon.write_all(&line).unwrap();
         drop(daemon);
-        assert_eq!(client.next_event(None).unwrap().unwrap().kind, EventKind::Closing);
+        assert_eq!(
+            client.next_event(None).unwrap().unwrap().kind,
+            EventKind::Closing
+        );
         let error = client.next_event(None).unwrap_err();
         assert!(error.to_string().contains("stay enforced"), "{error}");
 

@@ -819,7 +819,10 @@ mod tests {
         assert_eq!(quote_line(long.as_bytes()).len(), MAX_QUOTED_BYTES);
         // "é" is two bytes: one straddling the cut goes whole.
         let straddling = format!("{}é", "x".repeat(MAX_QUOTED_BYTES - 1));
-        assert_eq!(quote_line(straddling.as_bytes()), "x".repeat(MAX_QUOTED_BYTES - 1));
+        assert_eq!(
+            quote_line(straddling.as_bytes()),
+            "x".repeat(MAX_QUOTED_BYTES - 1)
+        );
         let fits = format!("{}é", "x".repeat(MAX_QUOTED_BYTES - 2));
         assert_eq!(quote_line(fits.as_bytes()), fits);
         assert_eq!(quote_line(b"a\xffb"), "a\u{fffd}b");
@@ -840,7 +843,10 @@ mod tests {
         let mut unknown = Event::closing(7, ClosingReason::Shutdown);
         unknown.reason = Some("moon_phase".into());
         assert_eq!(unknown.closing_reason(), None);
-        assert_eq!(Event::new(EventKind::Exit, 1, 7, Some(3)).closing_reason(), None);
+        assert_eq!(
+            Event::new(EventKind::Exit, 1, 7, Some(3)).closing_reason(),
+            None
+        );
     }
 
     #[test]

@@ -204,7 +204,10 @@ fn a_host_is_told_of_the_hand_over_and_its_tree_stays_enforced() {
     root.wait().unwrap();
     let emptied = cgroup.wait_empty(Duration::from_secs(10));
     eprintln!("root exited after a hand-over: tree empty after {emptied:?}");
-    assert!(emptied.is_some(), "the next daemon did not enforce the tree");
+    assert!(
+        emptied.is_some(),
+        "the next daemon did not enforce the tree"
+    );
 }
 
 #[test]

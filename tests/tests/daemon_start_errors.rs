@@ -39,7 +39,10 @@ fn refused_start(mut command: Command) -> (Output, Duration) {
     }
     let output = child.wait_with_output().unwrap();
     assert!(exited, "the daemon still ran after {QUICK:?}: {output:?}");
-    assert!(!output.status.success(), "it exits with failure: {output:?}");
+    assert!(
+        !output.status.success(),
+        "it exits with failure: {output:?}"
+    );
     (output, started.elapsed())
 }
 
@@ -76,10 +79,12 @@ fn a_daemon_run_as_another_user_says_to_run_it_as_root() {
     }
     let socket = dir.0.join("run/leash.sock");
     let mut command = Command::new("setpriv");
-    command
-        .args(setpriv_args(USER_A))
-        .arg(&leash)
-        .args(["daemon", "--no-pin", "--socket", path_str(&socket)]);
+    command.args(setpriv_args(USER_A)).arg(&leash).args([
+        "daemon",
+        "--no-pin",
+        "--socket",
+        path_str(&socket),
+    ]);
     let (output, took) = refused_start(command);
     let said = stderr(&output);
     eprintln!("as uid {USER_A}, after {took:?}: {said}");
@@ -100,7 +105,10 @@ fn a_socket_in_tmp_gets_a_directory_of_its_own() {
     let stem = name.trim_end_matches(".sock");
     let own = format!("/tmp/leash-{stem}");
     assert!(said.contains(&format!("mkdir -m 0755 {own}")), "{said}");
-    assert!(said.contains(&format!("--socket {own}/leash.sock")), "{said}");
+    assert!(
+        said.contains(&format!("--socket {own}/leash.sock")),
+        "{said}"
+    );
     assert!(
         !said.contains("chmod go-w") && !said.contains("chown root"),
         "never the advice that takes /tmp from every user: {said}"

@@ -156,7 +156,11 @@ fn the_log_is_plain_words_and_fields() {
     assert!(!log.contains('\x1b'), "colour codes in a file:\n{log}");
     for dump in ["Some(", "None", " { ", "Ok(", "Err("] {
         let found: Vec<&str> = log.lines().filter(|line| line.contains(dump)).collect();
-        assert!(found.is_empty(), "{dump:?} in the log:\n{}", found.join("\n"));
+        assert!(
+            found.is_empty(),
+            "{dump:?} in the log:\n{}",
+            found.join("\n")
+        );
     }
 }
 

@@ -370,7 +370,12 @@ mod tests {
         // Once closed, a second last line is not taken.
         let outbox = Outbox::default();
         outbox.close();
-        outbox.close_with(&ServerLine::event(Event::new(EventKind::Closing, 0, 1, None)));
+        outbox.close_with(&ServerLine::event(Event::new(
+            EventKind::Closing,
+            0,
+            1,
+            None,
+        )));
         assert!(drain(&outbox).is_empty());
     }
 

@@ -264,10 +264,7 @@ impl Registry {
 
     /// How many leases `may_see` lets through, given each lease's uid and pid namespaces:
     /// all of them, and hosts' (those that registered a tree).
-    pub(super) fn count_leases(
-        &self,
-        mut may_see: impl FnMut(u32, &[u32]) -> bool,
-    ) -> LeaseCounts {
+    pub(super) fn count_leases(&self, mut may_see: impl FnMut(u32, &[u32]) -> bool) -> LeaseCounts {
         let state = self.state();
         let mut counts = LeaseCounts::default();
         for lease in state.leases.values() {

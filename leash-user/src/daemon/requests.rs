@@ -94,9 +94,7 @@ impl Session {
         // A lease is its host's: a request another process sent on its connection (a socket
         // leaked to a child, or taken from the host) is refused, and the lease goes on. Well
         // formed or not, it is not answered: a reply would carry an id the host never sent.
-        if let Some(event) =
-            self.refuse_stranger(line_number, ErrorCode::PermissionDenied, line)
-        {
+        if let Some(event) = self.refuse_stranger(line_number, ErrorCode::PermissionDenied, line) {
             return Response::Event(event, daemon.limits.spend(account, 1).err());
         }
         let Request { id, op } = match decode_request(line) {

@@ -27,7 +27,11 @@ impl Stopping {
     /// Tells every connection the daemon is stopping for `reason`, and waits until each has
     /// closed, `patience` at most: a client that does not read is not waited for. Returns how
     /// many were still open then.
-    pub(super) async fn close_connections(&self, reason: ClosingReason, patience: Duration) -> usize {
+    pub(super) async fn close_connections(
+        &self,
+        reason: ClosingReason,
+        patience: Duration,
+    ) -> usize {
         self.0.send_replace(Some(reason));
         let _ = tokio::time::timeout(patience, self.0.closed()).await;
         self.0.receiver_count()
@@ -69,10 +73,7 @@ mod tests {
         assert_eq!(left, 0);
         assert_eq!(listened.await.unwrap(), ClosingReason::HandOver);
         // One that listens after the word hears it at once.
-        assert_eq!(
-            stopping.listen().stopping().await,
-            ClosingReason::HandOver
-        );
+        assert_eq!(stopping.listen().stopping().await, ClosingReason::HandOver);
     }
 
     #[tokio::test]
