@@ -33,8 +33,8 @@ use std::{
 };
 
 pub use protocol::{
-    ErrorCode, Event, EventKind, KillSummary, LeaseInfo, MemberInfo, RootExitPolicy, StatusInfo,
-    TreeId, TreeInfo,
+    ClosingReason, ErrorCode, Event, EventKind, KillSummary, LeaseInfo, MemberInfo, RootExitPolicy,
+    StatusInfo, TreeId, TreeInfo,
 };
 use protocol::{MAX_REPLY_BYTES, Op, PROTOCOL_VERSION, Reply, Request, ServerLine};
 
@@ -56,6 +56,21 @@ pub enum Error {
     Daemon { code: ErrorCode, message: String },
     #[error("starting the command: {0}")]
     Spawn(io::Error),
+    /// The daemon closed the connection, and so ended the lease: why, if it said (its
+    /// `closing` event), and so what became of the lease's trees.
+    #[error("{}", closed_message(*.0))]
+    Closed(Option<ClosingReason>),
+}
+
+/// What [`Error::Closed`] says.
+fn closed_message(reason: Option<ClosingReason>) -> &'static str {
+    match reason {
+        Some(reason) => reason.outcome(),
+        None => {
+            "the connection to the leash daemon closed without a reason: the daemon kills a \
+             lease's trees when its connection ends, unless it handed them over"
+        }
+    }
 }
 
 impl From<io::Error> for Error {
@@ -114,6 +129,11 @@ pub struct TreeOptions {
 }
 
 /// A connection to the daemon, and so a lease.
+///
+/// Two events come whether or not the client subscribed, and [`Client::next_event`] returns
+/// them too: `refused` (a request another process sent on this connection was refused; the
+/// lease goes on) and `closing` (the daemon closes the connection: the call that finds it
+/// closed fails with [`Error::Closed`], which says why).
 pub struct Client {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
@@ -122,6 +142,8 @@ pub struct Client {
     lease: LeaseInfo,
     /// Where the daemon was reached: the `leash exec` shim must reach the same one.
     socket: PathBuf,
+    /// Why the daemon said it closes the connection (its `closing` event), once it did.
+    closing: Option<ClosingReason>,
 }
 
 /// The connection to the daemon (for what a caller asks the kernel about it: its peer).
@@ -162,6 +184,7 @@ impl Client {
                 token: String::new(),
             },
             socket: path.to_owned(),
+            closing: None,
         };
         match client.request(Op::Hello {
             protocol: PROTOCOL_VERSION,
@@ -410,9 +433,12 @@ impl Client {
         let mut line = serde_json::to_string(&Request { id, op })
             .map_err(|e| Error::Protocol(e.to_string()))?;
         line.push('\n');
-        match fd {
-            Some(fd) => sys::send_with_fd(&self.writer, line.as_bytes(), fd)?,
-            None => self.writer.write_all(line.as_bytes())?,
+        let sent = match fd {
+            Some(fd) => sys::send_with_fd(&self.writer, line.as_bytes(), fd),
+            None => self.writer.write_all(line.as_bytes()),
+        };
+        if let Err(e) = sent {
+            return Err(self.write_failed(e));
         }
         loop {
             return match self.read_line()? {
@@ -428,22 +454,53 @@ impl Client {
                     code: error.code,
                     message: error.message,
                 }),
-                other => Err(Error::Protocol(format!(
-                    "a reply to request {:?} while waiting for {id}",
-                    other.id()
-                ))),
+                other => Err(Error::Protocol(match other.id() {
+                    Some(answers) => format!("a reply to request {answers} while waiting for {id}"),
+                    None => format!("an error of no request while waiting for {id}"),
+                })),
             };
         }
     }
 
     fn read_line(&mut self) -> Result<ServerLine> {
-        let line = read_bounded_line(&mut self.reader, MAX_REPLY_BYTES)?.ok_or_else(|| {
-            Error::Io(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the daemon closed the connection",
-            ))
-        })?;
-        serde_json::from_slice(&line).map_err(|e| Error::Protocol(e.to_string()))
+        let line = match read_bounded_line(&mut self.reader, MAX_REPLY_BYTES) {
+            Ok(Some(line)) => line,
+            Ok(None) => return Err(Error::Closed(self.closing)),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(Error::Closed(self.closing));
+            }
+            Err(e) => return Err(Error::Io(e)),
+        };
+        let line: ServerLine =
+            serde_json::from_slice(&line).map_err(|e| Error::Protocol(e.to_string()))?;
+        if let ServerLine::Event { event } = &line
+            && event.kind == EventKind::Closing
+        {
+            // An unknown reason is a closing all the same, without what it means.
+            self.closing = event.closing_reason();
+        }
+        Ok(line)
+    }
+
+    /// The error of a request that could not be sent: if the daemon had closed the connection,
+    /// why, as its last lines say (its `closing` event, read now with what came before it,
+    /// kept for [`Client::next_event`]).
+    fn write_failed(&mut self, error: io::Error) -> Error {
+        if !matches!(
+            error.kind(),
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+        ) {
+            return Error::Io(error);
+        }
+        loop {
+            match self.read_line() {
+                Ok(ServerLine::Event { event }) => self.events.push_back(event),
+                // A reply to no request: nothing is waiting for it now.
+                Ok(_) => {}
+                Err(closed @ Error::Closed(_)) => return closed,
+                Err(_) => return Error::Closed(self.closing),
+            }
+        }
     }
 }
 
@@ -483,6 +540,93 @@ fn unexpected(reply: &Reply) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client on one end of a socket pair, as if past its hello, and the daemon's end.
+    fn client_and_daemon() -> (Client, UnixStream) {
+        let (client, daemon) = UnixStream::pair().unwrap();
+        let client = Client {
+            reader: BufReader::new(client.try_clone().unwrap()),
+            writer: client,
+            next_id: 1,
+            events: VecDeque::new(),
+            lease: LeaseInfo {
+                id: 7,
+                token: String::new(),
+            },
+            socket: PathBuf::new(),
+            closing: None,
+        };
+        (client, daemon)
+    }
+
+    #[test]
+    fn a_closed_connection_says_what_the_daemon_said_of_the_trees() {
+        let (mut client, mut daemon) = client_and_daemon();
+        daemon
+            .write_all(b"{\"event\":{\"kind\":\"closing\",\"tree\":0,\"lease\":7,\"reason\":\"shutdown\"}}\n")
+            .unwrap();
+        drop(daemon);
+        // The request cannot be sent: the lines before the close say why.
+        let error = client.status().unwrap_err();
+        assert!(
+            matches!(error, Error::Closed(Some(ClosingReason::Shutdown))),
+            "{error:?}"
+        );
+        assert!(
+            error.to_string().contains("killed this lease's trees"),
+            "{error}"
+        );
+        let event = client.next_event(None).unwrap().unwrap();
+        assert_eq!(event.kind, EventKind::Closing);
+
+        let (mut client, mut daemon) = client_and_daemon();
+        let closing = Event::closing(7, ClosingReason::HandOver);
+        let mut line = serde_json::to_vec(&ServerLine::event(closing)).unwrap();
+        line.push(b'\n');
+        daemon.write_all(&line).unwrap();
+        drop(daemon);
+        assert_eq!(
+            client.next_event(None).unwrap().unwrap().kind,
+            EventKind::Closing
+        );
+        let error = client.next_event(None).unwrap_err();
+        assert!(error.to_string().contains("stay enforced"), "{error}");
+
+        // No word: it cannot tell.
+        let (mut client, daemon) = client_and_daemon();
+        drop(daemon);
+        let error = client.list().unwrap_err();
+        assert!(matches!(error, Error::Closed(None)), "{error:?}");
+        assert!(error.to_string().contains("without a reason"), "{error}");
+    }
+
+    #[test]
+    fn a_refused_stranger_is_an_event_and_the_request_still_gets_its_reply() {
+        let (mut client, daemon) = client_and_daemon();
+        let serving = std::thread::spawn(move || {
+            let mut reader = BufReader::new(daemon.try_clone().unwrap());
+            let mut request = String::new();
+            reader.read_line(&mut request).unwrap();
+            let mut daemon = daemon;
+            let refused = Event::refused(7, 4300, ErrorCode::PermissionDenied, b"{\"id\":1}");
+            for line in [
+                ServerLine::event(refused),
+                ServerLine::ok(1, Reply::Released { tree: 3 }),
+            ] {
+                let mut bytes = serde_json::to_vec(&line).unwrap();
+                bytes.push(b'\n');
+                daemon.write_all(&bytes).unwrap();
+            }
+            request
+        });
+        client.release(3).unwrap();
+        assert!(serving.join().unwrap().contains("\"release\""));
+        let event = client.next_event(None).unwrap().unwrap();
+        assert_eq!(event.kind, EventKind::Refused);
+        assert_eq!(event.pid, Some(4300));
+        assert_eq!(event.code, Some(ErrorCode::PermissionDenied));
+        assert_eq!(event.line.as_deref(), Some("{\"id\":1}"));
+    }
 
     #[test]
     fn bounded_lines() {

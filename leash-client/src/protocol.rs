@@ -114,6 +114,16 @@ pub enum RootExitPolicy {
     Keep,
 }
 
+impl RootExitPolicy {
+    /// The word on the wire and in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kill => "kill",
+            Self::Keep => "keep",
+        }
+    }
+}
+
 /// Every line the daemon sends: a reply to a request (`id` with `ok`), an error (`id`, null when
 /// the request was too broken to have one, with `error`), or an `event`. Untagged: the JSON is
 /// the three shapes alone, and a client matches on what it got instead of checking fields.
@@ -208,8 +218,12 @@ pub struct StatusInfo {
     /// Trees the daemon can hold, and holds now (all trees).
     pub tree_capacity: u32,
     pub trees: u64,
-    /// Leases (connections) now; for a non-root client, its uid's only.
+    /// Leases (connections) now, hosts' and others' (viewers', probes', this one); for a
+    /// non-root client, its uid's only.
     pub leases: u64,
+    /// Of those, hosts' leases: those that registered a tree (the others only ask).
+    #[serde(default)]
+    pub host_leases: u64,
     /// Kernel events that did not fit in the ring buffer since the programs were loaded.
     pub events_dropped: u64,
     /// Children that could not be tracked because the member map was full.
@@ -394,8 +408,16 @@ pub struct Event {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kill: Option<KillSummary>,
     /// For `kill_started`: why, a [`KillReason`] word. For `kill_failed`: what failed, in words.
+    /// For `closing`: why the daemon closes the connection, a [`ClosingReason`] word.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// For `refused`: the error code that refused the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<ErrorCode>,
+    /// For `refused`: the request's line, its first [`MAX_QUOTED_BYTES`] at most (cut at a
+    /// character boundary, invalid UTF-8 replaced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<String>,
 }
 
 impl Event {
@@ -412,7 +434,107 @@ impl Event {
             count: None,
             kill: None,
             reason: None,
+            code: None,
+            line: None,
         }
+    }
+
+    /// The last line the daemon sends before it closes the connection of `lease` itself.
+    pub fn closing(lease: LeaseId, reason: ClosingReason) -> Self {
+        let mut event = Self::new(EventKind::Closing, 0, lease, None);
+        event.reason = Some(reason.as_str().to_owned());
+        event
+    }
+
+    /// A request that process `pid` (not the lease's host) sent on `lease`'s connection was
+    /// refused with `code`; `line` is the request, of which the first [`MAX_QUOTED_BYTES`] are
+    /// kept.
+    pub fn refused(lease: LeaseId, pid: u32, code: ErrorCode, line: &[u8]) -> Self {
+        let mut event = Self::new(EventKind::Refused, 0, lease, Some(pid));
+        event.code = Some(code);
+        event.line = Some(quote_line(line));
+        event
+    }
+
+    /// Why the daemon closed this connection, if this is a `closing` event with a reason it
+    /// knows.
+    pub fn closing_reason(&self) -> Option<ClosingReason> {
+        if self.kind != EventKind::Closing {
+            return None;
+        }
+        let reason = self.reason.as_deref()?;
+        ClosingReason::ALL
+            .into_iter()
+            .find(|known| known.as_str() == reason)
+    }
+}
+
+/// The most bytes of a request line a `refused` event quotes.
+pub const MAX_QUOTED_BYTES: usize = 200;
+
+/// The first [`MAX_QUOTED_BYTES`] of `line` at most, cut at a UTF-8 character boundary (a
+/// character cut in two is left out whole), invalid UTF-8 replaced.
+pub fn quote_line(line: &[u8]) -> String {
+    let mut end = line.len().min(MAX_QUOTED_BYTES);
+    if end < line.len() {
+        // A continuation byte (10xxxxxx) at the cut: the character it belongs to started
+        // before it, and goes.
+        while end > 0 && line[end] & 0b1100_0000 == 0b1000_0000 {
+            end -= 1;
+        }
+    }
+    String::from_utf8_lossy(&line[..end]).into_owned()
+}
+
+/// Why the daemon closes a connection itself (the `closing` event's `reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClosingReason {
+    /// The daemon is stopping and kills every tree: this lease's trees are killed (kill
+    /// reason `shutdown`).
+    Shutdown,
+    /// The daemon is stopping and leaves its trees to the next daemon (a hand-over): this
+    /// lease's trees stay enforced, by the daemon that takes over; they are no longer tied to
+    /// this connection, and a new connection is a new lease.
+    HandOver,
+    /// The client left more than 128 KiB of replies unread: its lease ends, and its trees are
+    /// killed as when any connection closes.
+    NotReading,
+}
+
+impl ClosingReason {
+    /// Every reason, in the order above.
+    pub const ALL: [ClosingReason; 3] = [Self::Shutdown, Self::HandOver, Self::NotReading];
+
+    /// The word on the wire and in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Shutdown => "shutdown",
+            Self::HandOver => "hand_over",
+            Self::NotReading => "not_reading",
+        }
+    }
+
+    /// What became of the lease's trees, in words, for an error or a message once the
+    /// connection has ended.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            Self::Shutdown => "the leash daemon stopped (shutdown): it killed this lease's trees",
+            Self::HandOver => {
+                "the leash daemon handed its trees over to the next daemon: they stay enforced; \
+                 a new connection is a new lease"
+            }
+            Self::NotReading => {
+                "the leash daemon closed the connection because its replies went unread (more \
+                 than 128 KiB): the lease ended, and the daemon kills its trees"
+            }
+        }
+    }
+}
+
+impl fmt::Display for ClosingReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -434,11 +556,19 @@ pub enum EventKind {
     Dropped,
     /// A kill gave up: `reason` says why (members stuck in the kernel). The tree stays doomed.
     KillFailed,
+    /// The last line before the daemon closes this connection itself: `reason` says why (a
+    /// [`ClosingReason`] word) and so what becomes of the lease's trees. Sent whether or not
+    /// the connection subscribed; tree is 0.
+    Closing,
+    /// A request another process (not the host that opened the lease) sent on this connection
+    /// was refused: `pid` sent it (0 if the host cannot see it), `code` refused it, `line` is
+    /// its start. The lease goes on. Sent whether or not the connection subscribed; tree is 0.
+    Refused,
 }
 
 impl EventKind {
     /// Every kind, in the order above: the host libraries list the same words (a test checks).
-    pub const ALL: [EventKind; 10] = [
+    pub const ALL: [EventKind; 12] = [
         Self::Registered,
         Self::RootExited,
         Self::KillStarted,
@@ -449,6 +579,8 @@ impl EventKind {
         Self::Exit,
         Self::Dropped,
         Self::KillFailed,
+        Self::Closing,
+        Self::Refused,
     ];
 }
 
@@ -681,6 +813,43 @@ mod tests {
     }
 
     #[test]
+    fn a_quoted_line_is_cut_at_a_character_boundary() {
+        assert_eq!(quote_line(b"short"), "short");
+        let long = "x".repeat(MAX_QUOTED_BYTES + 50);
+        assert_eq!(quote_line(long.as_bytes()).len(), MAX_QUOTED_BYTES);
+        // "é" is two bytes: one straddling the cut goes whole.
+        let straddling = format!("{}é", "x".repeat(MAX_QUOTED_BYTES - 1));
+        assert_eq!(
+            quote_line(straddling.as_bytes()),
+            "x".repeat(MAX_QUOTED_BYTES - 1)
+        );
+        let fits = format!("{}é", "x".repeat(MAX_QUOTED_BYTES - 2));
+        assert_eq!(quote_line(fits.as_bytes()), fits);
+        assert_eq!(quote_line(b"a\xffb"), "a\u{fffd}b");
+    }
+
+    #[test]
+    fn a_closing_event_says_its_reason() {
+        for reason in ClosingReason::ALL {
+            let event = Event::closing(7, reason);
+            assert_eq!(event.closing_reason(), Some(reason));
+            let line = serde_json::to_string(&ServerLine::event(event)).unwrap();
+            let again: ServerLine = serde_json::from_str(&line).unwrap();
+            let ServerLine::Event { event } = again else {
+                panic!("{line}")
+            };
+            assert_eq!(event.closing_reason(), Some(reason));
+        }
+        let mut unknown = Event::closing(7, ClosingReason::Shutdown);
+        unknown.reason = Some("moon_phase".into());
+        assert_eq!(unknown.closing_reason(), None);
+        assert_eq!(
+            Event::new(EventKind::Exit, 1, 7, Some(3)).closing_reason(),
+            None
+        );
+    }
+
+    #[test]
     fn server_lines_say_only_what_they_carry() {
         let line = serde_json::to_string(&ServerLine::ok(3, Reply::Released { tree: 9 })).unwrap();
         assert_eq!(line, r#"{"id":3,"ok":{"released":{"tree":9}}}"#);
@@ -702,6 +871,12 @@ mod tests {
         }
         for state in [TreeState::Live, TreeState::Killing, TreeState::Unkillable] {
             assert_eq!(wire(serde_json::to_value(state).unwrap()), state.as_str());
+        }
+        for policy in [RootExitPolicy::Kill, RootExitPolicy::Keep] {
+            assert_eq!(wire(serde_json::to_value(policy).unwrap()), policy.as_str());
+        }
+        for reason in ClosingReason::ALL {
+            assert_eq!(wire(serde_json::to_value(reason).unwrap()), reason.as_str());
         }
     }
 

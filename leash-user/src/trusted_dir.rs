@@ -161,12 +161,23 @@ fn check(path: &Path, meta: &fs::Metadata, role: Role, option: &str) -> Result<(
     }
     let (uid, mode) = (meta.uid(), meta.mode() & 0o7777);
     let writable = mode & GO_WRITE != 0;
-    let sticky_ancestor = role == Role::Ancestor && mode & STICKY != 0;
+    let sticky = mode & STICKY != 0;
+    let sticky_ancestor = role == Role::Ancestor && sticky;
+    if role == Role::Own && uid == ROOT && writable && sticky {
+        // Shared by every user (/tmp): making it root's alone would break it for them.
+        bail!(
+            "refusing {p} (mode {mode:04o}): it is shared (every user may make files in it), \
+             and the daemon, which runs as root, needs a directory of its own that only root \
+             can write; fix: make one in it, mkdir -m 0755 {p}/leash, and choose the {option} \
+             path there"
+        );
+    }
     if uid != ROOT || (writable && !sticky_ancestor) {
         bail!(
             "refusing {p} (owner uid {uid}, mode {mode:04o}): the daemon runs as root and \
-             trusts it, so it must be owned by root and writable by no one else; fix: chown \
-             root {p} && chmod go-w {p}, or choose another {option}"
+             trusts it, so it must be owned by root and writable by no one else; fix: choose \
+             another {option} in a directory of its own that only root can write (under /run, \
+             say), or, if {p} is meant for leash alone, chown root {p} && chmod go-w {p}"
         );
     }
     Ok(())
@@ -252,9 +263,15 @@ mod tests {
         let dir = scratch.dir("shared/leash", 0o755, ROOT);
         ensure(&dir, 0o755, "--socket").unwrap();
         ensure(&sticky.join("made"), 0o755, "--socket").unwrap();
-        // Leash's own directory may not be the sticky one: anyone could make its socket.
+        // Leash's own directory may not be the sticky one: anyone could make its socket. The
+        // fix is a directory of its own there, not to take the shared one from its users.
         let error = refused(&sticky);
         assert!(error.contains("mode 1777"), "{error}");
+        assert!(
+            error.contains(&format!("mkdir -m 0755 {}/leash", sticky.display())),
+            "{error}"
+        );
+        assert!(!error.contains("chmod go-w"), "{error}");
     }
 
     #[test]
@@ -267,9 +284,11 @@ mod tests {
         let p = dir.display();
         assert!(error.contains(&format!("refusing {p} (owner uid {USER}, mode 0755)")));
         assert!(
-            error.contains(&format!(
-                "chown root {p} && chmod go-w {p}, or choose another --socket"
-            )),
+            error.contains("choose another --socket in a directory of its own"),
+            "{error}"
+        );
+        assert!(
+            error.contains(&format!("chown root {p} && chmod go-w {p}")),
             "{error}"
         );
         // Nor anything below it, made or not.

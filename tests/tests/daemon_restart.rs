@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use leash_client::{EventKind, RootExitPolicy, TreeOptions};
+use leash_client::{ClosingReason, Error, EventKind, RootExitPolicy, TreeOptions};
 use leash_tests::{
     Cgroup, Removed, Scenario,
     daemon::{Daemon, path_str},
@@ -157,6 +157,57 @@ fn a_hand_over_kills_nothing_and_the_next_daemon_enforces() {
     let emptied = cgroup.wait_empty(Duration::from_secs(10));
     eprintln!("host SIGKILLed after a hand-over: tree empty after {emptied:?}");
     assert!(emptied.is_some(), "the tree outlived its host");
+}
+
+/// A host in this process through a hand-over: its connection's last line says its trees were
+/// handed over, its next call says they stay enforced, and the next daemon enforces them (the
+/// root's exit takes the rest of its tree along).
+#[test]
+fn a_host_is_told_of_the_hand_over_and_its_tree_stays_enforced() {
+    let Some(mut daemon) = Daemon::start(&["--grace", "0"]) else {
+        return;
+    };
+    let cgroup = Cgroup::new("restart-told");
+    let go = daemon.dir.join("go");
+    mkfifo(&go);
+    let script = format!("setsid sleep 600 & read line < {}", go.display());
+    let mut host = daemon.client();
+    let (tree, mut root) = host
+        .spawn(
+            &mut cgroup.command("sh", &["-c", &script]),
+            &TreeOptions::default(),
+        )
+        .unwrap();
+    cgroup.settle_exactly(&["sh", "sleep"]);
+
+    assert!(daemon.hand_over(), "the daemon exits cleanly on SIGHUP");
+    let closing = host
+        .next_event(Some(Duration::from_secs(5)))
+        .expect("the closing event, before the connection's end")
+        .expect("an event, not a timeout");
+    assert_eq!(closing.kind, EventKind::Closing, "{closing:?}");
+    assert_eq!(closing.reason.as_deref(), Some("hand_over"), "{closing:?}");
+    let error = host.list().expect_err("the connection is closed");
+    assert!(
+        matches!(error, Error::Closed(Some(ClosingReason::HandOver))),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("stay enforced"), "{error}");
+
+    daemon.restart();
+    let listed = daemon.client().list().unwrap();
+    assert!(
+        listed.iter().any(|t| t.tree == tree),
+        "the next daemon holds the tree: {listed:?}"
+    );
+    fs::write(&go, "go\n").unwrap();
+    root.wait().unwrap();
+    let emptied = cgroup.wait_empty(Duration::from_secs(10));
+    eprintln!("root exited after a hand-over: tree empty after {emptied:?}");
+    assert!(
+        emptied.is_some(),
+        "the next daemon did not enforce the tree"
+    );
 }
 
 #[test]

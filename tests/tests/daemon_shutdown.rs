@@ -1,9 +1,10 @@
 //! Stopping the daemon (SIGTERM) kills every live tree first: a tree that outlives its
-//! enforcer is the failure leash exists to prevent.
+//! enforcer is the failure leash exists to prevent. Then each connection's last line is a
+//! `closing` event that says so, and a host's next call says its trees were killed.
 
 use std::time::Duration;
 
-use leash_client::TreeOptions;
+use leash_client::{ClosingReason, Error, EventKind, TreeOptions};
 use leash_tests::{Cgroup, daemon::Daemon};
 
 #[test]
@@ -27,4 +28,22 @@ fn shutdown_kills_live_trees_and_removes_the_socket() {
     );
     assert!(!daemon.socket.exists(), "the socket is removed");
     let _ = root.wait();
+
+    // The host did not subscribe: the daemon's last line is its only event.
+    let closing = host
+        .next_event(Some(Duration::from_secs(5)))
+        .expect("the closing event, before the connection's end")
+        .expect("an event, not a timeout");
+    assert_eq!(closing.kind, EventKind::Closing, "{closing:?}");
+    assert_eq!(closing.reason.as_deref(), Some("shutdown"), "{closing:?}");
+    assert_eq!(closing.lease, host.lease().id);
+    let error = host.status().expect_err("the connection is closed");
+    assert!(
+        matches!(error, Error::Closed(Some(ClosingReason::Shutdown))),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("killed this lease's trees"),
+        "{error}"
+    );
 }

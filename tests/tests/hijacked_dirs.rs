@@ -45,9 +45,8 @@ fn a_socket_directory_another_user_made_is_refused() {
         "the error names the directory and its owner: {said}"
     );
     assert!(
-        said.contains(&format!(
-            "chown root {d} && chmod go-w {d}, or choose another --socket"
-        )),
+        said.contains(&format!("chown root {d} && chmod go-w {d}"))
+            && said.contains("fix: choose another --socket in a directory of its own"),
         "the error says what to fix: {said}"
     );
     assert!(!dir.join("leash.sock").exists(), "no socket was bound");
@@ -88,9 +87,8 @@ fn a_pin_directory_another_user_made_is_refused() {
         "the error names the pin directory and its owner: {said}"
     );
     assert!(
-        said.contains(&format!(
-            "chown root {p} && chmod go-w {p}, or choose another --pin-dir"
-        )),
+        said.contains(&format!("chown root {p} && chmod go-w {p}"))
+            && said.contains("fix: choose another --pin-dir in a directory of its own"),
         "the error says what to fix: {said}"
     );
     assert_eq!(

@@ -13,6 +13,7 @@ use leash_client::{Event, EventKind, StatusInfo, TreeInfo, TreeOptions};
 use leash_tests::{
     Cgroup,
     daemon::{self, Daemon, LeashedTree, path_str},
+    wait_for,
 };
 
 #[test]
@@ -142,5 +143,25 @@ fn a_user_sees_only_its_own_trees() {
     let status: StatusInfo =
         serde_json::from_slice(&as_nobody(&["status", "--json"]).stdout).unwrap();
     assert_eq!(status.leases, 1, "only its own connection");
+    assert_eq!(status.host_leases, 0, "which is no host's");
     assert_eq!(daemon.client().list().unwrap().len(), 1, "root sees it");
+    // Root sees every connection: the host's, which holds a tree, and its own, which asks.
+    // (Connections closed just before may still be ending: their leases end as the daemon
+    // sees them close.)
+    let _viewer = daemon.client();
+    let mut status = None;
+    let counted = wait_for(Duration::from_secs(10), || {
+        let out = daemon.leash().args(["status", "--json"]).output().unwrap();
+        let read: StatusInfo = serde_json::from_slice(&out.stdout).unwrap();
+        let counts = (read.leases, read.host_leases);
+        status = Some(read);
+        counts == (3, 1)
+    });
+    assert!(counted, "host, viewer and asker: {status:?}");
+    let text = daemon.leash().arg("status").output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("hosts' leases: 1\nother connections: "),
+        "{text}"
+    );
 }

@@ -3,7 +3,11 @@
 //! on (the tree, the host's pid, the owner's uid, the reason), the same names that are journal
 //! fields under systemd (`LEASH_EVENT`, `LEASH_TREE`, ...; docs/DEPLOY.md, "Logs").
 
-use std::{collections::HashMap, process::Stdio, time::Duration};
+use std::{
+    collections::HashMap,
+    process::{Command, Stdio},
+    time::Duration,
+};
 
 use leash_tests::{Cgroup, daemon::Daemon, wait_for};
 
@@ -43,6 +47,7 @@ fn each_event_is_one_line_with_its_fields() {
     assert!(killed, "no tree_killed line:\n{}", daemon.log());
 
     let log = daemon.log();
+    assert!(!log.contains('\x1b'), "colour codes in a file:\n{log}");
     let events = events(&log);
     let one = |event: &str| -> &Fields {
         match events.get(event).map(Vec::as_slice) {
@@ -98,6 +103,75 @@ fn each_event_is_one_line_with_its_fields() {
     assert_eq!(field(refused, "tree"), NO_SUCH_TREE.to_string());
     assert_eq!(field(refused, "code"), "not_found");
     assert!(!field(refused, "reason").is_empty(), "{refused:?}");
+}
+
+/// The log is words and `name=value` fields, for a file as for the journal: no colours (the
+/// test harness writes it to a file, as a service manager or a redirect does), and no Rust
+/// debug dumps (`Some(16384)`, `KillSummary { tree: 1, .. }`), at DEBUG too, through a
+/// daemon's common work: trees registered, listed, killed on request and by their lease's end,
+/// a status, a refusal, a stop.
+#[test]
+fn the_log_is_plain_words_and_fields() {
+    // LEASH_LOG=debug for leash's own lines only: what other crates write is theirs.
+    let wrapper = ["env", "LEASH_LOG=info,leash=debug"];
+    let Some(mut daemon) = Daemon::start_wrapped(&wrapper, &["--grace", "100ms"]) else {
+        return;
+    };
+    let cgroup = Cgroup::new("log-plain");
+    let mut host = daemon.client();
+    host.subscribe().expect("subscribe");
+    let (tree, mut root) = host
+        .spawn(
+            &mut cgroup.command("sh", &["-c", "sleep 600 & exec sleep 600"]),
+            &leash_client::TreeOptions::default(),
+        )
+        .expect("spawn");
+    cgroup.settle(2, &["sleep"]);
+    assert_eq!(host.list().expect("list").len(), 1);
+    host.status().expect("status");
+    assert!(host.kill(NO_SUCH_TREE, None).is_err());
+    host.kill(tree, None).expect("kill");
+    let _ = root.wait();
+    let (second, mut root) = host
+        .spawn(
+            &mut cgroup.command("sleep", &["600"]),
+            &leash_client::TreeOptions::default(),
+        )
+        .expect("spawn");
+    let adopted = Command::new("sleep").arg("600").spawn().unwrap();
+    let mut adopted = KillOnDrop(adopted);
+    host.adopt(adopted.0.id(), &leash_client::TreeOptions::default())
+        .expect("adopt");
+    host.release(second).expect("release");
+    let _ = root.kill();
+    let _ = root.wait();
+    drop(host);
+    let _ = adopted.0.wait();
+    assert!(daemon.stop(), "the daemon stops cleanly");
+    let log = daemon.log();
+    assert!(
+        log.lines().any(|line| line.contains(" DEBUG ")),
+        "the DEBUG lines are there to check:\n{log}"
+    );
+    assert!(!log.contains('\x1b'), "colour codes in a file:\n{log}");
+    for dump in ["Some(", "None", " { ", "Ok(", "Err("] {
+        let found: Vec<&str> = log.lines().filter(|line| line.contains(dump)).collect();
+        assert!(
+            found.is_empty(),
+            "{dump:?} in the log:\n{}",
+            found.join("\n")
+        );
+    }
+}
+
+/// A child killed when the test is done with it, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 type Fields = HashMap<String, String>;

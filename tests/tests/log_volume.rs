@@ -8,6 +8,8 @@ use leash_tests::daemon::{Daemon, LeashedTree};
 
 /// Connections made by the loop below.
 const CONNECTIONS: usize = 200;
+/// `leash status` runs after them.
+const STATUS_CALLS: usize = 5;
 
 #[test]
 fn connections_that_only_ask_leave_the_info_log_quiet() {
@@ -38,6 +40,25 @@ fn connections_that_only_ask_leave_the_info_log_quiet() {
             .copied()
             .collect::<Vec<_>>()
             .join("\n")
+    );
+
+    // `leash status`, as an operator or a probe runs it: not one line.
+    let before = daemon.log().lines().count();
+    for _ in 0..STATUS_CALLS {
+        let status = daemon.leash().arg("status").output().unwrap();
+        assert!(status.status.success(), "{status:?}");
+    }
+    daemon.client().status().expect("status");
+    let log = daemon.log();
+    let added: Vec<&str> = log
+        .lines()
+        .skip(before)
+        .filter(|line| line.contains(" INFO ") || line.contains(" WARN "))
+        .collect();
+    assert!(
+        added.is_empty(),
+        "{STATUS_CALLS} `leash status` logged at INFO:\n{}",
+        added.join("\n")
     );
 
     // A lease that registers a tree is worth a line, and so is its end.

@@ -20,6 +20,7 @@ mod cli_track;
 mod daemon_memory;
 mod daemon_restart;
 mod daemon_shutdown;
+mod daemon_start_errors;
 mod deploy_manifests;
 mod doc_examples;
 mod doctor;

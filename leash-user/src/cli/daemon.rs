@@ -77,6 +77,29 @@ pub(super) struct DaemonArgs {
 }
 
 pub(super) fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
+    // Before anything fails on the way for want of it, with an error that names the fix.
+    // SAFETY: geteuid takes nothing, touches no memory and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        bail!(
+            "leash daemon runs as root, not as uid {euid}: it loads eBPF programs into the \
+             kernel, signals every user's processes and binds a socket in a directory only root \
+             may write; run it as root (`sudo leash daemon`, or the service: `systemctl start \
+             leash`). Hosts and users need no daemon of their own: they connect to root's"
+        );
+    }
+    // A relative path would be another socket from every client's working directory.
+    if socket.is_relative() {
+        bail!(
+            "--socket {} is a relative path: give an absolute one (e.g. --socket {}), which \
+             every client can name from wherever it runs",
+            socket.display(),
+            std::path::absolute(&socket).map_or_else(
+                |_| "/run/leash/leash.sock".to_owned(),
+                |path| path.display().to_string()
+            )
+        );
+    }
     // Every connection holds descriptors (its socket, its host's pidfd), and so does every
     // kill: the common soft limit of 1024 would refuse clients after a few hundred.
     match leash::sys::raise_fd_limit() {

@@ -169,7 +169,14 @@ fn forward(client: &mut Client, tree: u32, child: &mut Child, signal: i32) -> Ex
     tracing::debug!(tree, signal, "signal: killing the tree");
     let emptied = match client.kill(tree, None) {
         Ok(summary) => {
-            tracing::debug!(?summary, "the tree is empty");
+            tracing::debug!(
+                tree = summary.tree,
+                terminated = summary.terminated,
+                killed = summary.killed,
+                rounds = summary.rounds,
+                elapsed_ms = summary.elapsed_ms,
+                "the tree is empty"
+            );
             true
         }
         // It ended on its own meanwhile.

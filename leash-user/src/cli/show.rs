@@ -95,13 +95,17 @@ fn status_text(status: &StatusInfo) -> String {
     for program in &status.programs {
         text += &format!("  {program}\n");
     }
+    // A viewer's or a probe's connection is a lease too (this one's among them): the hosts'
+    // are those that registered a tree.
+    let others = status.leases.saturating_sub(status.host_leases);
     text += &format!(
-        "members: {} of {}\ntrees: {} of {}\nleases: {}\nevents dropped: {}\ninserts failed: {}\n",
+        "members: {} of {}\ntrees: {} of {}\nhosts' leases: {}\nother connections: {others} \
+         (viewers, probes, this one)\nevents dropped: {}\ninserts failed: {}\n",
         status.members,
         status.member_capacity,
         status.trees,
         status.tree_capacity,
-        status.leases,
+        status.host_leases,
         status.events_dropped,
         status.inserts_failed,
     );
@@ -155,5 +159,38 @@ mod tests {
              10      sh               2m05s\n    11      python3          1m05s\n"
         );
         assert_eq!(ls_text(&[], 0), "no trees on a leash\n");
+    }
+
+    #[test]
+    fn status_tells_hosts_leases_from_other_connections() {
+        let status = StatusInfo {
+            daemon_version: "0.1.0".into(),
+            protocol: 1,
+            programs: vec!["fork (tp_btf/sched_process_fork)".into()],
+            member_capacity: 131072,
+            members: 3,
+            tree_capacity: 4096,
+            trees: 2,
+            leases: 3,
+            host_leases: 2,
+            events_dropped: 0,
+            inserts_failed: 0,
+            pinned_at: None,
+        };
+        let text = status_text(&status);
+        assert!(
+            text.contains("\nhosts' leases: 2\nother connections: 1 (viewers, probes, this one)\n"),
+            "{text}"
+        );
+        let alone = StatusInfo {
+            leases: 1,
+            host_leases: 0,
+            ..status
+        };
+        assert!(
+            status_text(&alone).contains("\nhosts' leases: 0\nother connections: 1 "),
+            "{}",
+            status_text(&alone)
+        );
     }
 }

@@ -47,7 +47,7 @@ pub(super) async fn next_connection(
                 if let Some(count) = report {
                     tracing::warn!(
                         failures = count,
-                        ?pause,
+                        pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
                         "accept failed: {e} ({count} failures since the last report; at most \
                          one report every {LOG_EVERY:?})"
                     );

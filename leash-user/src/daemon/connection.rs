@@ -1,6 +1,8 @@
 //! One client connection: its lease, its host watch, bounded request lines in, replies and
 //! events out. The lease ends when the connection closes or the host process dies, whichever
-//! comes first, and then every tree it holds is killed.
+//! comes first, and then every tree it holds is killed. When the daemon closes a connection
+//! itself (it stops, or the client does not read), its last line is a `closing` event that
+//! says why.
 
 use std::{
     io,
@@ -9,7 +11,9 @@ use std::{
     time::Duration,
 };
 
-use leash_client::protocol::{ErrorCode, MAX_LINE_BYTES, ServerLine};
+use leash_client::protocol::{
+    ClosingReason, ErrorCode, Event, MAX_LINE_BYTES, MAX_QUOTED_BYTES, ServerLine,
+};
 use leash_common::Account;
 use tokio::{
     io::{AsyncBufRead, AsyncBufReadExt, BufReader, unix::AsyncFd},
@@ -27,6 +31,7 @@ use super::{
     request_stream::{Pidfds, RequestStream, Strangers},
     requests::{Response, Session},
     shared::Daemon,
+    stopping::Listener,
 };
 use crate::sys;
 
@@ -41,6 +46,8 @@ const REFUSAL_PATIENCE: Duration = Duration::from_millis(500);
 /// have left descriptors queued on it, and the last close of the socket closes them. So the
 /// socket is never dropped on the way: setting up only borrows it, and serving hands it back.
 pub(super) async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
+    // Held until the connection is closed: a stopping daemon waits for its last line.
+    let mut stopping = daemon.stopping.listen();
     // First: from now on the kernel names the sender of every request (see request_stream). A
     // connection it cannot be set on is served all the same, its requests taken as the host's.
     if let Err(e) = sys::set_passcred(stream.as_fd()) {
@@ -65,7 +72,7 @@ pub(super) async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
                 // DEBUG: most connections only ask; a lease that holds a tree says so at INFO
                 // then.
                 tracing::debug!("lease opened");
-                let stream = serve_lease(&daemon, stream, peer, &host).await;
+                let stream = serve_lease(&daemon, stream, peer, &host, &mut stopping).await;
                 daemon.memory_freed();
                 stream
             }
@@ -87,6 +94,7 @@ pub(super) async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
         // It could not be taken from tokio, and was closed there.
         Err(e) => tracing::warn!(account, "dropping a connection: {e}"),
     }
+    drop(stopping);
 }
 
 /// A connection set up to be served.
@@ -262,6 +270,7 @@ async fn serve_lease(
     stream: UnixStream,
     peer: Peer,
     host: &AsyncFd<OwnedFd>,
+    stopping: &mut Listener,
 ) -> Option<UnixStream> {
     let (reader, writer) = stream.into_split();
     let (pidfds, strangers) = (Pidfds::default(), Strangers::default());
@@ -301,31 +310,37 @@ async fn serve_lease(
         // its replies have gone out, and one that stops reading is disconnected.
         let room = tokio::select! {
             room = outbox.room_for_replies(UNREAD_TIMEOUT) => room,
-            _ = host.readable() => break "host_exited",
+            _ = host.readable() => break Ended::By("host_exited"),
+            reason = stopping.stopping() => break Ended::DaemonStopping(reason),
         };
         if !room {
             break if outbox.is_closed() {
-                "connection_error"
+                Ended::By("connection_error")
             } else {
-                "client_not_reading"
+                Ended::NotReading
             };
         }
         let request = tokio::select! {
             line = read_line(&mut reader, MAX_LINE_BYTES) => line,
-            _ = host.readable() => break "host_exited",
+            _ = host.readable() => break Ended::By("host_exited"),
+            reason = stopping.stopping() => break Ended::DaemonStopping(reason),
         };
         match request {
             Ok(Line::Complete(bytes)) => {
                 let response = session.handle(daemon, &bytes, line_number).await;
                 line_number += 1;
-                match response {
-                    Response::Now(line) => outbox.reply(&line),
+                let pause = match response {
+                    Response::Now(line) => {
+                        outbox.reply(&line);
+                        None
+                    }
                     Response::Later(reply) => {
                         // The connection goes on serving; the reply goes out when it comes
                         // (the outbox counts it as still to come until then: see
                         // `Outbox::is_settled`).
                         let outbox = outbox.clone();
                         tokio::spawn(async move { outbox.reply(&reply.await) });
+                        None
                     }
                     Response::Subscribe(hears, line) => {
                         daemon.subscribers.add(
@@ -336,50 +351,78 @@ async fn serve_lease(
                             peer.pid_namespace,
                         );
                         outbox.reply(&line);
+                        None
                     }
                     Response::Pause(line, pause) => {
                         outbox.reply(&line);
-                        // Over its uid's request rate: read nothing more from it meanwhile,
-                        // but still see its host's death at once.
-                        tokio::select! {
-                            () = tokio::time::sleep(pause) => {}
-                            _ = host.readable() => break "host_exited",
-                        }
+                        Some(pause)
+                    }
+                    Response::Event(event, pause) => {
+                        outbox.event_to_number(&event, peer.view, event_bytes(&event));
+                        pause
+                    }
+                };
+                if let Some(pause) = pause {
+                    // Over its uid's request rate: read nothing more from it meanwhile, but
+                    // still see its host's death at once.
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        _ = host.readable() => break Ended::By("host_exited"),
+                        reason = stopping.stopping() => break Ended::DaemonStopping(reason),
                     }
                 }
             }
-            Ok(Line::TooLong) => {
+            Ok(Line::TooLong(start)) => {
+                let message = format!("request lines are limited to {MAX_LINE_BYTES} bytes");
+                match session.refuse_stranger(line_number, ErrorCode::TooLong, &start) {
+                    // Another process sent it: the host is told by an event, not a reply.
+                    Some(event) => {
+                        outbox.event_to_number(&event, peer.view, event_bytes(&event));
+                    }
+                    None => outbox.reply(&ServerLine::error(None, ErrorCode::TooLong, message)),
+                }
                 line_number += 1;
-                outbox.reply(&ServerLine::error(
-                    None,
-                    ErrorCode::TooLong,
-                    format!("request lines are limited to {MAX_LINE_BYTES} bytes"),
-                ));
             }
-            Ok(Line::End) => break "connection_closed",
-            Err(_) => break "connection_error",
+            Ok(Line::End) => break Ended::By("connection_closed"),
+            Err(_) => break Ended::By("connection_error"),
         }
         // Requests already read are served one at a time, each in its turn with every other
         // connection's (and this one's writer).
         tokio::task::yield_now().await;
         if outbox.overflowed() {
-            break "client_not_reading";
+            break Ended::NotReading;
         }
         if outbox.is_closed() {
-            break "connection_error";
+            break Ended::By("connection_error");
         }
     };
-    // A dying host's sockets close before its pidfd says it exited: its end is its exit.
-    let ended_by = match ended_by {
-        "connection_closed" | "connection_error" if host_exiting(peer.pid, peer.start_ticks) => {
-            "host_exited"
-        }
-        other => other,
-    };
-    // The lease ends first: its trees' kills never wait on the connection's last replies.
     let lease = peer.lease;
     daemon.subscribers.remove(lease);
-    daemon.jobs.end_lease(lease, ended_by);
+    let closing = match ended_by {
+        // The daemon is stopping: what becomes of the lease's trees is its to do (killed at a
+        // shutdown before the connections are told, kept at a hand-over), not the lease's end.
+        Ended::DaemonStopping(reason) => {
+            tracing::debug!(reason = reason.as_str(), "closing: the daemon is stopping");
+            Some(reason)
+        }
+        ended => {
+            // A dying host's sockets close before its pidfd says it exited: its end is its
+            // exit.
+            let reason = match ended {
+                Ended::By("connection_closed" | "connection_error")
+                    if host_exiting(peer.pid, peer.start_ticks) =>
+                {
+                    "host_exited"
+                }
+                Ended::By(reason) => reason,
+                Ended::NotReading | Ended::DaemonStopping(_) => "client_not_reading",
+            };
+            // The lease ends first: its trees' kills never wait on the connection's last
+            // replies.
+            daemon.jobs.end_lease(lease, reason);
+            matches!(ended, Ended::NotReading).then_some(ClosingReason::NotReading)
+        }
+    };
     // Replies still to come (a kill's) and queued ones go out for a moment, but the daemon never
     // waits on a client that stopped reading.
     drop(session);
@@ -389,7 +432,11 @@ async fn serve_lease(
         }
     };
     let _ = tokio::time::timeout(FLUSH_TIMEOUT, settled).await;
-    outbox.close();
+    // Best effort: a client that overflowed its replies is sent nothing more.
+    match closing {
+        Some(reason) => outbox.close_with(&ServerLine::event(Event::closing(lease, reason))),
+        None => outbox.close(),
+    }
     let writer = match tokio::time::timeout(FLUSH_TIMEOUT, &mut writer_task).await {
         Ok(done) => done,
         Err(_) => {
@@ -401,10 +448,28 @@ async fn serve_lease(
     reader.into_inner().into_half().reunite(writer).ok()
 }
 
+/// Why a connection's serving ended.
+#[derive(Clone, Copy)]
+enum Ended {
+    /// The lease ends, for this reason (`connection_closed`, `host_exited`, ...).
+    By(&'static str),
+    /// The client left its replies unread: the lease ends (`client_not_reading`), and the
+    /// client is told why.
+    NotReading,
+    /// The daemon is stopping: the lease is left to it, and the client is told why.
+    DaemonStopping(ClosingReason),
+}
+
+/// What an event counts for in an outbox's queue: its line as the daemon numbers it.
+fn event_bytes(event: &Event) -> usize {
+    encode(&ServerLine::event(event.clone())).len()
+}
+
 enum Line {
     Complete(Vec<u8>),
-    /// Longer than the limit: it was read and thrown away up to its newline.
-    TooLong,
+    /// Longer than the limit: it was read and thrown away up to its newline, but for its
+    /// first [`MAX_QUOTED_BYTES`] (for a `refused` event).
+    TooLong(Vec<u8>),
     End,
 }
 
@@ -422,19 +487,23 @@ async fn read_line(reader: &mut (impl AsyncBufRead + Unpin), max: usize) -> io::
             Some(newline) => (newline, true),
             None => (available.len(), false),
         };
-        if !too_long {
-            // At most `max` bytes with the newline: `max` without it is too long already.
-            if line.len() + take >= max {
-                too_long = true;
-                line = Vec::new();
-            } else {
-                line.extend_from_slice(&available[..take]);
-            }
+        // At most `max` bytes with the newline: `max` without it is too long already.
+        if !too_long && line.len() + take >= max {
+            too_long = true;
+            line.truncate(MAX_QUOTED_BYTES);
+            line.shrink_to_fit();
+        }
+        if too_long {
+            // Only its start is kept, for a `refused` event.
+            let room = MAX_QUOTED_BYTES.saturating_sub(line.len()).min(take);
+            line.extend_from_slice(&available[..room]);
+        } else {
+            line.extend_from_slice(&available[..take]);
         }
         reader.consume(take + usize::from(done));
         if done {
             return Ok(if too_long {
-                Line::TooLong
+                Line::TooLong(line)
             } else {
                 Line::Complete(line)
             });
@@ -457,7 +526,7 @@ mod tests {
         );
         assert!(matches!(
             read_line(&mut reader, 100).await.unwrap(),
-            Line::TooLong
+            Line::TooLong(start) if start == [b'x'; MAX_QUOTED_BYTES]
         ));
         assert!(
             matches!(read_line(&mut reader, 100).await.unwrap(), Line::Complete(l) if l == b"after")

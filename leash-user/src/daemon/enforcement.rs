@@ -215,5 +215,9 @@ pub(super) async fn kill_all(owner: &Rc<Owner>, reason: KillReason) {
     for kill in pending {
         let _ = outcome(kill).await;
     }
-    tracing::info!(trees = trees.len(), elapsed = ?started.elapsed(), "every tree killed");
+    tracing::info!(
+        trees = trees.len(),
+        elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        "every tree killed"
+    );
 }

@@ -78,7 +78,8 @@ pub(super) fn status(daemon: &Daemon, peer: &Peer) -> Result<Reply, Refusal> {
         members,
         tree_capacity: capacity.trees,
         trees: trees.len() as u64,
-        leases: leases as u64,
+        leases: leases.all as u64,
+        host_leases: leases.hosts as u64,
         events_dropped: stats.events_dropped,
         inserts_failed: stats.inserts_failed,
         pinned_at: daemon

@@ -8,8 +8,8 @@
 //! - [`config`], [`peer`], [`pid_view`], [`auth`], [`limits`]: what the daemon is told, who a
 //!   client is to the rules, and the rules: the kill(2) rule and tree ownership, per-account
 //!   caps on connections, request rate and heavy work.
-//! - [`outbox`], [`subscribers`]: a connection's replies and events, bounded in bytes; who
-//!   hears of which events.
+//! - [`outbox`], [`subscribers`], [`stopping`]: a connection's replies and events, bounded in
+//!   bytes; who hears of which events; the word to every connection that the daemon stops.
 //! - [`registry`]: the leases and trees, behind methods that keep their rules.
 //! - [`commands`], [`owner`]: what the rest of the daemon asks of the owner thread, and what
 //!   that thread holds.
@@ -52,6 +52,7 @@ mod request_stream;
 mod requests;
 mod shared;
 mod socket;
+mod stopping;
 mod subscribers;
 mod tree_events;
 mod watch;
@@ -60,6 +61,8 @@ pub use config::{Config, MetricsAddr};
 pub use limits::UidLimits;
 
 use std::{fs, os::fd::AsFd, path::Path, sync::Arc, time::Duration};
+
+use leash_client::protocol::ClosingReason;
 
 use anyhow::{Context, Result};
 use tokio::{
@@ -114,11 +117,17 @@ pub async fn run(config: Config) -> Result<()> {
     // is asked to give them back. Asked now, before anything is served, the daemon starts at
     // the size it keeps.
     sys::release_free_memory();
+    let capacity = tracker.capacity();
     tracing::info!(
         socket = %config.socket.display(),
-        capacity = ?tracker.capacity(),
-        pins = ?tracker.pin_dir(),
-        limits = ?config.uid_limits,
+        max_members = capacity.members,
+        max_trees = capacity.trees,
+        max_members_per_uid = capacity.members_per_uid,
+        pins = tracker
+            .pin_dir()
+            .map(|dir| tracing::field::display(dir.display())),
+        max_connections_per_uid = config.uid_limits.connections,
+        requests_per_second_per_uid = config.uid_limits.requests_per_second,
         "leash daemon serving"
     );
     let view = tracker
@@ -161,6 +170,8 @@ pub async fn run(config: Config) -> Result<()> {
                     );
                     close_listener(&daemon, listener);
                     remove_sockets(&daemon.config);
+                    // The trees are the next daemon's now: no connection's end kills them.
+                    close_connections(&daemon, ClosingReason::HandOver).await;
                     return Ok(());
                 }
                 tracing::warn!("SIGHUP ignored: not pinned, so nothing could take over");
@@ -171,8 +182,29 @@ pub async fn run(config: Config) -> Result<()> {
     close_listener(&daemon, listener);
     remove_sockets(&daemon.config);
     let _ = daemon.jobs.shutdown().await;
+    // Told after the kill: a host hears its trees' ends before the connection's.
+    close_connections(&daemon, ClosingReason::Shutdown).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How long a stopping daemon waits for its connections to take their last line.
+const CLOSING_PATIENCE: Duration = Duration::from_secs(3);
+
+/// Closes every connection, each with a `closing` event for `reason` as its last line, and
+/// waits for them a bounded time: a client that does not read is closed as the daemon exits.
+async fn close_connections(daemon: &Daemon, reason: ClosingReason) {
+    let left = daemon
+        .stopping
+        .close_connections(reason, CLOSING_PATIENCE)
+        .await;
+    if left > 0 {
+        tracing::info!(
+            connections = left,
+            reason = reason.as_str(),
+            "connections that did not take their last line are closed unread"
+        );
+    }
 }
 
 /// Closes the listener apart (`disposal`): the connections it has not accepted yet go with it,

@@ -50,6 +50,9 @@ struct Queues {
     /// writer stops once what is queued is out (at once, if it overflowed).
     closed: bool,
     overflowed: bool,
+    /// The line written after everything else, once the outbox is closed (`closing`): it
+    /// counts against no bound, so that a full queue of events does not lose it.
+    last: Option<Vec<u8>>,
 }
 
 /// An event line, shared by every subscriber it goes to (encoded once), or a count of those
@@ -184,6 +187,19 @@ impl Outbox {
         self.0.written.notify_waiters();
     }
 
+    /// Ends the outbox with `line`, written after all that is queued (unless the client
+    /// overflowed its replies: then nothing more is written).
+    pub(super) fn close_with(&self, line: &ServerLine) {
+        let bytes = encode(line);
+        {
+            let mut queues = self.queues();
+            if !queues.closed {
+                queues.last = Some(bytes);
+            }
+        }
+        self.close();
+    }
+
     /// Whether nothing is queued and nobody but this handle and the writer's can queue more
     /// (no reply is still to come).
     pub(super) fn is_settled(&self) -> bool {
@@ -226,7 +242,7 @@ impl Outbox {
                         dropped.count = Some(count);
                         return Some(encode(&ServerLine::event(dropped)));
                     }
-                    None if queues.closed => return None,
+                    None if queues.closed => return queues.last.take(),
                     None => {}
                 }
             }
@@ -331,6 +347,36 @@ mod tests {
         // An outbox made without metrics counts nowhere (and is none the worse).
         Outbox::default().reply(&ServerLine::error(Some(1), ErrorCode::NotFound, "no"));
         assert_eq!(metrics.counted(), counted);
+    }
+
+    #[test]
+    fn the_last_line_comes_after_everything_queued_even_past_the_bounds() {
+        let outbox = Outbox::default();
+        outbox.reply(&ServerLine::ok(1, Reply::Subscribed));
+        let mut line = vec![b'x'; EVENT_BYTES - 1];
+        line.push(b'\n');
+        let line: Arc<[u8]> = line.into();
+        assert!(outbox.event(&line));
+        assert!(outbox.event(&line), "queued as a count of one dropped");
+        let closing = Event::closing(7, leash_client::protocol::ClosingReason::Shutdown);
+        outbox.close_with(&ServerLine::event(closing));
+        assert!(!outbox.event(&line), "closed");
+        let lines = drain(&outbox);
+        assert_eq!(lines.len(), 4, "reply, event, count, closing");
+        assert_eq!(
+            lines[3],
+            r#"{"event":{"kind":"closing","tree":0,"lease":7,"reason":"shutdown"}}"#
+        );
+        // Once closed, a second last line is not taken.
+        let outbox = Outbox::default();
+        outbox.close();
+        outbox.close_with(&ServerLine::event(Event::new(
+            EventKind::Closing,
+            0,
+            1,
+            None,
+        )));
+        assert!(drain(&outbox).is_empty());
     }
 
     #[test]

@@ -57,6 +57,13 @@ struct State {
     reserved: HashMap<Account, usize>,
 }
 
+/// Leases counted: every connection, and hosts' (see [`Registry::count_leases`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct LeaseCounts {
+    pub all: usize,
+    pub hosts: usize,
+}
+
 /// The daemon's leases and trees. Clones share them.
 #[derive(Clone, Debug)]
 pub(super) struct Registry(Arc<Mutex<State>>);
@@ -255,14 +262,18 @@ impl Registry {
         })
     }
 
-    /// How many leases `may_see` lets through, given each lease's uid and pid namespaces.
-    pub(super) fn count_leases(&self, mut may_see: impl FnMut(u32, &[u32]) -> bool) -> usize {
+    /// How many leases `may_see` lets through, given each lease's uid and pid namespaces:
+    /// all of them, and hosts' (those that registered a tree).
+    pub(super) fn count_leases(&self, mut may_see: impl FnMut(u32, &[u32]) -> bool) -> LeaseCounts {
         let state = self.state();
-        state
-            .leases
-            .values()
-            .filter(|lease| may_see(lease.uid, &lease.pid_namespaces))
-            .count()
+        let mut counts = LeaseCounts::default();
+        for lease in state.leases.values() {
+            if may_see(lease.uid, &lease.pid_namespaces) {
+                counts.all += 1;
+                counts.hosts += usize::from(lease.held_trees);
+            }
+        }
+        counts
     }
 
     /// Every live lease.

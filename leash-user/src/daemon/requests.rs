@@ -1,6 +1,7 @@
 //! What each request does, as a value the connection acts on: a reply now, a reply later, a
-//! subscription, or a pause. A request that is malformed, not allowed or impossible gets an
-//! error reply and changes nothing.
+//! subscription, a pause, or an event. A request that is malformed, not allowed or impossible
+//! gets an error reply and changes nothing; one that another process than the lease's host
+//! sent gets no reply (its id is not the host's), and the host is told by a `refused` event.
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
@@ -41,6 +42,9 @@ pub(super) enum Response {
     /// The client is over its uid's request rate: sends this line, and reads nothing more from
     /// it for this long.
     Pause(ServerLine, Duration),
+    /// Sends this event (its pids numbered for the client), subscribed or not; then pauses,
+    /// if given, as [`Response::Pause`] does.
+    Event(Event, Option<Duration>),
 }
 
 /// One connection's side of request handling.
@@ -51,6 +55,19 @@ pub(super) struct Session {
     pub pidfds: Pidfds,
     /// The lines that a process other than the host sent on this connection.
     pub strangers: Strangers,
+}
+
+/// The op's word, for the log.
+fn op_name(op: &Op) -> &'static str {
+    match op {
+        Op::Hello { .. } => "hello",
+        Op::Register { .. } => "register",
+        Op::Release { .. } => "release",
+        Op::Kill { .. } => "kill",
+        Op::List { .. } => "list",
+        Op::Subscribe => "subscribe",
+        Op::Status => "status",
+    }
 }
 
 /// The tree a request names, if it names one.
@@ -74,30 +91,22 @@ impl Session {
         line_number: u64,
     ) -> Response {
         let account = self.peer.account;
+        // A lease is its host's: a request another process sent on its connection (a socket
+        // leaked to a child, or taken from the host) is refused, and the lease goes on. Well
+        // formed or not, it is not answered: a reply would carry an id the host never sent.
+        if let Some(event) = self.refuse_stranger(line_number, ErrorCode::PermissionDenied, line) {
+            return Response::Event(event, daemon.limits.spend(account, 1).err());
+        }
         let Request { id, op } = match decode_request(line) {
             Ok(request) => request,
             Err(DecodeError { id, message }) => {
                 // Debug only: a flood of bad lines must not flood the log (it is rate-limited
                 // anyway).
-                tracing::debug!(?id, message, "bad request");
+                tracing::debug!(id, message, "bad request");
                 let error = ServerLine::error(id, ErrorCode::BadRequest, message);
                 return paced(error, daemon.limits.spend(account, 1));
             }
         };
-        // A lease is its host's: a request another process sent on its connection (a socket
-        // leaked to a child, or taken from the host) is refused, and the lease goes on.
-        if let Some(sender) = self.strangers.sender_of(line_number) {
-            let message = format!(
-                "this request was sent by process {sender}, not by process {} that opened this \
-                 lease: a lease serves its host alone (a process of another connection, or one \
-                 that forked from the host, opens a lease of its own)",
-                self.peer.pid
-            );
-            tracing::debug!(id, sender, "request not sent by the lease's host");
-            let refusal = Refusal::new(ErrorCode::PermissionDenied, message);
-            let error = self.refused(id, op_tree(&op), refusal);
-            return paced(error, daemon.limits.spend(account, 1));
-        }
         let cost = match op {
             Op::Register { .. } | Op::List { .. } => HEAVY_COST,
             _ => 1,
@@ -117,7 +126,7 @@ impl Session {
             );
             return Response::Pause(error, pause);
         }
-        tracing::debug!(id, ?op, "request");
+        tracing::debug!(id, op = op_name(&op), tree = op_tree(&op), "request");
         let tree = op_tree(&op);
         let answer = match op {
             Op::Hello { protocol } => self.hello(daemon, protocol),
@@ -159,6 +168,36 @@ impl Session {
             Ok(reply) => ServerLine::ok(id, reply),
             Err(refusal) => self.refused(id, tree, refusal),
         })
+    }
+
+    /// If a process other than the host sent (part of) line `line_number`, `line`, its
+    /// `refused` event for the host, with `code`: logged at INFO (`request_refused`, with the
+    /// `sender`), as any refusal is.
+    pub(super) fn refuse_stranger(
+        &self,
+        line_number: u64,
+        code: ErrorCode,
+        line: &[u8],
+    ) -> Option<Event> {
+        let sender = self.strangers.sender_of(line_number)?;
+        // What it asked, for the log, if it can be told.
+        let request = decode_request(line).ok();
+        tracing::info!(
+            parent: None,
+            event = "request_refused",
+            request = request.as_ref().map(|r| r.id),
+            tree = request.as_ref().and_then(|r| op_tree(&r.op)),
+            lease = self.peer.lease,
+            host_pid = self.peer.pid,
+            uid = self.peer.uid,
+            sender,
+            code = %code,
+            reason = "sent by another process than the lease's host: a lease serves its host \
+                      alone",
+            "request refused"
+        );
+        // The daemon's number for the sender: the connection gives the host its own.
+        Some(Event::refused(self.peer.lease, sender, code, line))
     }
 
     /// The INFO line of a request refused (`request_refused`): what was asked (and of which

@@ -19,6 +19,7 @@ use super::{
     limits::Limits,
     metrics::Metrics,
     registry::Registry,
+    stopping::Stopping,
     subscribers::{Audience, Subscribers},
 };
 use crate::kernel::{Guard, TrackerView, Whois};
@@ -49,6 +50,8 @@ pub(super) struct Daemon {
     pub whois_turn: tokio::sync::Semaphore,
     /// The daemon's own pid namespace (inode number).
     pub pid_namespace: u32,
+    /// The word to every connection that the daemon is stopping.
+    pub stopping: Stopping,
     pub config: Config,
 }
 
@@ -78,6 +81,7 @@ impl Daemon {
             whois,
             whois_turn: tokio::sync::Semaphore::new(1),
             pid_namespace,
+            stopping: Stopping::default(),
             config,
         }
     }

@@ -1,7 +1,11 @@
 //! The daemon's sockets: bound with their mode from the start, in a directory only root may
 //! change, replacing only a stale socket of a daemon that died.
 
-use std::{fs, io, os::unix::fs::FileTypeExt, path::Path};
+use std::{
+    fs, io,
+    os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt},
+    path::Path,
+};
 
 use anyhow::{Context, Result, bail};
 use tokio::net::UnixListener;
@@ -33,6 +37,7 @@ pub(super) fn bind(path: &Path, option: &str, access: SocketAccess) -> Result<Un
         .parent()
         .filter(|dir| !dir.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
+    refuse_shared_dir(path, dir, option)?;
     trusted_dir::ensure(dir, 0o755, option)?;
     remove_stale(path, option)?;
     // The socket is made with its mode (0777 less the mask), so its mode is never set by path
@@ -66,6 +71,43 @@ pub(super) fn bind(path: &Path, option: &str, access: SocketAccess) -> Result<Un
             })?;
     }
     Ok(listener)
+}
+
+/// Refuses a socket straight in a directory that every user may write, root's and sticky
+/// (/tmp, /var/tmp, /dev/shm), naming the fix that works: a directory of the socket's own in
+/// it. The general advice, to make the directory root's alone, would break it for every user.
+fn refuse_shared_dir(path: &Path, dir: &Path, option: &str) -> Result<()> {
+    const STICKY: u32 = 0o1000;
+    let Ok(meta) = fs::metadata(dir) else {
+        // Missing or unreadable: the trusted-directory check says what is wrong.
+        return Ok(());
+    };
+    let mode = meta.permissions().mode();
+    if !meta.is_dir() || meta.uid() != 0 || mode & STICKY == 0 || mode & 0o022 == 0 {
+        return Ok(());
+    }
+    let stem = path
+        .file_stem()
+        .map(|stem| stem.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // /tmp/x.sock: /tmp/leash-x/leash.sock.
+    let own = if stem.is_empty() {
+        dir.join("leash")
+    } else if stem.starts_with("leash") {
+        dir.join(stem)
+    } else {
+        dir.join(format!("leash-{stem}"))
+    };
+    let file = "leash.sock";
+    bail!(
+        "refusing {option} {}: {} is shared (every user may make files in it), and the \
+         daemon, which runs as root, needs a directory of its own that only root can write; \
+         fix: make one, mkdir -m 0755 {}, and give {option} {}",
+        path.display(),
+        dir.display(),
+        own.display(),
+        own.join(file).display()
+    )
 }
 
 /// Removes a socket left by a daemon that died. Anything else at `path` (a file, a symlink)

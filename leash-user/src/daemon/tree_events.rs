@@ -105,7 +105,12 @@ pub(super) fn collect(owner: &Rc<Owner>) -> Collected {
 /// it, or None if the exit was recorded before (or the tree is gone).
 pub(super) fn announce_root_exit(daemon: &Daemon, tree: TreeId) -> Option<RootExitPolicy> {
     let exit = daemon.registry.root_exited(tree)?;
-    tracing::info!(tree, root = exit.root[0], policy = ?exit.policy, "root exited");
+    tracing::info!(
+        tree,
+        root = exit.root[0],
+        policy = exit.policy.as_str(),
+        "root exited"
+    );
     daemon.emit_about_root(
         &exit.audience,
         Event::new(EventKind::RootExited, tree, exit.lease, Some(exit.root[0])),
@@ -156,13 +161,18 @@ fn kill_untracked_child(event: &TreeEvent) {
     let tree = event.tree;
     let attempt = move || match child.open() {
         Ok(Some(pidfd)) => {
-            let sent = pidfd.send_signal(libc::SIGKILL);
-            tracing::warn!(
-                tree,
-                pid = child.pid,
-                ?sent,
-                "killed a child the member map had no room for"
-            );
+            match pidfd.send_signal(libc::SIGKILL) {
+                Ok(()) => tracing::warn!(
+                    tree,
+                    pid = child.pid,
+                    "killed a child the member map had no room for"
+                ),
+                Err(e) => tracing::warn!(
+                    tree,
+                    pid = child.pid,
+                    "cannot kill a child the member map had no room for: {e}"
+                ),
+            }
             true
         }
         Ok(None) => true,

@@ -39,7 +39,15 @@ impl Attached {
         let task = btf::TaskOffsets::from_btf(&kernel)?;
         let namespaces = btf::namespace_offsets(&kernel)?;
         drop(kernel);
-        tracing::debug!(?task, ?capacity, "loading the leash programs");
+        tracing::debug!(
+            max_members = capacity.members,
+            max_trees = capacity.trees,
+            event_bytes = capacity.event_bytes,
+            max_members_per_uid = capacity.members_per_uid,
+            tgid_offset = task.tgid,
+            start_offset = task.start_boottime,
+            "loading the leash programs"
+        );
 
         // Parsed once, for the loader's relocations and every attachment below.
         let kernel_btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;

@@ -409,7 +409,7 @@ impl Kill {
             }
             queued += 1;
         }
-        tracing::debug!(?signal, queued, walked, "queued");
+        tracing::debug!(signal = signal.as_str(), queued, walked, "queued");
         Ok(Enqueued {
             count: queued,
             walked,
@@ -558,7 +558,7 @@ impl Kill {
         let pending: Vec<_> = self.signalled.drain().map(|(member, _)| member).collect();
         tracing::debug!(
             tree = self.tree,
-            elapsed = ?self.started.elapsed(),
+            elapsed_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
             signalled = pending.len(),
             "no members left in the map; waiting for them to finish exiting"
         );
@@ -599,7 +599,14 @@ impl Tracker {
             match kill.step(self)? {
                 KillStep::Wait(pause) => thread::sleep(pause),
                 KillStep::Done(report) => {
-                    tracing::info!(?report, "tree is empty");
+                    tracing::info!(
+                        tree = report.tree,
+                        terminated = report.terminated,
+                        killed = report.killed,
+                        rounds = report.rounds,
+                        elapsed_ms = u64::try_from(report.elapsed.as_millis()).unwrap_or(u64::MAX),
+                        "tree is empty"
+                    );
                     return Ok(report);
                 }
             }

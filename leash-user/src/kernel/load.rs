@@ -98,7 +98,7 @@ impl Tracker {
         pins: Option<Pins>,
         (guard, guard_links): GuardInPlace,
     ) -> Result<Self> {
-        tracing::info!(?guard, "{}", guard.describe());
+        tracing::info!(guard = guard.as_str(), "{}", guard.describe());
         let whois = Whois::new(whois_link, take_map(&mut ebpf, map::WHOIS)?)?;
         let mut tracker = Self {
             view: TrackerView::new(
@@ -155,7 +155,7 @@ impl Tracker {
                  clean restart (SIGTERM, then start)"
             );
         }
-        tracing::info!(?guard, "{}", guard.describe());
+        tracing::info!(guard = guard.as_str(), "{}", guard.describe());
         let mut tracker = Self {
             view: TrackerView::new(
                 members,
@@ -182,7 +182,9 @@ impl Tracker {
         tracker.next_tree = tracker.trees().last().map_or(1, |&last| last + 1);
         tracing::info!(
             trees = tracker.trees().len(),
-            ?capacity,
+            max_members = capacity.members,
+            max_trees = capacity.trees,
+            event_bytes = capacity.event_bytes,
             "took over the pinned programs and maps"
         );
         Ok(tracker)

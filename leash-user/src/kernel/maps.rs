@@ -73,7 +73,7 @@ impl Tracker {
             let _ = self.account_joined.remove(&account);
             let _ = self.account_seeded.remove(&account);
         }
-        tracing::debug!(tree, ?enclosing, "released");
+        tracing::debug!(tree, enclosing, "released");
         Ok(())
     }
 

@@ -91,6 +91,15 @@ impl Guard {
             .unwrap_or(Self::Absent)
     }
 
+    /// Its name, for the log's fields.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FmodRet => "fmod_ret",
+            Self::Tracepoints => "tracepoints",
+            Self::Absent => "none",
+        }
+    }
+
     /// What it refuses, for the log and `leash status`.
     pub fn describe(self) -> &'static str {
         match self {

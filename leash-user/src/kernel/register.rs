@@ -231,7 +231,7 @@ impl Tracker {
         tracing::debug!(
             tree,
             root,
-            ?enclosing,
+            enclosing,
             seeded,
             passes,
             found,

@@ -57,6 +57,7 @@ pub(super) const LEFT_OUT: &[(&str, &str)] = &[
     ("doctor", "user space: leash doctor's report; its kernel probes are kernel/support.rs's, which every daemon start in the guests runs, and a tp_btf attach, which every daemon start makes"),
     ("version", "user space: --version, man pages and completions; its checks run man, groff and bash -n"),
     ("log_fields", "user space: the fields of the daemon's event lines"),
+    ("daemon_start_errors", "user space: the daemon's refusals to start (not root, a shared or relative socket path), before it loads anything"),
     ("deploy_manifests", "lints the image definition and the Kubernetes manifests with tools of the Python environment, which the guests do not have; no kernel path"),
 ];
 

@@ -116,6 +116,7 @@ impl From<ClientError> for DaemonError {
                 Self::Silent
             }
             ClientError::Io(e) if e.kind() == ErrorKind::UnexpectedEof => Self::Closed,
+            ClientError::Closed(_) => Self::Closed,
             ClientError::Daemon { code, message } => Self::Refused(format!("{message} ({code})")),
             e => Self::Protocol(e.to_string()),
         }

@@ -113,8 +113,8 @@ pub(super) fn socket_dir(socket: &Path) -> Finding {
             )
             .with_fix(NEEDS_ROOT_FIX);
         }
-        // The error ends with its fix ("...; fix: chown root DIR && chmod go-w DIR, or choose
-        // another --socket"): they go apart.
+        // The error ends with its fix ("...; fix: choose another --socket ..., or ... chown
+        // root DIR && chmod go-w DIR"): they go apart.
         let message = format!("{e:#}");
         return match message.split_once("; fix: ") {
             Some((what, fix)) => Finding::new(NAME, Status::Fail, what).with_fix(fix),

@@ -250,5 +250,13 @@ pub(super) fn describe(event: &Event) -> String {
             "{} events dropped: this view fell behind",
             event.count.unwrap_or(0)
         ),
+        EventKind::Closing => format!(
+            "the daemon closes this view's connection ({})",
+            event.reason.as_deref().unwrap_or("?")
+        ),
+        EventKind::Refused => format!(
+            "process {pid} sent a request on this view's connection: refused ({})",
+            event.code.map(|code| code.to_string()).unwrap_or_default()
+        ),
     }
 }

@@ -178,6 +178,7 @@ mod tests {
             tree_capacity: 4096,
             trees: 1,
             leases: 1,
+            host_leases: 1,
             events_dropped: 0,
             inserts_failed: 0,
             pinned_at: None,

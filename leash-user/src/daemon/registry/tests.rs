@@ -195,3 +195,23 @@ fn a_host_is_named_by_its_pid_and_start_and_holds_trees_while_a_lease_of_it_does
     assert!(!registry.host_holds_trees(host));
     assert_eq!(registry.leases_of(host), Vec::<LeaseId>::new());
 }
+
+#[test]
+fn hosts_leases_are_those_that_registered_a_tree() {
+    let registry = Registry::default();
+    let (host, viewer) = (lease(&registry), lease(&registry));
+    let _other_uid = registry
+        .open_lease(2000, 2000, [1].into(), 11, 100)
+        .unwrap();
+    registry.lease_holds_a_tree(host);
+    let everyone = registry.count_leases(|_, _| true);
+    assert_eq!(everyone, LeaseCounts { all: 3, hosts: 1 });
+    let uid_1000 = registry.count_leases(|uid, _| uid == 1000);
+    assert_eq!(uid_1000, LeaseCounts { all: 2, hosts: 1 });
+    registry.end_lease(viewer, "connection_closed");
+    registry.end_lease(host, "connection_closed");
+    assert_eq!(
+        registry.count_leases(|_, _| true),
+        LeaseCounts { all: 1, hosts: 0 }
+    );
+}

@@ -23,6 +23,15 @@ pub(super) enum Signal {
 }
 
 impl Signal {
+    /// Its name, for the log.
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Self::Kill => "kill",
+            Self::TermOrKillNewborn(_) => "term_or_kill_newborn",
+            Self::KillNewborn(_) => "kill_newborn",
+        }
+    }
+
     /// The signal for `member`, or None to leave it be. `killed`: whether it was sent SIGKILL
     /// already (None: not signalled at all).
     pub(super) fn for_member(self, member: &Member, killed: Option<bool>) -> Option<i32> {
