@@ -20,9 +20,9 @@ use leash_client::{
 /// How a tree is enforced, as `run` and `exec` take it.
 #[derive(Args, Debug)]
 pub(super) struct EnforcementArgs {
-    /// Time between SIGTERM and SIGKILL when the tree is killed (the daemon's default if not
-    /// given; 0 goes straight to SIGKILL).
-    #[arg(long, value_parser = super::duration::parse)]
+    /// Time between SIGTERM and SIGKILL when the tree is killed: seconds (5, 0.5) or with a
+    /// unit (500ms, 2s, 1m). The daemon's default if not given; 0 goes straight to SIGKILL.
+    #[arg(long, value_name = "DURATION", value_parser = super::duration::parse)]
     grace: Option<Duration>,
     /// When the root exits, leave the rest of the tree running (it is still killed if the
     /// host dies).
@@ -103,8 +103,9 @@ pub(super) struct AdoptArgs {
 pub(super) struct KillArgs {
     /// The tree's id.
     tree: u32,
-    /// Time between SIGTERM and SIGKILL (the tree's own if not given).
-    #[arg(long, value_parser = super::duration::parse)]
+    /// Time between SIGTERM and SIGKILL: seconds (5, 0.5) or with a unit (500ms, 2s, 1m).
+    /// The tree's own if not given.
+    #[arg(long, value_name = "DURATION", value_parser = super::duration::parse)]
     grace: Option<Duration>,
 }
 
