@@ -186,7 +186,7 @@ pub(super) fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
     }
     // A tree killed from outside ends the command by a signal: say who ended it, or the
     // status (143) reads like the command's own crash.
-    if let Some(why) = kill.from_outside() {
+    if let Some(why) = kill.outside_reason() {
         eprintln!("leash: tree {tree} was killed ({why})");
     }
     Ok(super::exit_code(status))
@@ -225,7 +225,7 @@ impl KillSeen {
 
     /// Why the tree was killed, in words, if not because its root exited (the end of every
     /// `leash run` whose command exits, not news).
-    fn from_outside(&self) -> Option<String> {
+    fn outside_reason(&self) -> Option<String> {
         let reason = self.reason.as_deref()?;
         let why = match reason {
             "root_exited" => return None,
