@@ -218,16 +218,31 @@ fn a_shim_reports_to_its_host_on_the_status_descriptor() {
     assert_eq!(stderr, "", "the host reports the refusal, not the shim");
     assert!(!marker.exists(), "the command must not run unregistered");
 
-    // Registered, but the command cannot be executed: errno as exec(2) gave it.
-    let (report, code, _) = exec_with_status(&daemon.socket, &token, &[], &["/nonexistent/agent"]);
-    assert_eq!(code, Some(127));
-    assert_eq!(report.len(), 2, "{report:?}");
-    assert!(report[0].get("registered").is_some(), "{report:?}");
-    assert_eq!(
-        report[1]["exec_failed"]["errno"],
-        libc::ENOENT,
-        "{report:?}"
-    );
+    // Registered, but the command cannot be executed: errno as exec(2) gave it, the words
+    // and the exit status a shell would give (127: not found; 126: found, not executable).
+    for (command, status, errno, message) in [
+        (
+            "/nonexistent/agent",
+            127,
+            libc::ENOENT,
+            "/nonexistent/agent: No such file or directory",
+        ),
+        (
+            "leash-no-such-agent",
+            127,
+            libc::ENOENT,
+            "leash-no-such-agent: command not found",
+        ),
+        ("/", 126, libc::EACCES, "/: Is a directory"),
+    ] {
+        let (report, code, stderr) = exec_with_status(&daemon.socket, &token, &[], &[command]);
+        assert_eq!(code, Some(status), "{command}: {stderr}");
+        assert_eq!(report.len(), 2, "{report:?}");
+        assert!(report[0].get("registered").is_some(), "{report:?}");
+        assert_eq!(report[1]["exec_failed"]["errno"], errno, "{report:?}");
+        assert_eq!(report[1]["exec_failed"]["message"], message, "{report:?}");
+        assert_eq!(stderr, "", "the host reports it, not the shim");
+    }
 }
 
 #[test]

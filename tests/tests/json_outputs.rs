@@ -92,6 +92,8 @@ fn ls_status_and_watch_speak_the_documented_json() {
     let mut kinds = Vec::new();
     while let Ok(line) = lines.recv_timeout(Duration::from_secs(10)) {
         let event: Event = serde_json::from_str(&line).expect("a documented event line");
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_received_now(value["time"].as_str().expect("a time on every line"));
         if event.tree != tree {
             continue;
         }
@@ -113,6 +115,33 @@ fn ls_status_and_watch_speak_the_documented_json() {
     }
     let _ = watch.kill();
     let _ = watch.wait();
+}
+
+/// `time` is RFC 3339, UTC, to the millisecond (`2026-12-02T05:21:03.123Z`), and it is now:
+/// when `leash watch --json` read the event.
+fn assert_received_now(time: &str) {
+    let shape = "dddd-dd-ddTdd:dd:dd.dddZ";
+    assert!(
+        time.len() == shape.len()
+            && time.chars().zip(shape.chars()).all(|(c, s)| match s {
+                'd' => c.is_ascii_digit(),
+                _ => c == s,
+            }),
+        "{time}"
+    );
+    let date = std::process::Command::new("date")
+        .args(["-u", "-d", time, "+%s"])
+        .output()
+        .unwrap();
+    let seconds: u64 = String::from_utf8_lossy(&date.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("date cannot read {time}: {date:?}"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(now.abs_diff(seconds) < 120, "{time} is not now ({now})");
 }
 
 #[test]

@@ -17,6 +17,7 @@ mod agent_dies;
 mod agent_rights;
 mod capabilities;
 mod cli_track;
+mod cli_words;
 mod daemon_memory;
 mod daemon_restart;
 mod daemon_shutdown;

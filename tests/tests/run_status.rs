@@ -1,6 +1,7 @@
 //! `leash run` exits as its command did: its exit code, or 128+N when a signal N ended it,
 //! as a shell reports it; 128+N too when it was sent SIGTERM, SIGINT or SIGHUP, which it
-//! forwards as a kill of its tree; and 125, saying why, when it could not run the command.
+//! forwards as a kill of its tree; and 125, saying why, when leash itself failed (127 and 126,
+//! for a command not found or not executable, are in cli_words.rs).
 
 use std::time::{Duration, Instant};
 

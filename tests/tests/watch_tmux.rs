@@ -1,5 +1,6 @@
 //! `leash watch` in a real terminal (tmux): the tree's pids show up on the screen, `K` then `y`
-//! kills the tree, its pids go from the screen, `q` quits.
+//! kills the tree, its members' exits are shown as the kill's, its pids go from the screen, `q`
+//! quits.
 
 use std::{
     process::{Command, Output},
@@ -123,6 +124,15 @@ fn watch_shows_the_tree_and_kills_it_with_k() {
                     .all(|pid| !screen.contains(&format!("  {pid} ")))
         }),
         "the killed tree is still shown:\n{}",
+        tmux.screen()
+    );
+    // The processes' exits while their tree is killed are shown as the kill's, not as
+    // ordinary activity that reads like an escape.
+    assert!(
+        wait_for(Duration::from_secs(10), || tmux
+            .screen()
+            .contains("(sleep) exited during the kill")),
+        "the exits of the kill are not shown as the kill's:\n{}",
         tmux.screen()
     );
     eprintln!("after K, y:\n{}", tmux.screen());

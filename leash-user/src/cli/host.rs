@@ -17,12 +17,14 @@ use leash_client::{
     read_lease_token, sys,
 };
 
+use super::exec_failure::ExecFailure;
+
 /// How a tree is enforced, as `run` and `exec` take it.
 #[derive(Args, Debug)]
 pub(super) struct EnforcementArgs {
-    /// Time between SIGTERM and SIGKILL when the tree is killed (the daemon's default if not
-    /// given; 0 goes straight to SIGKILL).
-    #[arg(long, value_parser = super::duration::parse)]
+    /// Time between SIGTERM and SIGKILL when the tree is killed: seconds (5, 0.5) or with a
+    /// unit (500ms, 2s, 1m). The daemon's default if not given; 0 goes straight to SIGKILL.
+    #[arg(long, value_name = "DURATION", value_parser = super::duration::parse)]
     grace: Option<Duration>,
     /// When the root exits, leave the rest of the tree running (it is still killed if the
     /// host dies).
@@ -67,7 +69,8 @@ pub(super) struct ExecArgs {
     /// that is a socket), one JSON line: {"registered":{"tree":T,"root":PID}} before CMD runs,
     /// or {"error":{"code":C,"message":M}} if the command was not registered (CMD never runs;
     /// nothing is written to stderr), then {"exec_failed":{"errno":E,"message":M}} if CMD
-    /// could not be executed. M is closed as CMD starts: end of file after "registered" means
+    /// could not be executed (M as a shell says it: `agent: command not found`; the shim exits
+    /// 127 or 126). M is closed as CMD starts: end of file after "registered" means
     /// CMD runs. `code` is the daemon's error code, `unavailable` (no daemon) or `failed`.
     #[arg(long, value_name = "M")]
     status_fd: Option<i32>,
@@ -103,8 +106,9 @@ pub(super) struct AdoptArgs {
 pub(super) struct KillArgs {
     /// The tree's id.
     tree: u32,
-    /// Time between SIGTERM and SIGKILL (the tree's own if not given).
-    #[arg(long, value_parser = super::duration::parse)]
+    /// Time between SIGTERM and SIGKILL: seconds (5, 0.5) or with a unit (500ms, 2s, 1m).
+    /// The tree's own if not given.
+    #[arg(long, value_name = "DURATION", value_parser = super::duration::parse)]
     grace: Option<Duration>,
 }
 
@@ -126,7 +130,18 @@ pub(super) fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
     let mut command = Command::new(program);
     command.args(rest);
     signals.unblock_in(&mut command);
-    let (tree, mut child) = client.spawn(&mut command, &args.enforcement.options())?;
+    let (tree, mut child) = match client.spawn(&mut command, &args.enforcement.options()) {
+        Ok(spawned) => spawned,
+        // The command's failure, not leash's: said and numbered as a shell does.
+        Err(leash_client::Error::Spawn(error)) => match ExecFailure::of_spawn(program, &error) {
+            Some(failure) => {
+                eprintln!("leash: {}", failure.message);
+                return Ok(ExitCode::from(failure.status));
+            }
+            None => return Err(leash_client::Error::Spawn(error).into()),
+        },
+        Err(error) => return Err(error.into()),
+    };
     tracing::debug!(tree, pid = child.id(), "running on a leash");
     let root = Pidfd::open(child.id()).context("watching the command")?;
     let status = loop {
@@ -141,25 +156,90 @@ pub(super) fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
     };
     // What the command left behind is killed (or, kept, runs out) before we exit: leaving
     // would end the lease and kill it anyway.
+    let mut kill = KillSeen::default();
     loop {
         if let Some(signal) = signals.take().context("reading a signal")? {
             return Ok(forward(&mut client, tree, &mut child, signal));
         }
         match client.next_event(Some(SIGNAL_CHECK)) {
-            Ok(Some(event))
+            Ok(Some(event)) => {
+                kill.note(tree, &event);
                 if event.tree == tree
-                    && matches!(event.kind, EventKind::TreeEmpty | EventKind::Released) =>
-            {
-                break;
+                    && matches!(event.kind, EventKind::TreeEmpty | EventKind::Released)
+                {
+                    break;
+                }
             }
-            Ok(_) => {}
+            Ok(None) => {}
+            // A line this leash does not know (an event kind of a newer daemon): not the end
+            // of the tree.
+            Err(leash_client::Error::Protocol(e)) => {
+                tracing::debug!("an event line not understood: {e}");
+            }
             Err(e) => {
-                tracing::warn!("lost the daemon while waiting for the tree to end: {e}");
+                if kill.reason.is_none() {
+                    tracing::warn!("lost the daemon while waiting for the tree to end: {e}");
+                }
                 break;
             }
         }
     }
+    // A tree killed from outside ends the command by a signal: say who ended it, or the
+    // status (143) reads like the command's own crash.
+    if let Some(why) = kill.outside_reason() {
+        eprintln!("leash: tree {tree} was killed ({why})");
+    }
     Ok(super::exit_code(status))
+}
+
+/// What `leash run` learned of a kill of its tree from the events.
+#[derive(Debug, Default)]
+struct KillSeen {
+    /// The kill's reason word (`request`, `shutdown`, ...); `shutdown` too when the daemon
+    /// said it is closing the connection to stop.
+    reason: Option<String>,
+}
+
+impl KillSeen {
+    fn note(&mut self, tree: u32, event: &leash_client::Event) {
+        match event.kind {
+            EventKind::KillStarted if event.tree == tree => {
+                self.reason.clone_from(&event.reason);
+            }
+            EventKind::TreeEmpty if event.tree == tree => {
+                if let Some(kill) = &event.kill {
+                    self.reason = Some(kill.reason.as_str().to_owned());
+                }
+            }
+            // The daemon's last line before it closes the connection to stop (docs/PROTOCOL.md,
+            // `closing`): the tree dies with it unless it was handed over. Told by its word,
+            // which a leash older than the event cannot name.
+            kind if super::event_words::kind_word(kind) == "closing"
+                && event.reason.as_deref() == Some("shutdown") =>
+            {
+                self.reason.get_or_insert_with(|| "shutdown".to_owned());
+            }
+            _ => {}
+        }
+    }
+
+    /// Why the tree was killed, in words, if not because its root exited (the end of every
+    /// `leash run` whose command exits, not news).
+    fn outside_reason(&self) -> Option<String> {
+        let reason = self.reason.as_deref()?;
+        let why = match reason {
+            "root_exited" => return None,
+            "request" => "a kill was requested: leash kill, K in leash watch, or a host's kill",
+            "shutdown" => "the daemon shut down",
+            "enclosing_killed" => "the tree it is nested in was killed",
+            "member_quota" => "it forked past its owner's member quota",
+            "untrackable" => "a child could not be tracked: the member map was full",
+            "resumed" => "a kill the previous daemon had begun",
+            "lease_ended" => "its lease ended",
+            other => other,
+        };
+        Some(why.to_owned())
+    }
 }
 
 /// Signal `signal` came: kills the tree (its grace, then SIGKILL) and, once it is empty, exits
@@ -234,12 +314,12 @@ pub(super) fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {
         command.arg0(argv0);
     }
     let error = command.exec();
-    let error = anyhow!(error).context(format!("executing {program}"));
+    let failure = ExecFailure::of_exec(program, &error);
     match &mut status {
-        Some(status) => status.exec_failed(&error),
-        None => eprintln!("leash: {error:#}"),
+        Some(status) => status.exec_failed(error.raw_os_error(), failure.message),
+        None => eprintln!("leash: {}", failure.message),
     }
-    Ok(ExitCode::from(127))
+    Ok(ExitCode::from(failure.status))
 }
 
 pub(super) fn adopt(socket: &Path, args: AdoptArgs) -> Result<ExitCode> {
@@ -321,14 +401,8 @@ impl ExecStatus {
         self.write(&ExecReport::Refused { code, message });
     }
 
-    fn exec_failed(&mut self, error: &anyhow::Error) {
-        let errno = error
-            .downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::raw_os_error);
-        self.write(&ExecReport::ExecFailed {
-            errno,
-            message: format!("{error:#}"),
-        });
+    fn exec_failed(&mut self, errno: Option<i32>, message: String) {
+        self.write(&ExecReport::ExecFailed { errno, message });
     }
 
     /// A host that is gone cannot be told; its lease has ended and the tree dies with it.
@@ -375,7 +449,16 @@ fn lease_token(fd: Option<i32>, from_env: Option<std::ffi::OsString>) -> Result<
 
 pub(super) fn kill(socket: &Path, args: KillArgs) -> Result<ExitCode> {
     let mut client = Client::connect_to(socket)?;
-    let summary = client.kill(args.tree, args.grace)?;
+    let summary = match client.kill(args.tree, args.grace) {
+        Ok(summary) => summary,
+        // The daemon's words alone (`no tree 23946; process 23946 is a member of tree 37:
+        // leash kill 37`): they name what to do.
+        Err(leash_client::Error::Daemon {
+            code: ErrorCode::NotFound,
+            message,
+        }) => bail!("{message}"),
+        Err(error) => return Err(error.into()),
+    };
     println!(
         "tree {} is empty: {} sent SIGTERM, {} SIGKILLs in {} rounds, {} ms",
         summary.tree, summary.terminated, summary.killed, summary.rounds, summary.elapsed_ms

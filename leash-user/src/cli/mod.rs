@@ -3,10 +3,13 @@
 mod daemon;
 mod doctor;
 mod duration;
+mod event_words;
+mod exec_failure;
 mod generate;
 mod host;
 mod logging;
 mod show;
+mod timestamp;
 mod track;
 mod view;
 mod watch;
@@ -50,11 +53,15 @@ enum Commands {
     Daemon(daemon::DaemonArgs),
     /// Run CMD on a leash: when CMD exits, whatever it left running is killed, and if this
     /// command is killed (even with SIGKILL), the whole tree dies with it. Exits with CMD's
-    /// status (128+N for signal N), or 125 if leash failed and CMD never ran (no daemon, or
-    /// the daemon refused to register it, e.g. the uid holds as many trees as allowed).
+    /// status (128+N for signal N); as a shell, 127 if CMD was not found and 126 if it could
+    /// not be executed (`leash: CMD: command not found`, `leash: ./x: Permission denied`);
+    /// or 125 if leash failed and CMD never ran (no daemon, or the daemon refused to register
+    /// it, e.g. the uid holds as many trees as allowed).
     ///
     /// SIGTERM, SIGINT and SIGHUP to this command kill the tree (with its grace period); it
-    /// exits 128+N once the tree is empty.
+    /// exits 128+N once the tree is empty. A tree killed from outside (`leash kill`, the
+    /// daemon's shutdown) ends CMD with SIGTERM: this command exits 143 and says on stderr
+    /// why the tree was killed.
     Run(host::RunArgs),
     /// Register this process under another host's lease, then exec CMD: the way to spawn under
     /// a lease from any language (prefix the argv).
@@ -66,7 +73,8 @@ enum Commands {
     /// closed and LEASH_LEASE removed before CMD runs, so neither CMD nor anything it starts
     /// inherits the token; LEASH_LEASE is wiped from the shim's own environment as it starts,
     /// so /proc/PID/environ does not show it while the shim registers. Exits 125 if leash
-    /// failed and CMD never ran, 127 if CMD could not be executed. With `--status-fd M` the
+    /// failed and CMD never ran; as a shell, 127 if CMD was not found and 126 if it was found
+    /// but could not be executed (`leash: CMD: command not found`). With `--status-fd M` the
     /// host is told on descriptor M, one JSON line each, whether CMD was registered (and its
     /// tree), refused (and why), or could not be executed: what the Python and Node host
     /// libraries spawn with (docs/HOSTS.md).
@@ -82,11 +90,16 @@ enum Commands {
     /// or, with `--status-fd M`, reports on descriptor M as `leash exec` does (`root` is PID).
     Adopt(host::AdoptArgs),
     /// Kill a tree (SIGTERM, the grace period, then SIGKILL until it is empty).
+    ///
+    /// TREE is a tree's id (`leash ls`); given the pid of a process in a tree you may see, it
+    /// says which tree that is.
     Kill(host::KillArgs),
     /// The live view: leases, their trees as process trees, events as they happen.
     ///
     /// Keys: arrows or j/k move, enter folds a tree, K kills the selected tree (after a y/n),
     /// / filters by command or pid (esc clears), q quits. Non-root users see their own trees.
+    /// What a tree's processes do once its kill started is shown as part of the kill. Needs a
+    /// terminal; without one, --json prints the events as JSON lines.
     Watch(watch::WatchArgs),
     /// List the trees on a leash, each as a process tree (yours; all of them for root).
     Ls(show::ShowArgs),
@@ -166,7 +179,8 @@ pub(crate) fn main() -> ExitCode {
 /// names it in RestartPreventExitStatus=.
 const UNSUPPORTED_KERNEL: u8 = 78;
 
-/// The exit code of `leash run` and `leash exec` when leash failed and the command never ran.
+/// The exit code of `leash run` and `leash exec` when leash failed and the command never ran
+/// (127 and 126, a command not found or not executable, are the command's: exec_failure).
 pub(super) const HOST_FAILURE: u8 = 125;
 
 /// A child's status as a shell reports it: its exit code, or 128+N for signal N.

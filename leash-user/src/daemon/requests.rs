@@ -11,7 +11,7 @@ use leash_client::protocol::{
 };
 
 use super::{
-    auth::{Requester, TreeFacts, Verdict, may_kill, may_release},
+    auth::{Requester, TreeFacts, Verdict, may_kill, may_release, may_see},
     enforcement,
     limits::describe,
     listing,
@@ -276,12 +276,16 @@ impl Session {
         let grace = grace_ms
             .map(|ms| registration::grace(daemon, Some(ms)))
             .transpose()?;
-        self.authorize(daemon, tree, may_kill)?;
+        self.authorize(daemon, tree, may_kill)
+            .map_err(|refusal| match refusal.code {
+                ErrorCode::NotFound => self.no_tree_to_kill(daemon, tree),
+                _ => refusal,
+            })?;
         let pending = daemon
             .jobs
             .kill(tree, grace, KillReason::Request)
             .await?
-            .ok_or_else(|| Refusal::no_tree(tree))?;
+            .ok_or_else(|| self.no_tree_to_kill(daemon, tree))?;
         Ok(Box::pin(async move {
             match enforcement::outcome(pending).await {
                 Ok(summary) => ServerLine::ok(id, Reply::Killed(summary)),
@@ -291,6 +295,35 @@ impl Session {
                 Err(e) => ServerLine::error(Some(id), ErrorCode::Internal, e.to_string()),
             }
         }))
+    }
+
+    /// `no tree N`; and when N is the pid of a member of a tree the client may see, which
+    /// tree to kill instead: a pid is the number a user has at hand (from ps, top, a log).
+    fn no_tree_to_kill(&self, daemon: &Daemon, number: TreeId) -> Refusal {
+        match self.visible_tree_of(daemon, number) {
+            Some(tree) => Refusal::new(
+                ErrorCode::NotFound,
+                format!(
+                    "no tree {number}; process {number} is a member of tree {tree}: \
+                     leash kill {tree}"
+                ),
+            ),
+            None => Refusal::no_tree(number),
+        }
+    }
+
+    /// The tree process `pid` is a member of, if the client may see that tree. The member
+    /// map numbers processes in the daemon's pid namespace: a client in another one is not
+    /// told (its number names another process there).
+    fn visible_tree_of(&self, daemon: &Daemon, pid: u32) -> Option<TreeId> {
+        if !self.peer.view.is_daemons() {
+            return None;
+        }
+        let tree = daemon.view.member(pid)?.tree;
+        let ownership = daemon.registry.ownership(tree)?;
+        let confined = self.peer.confinement(&daemon.view);
+        let chain = daemon.view.enclosing(tree);
+        may_see(self.peer.requester(&confined), ownership.facts(&chain)).then_some(tree)
     }
 
     fn subscribe(&mut self, daemon: &Daemon, id: u64) -> Response {

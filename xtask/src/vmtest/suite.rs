@@ -38,6 +38,7 @@ pub(super) const LEFT_OUT: &[(&str, &str)] = &[
     ("slow_viewer", "a load test: 3000 fork+exec, 1.5 minutes under emulation, for the daemon's event queue (user space)"),
     ("garbage", "user space: the daemon's replies to malformed requests (fuzzed too)"),
     ("json_outputs", "user space: the JSON output formats"),
+    ("cli_words", "user space: what leash run, exec, kill and watch say, and their exit statuses"),
     ("secret_token", "user space: where a lease token may appear (argv, environment, descriptors)"),
     ("token_limits", "user space: per-uid accounting of registrations made with a token"),
     ("hijacked_dirs", "user space: the trust checks of the socket and pin directories"),

@@ -44,6 +44,18 @@ pub(super) struct LogLine {
     /// Wall-clock time, as shown.
     pub time: String,
     pub text: String,
+    pub about: About,
+}
+
+/// What a log line is about, for its style.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum About {
+    /// A tree's own life: registered, a fork, an exec, an exit.
+    #[default]
+    Activity,
+    /// A kill: its start, what its processes do until the tree is empty, its end. A process
+    /// that forks or exits while its tree dies is the kill at work, not an escape.
+    Kill,
 }
 
 /// What the run loop must do after a key.
@@ -72,6 +84,8 @@ pub(super) struct App {
     pub typing_filter: bool,
     pub confirm_kill: Option<TreeId>,
     pub message: Option<String>,
+    /// Trees whose kill started, until they are empty.
+    pub killing: HashSet<TreeId>,
 }
 
 impl App {
@@ -198,17 +212,43 @@ impl App {
 
     /// Adds an event to the log.
     pub(super) fn on_event(&mut self, event: &Event, time: String) {
-        if event.kind == EventKind::Dropped {
-            self.dropped_here += event.count.unwrap_or(0);
-        }
-        self.push_log(time, describe(event));
+        let tree = event.tree;
+        let during_kill = self.killing.contains(&tree);
+        let about = match event.kind {
+            EventKind::Dropped => {
+                self.dropped_here += event.count.unwrap_or(0);
+                About::Activity
+            }
+            EventKind::KillStarted => {
+                self.killing.insert(tree);
+                About::Kill
+            }
+            EventKind::TreeEmpty | EventKind::Released => {
+                self.killing.remove(&tree);
+                if during_kill || event.kill.is_some() {
+                    About::Kill
+                } else {
+                    About::Activity
+                }
+            }
+            EventKind::KillFailed => About::Kill,
+            _ if during_kill => About::Kill,
+            _ => About::Activity,
+        };
+        self.push_line(time, describe(event, during_kill), about);
     }
 
+    /// A line of ordinary activity, as the view's tests draw known logs.
+    #[cfg(test)]
     pub(super) fn push_log(&mut self, time: String, text: String) {
+        self.push_line(time, text, About::Activity);
+    }
+
+    pub(super) fn push_line(&mut self, time: String, text: String, about: About) {
         if self.log.len() == LOG_LINES {
             self.log.pop_front();
         }
-        self.log.push_back(LogLine { time, text });
+        self.log.push_back(LogLine { time, text, about });
     }
 
     fn clamp_selection(&mut self) {
@@ -216,19 +256,21 @@ impl App {
     }
 }
 
-/// An event in words, for the log.
-pub(super) fn describe(event: &Event) -> String {
+/// An event in words, for the log; `during_kill` when its tree's kill has started (a
+/// process's fork, exec or exit is then said to be part of it).
+pub(super) fn describe(event: &Event, during_kill: bool) -> String {
     let pid = event.pid.map(|p| p.to_string()).unwrap_or_default();
     let comm = event.comm.as_deref().unwrap_or("");
     let tree = event.tree;
+    let during = if during_kill { " during the kill" } else { "" };
     match event.kind {
         EventKind::Registered => format!("tree {tree}: registered, root {pid}"),
         EventKind::Fork => format!(
-            "tree {tree}: {} ({comm}) forked {pid}",
+            "tree {tree}: {} ({comm}) forked {pid}{during}",
             event.parent.unwrap_or_default()
         ),
-        EventKind::Exec => format!("tree {tree}: {pid} runs {comm}"),
-        EventKind::Exit => format!("tree {tree}: {pid} ({comm}) exited"),
+        EventKind::Exec => format!("tree {tree}: {pid} runs {comm}{during}"),
+        EventKind::Exit => format!("tree {tree}: {pid} ({comm}) exited{during}"),
         EventKind::RootExited => format!("tree {tree}: root {pid} exited"),
         EventKind::KillStarted => format!(
             "tree {tree}: kill started ({})",
@@ -241,7 +283,6 @@ pub(super) fn describe(event: &Event) -> String {
             ),
             None => format!("tree {tree}: empty"),
         },
-        EventKind::Released => format!("tree {tree}: released"),
         EventKind::KillFailed => format!(
             "tree {tree}: kill failed ({})",
             event.reason.as_deref().unwrap_or("?")
@@ -258,5 +299,69 @@ pub(super) fn describe(event: &Event) -> String {
             "process {pid} sent a request on this view's connection: refused ({})",
             event.code.map(|code| code.to_string()).unwrap_or_default()
         ),
+        // `released` (`tree 3: released`), and the kinds a newer leash knows: shown in general
+        // words, not an error.
+        _ => crate::cli::event_words::generic(event),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use leash_client::{KillSummary, protocol::KillReason};
+
+    use super::*;
+
+    fn event(kind: EventKind, pid: Option<u32>, comm: &str) -> Event {
+        let mut event = Event::new(kind, 3, 7, pid);
+        event.comm = (!comm.is_empty()).then(|| comm.to_owned());
+        event
+    }
+
+    fn last(app: &App) -> (&str, About) {
+        let line = app.log.back().expect("a log line");
+        (&line.text, line.about)
+    }
+
+    #[test]
+    fn what_a_tree_does_while_it_is_killed_is_part_of_the_kill() {
+        let mut app = App::default();
+        let at = || "12:00:00.000".to_owned();
+        app.on_event(&event(EventKind::Exit, Some(4250), "sleep"), at());
+        assert_eq!(last(&app), ("tree 3: 4250 (sleep) exited", About::Activity));
+
+        let mut started = event(EventKind::KillStarted, None, "");
+        started.reason = Some("request".into());
+        app.on_event(&started, at());
+        assert_eq!(last(&app), ("tree 3: kill started (request)", About::Kill));
+        app.on_event(&event(EventKind::Fork, Some(4260), "bash"), at());
+        assert_eq!(last(&app).1, About::Kill);
+        assert!(
+            last(&app).0.ends_with("forked 4260 during the kill"),
+            "{:?}",
+            last(&app)
+        );
+        app.on_event(&event(EventKind::Exit, Some(4251), "sleep"), at());
+        assert_eq!(
+            last(&app),
+            ("tree 3: 4251 (sleep) exited during the kill", About::Kill)
+        );
+        // Another tree's life goes on as it was.
+        let mut other = event(EventKind::Exit, Some(5000), "make");
+        other.tree = 4;
+        app.on_event(&other, at());
+        assert_eq!(last(&app), ("tree 4: 5000 (make) exited", About::Activity));
+
+        let mut empty = event(EventKind::TreeEmpty, None, "");
+        empty.kill = Some(KillSummary {
+            tree: 3,
+            terminated: 2,
+            killed: 0,
+            rounds: 0,
+            elapsed_ms: 4,
+            reason: KillReason::Request,
+        });
+        app.on_event(&empty, at());
+        assert_eq!(last(&app).1, About::Kill);
+        assert!(app.killing.is_empty());
     }
 }

@@ -7,7 +7,7 @@ mod app;
 mod ui;
 
 use std::{
-    io::Write,
+    io::{IsTerminal, Write},
     path::{Path, PathBuf},
     process::ExitCode,
     sync::mpsc,
@@ -15,20 +15,22 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use leash_client::{Client, Event};
 use ratatui::crossterm::event::{self as term, Event as TermEvent, KeyEventKind};
 
-use app::{Action, App};
+use app::{About, Action, App};
+
+use super::timestamp;
 
 const FRAME: Duration = Duration::from_millis(50);
 const REFRESH: Duration = Duration::from_millis(500);
 
 #[derive(Args, Debug)]
 pub(super) struct WatchArgs {
-    /// Print the events as JSON lines instead of the live view (for scripts and log
-    /// shippers; see docs/JSON.md).
+    /// Print the events as JSON lines instead of the live view, each with the time it was
+    /// read (for scripts and log shippers; see docs/JSON.md). Needs no terminal.
     #[arg(long)]
     json: bool,
 }
@@ -43,6 +45,10 @@ enum News {
 pub(super) fn watch(socket: &Path, args: WatchArgs) -> Result<ExitCode> {
     if args.json {
         return watch_json(socket);
+    }
+    // Before anything else, so that a script or a pipe hears at once what to do instead.
+    if !has_terminal() {
+        bail!("leash watch needs a terminal; use leash watch --json for a stream of events");
     }
     let mut requests = Client::connect_to(socket)?;
     let (news, inbox) = mpsc::channel();
@@ -83,7 +89,7 @@ fn run(
                 News::Lost(why) => app.message = Some(format!("event stream lost: {why}")),
                 News::Killed(text) => {
                     app.message = None;
-                    app.push_log(clock(), text);
+                    app.push_line(clock(), text, About::Kill);
                 }
             }
         }
@@ -160,18 +166,49 @@ fn kill_in_background(socket: PathBuf, tree: u32, news: mpsc::Sender<News>) {
     });
 }
 
+/// The view draws on stdout and reads keys from stdin or, if that is redirected, from the
+/// controlling terminal (as crossterm does).
+fn has_terminal() -> bool {
+    std::io::stdout().is_terminal()
+        && (std::io::stdin().is_terminal() || std::fs::File::open("/dev/tty").is_ok())
+}
+
 fn watch_json(socket: &Path) -> Result<ExitCode> {
     let mut events = Client::connect_to(socket)?;
     events.subscribe()?;
     let mut out = std::io::stdout().lock();
     loop {
-        if let Some(event) = events.next_event(None)? {
-            serde_json::to_writer(&mut out, &event)?;
-            // Line by line, so a pipe sees each event as it happens.
-            writeln!(out)?;
-            out.flush()?;
-        }
+        let event = match events.next_event(None) {
+            Ok(Some(event)) => event,
+            Ok(None) => continue,
+            // A line this leash cannot read (an event kind of a newer daemon): the stream goes
+            // on.
+            Err(leash_client::Error::Protocol(e)) => {
+                tracing::warn!(
+                    "skipped a line from the daemon this leash does not understand: {e}"
+                );
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let line = Stamped {
+            event: &event,
+            time: timestamp::now(),
+        };
+        serde_json::to_writer(&mut out, &line)?;
+        // Line by line, so a pipe sees each event as it happens.
+        writeln!(out)?;
+        out.flush()?;
     }
+}
+
+/// An event as `leash watch --json` prints it: the protocol's event, and when this command
+/// read it from the daemon (docs/JSON.md).
+#[derive(serde::Serialize)]
+struct Stamped<'a> {
+    #[serde(flatten)]
+    event: &'a Event,
+    time: String,
 }
 
 /// Events per second over the last few seconds.

@@ -4,12 +4,12 @@
 use ratatui::{
     Frame,
     layout::{Constraint, Layout},
-    style::{Modifier, Style},
+    style::{Color, Modifier, Style},
     text::Line as TextLine,
     widgets::{Block, Borders, List, ListItem, ListState, Paragraph},
 };
 
-use super::app::{App, Line};
+use super::app::{About, App, Line};
 use crate::cli::view;
 
 const KEYS: &str = "↑↓/jk move  enter fold  K kill tree  / filter  q quit";
@@ -43,7 +43,7 @@ pub(super) fn draw(frame: &mut Frame<'_>, app: &App) {
         .log
         .iter()
         .skip(app.log.len().saturating_sub(visible))
-        .map(|l| TextLine::from(format!("{} {}", l.time, l.text)))
+        .map(|l| TextLine::styled(format!("{} {}", l.time, l.text), log_style(l.about)))
         .collect();
     frame.render_widget(
         Paragraph::new(events).block(Block::default().borders(Borders::TOP).title(" events ")),
@@ -51,6 +51,14 @@ pub(super) fn draw(frame: &mut Frame<'_>, app: &App) {
     );
 
     frame.render_widget(Paragraph::new(footer_text(app)), footer);
+}
+
+/// A kill's lines stand out from the trees' ordinary activity.
+fn log_style(about: About) -> Style {
+    match about {
+        About::Activity => Style::default(),
+        About::Kill => Style::default().fg(Color::Yellow),
+    }
 }
 
 fn header_lines(app: &App) -> Vec<TextLine<'static>> {
