@@ -13,8 +13,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use leash::sys::{Pidfd, SignalFd, wait_readable};
 use leash_client::{
-    Client, ErrorCode, EventKind, LEASE_ENV, RootExitPolicy, TreeOptions, protocol::ExecReport,
-    read_lease_token, sys,
+    Client, ClosingReason, ErrorCode, EventKind, LEASE_ENV, RootExitPolicy, TreeOptions,
+    protocol::ExecReport, read_lease_token, sys,
 };
 
 use super::exec_failure::ExecFailure;
@@ -212,11 +212,8 @@ impl KillSeen {
                 }
             }
             // The daemon's last line before it closes the connection to stop (docs/PROTOCOL.md,
-            // `closing`): the tree dies with it unless it was handed over. Told by its word,
-            // which a leash older than the event cannot name.
-            kind if super::event_words::kind_word(kind) == "closing"
-                && event.reason.as_deref() == Some("shutdown") =>
-            {
+            // `closing`): the tree dies with it unless it was handed over.
+            EventKind::Closing if event.closing_reason() == Some(ClosingReason::Shutdown) => {
                 self.reason.get_or_insert_with(|| "shutdown".to_owned());
             }
             _ => {}
