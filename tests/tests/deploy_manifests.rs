@@ -651,7 +651,7 @@ fn resource(file: &str, kind: &str) -> Value {
 fn documents(path: &Path) -> Vec<Value> {
     let output = Command::new(python())
         .args(["-c", YAML_TO_JSON])
-        .arg(&path)
+        .arg(path)
         .output()
         .expect("running the Python environment's python");
     assert!(
