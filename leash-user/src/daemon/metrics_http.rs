@@ -39,7 +39,7 @@ use super::{
     accept::RateLimit,
     config::MetricsAddr,
     disposal::Disposal,
-    metrics::{self, KernelCounters, Snapshot},
+    metrics::{self, KernelCounters, ProcessFigures, Snapshot},
     request_stream::{Pidfds, RequestStream, Strangers},
     shared::Daemon,
 };
@@ -83,6 +83,7 @@ fn snapshot(daemon: &Daemon) -> Snapshot {
         members_capacity: capacity.members.into(),
         leases: leases as u64,
         kernel,
+        process: ProcessFigures::read().ok(),
         ..daemon.metrics.counted()
     }
 }

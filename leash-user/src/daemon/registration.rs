@@ -252,6 +252,7 @@ pub(super) async fn register(
     daemon.memory_freed();
     let tree: TreeId = adopted?;
     daemon.registry.lease_holds_a_tree(lease);
+    daemon.metrics.tree_registered();
     let status = daemon.view.tree_status(tree).ok();
     let (members, nested_in) = (
         status.map_or(0, |s| s.members),

@@ -203,3 +203,84 @@ fn the_text_format_is_prometheus_0_0_4() {
          leash_build_info{version=\""
     ));
 }
+
+#[test]
+fn registrations_are_counted() {
+    let metrics = Metrics::default();
+    let text = encode(&metrics.counted());
+    assert_eq!(
+        value_of(&text, "leash_trees_registered_total").as_deref(),
+        Some("0")
+    );
+    metrics.tree_registered();
+    metrics.tree_registered();
+    let text = encode(&metrics.counted());
+    assert_eq!(
+        value_of(&text, "leash_trees_registered_total").as_deref(),
+        Some("2")
+    );
+}
+
+#[test]
+fn the_process_families_have_their_standard_names() {
+    let snapshot = Snapshot {
+        process: Some(ProcessFigures {
+            cpu_seconds: 1.25,
+            open_fds: 12,
+            max_fds: 1024.0,
+            virtual_memory_bytes: 300 << 20,
+            resident_memory_bytes: 50 << 20,
+            start_time_seconds: 1_700_000_000.5,
+        }),
+        ..Snapshot::default()
+    };
+    let text = encode(&snapshot);
+    for (series, kind, value) in [
+        ("process_cpu_seconds_total", "counter", "1.25"),
+        ("process_open_fds", "gauge", "12"),
+        ("process_max_fds", "gauge", "1024.0"),
+        ("process_virtual_memory_bytes", "gauge", "314572800"),
+        ("process_resident_memory_bytes", "gauge", "52428800"),
+        ("process_start_time_seconds", "gauge", "1700000000.5"),
+    ] {
+        assert_eq!(value_of(&text, series).as_deref(), Some(value), "{series}");
+        assert!(
+            text.contains(&format!("# TYPE {series} {kind}\n")),
+            "{series}: {text}"
+        );
+    }
+    // Unread, they are left out rather than shown as 0.
+    assert!(!encode(&Snapshot::default()).contains("process_"));
+}
+
+#[test]
+fn this_process_reads_as_itself() {
+    let figures = ProcessFigures::read().unwrap();
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let vm_rss_kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .unwrap();
+    // Read at two moments of a running test: close, not equal.
+    let rss = figures.resident_memory_bytes as f64;
+    let vm_rss = (vm_rss_kib * 1024) as f64;
+    assert!(
+        (rss - vm_rss).abs() <= vm_rss * 0.25,
+        "{rss} against {vm_rss}"
+    );
+    assert!(figures.virtual_memory_bytes >= figures.resident_memory_bytes);
+    assert!(figures.open_fds >= 3 && (figures.open_fds as f64) <= figures.max_fds);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    // Started before now, and this day (a test binary does not run for longer).
+    assert!(
+        figures.start_time_seconds <= now + 1.0 && figures.start_time_seconds > now - 86_400.0,
+        "{} against {now}",
+        figures.start_time_seconds
+    );
+    assert!(figures.cpu_seconds >= 0.0);
+}
