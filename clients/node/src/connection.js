@@ -47,6 +47,8 @@ export class Connection {
   #closing = null;
   /** Whether someone reads events: the connection then keeps the process alive. */
   #listening = false;
+  /** Whether close() waits for the socket to close: that keeps the process alive too. */
+  #ending = false;
   /** @type {Handlers["onEvent"]} */
   #onEvent;
   /** @type {Handlers["onClose"]} */
@@ -123,7 +125,7 @@ export class Connection {
    */
   #holdProcess() {
     if (this.#closed) return;
-    if (this.#pending.size > 0 || this.#listening) this.#socket.ref();
+    if (this.#pending.size > 0 || this.#listening || this.#ending) this.#socket.ref();
     else this.#socket.unref();
   }
 
@@ -146,7 +148,11 @@ export class Connection {
 
   /** Closes the connection (which ends the lease) and waits until it is closed. */
   async close() {
-    if (!this.#closed) this.#socket.end();
+    if (!this.#closed) {
+      this.#ending = true;
+      this.#holdProcess();
+      this.#socket.end();
+    }
     await this.#whenClosed;
   }
 
@@ -182,7 +188,9 @@ export class Connection {
     }
     const waiter = typeof message?.id === "number" ? this.#pending.get(message.id) : undefined;
     if (waiter) {
-      if (!("ok" in message) && !message.error) return this.#fail("a reply with no ok nor error", line);
+      if (!("ok" in message) && !message.error) {
+        return this.#fail("a reply with no ok nor error", line);
+      }
       this.#pending.delete(message.id);
       this.#holdProcess();
       if (message.error) waiter.reject(new LeashError(message.error.code, message.error.message));

@@ -526,7 +526,8 @@ export class Lease {
  * @param {{ pid?: unknown, code?: unknown, line?: unknown }} event
  */
 function warnRefused({ pid, code, line }) {
-  const who = typeof pid === "number" && pid > 0 ? `process ${pid}` : "a process this host cannot see";
+  const who =
+    typeof pid === "number" && pid > 0 ? `process ${pid}` : "a process this host cannot see";
   process.emitWarning(
     `the leash daemon refused a request that ${who} sent on this lease's connection ` +
       `(${code}); the lease goes on. The request: ${quoted(String(line ?? ""))}`,
