@@ -151,7 +151,10 @@ export interface LeashEvent {
     | (string & {});
   tree: TreeId;
   lease: number;
-  /** For `refused`: the process that sent the request (0 if this host cannot see it). */
+  /**
+   * The process the event is about; for `refused`, the one that sent the request (0 if this
+   * host cannot see it).
+   */
   pid?: number;
   parent?: number;
   comm?: string;
