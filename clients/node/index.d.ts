@@ -1,7 +1,16 @@
 // Type declarations of leash-client (src/index.js). Results and events carry the daemon's
 // fields (docs/PROTOCOL.md) with their keys in camelCase.
 
-import type { ChildProcess, SpawnOptions as NodeSpawnOptions } from "node:child_process";
+import type {
+  ChildProcess,
+  ChildProcessByStdio,
+  ChildProcessWithoutNullStreams,
+  SpawnOptions as NodeSpawnOptions,
+  SpawnOptionsWithStdioTuple,
+  SpawnOptionsWithoutStdio,
+  StdioNull,
+  StdioPipe,
+} from "node:child_process";
 import type { Readable, Writable } from "node:stream";
 
 /** The socket used when neither the `socket` option nor LEASH_SOCKET names one. */
@@ -13,8 +22,8 @@ export declare const PROTOCOL_VERSION: 1;
  * `unavailable`: no daemon, no `leash` binary, or the connection was lost (the message says
  * what to do); `permission_denied`, `limit_reached`, `not_found`, `bad_request`, `too_long`,
  * `unsupported_version`, `kill_failed`, `internal`: the daemon's codes; `failed`: the shim
- * failed otherwise; `closed`: the lease is closed; `protocol`: the daemon sent something
- * unexpected.
+ * failed otherwise; `closed`: the lease is closed; `protocol`: the daemon sent a line this
+ * library does not understand (the lease ends: the daemon kills its trees).
  */
 export type LeashErrorCode =
   | "unavailable"
@@ -42,19 +51,27 @@ export type TreeId = number;
 export interface ConnectOptions {
   /** The daemon's socket; else LEASH_SOCKET, else /run/leash/leash.sock. */
   socket?: string;
-  /** Default time between SIGTERM and SIGKILL when a tree of this lease is killed. */
+  /**
+   * Default time, in milliseconds, between SIGTERM and SIGKILL when a tree of this lease is
+   * killed: a whole number from 0 to 600000 (10 minutes), else connect() rejects with a
+   * RangeError. The daemon's default, 2000, if absent.
+   */
   graceMs?: number;
   /** The `leash` binary; else LEASH_BIN, else `leash` on PATH. */
   leash?: string;
   /**
    * When the daemon or the binary is unavailable, warn (a `LeashWarning`) and spawn unleashed
-   * instead of rejecting: `leashed` is then false and `treeOf` resolves to null.
+   * instead of rejecting: `leashed` is then false and `treeOf` resolves to null (and
+   * `treeOfLeashed` rejects).
    */
   optional?: boolean;
 }
 
 export interface TreeOptions {
-  /** Time between SIGTERM and SIGKILL when the tree is killed (the lease's default if absent). */
+  /**
+   * Milliseconds between SIGTERM and SIGKILL when the tree is killed, 0 to 600000 (the
+   * lease's default if absent); another value throws a RangeError.
+   */
   graceMs?: number;
   /** When the root exits, leave the rest of the tree running (it still dies with the lease). */
   keepOnRootExit?: boolean;
@@ -62,6 +79,14 @@ export interface TreeOptions {
 
 /** child_process.spawn's options, and the tree's. */
 export interface LeashSpawnOptions extends NodeSpawnOptions, TreeOptions {}
+/** Options without `stdio` (so every stream is a pipe), and the tree's. */
+export interface LeashSpawnOptionsWithoutStdio extends SpawnOptionsWithoutStdio, TreeOptions {}
+/** Options whose `stdio` says, entry by entry, which streams are pipes; and the tree's. */
+export type LeashSpawnOptionsWithStdioTuple<
+  Stdin extends StdioNull | StdioPipe,
+  Stdout extends StdioNull | StdioPipe,
+  Stderr extends StdioNull | StdioPipe,
+> = SpawnOptionsWithStdioTuple<Stdin, Stdout, Stderr> & TreeOptions;
 
 export interface KillSummary {
   tree: TreeId;
@@ -121,13 +146,27 @@ export interface LeashEvent {
     | "exec"
     | "exit"
     | "dropped"
+    | "closing"
+    | "refused"
     | (string & {});
   tree: TreeId;
   lease: number;
+  /**
+   * The process the event is about; for `refused`, the one that sent the request (0 if this
+   * host cannot see it).
+   */
   pid?: number;
   parent?: number;
   comm?: string;
+  /**
+   * For `closing` (the daemon's last line before it closes the connection): `shutdown`,
+   * `hand_over` or `not_reading`.
+   */
   reason?: string;
+  /** For `refused`: the error code that refused it. */
+  code?: string;
+  /** For `refused`: the request line, at most its first 200 bytes. */
+  line?: string;
   /** For `tree_empty` after a kill. */
   kill?: KillSummary;
   /** For `dropped`: how many events were lost there. */
@@ -167,7 +206,8 @@ export interface SpawnedProcess {
 export interface ClaudeCodeSpawnerOptions extends TreeOptions {
   /**
    * Claude Code's stderr: a stdio value ("inherit", the default, "ignore", "pipe", a stream or
-   * a descriptor), or a function that receives it as text.
+   * a descriptor), or a function that receives it as text. Give it here: the SDK ignores
+   * query()'s own `stderr` option once a custom spawner is used.
    */
   stderr?: "inherit" | "ignore" | "pipe" | number | Readable | Writable | ((text: string) => void);
   /** Called once Claude Code is on the leash (tree null when the lease is unleashed). */
@@ -189,12 +229,99 @@ export declare class Lease {
   /**
    * child_process.spawn on the leash. Returns at once; the command's pid is `child.pid`. A
    * refused registration is an 'error' event with a LeashError, an exec failure an 'error'
-   * like node's (code ENOENT...), either before 'close' and with no 'exit'.
+   * like node's (code ENOENT...), either before 'close' and with no 'exit'. Overloaded as
+   * node's own: by `stdio`, the streams that are pipes are not null.
    */
-  spawn(command: string, options?: LeashSpawnOptions): ChildProcess;
-  spawn(command: string, args: readonly string[], options?: LeashSpawnOptions): ChildProcess;
-  /** The tree of a child spawned by this lease; rejects with the error the child emitted. */
+  spawn(command: string, options?: LeashSpawnOptionsWithoutStdio): ChildProcessWithoutNullStreams;
+  spawn(
+    command: string,
+    options: LeashSpawnOptionsWithStdioTuple<StdioPipe, StdioPipe, StdioPipe>,
+  ): ChildProcessByStdio<Writable, Readable, Readable>;
+  spawn(
+    command: string,
+    options: LeashSpawnOptionsWithStdioTuple<StdioPipe, StdioPipe, StdioNull>,
+  ): ChildProcessByStdio<Writable, Readable, null>;
+  spawn(
+    command: string,
+    options: LeashSpawnOptionsWithStdioTuple<StdioPipe, StdioNull, StdioPipe>,
+  ): ChildProcessByStdio<Writable, null, Readable>;
+  spawn(
+    command: string,
+    options: LeashSpawnOptionsWithStdioTuple<StdioNull, StdioPipe, StdioPipe>,
+  ): ChildProcessByStdio<null, Readable, Readable>;
+  spawn(
+    command: string,
+    options: LeashSpawnOptionsWithStdioTuple<StdioPipe, StdioNull, StdioNull>,
+  ): ChildProcessByStdio<Writable, null, null>;
+  spawn(
+    command: string,
+    options: LeashSpawnOptionsWithStdioTuple<StdioNull, StdioPipe, StdioNull>,
+  ): ChildProcessByStdio<null, Readable, null>;
+  spawn(
+    command: string,
+    options: LeashSpawnOptionsWithStdioTuple<StdioNull, StdioNull, StdioPipe>,
+  ): ChildProcessByStdio<null, null, Readable>;
+  spawn(
+    command: string,
+    options: LeashSpawnOptionsWithStdioTuple<StdioNull, StdioNull, StdioNull>,
+  ): ChildProcessByStdio<null, null, null>;
+  spawn(command: string, options: LeashSpawnOptions): ChildProcess;
+  spawn(
+    command: string,
+    args?: readonly string[],
+    options?: LeashSpawnOptionsWithoutStdio,
+  ): ChildProcessWithoutNullStreams;
+  spawn(
+    command: string,
+    args: readonly string[],
+    options: LeashSpawnOptionsWithStdioTuple<StdioPipe, StdioPipe, StdioPipe>,
+  ): ChildProcessByStdio<Writable, Readable, Readable>;
+  spawn(
+    command: string,
+    args: readonly string[],
+    options: LeashSpawnOptionsWithStdioTuple<StdioPipe, StdioPipe, StdioNull>,
+  ): ChildProcessByStdio<Writable, Readable, null>;
+  spawn(
+    command: string,
+    args: readonly string[],
+    options: LeashSpawnOptionsWithStdioTuple<StdioPipe, StdioNull, StdioPipe>,
+  ): ChildProcessByStdio<Writable, null, Readable>;
+  spawn(
+    command: string,
+    args: readonly string[],
+    options: LeashSpawnOptionsWithStdioTuple<StdioNull, StdioPipe, StdioPipe>,
+  ): ChildProcessByStdio<null, Readable, Readable>;
+  spawn(
+    command: string,
+    args: readonly string[],
+    options: LeashSpawnOptionsWithStdioTuple<StdioPipe, StdioNull, StdioNull>,
+  ): ChildProcessByStdio<Writable, null, null>;
+  spawn(
+    command: string,
+    args: readonly string[],
+    options: LeashSpawnOptionsWithStdioTuple<StdioNull, StdioPipe, StdioNull>,
+  ): ChildProcessByStdio<null, Readable, null>;
+  spawn(
+    command: string,
+    args: readonly string[],
+    options: LeashSpawnOptionsWithStdioTuple<StdioNull, StdioNull, StdioPipe>,
+  ): ChildProcessByStdio<null, null, Readable>;
+  spawn(
+    command: string,
+    args: readonly string[],
+    options: LeashSpawnOptionsWithStdioTuple<StdioNull, StdioNull, StdioNull>,
+  ): ChildProcessByStdio<null, null, null>;
+  spawn(command: string, args: readonly string[], options: LeashSpawnOptions): ChildProcess;
+  /**
+   * The tree of a child spawned by this lease, or null when the lease is unleashed
+   * (`optional: true`); rejects with the error the child emitted.
+   */
   treeOf(child: ChildProcess): Promise<TreeId | null>;
+  /**
+   * The tree of a child spawned by this lease, never null: rejects with a LeashError
+   * (`unavailable`) when the lease is unleashed, and with the error the child emitted.
+   */
+  treeOfLeashed(child: ChildProcess): Promise<TreeId>;
   /**
    * Registers a running process, and the descendants it has, as a new tree. The process is
    * named by a pidfd (through `leash adopt`), right in a container's pid namespace too.
@@ -213,8 +340,25 @@ export declare class Lease {
    * they are empty, and ends the lease.
    */
   close(options?: { graceMs?: number }): Promise<void>;
-  /** A `spawnClaudeCodeProcess` for the Claude Agent SDK's query() options. */
+  /**
+   * close(), for `await using lease = await Lease.connect()`. (No Symbol.dispose: a close
+   * waits until the trees are empty, which a synchronous `using` cannot.)
+   */
+  [Symbol.asyncDispose](): Promise<void>;
+  /** `claudeCodeSpawner(lease, options)`. */
   claudeCodeSpawner(
     options?: ClaudeCodeSpawnerOptions,
   ): (options: SpawnOptions) => ChildProcess & SpawnedProcess;
 }
+
+/**
+ * A `spawnClaudeCodeProcess` for the Claude Agent SDK's query() options: it spawns Claude Code
+ * on `lease`, with stdin and stdout piped. The SDK calls it synchronously, with only the
+ * command, args, cwd, env and abort signal, so the lease must be connected before query(); and
+ * the SDK ignores query()'s own `stderr` option once a custom spawner is used, so pass it here:
+ * `claudeCodeSpawner(lease, { stderr })`.
+ */
+export declare function claudeCodeSpawner(
+  lease: Lease,
+  options?: ClaudeCodeSpawnerOptions,
+): (options: SpawnOptions) => ChildProcess & SpawnedProcess;

@@ -11,7 +11,7 @@
 // LEASH_OPTIONAL=1 runs Claude Code without a leash, with a warning, when no daemon is there.
 
 import { query } from "@anthropic-ai/claude-agent-sdk";
-import { Lease, type TreeId } from "leash-client";
+import { Lease, claudeCodeSpawner, type TreeId } from "leash-client";
 
 // The lease must exist before query(): the SDK calls spawnClaudeCodeProcess synchronously. It
 // ends when this process does, and the daemon then kills every tree spawned under it.
@@ -35,7 +35,10 @@ const conversation = query({
     // MCP servers' env and headers go over stdin, not on Claude Code's command line (which
     // every local user can read); the SDK asks hosts with their own spawner to choose.
     mcpServersDelivery: "initialize",
-    spawnClaudeCodeProcess: lease.claudeCodeSpawner({
+    // query()'s own `stderr` option is ignored once a spawner is given: Claude Code's stderr
+    // is the spawner's to route (inherited if not said).
+    spawnClaudeCodeProcess: claudeCodeSpawner(lease, {
+      stderr: (text) => process.stderr.write(`[claude] ${text}`),
       onTree: (tree) => {
         claudeTree = tree;
       },

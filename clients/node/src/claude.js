@@ -1,7 +1,9 @@
 // The Claude Agent SDK's `spawnClaudeCodeProcess` hook, on a lease. The SDK calls the hook
-// synchronously from query() and talks to Claude Code over stdin and stdout (stream-json), so
-// those are pipes; it does not read stderr from a custom spawner, so stderr is inherited
-// unless the host asks otherwise.
+// synchronously from query(), with only { command, args, cwd, env, signal }, so the lease must
+// exist before query(). It talks to Claude Code over stdin and stdout (stream-json), so those
+// are pipes. It neither reads a custom spawner's stderr nor passes it its own `stderr` option
+// (which it ignores once a custom spawner is given), so stderr is what this spawner's own
+// `stderr` option says: inherited unless the host asks otherwise.
 
 /**
  * @typedef {import("node:child_process").ChildProcess} ChildProcess
@@ -10,7 +12,8 @@
  */
 
 /**
- * @param {import("./lease.js").Lease} lease
+ * A `spawnClaudeCodeProcess` for query()'s options that spawns Claude Code on `lease`.
+ * @param {import("../index.js").Lease} lease
  * @param {import("../index.js").ClaudeCodeSpawnerOptions} options
  * @returns {(options: SpawnOptions) => ChildProcess & SpawnedProcess}
  */

@@ -1,9 +1,13 @@
 // One connection to the daemon: JSON lines both ways, replies matched to their requests by id
 // (they may come out of order: a kill is answered only when its tree is empty), events handed
 // to a listener. The connection is the lease; it ends when the socket closes.
+//
+// An idle connection does not keep the process alive: the socket is unref'd while no reply is
+// awaited and nobody reads events, so a host that forgets close() still exits (and the daemon,
+// seeing the connection end, kills its trees), as a Python host does.
 
 import { createConnection } from "node:net";
-import { LeashError, connectionLost, daemonUnavailable } from "./errors.js";
+import { LeashError, connectionLost, daemonUnavailable, protocolError } from "./errors.js";
 
 export const PROTOCOL_VERSION = 1;
 
@@ -13,7 +17,12 @@ const MAX_LINE_CHARS = 16 * 1024 * 1024;
 /**
  * The daemon's answer to `hello` (docs/PROTOCOL.md), as far as the lease reads it.
  * @typedef {{ lease: { id: number, token: string }, daemon_version: string }} Hello
- * @typedef {{ onEvent: (event: object) => void, onClose: (error: LeashError) => void }} Handlers
+ * @typedef {import("./errors.js").ClosingReason} ClosingReason
+ * What the lease hears of the connection: the events, its end, and how many trees it holds
+ * (for the words of an error that ends it).
+ * @typedef {{ onEvent: (event: Record<string, unknown>) => void,
+ *   onClose: (error: LeashError) => void,
+ *   trees: () => number }} Handlers
  */
 
 export class Connection {
@@ -31,10 +40,21 @@ export class Connection {
    * @type {LeashError | null}
    */
   #closeReason = null;
+  /**
+   * What the daemon's `closing` event said, the last line before it closes the connection.
+   * @type {ClosingReason | null}
+   */
+  #closing = null;
+  /** Whether someone reads events: the connection then keeps the process alive. */
+  #listening = false;
+  /** Whether close() waits for the socket to close: that keeps the process alive too. */
+  #ending = false;
   /** @type {Handlers["onEvent"]} */
   #onEvent;
   /** @type {Handlers["onClose"]} */
   #onClose;
+  /** @type {Handlers["trees"]} */
+  #trees;
   /** @type {Promise<unknown>} */
   #whenClosed;
 
@@ -69,23 +89,44 @@ export class Connection {
    * @param {string} path
    * @param {Handlers} handlers
    */
-  constructor(socket, path, { onEvent, onClose }) {
+  constructor(socket, path, { onEvent, onClose, trees }) {
     this.#socket = socket;
     this.#path = path;
     this.#onEvent = onEvent;
     this.#onClose = onClose;
+    this.#trees = trees;
     socket.setEncoding("utf8");
     socket.on("data", (/** @type {string} */ chunk) => this.#receive(chunk));
     // A reset or a broken pipe: 'close' follows and says the rest.
     socket.on("error", (/** @type {NodeJS.ErrnoException} */ error) => {
-      this.#closeReason ??= connectionLost(path, error.code ?? error.message);
+      this.#closeReason ??= connectionLost(path, this.#closing, error.code ?? error.message);
     });
     this.#whenClosed = new Promise((resolve) => socket.once("close", resolve));
     socket.once("close", () => this.#closedNow());
+    this.#holdProcess();
   }
 
   get closed() {
     return this.#closed;
+  }
+
+  /**
+   * Whether events are read: while they are, the connection keeps the process alive.
+   * @param {boolean} listening
+   */
+  set listening(listening) {
+    this.#listening = listening;
+    this.#holdProcess();
+  }
+
+  /**
+   * Refs the socket while a reply is awaited or events are read, and unrefs it otherwise:
+   * only then does the lease keep the event loop alive.
+   */
+  #holdProcess() {
+    if (this.#closed) return;
+    if (this.#pending.size > 0 || this.#listening || this.#ending) this.#socket.ref();
+    else this.#socket.unref();
   }
 
   /**
@@ -95,18 +136,23 @@ export class Connection {
    */
   request(body) {
     if (this.#closed) {
-      return Promise.reject(this.#closeReason ?? connectionLost(this.#path));
+      return Promise.reject(this.#closeReason ?? connectionLost(this.#path, this.#closing));
     }
     const id = this.#nextId++;
     return new Promise((resolve, reject) => {
       this.#pending.set(id, { resolve, reject });
+      this.#holdProcess();
       this.#socket.write(`${JSON.stringify({ id, ...body })}\n`);
     });
   }
 
   /** Closes the connection (which ends the lease) and waits until it is closed. */
   async close() {
-    if (!this.#closed) this.#socket.end();
+    if (!this.#closed) {
+      this.#ending = true;
+      this.#holdProcess();
+      this.#socket.end();
+    }
     await this.#whenClosed;
   }
 
@@ -120,7 +166,7 @@ export class Connection {
       if (line.trim()) this.#line(line);
     }
     if (this.#partial.length > MAX_LINE_CHARS) {
-      this.#fail(`a line longer than ${MAX_LINE_CHARS} characters`);
+      this.#fail(`a line longer than ${MAX_LINE_CHARS} characters`, this.#partial);
     }
   }
 
@@ -130,12 +176,23 @@ export class Connection {
     try {
       message = JSON.parse(line);
     } catch {
-      return this.#fail(`not JSON: ${line.slice(0, 200)}`);
+      return this.#fail("not JSON", line);
     }
-    if (message?.event) return this.#onEvent(message.event);
+    if (message?.event !== undefined) {
+      const { event } = message;
+      if (event === null || typeof event !== "object" || typeof event.kind !== "string") {
+        return this.#fail("an event without a kind", line);
+      }
+      if (event.kind === "closing") this.#closing = event.reason ?? null;
+      return this.#onEvent(event);
+    }
     const waiter = typeof message?.id === "number" ? this.#pending.get(message.id) : undefined;
     if (waiter) {
+      if (!("ok" in message) && !message.error) {
+        return this.#fail("a reply with no ok nor error", line);
+      }
       this.#pending.delete(message.id);
+      this.#holdProcess();
       if (message.error) waiter.reject(new LeashError(message.error.code, message.error.message));
       else waiter.resolve(message.ok);
     } else if (message?.error && message.id == null) {
@@ -143,22 +200,23 @@ export class Connection {
       // line of ours would get the same, but this library sends none.
       this.#closeReason = new LeashError(message.error.code, message.error.message);
     } else {
-      this.#fail(`a reply to no request: ${line.slice(0, 200)}`);
+      this.#fail("a reply to no request of this lease's", line);
     }
   }
 
-  /** @param {string} what */
-  #fail(what) {
-    this.#closeReason ??= new LeashError(
-      "protocol",
-      `the leash daemon at ${this.#path} sent something unexpected: ${what}`,
-    );
+  /**
+   * Ends the connection, and so the lease, on a line this library does not understand.
+   * @param {string} what
+   * @param {string} line
+   */
+  #fail(what, line) {
+    this.#closeReason ??= protocolError(this.#path, what, line, this.#trees());
     this.#socket.destroy();
   }
 
   #closedNow() {
     this.#closed = true;
-    const error = this.#closeReason ?? connectionLost(this.#path);
+    const error = this.#closeReason ?? connectionLost(this.#path, this.#closing);
     for (const { reject } of this.#pending.values()) reject(error);
     this.#pending.clear();
     this.#onClose(error);

@@ -6,13 +6,24 @@ import { spawn as nodeSpawn } from "node:child_process";
 import { camelCase } from "./camel.js";
 import { claudeCodeSpawner } from "./claude.js";
 import { Connection } from "./connection.js";
-import { LeashError, connectionLost } from "./errors.js";
+import { LeashError, connectionLost, quoted } from "./errors.js";
 import { EventReader } from "./events.js";
 import { leashBinary, socketPath } from "./locate.js";
 import { adoptThroughShim, spawnArguments, spawnLeashed, validGrace } from "./spawn.js";
 
 const noop = () => {};
 const CONNECT = Symbol("Lease.connect");
+
+// `await using lease = await Lease.connect()` looks the lease's close up by
+// Symbol.asyncDispose. Node 18.18 and 20.4 on define it (as Symbol.for("nodejs.asyncDispose"));
+// an older runtime gets that same symbol, so that a transpiler's `await using` and node's own
+// objects agree on it. Nothing is replaced where the runtime has one.
+if (typeof Symbol.asyncDispose !== "symbol") {
+  Object.defineProperty(Symbol, "asyncDispose", {
+    value: Symbol.for("nodejs.asyncDispose"),
+    configurable: true,
+  });
+}
 
 const closedError = () =>
   new LeashError("closed", "this lease is closed: connect a new one (Lease.connect())");
@@ -21,6 +32,13 @@ const unleashedError = () =>
     "unavailable",
     "this lease is not on a leash (Lease.connect({ optional: true }) found no daemon): " +
       "it has no trees",
+  );
+const noTreeError = () =>
+  new LeashError(
+    "unavailable",
+    "treeOfLeashed: this child runs unleashed (Lease.connect({ optional: true }) found no " +
+      "daemon), so it has no tree; where running unleashed is expected, use treeOf(child), " +
+      "which resolves to null then",
   );
 
 /**
@@ -35,6 +53,7 @@ const unleashedError = () =>
  * @typedef {import("../index.js").ClaudeCodeSpawnerOptions} ClaudeCodeSpawnerOptions
  * @typedef {import("../index.js").SpawnOptions} SpawnOptions
  * @typedef {import("../index.js").SpawnedProcess} SpawnedProcess
+ * @typedef {import("./errors.js").ClosingReason} ClosingReason
  * A tree as the daemon lists it, as far as the lease reads it (docs/PROTOCOL.md).
  * @typedef {{ tree: TreeId, lease: number, host_pid: number }} ListedTree
  * What index.d.ts says a lease is, which this class must be.
@@ -81,6 +100,17 @@ export class Lease {
   #readers = new Set();
   /** @type {Promise<unknown> | null} */
   #subscription = null;
+  /**
+   * Why the last connection ended, as the daemon said (its `closing` event), for the words of
+   * a spawn refused afterwards with the old token.
+   * @type {LeashError | null}
+   */
+  #lostWith = null;
+  /**
+   * What the daemon's `closing` event said of the current connection, if it sent one.
+   * @type {ClosingReason | null}
+   */
+  #closingReason = null;
 
   /**
    * Connects to the daemon and opens a lease.
@@ -141,7 +171,8 @@ export class Lease {
    * @param {string} command
    * @param {readonly string[] | LeashSpawnOptions | null} [args]
    * @param {LeashSpawnOptions} [options]
-   * @returns {ChildProcess}
+   * @returns {import("node:child_process").ChildProcessByStdio<any, any, any>} a ChildProcess;
+   *   index.d.ts's overloads (node's own) say by `stdio` which of its streams are there
    */
   spawn(command, args, options) {
     [args, options] = spawnArguments(args, options);
@@ -197,6 +228,18 @@ export class Lease {
       this.#registrations.get(child) ??
       Promise.reject(new TypeError("treeOf: this child was not spawned by this lease"))
     );
+  }
+
+  /**
+   * The tree id of a child this lease spawned; rejects if the lease is unleashed (the child
+   * then has no tree) or as the spawn failed.
+   * @param {ChildProcess} child
+   * @returns {Promise<TreeId>}
+   */
+  async treeOfLeashed(child) {
+    const tree = await this.treeOf(child);
+    if (tree === null) throw noTreeError();
+    return tree;
   }
 
   /**
@@ -276,19 +319,31 @@ export class Lease {
    * @returns {EventReader}
    */
   events(options = {}) {
-    const reader = new EventReader(options.maxBuffered, (r) => this.#readers.delete(r));
+    const reader = new EventReader(options.maxBuffered, (r) => this.#dropReader(r));
     if (!this.#leashed || this.#state !== "open") {
       reader.end();
       return reader;
     }
     this.#readers.add(reader);
+    this.#listen();
     this.#subscription ??= this.#request({ op: "subscribe" });
     this.#subscription.catch((error) => {
       this.#subscription = null;
-      this.#readers.delete(reader);
+      this.#dropReader(reader);
       reader.end(error);
     });
     return reader;
+  }
+
+  /** @param {EventReader} reader */
+  #dropReader(reader) {
+    this.#readers.delete(reader);
+    this.#listen();
+  }
+
+  /** While events are read, the connection keeps the process alive; otherwise it does not. */
+  #listen() {
+    if (this.#connection) this.#connection.listening = this.#readers.size > 0;
   }
 
   /**
@@ -301,6 +356,16 @@ export class Lease {
     const grace = validGrace(options.graceMs);
     this.#closing ??= this.#close(grace);
     return this.#closing;
+  }
+
+  /**
+   * `await using lease = await Lease.connect()`: close() at the end of the scope. (There is no
+   * Symbol.dispose: closing kills trees and waits until they are empty, which a synchronous
+   * `using` could not wait for.)
+   * @returns {Promise<void>}
+   */
+  [Symbol.asyncDispose]() {
+    return this.close();
   }
 
   /**
@@ -344,6 +409,7 @@ export class Lease {
       await this.#connection?.close();
       for (const reader of this.#readers) reader.end();
       this.#readers.clear();
+      this.#listen();
     }
     if (failures.length) throw failures[0];
   }
@@ -381,7 +447,7 @@ export class Lease {
       this.#connecting = null;
     });
     await this.#connecting;
-    return this.#connection ?? Promise.reject(connectionLost(this.#socket));
+    return this.#connection ?? Promise.reject(this.#lostWith ?? connectionLost(this.#socket));
   }
 
   async #connect() {
@@ -390,6 +456,7 @@ export class Lease {
     const [connection, hello] = await Connection.open(this.#socket, {
       onEvent: (event) => this.#event(event),
       onClose: (error) => this.#lost(state, error),
+      trees: () => this.#trees.size,
     });
     state.connection = connection;
     if (this.#state === "closed") {
@@ -397,6 +464,8 @@ export class Lease {
       throw closedError();
     }
     this.#connection = connection;
+    this.#lostWith = null;
+    this.#listen();
     this.#token = hello.lease.token;
     this.#id = hello.lease.id;
     this.#daemonVersion = hello.daemon_version;
@@ -410,12 +479,23 @@ export class Lease {
     if (state.connection === null || this.#connection !== state.connection) return;
     this.#connection = null;
     this.#subscription = null;
+    this.#lostWith = error;
+    // Killed with the connection: none is left for close() to kill, and the ids are free for
+    // the next daemon to give out again.
+    if (this.#closingReason === "shutdown" || this.#closingReason === "not_reading") {
+      this.#trees.clear();
+    }
+    this.#closingReason = null;
     for (const reader of this.#readers) reader.end(this.#state === "open" ? error : null);
     this.#readers.clear();
   }
 
-  /** @param {object} event */
+  /** @param {Record<string, unknown>} event */
   #event(event) {
+    if (event.kind === "refused") warnRefused(event);
+    if (event.kind === "closing") {
+      this.#closingReason = /** @type {{ reason?: ClosingReason }} */ (event).reason ?? null;
+    }
     const converted = camelCase(event);
     for (const reader of this.#readers) reader.push(converted);
   }
@@ -429,8 +509,28 @@ export class Lease {
   #refusal(token, code, message) {
     const stale = token !== this.#token || !this.#connection;
     if (stale && ["not_found", "unavailable", "failed"].includes(code)) {
-      return connectionLost(this.#socket, `${code}: ${message}`);
+      return new LeashError(
+        "unavailable",
+        `${(this.#lostWith ?? connectionLost(this.#socket)).message} (this spawn: ${code}: ` +
+          `${message})`,
+      );
     }
     return new LeashError(code, message);
   }
+}
+
+/**
+ * The daemon refused a request that another process sent on this lease's connection (one
+ * that holds the socket: a child that inherited it, or one it was passed to). The lease goes
+ * on; the host hears of it, as of other warnings, through process.emitWarning.
+ * @param {{ pid?: unknown, code?: unknown, line?: unknown }} event
+ */
+function warnRefused({ pid, code, line }) {
+  const who =
+    typeof pid === "number" && pid > 0 ? `process ${pid}` : "a process this host cannot see";
+  process.emitWarning(
+    `the leash daemon refused a request that ${who} sent on this lease's connection ` +
+      `(${code}); the lease goes on. The request: ${quoted(String(line ?? ""))}`,
+    { type: "LeashWarning", code: "LEASH_REFUSED" },
+  );
 }

@@ -72,14 +72,23 @@ export function shellApplied(command, args, shell) {
   return [typeof shell === "string" ? shell : "/bin/sh", ["-c", line]];
 }
 
+/** The longest grace the daemon accepts (docs/PROTOCOL.md, `grace_ms`): 10 minutes. */
+export const MAX_GRACE_MS = 600_000;
+
 /**
- * @param {number | null} [graceMs]
+ * A grace period in milliseconds, checked where the host gives it (the daemon would refuse it
+ * only at the first spawn or kill that sends it).
+ * @param {unknown} graceMs
  * @returns {number | undefined}
  */
 export function validGrace(graceMs, what = "graceMs") {
   if (graceMs == null) return undefined;
-  if (!Number.isInteger(graceMs) || graceMs < 0) {
-    throw new RangeError(`${what} must be a whole number of milliseconds, 0 or more: ${graceMs}`);
+  const range = `a whole number of milliseconds from 0 to ${MAX_GRACE_MS} (10 minutes)`;
+  if (typeof graceMs !== "number") {
+    throw new TypeError(`${what} must be ${range}, not a ${typeof graceMs}: ${String(graceMs)}`);
+  }
+  if (!Number.isInteger(graceMs) || graceMs < 0 || graceMs > MAX_GRACE_MS) {
+    throw new RangeError(`${what} must be ${range}: ${graceMs}`);
   }
   return graceMs;
 }

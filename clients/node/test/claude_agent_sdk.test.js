@@ -1,5 +1,5 @@
 // The real Claude Agent SDK and Claude Code CLI from npm, run by a host that spawns the CLI
-// through `lease.claudeCodeSpawner()`: when the host is SIGKILLed in the middle of a tool call,
+// through `claudeCodeSpawner(lease, { stderr })`: when the host is SIGKILLed in the middle of a tool call,
 // nothing the agent started may live on, and nothing may act once leash has started the kill.
 //
 // The model is played by fake-anthropic.js on 127.0.0.1. It makes the agent start a background
@@ -295,9 +295,12 @@ import { query } from "@anthropic-ai/claude-agent-sdk";
 
 let spawnClaudeCodeProcess;
 if (process.env.HOST_MODE === "leash") {
-  const { Lease } = await import(${JSON.stringify(clientName)});
+  const { Lease, claudeCodeSpawner } = await import(${JSON.stringify(clientName)});
   const lease = await Lease.connect();
-  spawnClaudeCodeProcess = lease.claudeCodeSpawner();
+  // query()'s own stderr option is ignored once a spawner is given: it goes here.
+  spawnClaudeCodeProcess = claudeCodeSpawner(lease, {
+    stderr: (text) => process.stderr.write(\`claude stderr: \${text}\`),
+  });
 } else {
   spawnClaudeCodeProcess = (o) =>
     spawn(o.command, o.args, { cwd: o.cwd, env: o.env, signal: o.signal, stdio: ["pipe", "pipe", "inherit"] });

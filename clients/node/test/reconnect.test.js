@@ -1,7 +1,9 @@
 // A lease whose daemon hands over (SIGHUP: it exits and leaves every tree tracked in its pins)
 // and comes back: pending requests reject with 'unavailable', saying the trees stay enforced;
 // the next call reconnects with a new lease, and the trees registered before are still on the
-// leash. This suite runs a daemon of its own, on a socket and pins of its own.
+// leash. And one whose daemon shuts down (SIGTERM: it kills every tree): the calls reject
+// saying so. The daemon says which it is in its last line (a `closing` event). This suite runs
+// daemons of its own, on sockets and pins of their own.
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -32,20 +34,61 @@ async function startDaemon(socket, pins, log) {
 }
 
 const isLost = (error) =>
-  error instanceof LeashError && error.code === "unavailable" && /stay enforced/.test(error.message);
+  error instanceof LeashError &&
+  error.code === "unavailable" &&
+  /handed its trees over to the next daemon: they stay enforced .*; the next call connects again, with a new lease/.test(
+    error.message,
+  );
 
-test("a daemon hand-over: pending calls reject as unavailable, the next reconnects, trees stay on the leash", async (t) => {
-  const dir = tempDir("handover", 0o700);
+/**
+ * A daemon of this test's own, on a socket and pins that are removed however it ends; its
+ * `process` is the one stopped then, which a test may replace.
+ */
+async function ownDaemon(t, label) {
+  const dir = tempDir(label, 0o700);
   t.after(dir.remove);
   const socket = `${dir.path}/leash.sock`;
   // Under the driver's pin root when it names one, so that it removes them however this ends.
-  const pins = `${process.env.LEASH_TEST_PIN_ROOT || "/sys/fs/bpf"}/leash-node-test-${process.pid}`;
+  const pins = `${process.env.LEASH_TEST_PIN_ROOT || "/sys/fs/bpf"}/leash-node-test-${label}-${process.pid}`;
   const log = [];
-  let daemon = await startDaemon(socket, pins, log);
+  const daemon = { process: await startDaemon(socket, pins, log), socket, pins, log };
   t.after(async () => {
-    await stop(daemon, "SIGTERM");
+    await stop(daemon.process, "SIGTERM");
     rmSync(pins, { recursive: true, force: true });
   });
+  return daemon;
+}
+
+test("a daemon shutdown: calls reject saying the daemon killed the lease's trees, as it did", async (t) => {
+  const { process: daemon, socket, log } = await ownDaemon(t, "shutdown");
+  const lease = await Lease.connect({ socket });
+  t.after(() => lease.close({ graceMs: 0 }).catch(() => {}));
+  const sleeper = lease.spawn("sleep", ["600"], { stdio: "ignore" });
+  t.after(() => stop(sleeper));
+  await lease.treeOfLeashed(sleeper);
+  const events = lease.events();
+  await lease.trees(); // subscribed: the daemon answers in order
+  const ended = assert.rejects(
+    async () => {
+      for (;;) assert.ok(!(await events.next()).done, "the events ended without saying why");
+    },
+    (error) =>
+      error instanceof LeashError &&
+      error.code === "unavailable" &&
+      /^the leash daemon at \S+ stopped \(shutdown\): it killed this lease's trees\. /.test(error.message),
+  );
+
+  daemon.kill("SIGTERM");
+  await ended;
+  assert.deepEqual(await exited(daemon), [0, null], log.join(""));
+  const [, signal] = await exited(sleeper);
+  assert.ok(signal === "SIGTERM" || signal === "SIGKILL", `the shutdown killed the tree: ${signal}`);
+  await assert.rejects(lease.trees(), (e) => e.code === "unavailable");
+});
+
+test("a daemon hand-over: pending calls reject as unavailable, the next reconnects, trees stay on the leash", async (t) => {
+  const own = await ownDaemon(t, "handover");
+  const { socket, pins, log, process: daemon } = own;
 
   const lease = await Lease.connect({ socket });
   t.after(() => lease.close({ graceMs: 0 }).catch(() => {}));
@@ -85,7 +128,7 @@ test("a daemon hand-over: pending calls reject as unavailable, the next reconnec
   assert.ok(alive(sleeper.pid), "the daemon's absence kills nothing");
   assert.ok(alive(deaf.pid), "nor does it end the grace of a kill under way");
 
-  daemon = await startDaemon(socket, pins, log);
+  own.process = await startDaemon(socket, pins, log);
   const trees = await lease.trees();
   assert.deepEqual(trees.map((i) => i.tree).sort(), [sleeperTree, deafTree].sort(), "still on the leash");
   for (const info of trees) {

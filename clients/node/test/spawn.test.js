@@ -168,10 +168,19 @@ test("a command that cannot be executed: node's 'error' (ENOENT, EACCES), before
   for (const key of ["code", "errno", "syscall", "path", "spawnargs"]) {
     assert.deepEqual(ours.error[key], theirs.error[key], `err.${key} as the runtime's own`);
   }
-  // Node's words (Bun words its own error differently).
-  assert.equal(ours.error.message, `spawn ${missing} ENOENT`);
+  // Node's words (Bun words its own error differently), then plain ones.
+  assert.equal(ours.error.message, `spawn ${missing} ENOENT: ${missing}: command not found`);
   assert.equal(ours.error.code, "ENOENT");
   await assert.rejects(lease.treeOf(child), (e) => e === ours.error);
+
+  // A bare name that is on no directory of PATH.
+  const unknown = await outcome(lease.spawn("leash-node-test-no-such-command"));
+  assert.equal(unknown.error.code, "ENOENT");
+  assert.equal(
+    unknown.error.message,
+    "spawn leash-node-test-no-such-command ENOENT: leash-node-test-no-such-command: command not found",
+  );
+  assert.deepEqual(unknown.events, ["error", "close"]);
 
   const dir = tempDir("noexec");
   t.after(dir.remove);
@@ -179,7 +188,9 @@ test("a command that cannot be executed: node's 'error' (ENOENT, EACCES), before
   writeFileSync(script, "#!/bin/sh\n", { mode: 0o644 });
   const denied = await outcome(lease.spawn(script));
   assert.equal(denied.error.code, "EACCES");
+  assert.equal(denied.error.errno, -13);
   assert.equal(denied.error.syscall, `spawn ${script}`);
+  assert.equal(denied.error.message, `spawn ${script} EACCES: ${script}: not executable (permission denied)`);
   assert.deepEqual(denied.events, ["error", "close"]);
 });
 
