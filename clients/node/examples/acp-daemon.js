@@ -78,7 +78,7 @@ async function newSession(params = {}) {
     fileURLToPath(new URL("./acp-agent.js", import.meta.url)),
   ];
   const agent = lease.spawn(command, args, { stdio: ["pipe", "pipe", "inherit"] });
-  const session = { agent, agentSessionId: null, pending: new Map(), nextId: 1 };
+  const session = { agent, agentSessionId: null, ready: null, pending: new Map(), nextId: 1 };
   sessions.set(sessionId, session);
   // A refused spawn is an 'error' (and no 'exit'): treeOf below rejects with it.
   agent.on("error", () => sessions.delete(sessionId));
@@ -88,18 +88,22 @@ async function newSession(params = {}) {
     send({ method: "agent/exited", params: { sessionId, code, signal } });
   });
   createInterface({ input: agent.stdout }).on("line", (line) => fromAgent(sessionId, session, JSON.parse(line)));
-  // The tree id, or the error that kept the agent from starting (no daemon, over the limit).
-  const tree = await lease.treeOf(agent);
-  await toAgent(session, "initialize", {
-    protocolVersion: 1,
-    clientCapabilities: { fs: { readTextFile: false, writeTextFile: false }, terminal: false },
-  });
-  const { sessionId: agentSessionId } = await toAgent(session, "session/new", {
-    cwd: params.cwd ?? process.cwd(),
-    mcpServers: [],
-  });
-  session.agentSessionId = agentSessionId;
-  return { sessionId, agentPid: agent.pid, tree };
+  // The agent's own session, opened before any prompt is relayed (see handle).
+  session.ready = (async () => {
+    // The tree id, or the error that kept the agent from starting (no daemon, over the limit).
+    const tree = await lease.treeOf(agent);
+    await toAgent(session, "initialize", {
+      protocolVersion: 1,
+      clientCapabilities: { fs: { readTextFile: false, writeTextFile: false }, terminal: false },
+    });
+    const { sessionId: agentSessionId } = await toAgent(session, "session/new", {
+      cwd: params.cwd ?? process.cwd(),
+      mcpServers: [],
+    });
+    session.agentSessionId = agentSessionId;
+    return tree;
+  })();
+  return { sessionId, agentPid: agent.pid, tree: await session.ready };
 }
 
 /** A message from a session's agent: an answer, a request to this host, or a notification. */
@@ -142,6 +146,7 @@ async function handle({ method, params }) {
       return newSession(params);
     case "session/prompt": {
       const session = sessionOf(params);
+      await session.ready;
       return toAgent(session, method, { ...params, sessionId: session.agentSessionId });
     }
     case "shutdown":
