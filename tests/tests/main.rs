@@ -11,6 +11,7 @@
 //! substring of `module::test`: `threads::` matches `kill_threads::` too). A new file here must
 //! be declared below; xtask's tests fail when one is not.
 
+mod acp_examples;
 mod adopt_existing;
 mod adopt_steps;
 mod agent_dies;

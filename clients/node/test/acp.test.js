@@ -1,6 +1,8 @@
 // An ACP-daemon-like host (examples/acp-daemon.js), run as an unprivileged user inside a
 // cgroup of the test's: the kernel's account of everything the host, its agents and their
-// tools start, however they detach. Its agent starts each tool in a process group of its own.
+// tools start, however they detach. Its agent (examples/acp-agent.js) asks permission for each
+// tool (each text block of the prompt), which the host's default policy allows, and starts each
+// tool in a session and process group of its own.
 
 import assert from "node:assert/strict";
 import { fileURLToPath } from "node:url";
@@ -31,11 +33,14 @@ async function hostWithToolsRunning(t, label) {
   assert.equal(error, undefined, `the host could not start its agent: ${JSON.stringify(error)}`);
   assert.equal(typeof session.tree, "number", "the host knows its agent's tree");
 
-  request(2, "session/prompt", { sessionId: session.sessionId, tools: TOOLS });
+  const prompt = TOOLS.map((text) => ({ type: "text", text }));
+  request(2, "session/prompt", { sessionId: session.sessionId, prompt });
   const tools = [];
   for (const _ of TOOLS) {
-    const update = await messages.next("a tool call", (m) => m.method === "session/update");
-    tools.push(update.params.update.pid);
+    const running = (m) => m.method === "session/update" && m.params.update.status === "in_progress";
+    const update = await messages.next("a tool call running", running);
+    assert.equal(update.params.sessionId, session.sessionId, "relayed under the host's session id");
+    tools.push(update.params.update._meta.pid);
   }
   // Every tool runs, and so do the processes they start (5 sleeps in all).
   const sleeps = () => cgroup.procs().filter((pid) => comm(pid) === "sleep");
