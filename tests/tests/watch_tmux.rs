@@ -18,7 +18,7 @@ use leash_tests::{
 
 /// A member that keeps a CPU busy, and one that holds 64 MiB, every page touched.
 const BUSY: &str = "while :; do :; done";
-const BIG: &str = "import time; b = b'x' * (64 << 20); print(flush=True); time.sleep(600)";
+const BIG: &str = "import time; b = b'x' * (64 << 20); time.sleep(600)";
 const MIB: u64 = 1 << 20;
 
 /// A tmux server of the test's own, killed when dropped.
@@ -216,30 +216,31 @@ fn watch_shows_the_figures(tmux: &Tmux, busy: u32, big: u32) {
             .any(|l| l.split_whitespace().eq(header.iter().copied())),
         "no column headers:\n{screen}"
     );
+    // The loop gets what this machine (2 cores, shared) gives it: the view must show what
+    // /proc says it got, and above 50% whenever /proc says it got most of a CPU.
     let started = Instant::now();
     let cpu_before = stat_cpu_ms(busy);
-    let mut shown_cpu = 0.0;
+    let (mut shown_cpu, mut truth) = (f64::NAN, f64::NAN);
     let mut last = String::new();
     let sampled = wait_for(Duration::from_secs(15), || {
         last = tmux.screen();
-        let Some(words) = columns(&last, busy) else {
+        // "-" until the view has listed twice.
+        let Some(cpu) = columns(&last, busy).and_then(|words| words[3].parse::<f64>().ok()) else {
             return false;
         };
-        shown_cpu = words[3].parse::<f64>().unwrap_or(0.0);
-        shown_cpu > 50.0 && started.elapsed() > Duration::from_secs(1)
+        let elapsed = started.elapsed();
+        if elapsed < Duration::from_secs(1) {
+            return false;
+        }
+        shown_cpu = cpu;
+        truth = (stat_cpu_ms(busy) - cpu_before) as f64 * 100.0 / elapsed.as_millis() as f64;
+        (shown_cpu - truth).abs() < 30.0 && (shown_cpu > 50.0 || truth < 60.0)
     });
-    let truth = (stat_cpu_ms(busy) - cpu_before) as f64 / started.elapsed().as_millis() as f64;
-    let truth = truth * 100.0;
-    // A machine too busy to give the loop half a CPU does not fail the view; one that gives it
-    // most of one must see it shown.
     assert!(
-        sampled || truth < 60.0,
-        "the busy member never showed above 50% CPU (/proc says {truth:.0}%):\n{last}"
+        sampled,
+        "CPU {shown_cpu}% shown for the busy member, /proc says {truth:.0}% over the same time:\n{last}"
     );
-    assert!(
-        !sampled || (shown_cpu - truth).abs() < 35.0,
-        "CPU {shown_cpu}% shown, /proc says {truth:.0}% over the same time:\n{last}"
-    );
+    eprintln!("leash watch, sampled (/proc says the loop got {truth:.0}%):\n{last}");
     let words = columns(&last, busy).expect("the busy member is shown");
     assert_eq!(words[6..].join(" "), format!("sh -c {BUSY}"), "{last}");
     let words = columns(&tmux.screen(), big).expect("the big member is shown");
@@ -259,9 +260,9 @@ fn watch_shows_the_figures(tmux: &Tmux, busy: u32, big: u32) {
 /// `leash ls --json` lists every member with its user, command line, CPU time and RSS as
 /// /proc has them, and the tree's sums.
 fn ls_json_agrees_with_proc(daemon: &Daemon, busy: u32, big: u32, pids: &BTreeSet<u32>) {
-    let cpu_before = stat_cpu_ms(busy);
+    let (cpu_before, rss_before) = (stat_cpu_ms(busy), statm_rss(big));
     let ls = daemon.leash().args(["ls", "--json"]).output().unwrap();
-    let cpu_after = stat_cpu_ms(busy);
+    let (cpu_after, rss_after) = (stat_cpu_ms(busy), statm_rss(big));
     let trees: Vec<TreeInfo> =
         serde_json::from_slice(&ls.stdout).expect("ls --json is a tree array");
     let tree = trees
@@ -286,9 +287,8 @@ fn ls_json_agrees_with_proc(daemon: &Daemon, busy: u32, big: u32, pids: &BTreeSe
     );
     let rss = member(big).rss_bytes.expect("rss_bytes");
     assert!(
-        rss >= 60 * MIB && rss.abs_diff(statm_rss(big)) <= MIB,
-        "rss_bytes {rss}, /proc says {}",
-        statm_rss(big)
+        rss >= 60 * MIB && (rss_before.min(rss_after)..=rss_before.max(rss_after)).contains(&rss),
+        "rss_bytes {rss}, /proc said {rss_before} before and {rss_after} after"
     );
     let sum = |f: fn(&leash_client::MemberInfo) -> Option<u64>| {
         tree.members.iter().filter_map(f).sum::<u64>()
