@@ -48,7 +48,11 @@ impl Tmux {
     }
 
     fn screen(&self) -> String {
-        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "watch"]).stdout)
+        self.screen_of("watch")
+    }
+
+    fn screen_of(&self, session: &str) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", session]).stdout)
             .into_owned()
     }
 
@@ -159,6 +163,8 @@ fn watch_shows_the_tree_and_kills_it_with_k() {
         tmux.screen()
     );
 
+    ls_in_a_terminal(&tmux, &daemon, busy);
+
     // The first line is the idle lease; the next the tree's lease, then the tree.
     tmux.keys("j");
     tmux.keys("j");
@@ -255,6 +261,46 @@ fn watch_shows_the_figures(tmux: &Tmux, busy: u32, big: u32) {
         words[6].ends_with("python3") || words[6].contains("python"),
         "{last}"
     );
+}
+
+/// `leash ls` in a terminal 100 columns wide: the headers, the busy member's CPU % (it lists
+/// twice), every line cut at the edge.
+fn ls_in_a_terminal(tmux: &Tmux, daemon: &Daemon, busy: u32) {
+    let ls = format!(
+        "{} --socket {} ls; sleep 60",
+        path_str(&leash_binary()),
+        path_str(&daemon.socket)
+    );
+    let started = tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "ls",
+        "-x",
+        "100",
+        "-y",
+        "12",
+        &ls,
+    ]);
+    assert!(started.status.success());
+    let mut screen = String::new();
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            screen = tmux.screen_of("ls");
+            screen.contains("no trees now")
+        }),
+        "leash ls did not finish:\n{screen}"
+    );
+    eprintln!("leash ls, in tmux:\n{screen}");
+    assert!(
+        screen
+            .lines()
+            .any(|l| l.trim_start().starts_with("PID USER     S  CPU%"))
+    );
+    let words = columns(&screen, busy).expect("the busy member is listed");
+    assert!(words[3].parse::<f64>().is_ok(), "no CPU % in:\n{screen}");
+    assert!(screen.lines().all(|l| l.chars().count() <= 100));
+    tmux.run(&["kill-session", "-t", "ls"]);
 }
 
 /// `leash ls --json` lists every member with its user, command line, CPU time and RSS as
