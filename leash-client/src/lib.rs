@@ -33,8 +33,8 @@ use std::{
 };
 
 pub use protocol::{
-    ClosingReason, ErrorCode, Event, EventKind, KillSummary, LeaseInfo, MemberInfo, RootExitPolicy,
-    StatusInfo, TreeId, TreeInfo,
+    ClosingReason, ErrorCode, Event, EventKind, KillSummary, LeaseInfo, LeaseSummary, Listing,
+    MemberInfo, RootExitPolicy, StatusInfo, TreeId, TreeInfo,
 };
 use protocol::{MAX_REPLY_BYTES, Op, PROTOCOL_VERSION, Reply, Request, ServerLine};
 
@@ -374,8 +374,30 @@ impl Client {
     }
 
     fn list_trees(&mut self, tree: Option<TreeId>) -> Result<Vec<TreeInfo>> {
-        match self.request(Op::List { tree })? {
+        let op = Op::List {
+            tree,
+            leases: false,
+        };
+        match self.request(op)? {
             Reply::Trees(trees) => Ok(trees),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The trees this client may see, as [`Client::list`], and the leases that hold them or
+    /// have held one: a host whose trees are all gone is still there while its lease lasts.
+    /// From a daemon that does not report leases, `leases` is empty.
+    pub fn listing(&mut self) -> Result<Listing> {
+        let op = Op::List {
+            tree: None,
+            leases: true,
+        };
+        match self.request(op)? {
+            Reply::Listing(listing) => Ok(listing),
+            Reply::Trees(trees) => Ok(Listing {
+                trees,
+                leases: Vec::new(),
+            }),
             other => Err(unexpected(&other)),
         }
     }

@@ -13,8 +13,8 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// The longest line either side accepts, newline included. A longer request gets a `too_long`
 /// error and changes nothing.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
-/// The longest line a client accepts from the daemon: a `list` of a tree of 100k members is
-/// about 8 MiB.
+/// The longest line a client accepts from the daemon: a `list` reply is at most a few MiB (2000
+/// members of about 1 KiB at most, and the trees).
 pub const MAX_REPLY_BYTES: usize = 256 << 20;
 /// Where the daemon listens unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/leash/leash.sock";
@@ -76,10 +76,15 @@ pub enum Op {
         grace_ms: Option<u64>,
     },
     /// The trees this client may see (only `tree`, if given), with their members: at most
-    /// [`MAX_LISTED_PER_TREE`] of each, the oldest first, and [`MAX_LISTED`] in all.
+    /// [`MAX_LISTED_PER_TREE`] of each, the oldest first, and [`MAX_LISTED`] in all. With
+    /// `leases`, the reply is a [`Listing`]: the trees and the leases that hold or held them,
+    /// so a host whose trees are gone is still shown (a daemon without it ignores the field and
+    /// answers with the trees alone).
     List {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tree: Option<TreeId>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        leases: bool,
     },
     /// From now on, send tree events on this connection.
     Subscribe,
@@ -201,6 +206,8 @@ pub enum Reply {
     },
     Killed(KillSummary),
     Trees(Vec<TreeInfo>),
+    /// `list` with `leases`.
+    Listing(Listing),
     Subscribed,
     Status(StatusInfo),
 }
@@ -342,6 +349,28 @@ impl fmt::Display for TreeState {
     }
 }
 
+/// What `list` with `leases` says: the trees, and the leases that hold them or have held one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listing {
+    pub trees: Vec<TreeInfo>,
+    #[serde(default)]
+    pub leases: Vec<LeaseSummary>,
+}
+
+/// A lease that holds a tree or has held one, as `list` shows it: its host is shown while the
+/// lease lasts, with trees or without.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseSummary {
+    pub lease: LeaseId,
+    /// The uid of the lease's host.
+    pub owner_uid: u32,
+    /// The host holding the lease, and what it runs (null once it is gone).
+    pub host_pid: u32,
+    pub host_comm: Option<String>,
+    /// Trees the lease holds now.
+    pub trees: u64,
+}
+
 /// A tree as `list` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TreeInfo {
@@ -366,6 +395,13 @@ pub struct TreeInfo {
     /// Some members are not listed (see `member_count`); list this tree alone to see more.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub members_truncated: bool,
+    /// CPU time (user and system, milliseconds) and resident memory (bytes) of the listed
+    /// members, summed: of all members unless `members_truncated` (shared pages count once per
+    /// member that maps them, as in `ps`). Absent from a daemon that does not read them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
     pub members: Vec<MemberInfo>,
 }
 
@@ -375,7 +411,7 @@ pub const MAX_LISTED_PER_TREE: usize = 1000;
 /// Members a `list` reply shows in all (trees past it show their counts only).
 pub const MAX_LISTED: usize = 2000;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberInfo {
     pub pid: u32,
     /// The process that forked it (for a registered process: its parent then).
@@ -384,7 +420,29 @@ pub struct MemberInfo {
     pub start_ns: u64,
     /// What it runs now; null if it is already gone.
     pub comm: Option<String>,
+    /// The figures below are read from /proc as the reply is made, and are absent when the
+    /// process is gone (or from a daemon that does not read them). Its effective uid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// Its state letter: R running, S sleeping, D disk wait, T stopped, Z zombie, ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<char>,
+    /// Its argv joined by spaces, at most [`MAX_CMDLINE_BYTES`] of it (cut there), decoded
+    /// lossily, control characters as spaces; absent when it has none (a zombie, a kernel
+    /// thread).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmdline: Option<String>,
+    /// CPU time used so far, user and system, by all its threads (milliseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ms: Option<u64>,
+    /// Resident memory (bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_bytes: Option<u64>,
 }
+
+/// Bytes of a member's command line that `list` reads: with the other fields, a member takes
+/// at most about 1 KiB of a reply (each byte of it, if not UTF-8, becomes a 3-byte U+FFFD).
+pub const MAX_CMDLINE_BYTES: usize = 256;
 
 /// Something that happened to a tree.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -722,11 +780,24 @@ mod tests {
         );
         assert_eq!(
             round_trip_request(r#"{"id":4,"op":"list"}"#).op,
-            Op::List { tree: None }
+            Op::List {
+                tree: None,
+                leases: false
+            }
         );
         assert_eq!(
             round_trip_request(r#"{"id":4,"op":"list","tree":3}"#).op,
-            Op::List { tree: Some(3) }
+            Op::List {
+                tree: Some(3),
+                leases: false
+            }
+        );
+        assert_eq!(
+            round_trip_request(r#"{"id":4,"op":"list","leases":true}"#).op,
+            Op::List {
+                tree: None,
+                leases: true
+            }
         );
     }
 
@@ -751,7 +822,10 @@ mod tests {
             decode_request(br#"{"id":4,"op":"list"}"#),
             Ok(Request {
                 id: 4,
-                op: Op::List { tree: None }
+                op: Op::List {
+                    tree: None,
+                    leases: false
+                }
             })
         );
         let error = decode_request(br#"{"id":7,"op":"reboot"}"#).unwrap_err();

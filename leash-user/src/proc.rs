@@ -2,12 +2,14 @@
 //! to check that a pid still names the process it named (pid + start time).
 
 mod files;
+mod usage;
 mod walk;
 
 use std::collections::HashMap;
 
 use leash_common::Pid;
 
+pub use self::usage::{Usage, usage};
 pub use self::walk::{Descendants, Visit, WalkCounts, descendants_in_batches, descendants_of};
 use crate::sys::Pidfd;
 

@@ -1,17 +1,25 @@
-//! `leash watch` in a real terminal (tmux): the tree's pids show up on the screen, `K` then `y`
-//! kills the tree, its members' exits are shown as the kill's, its pids go from the screen, `q`
-//! quits.
+//! `leash watch` in a real terminal (tmux): the tree's pids show up on the screen under column
+//! headers, with a busy member's CPU % and a big one's resident memory as /proc has them, and
+//! a lease whose trees are gone; `leash ls --json` carries the same figures; `K` then `y` kills
+//! the tree, its members' exits are shown as the kill's, its pids go from the screen, `q` quits.
 
 use std::{
+    collections::BTreeSet,
     process::{Command, Output},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
+use leash_client::{TreeInfo, TreeOptions};
 use leash_tests::{
     Cgroup,
     daemon::{Daemon, path_str},
-    leash_binary, wait_for,
+    leash_binary, python, wait_for,
 };
+
+/// A member that keeps a CPU busy, and one that holds 64 MiB, every page touched.
+const BUSY: &str = "while :; do :; done";
+const BIG: &str = "import time; b = b'x' * (64 << 20); time.sleep(600)";
+const MIB: u64 = 1 << 20;
 
 /// A tmux server of the test's own, killed when dropped.
 struct Tmux {
@@ -40,7 +48,11 @@ impl Tmux {
     }
 
     fn screen(&self) -> String {
-        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "watch"]).stdout)
+        self.screen_of("watch")
+    }
+
+    fn screen_of(&self, session: &str) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", session]).stdout)
             .into_owned()
     }
 
@@ -64,14 +76,48 @@ fn watch_shows_the_tree_and_kills_it_with_k() {
     let Some(daemon) = Daemon::start(&[]) else {
         return;
     };
+    // A lease whose one tree is gone: its host (this test) lives on, and watch shows it.
+    let mut idle_host = daemon.client();
+    let idle_group = Cgroup::new("watch-idle");
+    let (gone, mut root) = idle_host
+        .spawn(
+            &mut idle_group.command("true", &[]),
+            &TreeOptions::default(),
+        )
+        .unwrap();
+    root.wait().unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || idle_host
+            .list()
+            .is_ok_and(|trees| trees.iter().all(|t| t.tree != gone))),
+        "the tree of a root that exited is still listed"
+    );
+
     let cgroup = Cgroup::new("watch-tmux");
+    let script = format!(
+        "setsid sleep 600 & sh -c '{BUSY}' & {} -c \"{BIG}\" & exec sleep 600",
+        python()
+    );
     let mut host = daemon
         .leash()
         .args(["run", "--"])
-        .args(cgroup.argv("sh", &["-c", "setsid sleep 600 & exec sleep 600"]))
+        .args(cgroup.argv("sh", &["-c", &script]))
         .spawn()
         .unwrap();
-    let pids = cgroup.settle_exactly(&["sleep", "sleep"]);
+    let pids = cgroup.settle_exactly(&["sleep", "sleep", "sh", "python"]);
+    let by_comm = |name: &str| {
+        *pids
+            .iter()
+            .find(|&&pid| leash_tests::comm(pid).is_some_and(|c| c.starts_with(name)))
+            .unwrap()
+    };
+    let (busy, big) = (by_comm("sh"), by_comm("python"));
+    assert!(
+        wait_for(Duration::from_secs(20), || statm_rss(big) >= 64 * MIB),
+        "python did not take its 64 MiB"
+    );
+
+    ls_json_agrees_with_proc(&daemon, busy, big, &pids);
 
     let tmux = Tmux::new();
     let watch = format!(
@@ -103,8 +149,24 @@ fn watch_shows_the_tree_and_kills_it_with_k() {
         tmux.screen()
     );
     eprintln!("leash watch, live:\n{}", tmux.screen());
+    watch_shows_the_figures(&tmux, busy, big);
+    let idle_lease = format!(
+        "lease {}  host {} ",
+        idle_host.lease().id,
+        std::process::id()
+    );
+    assert!(
+        tmux.screen()
+            .lines()
+            .any(|l| l.starts_with(&idle_lease) && l.ends_with("no trees now")),
+        "the lease without trees is not shown:\n{}",
+        tmux.screen()
+    );
 
-    // The first line is the lease; the next is the tree.
+    ls_in_a_terminal(&tmux, &daemon, busy);
+
+    // The first line is the idle lease; the next the tree's lease, then the tree.
+    tmux.keys("j");
     tmux.keys("j");
     tmux.keys("K");
     assert!(
@@ -143,4 +205,179 @@ fn watch_shows_the_tree_and_kills_it_with_k() {
         "q did not quit"
     );
     let _ = host.wait();
+    drop(idle_host);
+}
+
+/// The screen's columns for `pid`: PID USER S CPU% RSS AGE COMMAND..., if it is shown.
+fn columns(screen: &str, pid: u32) -> Option<Vec<String>> {
+    screen
+        .lines()
+        .map(|line| {
+            line.split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .find(|words| words.len() >= 7 && words[0] == pid.to_string())
+}
+
+/// Waits for the headers, then for a sample that shows `busy` using a CPU (as much as /proc
+/// says it gets on this machine, 2 cores shared) and `big` holding its 64 MiB.
+fn watch_shows_the_figures(tmux: &Tmux, busy: u32, big: u32) {
+    let header = ["PID", "USER", "S", "CPU%", "RSS", "AGE", "COMMAND"];
+    let screen = tmux.screen();
+    assert!(
+        screen
+            .lines()
+            .any(|l| l.split_whitespace().eq(header.iter().copied())),
+        "no column headers:\n{screen}"
+    );
+    // The loop gets what this machine (2 cores, shared) gives it: the view must show what
+    // /proc says it got, and above 50% whenever /proc says it got most of a CPU.
+    let started = Instant::now();
+    let cpu_before = stat_cpu_ms(busy);
+    let (mut shown_cpu, mut truth) = (f64::NAN, f64::NAN);
+    let mut last = String::new();
+    let sampled = wait_for(Duration::from_secs(15), || {
+        last = tmux.screen();
+        // "-" until the view has listed twice.
+        let Some(cpu) = columns(&last, busy).and_then(|words| words[3].parse::<f64>().ok()) else {
+            return false;
+        };
+        let elapsed = started.elapsed();
+        if elapsed < Duration::from_secs(1) {
+            return false;
+        }
+        shown_cpu = cpu;
+        truth = (stat_cpu_ms(busy) - cpu_before) as f64 * 100.0 / elapsed.as_millis() as f64;
+        (shown_cpu - truth).abs() < 30.0 && (shown_cpu > 50.0 || truth < 60.0)
+    });
+    assert!(
+        sampled,
+        "CPU {shown_cpu}% shown for the busy member, /proc says {truth:.0}% over the same time:\n{last}"
+    );
+    eprintln!("leash watch, sampled (/proc says the loop got {truth:.0}%):\n{last}");
+    let words = columns(&last, busy).expect("the busy member is shown");
+    assert_eq!(words[6..].join(" "), format!("sh -c {BUSY}"), "{last}");
+    let words = columns(&tmux.screen(), big).expect("the big member is shown");
+    let shown_mib: u64 = words[4].trim_end_matches('M').parse().expect("RSS in MiB");
+    let truth_mib = statm_rss(big) / MIB;
+    assert!(
+        shown_mib >= 60 && shown_mib.abs_diff(truth_mib) <= 1,
+        "RSS {} shown, /proc says {truth_mib} MiB:\n{last}",
+        words[4]
+    );
+    assert!(
+        words[6].ends_with("python3") || words[6].contains("python"),
+        "{last}"
+    );
+}
+
+/// `leash ls` in a terminal 100 columns wide: the headers, the busy member's CPU % (it lists
+/// twice), every line cut at the edge.
+fn ls_in_a_terminal(tmux: &Tmux, daemon: &Daemon, busy: u32) {
+    let ls = format!(
+        "{} --socket {} ls; sleep 60",
+        path_str(&leash_binary()),
+        path_str(&daemon.socket)
+    );
+    let started = tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "ls",
+        "-x",
+        "100",
+        "-y",
+        "12",
+        &ls,
+    ]);
+    assert!(started.status.success());
+    let mut screen = String::new();
+    assert!(
+        wait_for(Duration::from_secs(10), || {
+            screen = tmux.screen_of("ls");
+            screen.contains("no trees now")
+        }),
+        "leash ls did not finish:\n{screen}"
+    );
+    eprintln!("leash ls, in tmux:\n{screen}");
+    assert!(
+        screen
+            .lines()
+            .any(|l| l.trim_start().starts_with("PID USER     S  CPU%"))
+    );
+    let words = columns(&screen, busy).expect("the busy member is listed");
+    assert!(words[3].parse::<f64>().is_ok(), "no CPU % in:\n{screen}");
+    assert!(screen.lines().all(|l| l.chars().count() <= 100));
+    tmux.run(&["kill-session", "-t", "ls"]);
+}
+
+/// `leash ls --json` lists every member with its user, command line, CPU time and RSS as
+/// /proc has them, and the tree's sums.
+fn ls_json_agrees_with_proc(daemon: &Daemon, busy: u32, big: u32, pids: &BTreeSet<u32>) {
+    let (cpu_before, rss_before) = (stat_cpu_ms(busy), statm_rss(big));
+    let ls = daemon.leash().args(["ls", "--json"]).output().unwrap();
+    let (cpu_after, rss_after) = (stat_cpu_ms(busy), statm_rss(big));
+    let trees: Vec<TreeInfo> =
+        serde_json::from_slice(&ls.stdout).expect("ls --json is a tree array");
+    let tree = trees
+        .iter()
+        .find(|t| t.members.iter().any(|m| m.pid == busy))
+        .expect("the tree is listed");
+    let listed: BTreeSet<u32> = tree.members.iter().map(|m| m.pid).collect();
+    assert_eq!(&listed, pids);
+    for member in &tree.members {
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", member.pid)).unwrap();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let expected: String = cmdline.trim_end().chars().take(200).collect();
+        let got = member.cmdline.as_deref().unwrap_or_default();
+        assert!(got.starts_with(&expected), "{got:?} is not {expected:?}");
+        assert_eq!(member.uid, Some(status_euid(member.pid)), "{member:?}");
+    }
+    let member = |pid| tree.members.iter().find(|m| m.pid == pid).unwrap();
+    let cpu = member(busy).cpu_ms.expect("cpu_ms");
+    assert!(
+        (cpu_before..=cpu_after).contains(&cpu),
+        "cpu_ms {cpu}, /proc said {cpu_before} before and {cpu_after} after"
+    );
+    let rss = member(big).rss_bytes.expect("rss_bytes");
+    assert!(
+        rss >= 60 * MIB && (rss_before.min(rss_after)..=rss_before.max(rss_after)).contains(&rss),
+        "rss_bytes {rss}, /proc said {rss_before} before and {rss_after} after"
+    );
+    let sum = |f: fn(&leash_client::MemberInfo) -> Option<u64>| {
+        tree.members.iter().filter_map(f).sum::<u64>()
+    };
+    assert_eq!(tree.cpu_ms, Some(sum(|m| m.cpu_ms)));
+    assert_eq!(tree.rss_bytes, Some(sum(|m| m.rss_bytes)));
+
+    let text = daemon.leash().arg("ls").output().unwrap();
+    eprintln!("leash ls:\n{}", String::from_utf8_lossy(&text.stdout));
+}
+
+/// utime + stime of /proc/PID/stat, in milliseconds.
+fn stat_cpu_ms(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name (which may hold spaces): state is the first.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks * 1000 / leash::proc::ticks_per_second()
+}
+
+/// Resident memory from /proc/PID/statm, in bytes.
+fn statm_rss(pid: u32) -> u64 {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).unwrap_or_default();
+    let pages: u64 = statm
+        .split(' ')
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * procfs::page_size()
+}
+
+/// The effective uid in /proc/PID/status.
+fn status_euid(pid: u32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uids = status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap();
+    uids.split_whitespace().nth(1).unwrap().parse().unwrap()
 }

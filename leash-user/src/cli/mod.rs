@@ -102,6 +102,9 @@ enum Commands {
     /// terminal; without one, --json prints the events as JSON lines.
     Watch(watch::WatchArgs),
     /// List the trees on a leash, each as a process tree (yours; all of them for root).
+    ///
+    /// Columns: pid, user, state, CPU % (ls lists twice, 200 ms apart), resident memory, age,
+    /// command line; each tree with its totals, and the leases whose trees are gone.
     Ls(show::ShowArgs),
     /// The daemon's state: version, programs attached, map capacity and fill, events dropped,
     /// leases.

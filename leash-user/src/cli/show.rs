@@ -1,13 +1,22 @@
 //! `leash ls` and `leash status`: what is on a leash now, for people and (with --json) scripts.
 //! The JSON shapes are the protocol's (docs/JSON.md).
 
-use std::{io::Write, path::Path, process::ExitCode};
+use std::{
+    io::{IsTerminal, Write},
+    path::Path,
+    process::ExitCode,
+    thread,
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 use clap::Args;
-use leash_client::{Client, StatusInfo, TreeInfo};
+use leash_client::{Client, Listing, StatusInfo};
 
-use super::view::{self, member_rows};
+use super::view::{self, CpuRates, HEADER, Users, member_rows};
+
+/// How long `leash ls` watches CPU use: it lists twice, this far apart.
+const CPU_SAMPLE: Duration = Duration::from_millis(200);
 
 #[derive(Args, Debug)]
 pub(super) struct ShowArgs {
@@ -16,18 +25,36 @@ pub(super) struct ShowArgs {
     json: bool,
 }
 
+/// `leash ls`: the text lists twice, 200 ms apart, for each process's CPU % over that time;
+/// `--json` lists once (with each process's CPU time so far).
 pub(super) fn ls(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
-    let trees = Client::connect_to(socket)?.list()?;
+    let mut client = Client::connect_to(socket)?;
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &trees)?;
+        serde_json::to_writer_pretty(&mut out, &client.list()?)?;
         writeln!(out)?;
-    } else {
-        write!(
-            out,
-            "{}",
-            ls_text(&trees, leash::proc::boot_time_ns().unwrap_or(0))
-        )?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut cpu = CpuRates::default();
+    let first = client.listing()?;
+    cpu.sample(&first.trees, Instant::now());
+    let mut listing = first;
+    if !listing.trees.is_empty() {
+        thread::sleep(CPU_SAMPLE);
+        listing = client.listing()?;
+        cpu.sample(&listing.trees, Instant::now());
+    }
+    let width = out
+        .is_terminal()
+        .then(|| ratatui::crossterm::terminal::size().ok())
+        .flatten()
+        .map(|(columns, _)| usize::from(columns));
+    let now_ns = leash::proc::boot_time_ns().unwrap_or(0);
+    for line in ls_text(&listing, now_ns, &cpu, &Users::from_passwd()).lines() {
+        match width {
+            Some(width) => writeln!(out, "{}", view::fit(line, width))?,
+            None => writeln!(out, "{line}")?,
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -44,44 +71,39 @@ pub(super) fn status(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn ls_text(trees: &[TreeInfo], now_ns: u64) -> String {
-    if trees.is_empty() {
+fn ls_text(listing: &Listing, now_ns: u64, cpu: &CpuRates, users: &Users) -> String {
+    let tree_less = || listing.leases.iter().filter(|l| l.trees == 0);
+    if listing.trees.is_empty() && tree_less().next().is_none() {
         return "no trees on a leash\n".to_owned();
     }
-    let mut text = String::new();
-    for tree in trees {
+    let mut text = format!("{HEADER}\n");
+    for tree in &listing.trees {
+        let label = format!("tree {}", tree.tree);
+        text += &view::tree_line(&label, tree, cpu.of_tree(tree));
         text += &format!(
-            "tree {}{}  root {}  host {} ({})  uid {}  lease {}  {}{}  {} members\n",
-            tree.tree,
-            tree.nested_in
-                .map(|outer| format!(" (nested in tree {outer})"))
-                .unwrap_or_default(),
-            tree.root,
+            "  host {} ({})  uid {}  lease {}\n",
             tree.host_pid,
             tree.host_comm.as_deref().unwrap_or("gone"),
             tree.owner_uid,
             tree.lease,
-            tree.state,
-            if tree.root_exited {
-                ", root exited"
-            } else {
-                ""
-            },
-            tree.member_count,
         );
-        for row in member_rows(&tree.members, now_ns) {
-            let indent = "  ".repeat(row.depth + 1);
-            text += &format!(
-                "{indent}{:<7} {:<16} {}\n",
-                row.pid,
-                row.comm,
-                view::age(row.age)
-            );
+        for row in member_rows(&tree.members, now_ns, cpu) {
+            text += &view::member_line(&row, users);
+            text += "\n";
         }
         if tree.members_truncated {
             let more = tree.member_count.saturating_sub(tree.members.len() as u64);
             text += &format!("  ... and {more} more members, not listed\n");
         }
+    }
+    for lease in tree_less() {
+        text += &format!(
+            "lease {}  host {} ({})  uid {}  no trees now\n",
+            lease.lease,
+            lease.host_pid,
+            lease.host_comm.as_deref().unwrap_or("gone"),
+            lease.owner_uid,
+        );
     }
     text
 }
@@ -118,12 +140,12 @@ fn status_text(status: &StatusInfo) -> String {
 
 #[cfg(test)]
 mod tests {
-    use leash_client::{MemberInfo, RootExitPolicy};
+    use leash_client::{LeaseSummary, MemberInfo, RootExitPolicy, TreeInfo};
 
     use super::*;
 
     #[test]
-    fn ls_shows_each_tree_as_a_process_tree() {
+    fn ls_shows_each_tree_as_a_process_tree_under_headers() {
         let tree = TreeInfo {
             tree: 3,
             lease: 7,
@@ -138,27 +160,60 @@ mod tests {
             nested_in: None,
             member_count: 2,
             members_truncated: false,
+            cpu_ms: Some(2500),
+            rss_bytes: Some(70 << 20),
             members: vec![
                 MemberInfo {
                     pid: 10,
                     parent: 9,
                     start_ns: 0,
                     comm: Some("sh".into()),
+                    uid: Some(1000),
+                    state: Some('S'),
+                    cmdline: Some("sh -c python3 big.py".into()),
+                    cpu_ms: Some(0),
+                    rss_bytes: Some(6 << 20),
                 },
                 MemberInfo {
                     pid: 11,
                     parent: 10,
                     start_ns: 60_000_000_000,
                     comm: Some("python3".into()),
+                    uid: Some(1000),
+                    state: Some('R'),
+                    cmdline: Some("python3 big.py".into()),
+                    cpu_ms: Some(2500),
+                    rss_bytes: Some(64 << 20),
                 },
             ],
         };
+        let mut listing = Listing {
+            trees: vec![tree],
+            leases: vec![LeaseSummary {
+                lease: 8,
+                owner_uid: 1000,
+                host_pid: 20,
+                host_comm: Some("idle-host".into()),
+                trees: 0,
+            }],
+        };
+        let users = Users::default();
         assert_eq!(
-            ls_text(&[tree], 125_000_000_000),
-            "tree 3  root 10  host 9 (agent-host)  uid 1000  lease 7  live  2 members\n  \
-             10      sh               2m05s\n    11      python3          1m05s\n"
+            ls_text(&listing, 125_000_000_000, &CpuRates::default(), &users),
+            "    PID USER     S  CPU%    RSS    AGE  COMMAND\n\
+             tree 3                 -    70M         live  2 members  root 10  \
+             host 9 (agent-host)  uid 1000  lease 7\n     \
+             10 1000     S     -   6.0M  2m05s  sh -c python3 big.py\n     \
+             11 1000     R     -    64M  1m05s    python3 big.py\n\
+             lease 8  host 20 (idle-host)  uid 1000  no trees now\n"
         );
-        assert_eq!(ls_text(&[], 0), "no trees on a leash\n");
+        listing.trees.clear();
+        assert!(ls_text(&listing, 0, &CpuRates::default(), &users).ends_with("no trees now\n"));
+        listing.leases.clear();
+        assert_eq!(
+            ls_text(&listing, 0, &CpuRates::default(), &users),
+            "no trees on a leash\n"
+        );
     }
 
     #[test]

@@ -1,11 +1,14 @@
 //! `list` and `status`: what a client may see of the trees and the daemon, read under one short
 //! lock of the registry and from the maps, bounded whatever the trees' sizes.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use leash_client::protocol::{
-    ErrorCode, MAX_LISTED, MAX_LISTED_PER_TREE, MemberInfo, PROTOCOL_VERSION, Reply, StatusInfo,
-    TreeId, TreeInfo,
+    ErrorCode, LeaseId, LeaseSummary, Listing, MAX_LISTED, MAX_LISTED_PER_TREE, PROTOCOL_VERSION,
+    Reply, StatusInfo, TreeId, TreeInfo,
 };
 use leash_common::{Member, Pid};
 
@@ -13,19 +16,21 @@ use super::{
     auth::{may_manage, may_see},
     peer::Peer,
     pid_view::PidView,
+    process_figures,
     refusal::Refusal,
     registry::TreeEntry,
     shared::Daemon,
 };
 use crate::proc;
 
-/// The trees the client may see, with their members. The member map is read once, and /proc
-/// once per listed member, by a blocking thread and under no lock; the reply is bounded (see
-/// `MAX_LISTED`) whatever the trees' sizes.
+/// The trees the client may see, with their members (and, `with_leases`, the leases that hold
+/// or held them). The member map is read once, and /proc once per listed member, by a blocking
+/// thread and under no lock; the reply is bounded (see `MAX_LISTED`) whatever the trees' sizes.
 pub(super) async fn list(
     daemon: &Arc<Daemon>,
     peer: &Peer,
     only: Option<TreeId>,
+    with_leases: bool,
 ) -> Result<Reply, Refusal> {
     let confined = peer.confinement(&daemon.view);
     let who = peer.requester(&confined);
@@ -38,20 +43,71 @@ pub(super) async fn list(
         })
     });
     trees.sort_by_key(|t| t.tree);
-    if trees.is_empty() {
-        return Ok(Reply::Trees(trees));
+    let mut leases = if with_leases {
+        visible_leases(daemon, peer, &trees, only.is_some(), confined.is_empty())
+    } else {
+        Vec::new()
+    };
+    let reply = move |trees, leases| {
+        if with_leases {
+            Reply::Listing(Listing { trees, leases })
+        } else {
+            Reply::Trees(trees)
+        }
+    };
+    if trees.is_empty() && leases.is_empty() {
+        return Ok(reply(trees, leases));
     }
     let _turn = daemon.limits.heavy(peer.account).await;
     let (daemon, view) = (daemon.clone(), peer.view);
     tokio::task::spawn_blocking(move || {
-        let entries = daemon.view.member_entries()?;
-        fill_members(&mut trees, entries, view);
-        Ok(trees)
+        if !trees.is_empty() {
+            let entries = daemon.view.member_entries()?;
+            fill_members(&mut trees, entries, view);
+        }
+        for lease in &mut leases {
+            lease.host_comm = proc::process(lease.host_pid).map(|p| p.comm);
+            lease.host_pid = view.number(lease.host_pid);
+        }
+        Ok(reply(trees, leases))
     })
     .await
     .map_err(|e| Refusal::new(ErrorCode::Internal, e.to_string()))?
-    .map(Reply::Trees)
     .map_err(|e: anyhow::Error| Refusal::new(ErrorCode::Internal, format!("{e:#}")))
+}
+
+/// The leases `list` shows with the trees (their hosts' pids still the daemon's, and their
+/// `host_comm` not read yet): those holding a listed tree; and, to a client in no tree that
+/// lists them all, every lease of its uid (all for root) that has held a tree, opened from its
+/// pid namespace or one nested in it, the trees it holds now or not.
+fn visible_leases(
+    daemon: &Daemon,
+    peer: &Peer,
+    trees: &[TreeInfo],
+    one_tree: bool,
+    unconfined: bool,
+) -> Vec<LeaseSummary> {
+    let holding: HashSet<LeaseId> = trees.iter().map(|t| t.lease).collect();
+    let mut leases: Vec<LeaseSummary> = daemon
+        .registry
+        .held_leases(|lease, uid, pid_namespaces| {
+            holding.contains(&lease)
+                || (!one_tree
+                    && unconfined
+                    && may_manage(peer.uid, uid)
+                    && pid_namespaces.contains(&peer.pid_namespace))
+        })
+        .into_iter()
+        .map(|held| LeaseSummary {
+            lease: held.lease,
+            owner_uid: held.uid,
+            host_pid: held.host_pid,
+            host_comm: None,
+            trees: held.trees,
+        })
+        .collect();
+    leases.sort_by_key(|l| l.lease);
+    leases
 }
 
 /// The daemon's state as the client may see it: every tree counts, the leases it may manage.
@@ -110,13 +166,16 @@ fn tree_info(
         nested_in,
         member_count: 0,
         members_truncated: false,
+        cpu_ms: None,
+        rss_bytes: None,
         members: Vec::new(),
     }
 }
 
 /// Fills each tree's members from one read of the member map, the oldest first, at most
-/// `MAX_LISTED_PER_TREE` each and `MAX_LISTED` in all, with what each runs now from /proc; and
-/// gives every pid (host, members, their parents) as `view` numbers it.
+/// `MAX_LISTED_PER_TREE` each and `MAX_LISTED` in all, with what each runs and uses now from
+/// /proc, and the tree's sums of those; and gives every pid (host, members, their parents) as
+/// `view` numbers it.
 fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, view: PidView) {
     let mut by_tree: HashMap<TreeId, Vec<(Pid, Member)>> = HashMap::new();
     for (pid, member) in entries {
@@ -134,12 +193,8 @@ fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, view: PidVi
         info.members_truncated = listed < members.len();
         info.members = members[..listed]
             .iter()
-            .map(|&(pid, m)| MemberInfo {
-                pid: view.number(pid),
-                parent: view.number(m.parent),
-                start_ns: m.start_ns,
-                comm: proc::process(pid).map(|p| p.comm),
-            })
+            .map(|(pid, m)| process_figures::member_info(*pid, m, view))
             .collect();
+        process_figures::add_up(info);
     }
 }

@@ -44,6 +44,7 @@ mod owner;
 mod owner_thread;
 mod peer;
 mod pid_view;
+mod process_figures;
 mod recover;
 mod refusal;
 mod registration;

@@ -48,6 +48,16 @@ impl Lease {
     }
 }
 
+/// A lease as `list` shows it (see [`Registry::held_leases`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct HeldLease {
+    pub lease: LeaseId,
+    pub uid: u32,
+    pub host_pid: u32,
+    /// Trees it holds now.
+    pub trees: u64,
+}
+
 #[derive(Debug)]
 struct State {
     trees: HashMap<TreeId, TreeEntry>,
@@ -274,6 +284,33 @@ impl Registry {
             }
         }
         counts
+    }
+
+    /// Every lease that holds a tree or has held one, with its host and how many trees it holds
+    /// now, that `may_see` lets through given its uid and pid namespaces: a read model for
+    /// `list`, made under one short lock. A connection that only asks is not among them.
+    pub(super) fn held_leases(
+        &self,
+        mut may_see: impl FnMut(LeaseId, u32, &[u32]) -> bool,
+    ) -> Vec<HeldLease> {
+        let state = self.state();
+        let mut trees: HashMap<LeaseId, u64> = HashMap::new();
+        for entry in state.trees.values() {
+            *trees.entry(entry.lease).or_default() += 1;
+        }
+        state
+            .leases
+            .iter()
+            .filter(|(id, lease)| {
+                lease.held_trees && may_see(**id, lease.uid, &lease.pid_namespaces)
+            })
+            .map(|(&id, lease)| HeldLease {
+                lease: id,
+                uid: lease.uid,
+                host_pid: lease.host_pid,
+                trees: trees.get(&id).copied().unwrap_or(0),
+            })
+            .collect()
     }
 
     /// Every live lease.

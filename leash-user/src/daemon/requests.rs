@@ -74,7 +74,7 @@ fn op_name(op: &Op) -> &'static str {
 fn op_tree(op: &Op) -> Option<TreeId> {
     match op {
         Op::Release { tree } | Op::Kill { tree, .. } => Some(*tree),
-        Op::List { tree } => *tree,
+        Op::List { tree, .. } => *tree,
         _ => None,
     }
 }
@@ -160,7 +160,7 @@ impl Session {
                 Ok(later) => return Response::Later(later),
                 Err(refusal) => Err(refusal),
             },
-            Op::List { tree } => listing::list(daemon, &self.peer, tree).await,
+            Op::List { tree, leases } => listing::list(daemon, &self.peer, tree, leases).await,
             Op::Subscribe => return self.subscribe(daemon, id),
             Op::Status => listing::status(daemon, &self.peer),
         };

@@ -1,12 +1,15 @@
 //! The state of `leash watch` and what keys and events do to it. No terminal here: the view is
 //! drawn from this state by `ui`, so it can be tested against known states.
 
-use std::collections::{HashSet, VecDeque};
+use std::{
+    collections::{BTreeMap, HashSet, VecDeque},
+    time::Instant,
+};
 
-use leash_client::{Event, EventKind, StatusInfo, TreeId, TreeInfo};
+use leash_client::{Event, EventKind, LeaseSummary, Listing, StatusInfo, TreeId, TreeInfo};
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use crate::cli::view::{Row, member_rows};
+use crate::cli::view::{CpuRates, Row, Users, member_rows};
 
 /// Log lines kept for the view.
 const LOG_LINES: usize = 500;
@@ -19,6 +22,8 @@ pub(super) enum Line {
         host_pid: u32,
         host_comm: String,
         uid: u32,
+        /// It holds no tree now (its host is still there).
+        idle: bool,
     },
     Tree {
         tree: TreeId,
@@ -69,6 +74,11 @@ pub(super) enum Action {
 #[derive(Debug, Default)]
 pub(super) struct App {
     pub trees: Vec<TreeInfo>,
+    /// The leases that hold or held a tree, from the daemon (empty from an older one).
+    pub leases: Vec<LeaseSummary>,
+    /// CPU % of each member over the last refresh interval.
+    pub cpu: CpuRates,
+    pub users: Users,
     /// Process states read from /proc at the last refresh, by pid.
     pub states: std::collections::HashMap<u32, char>,
     pub status: Option<StatusInfo>,
@@ -89,45 +99,66 @@ pub(super) struct App {
 }
 
 impl App {
-    /// The lines of the tree view, as folded and filtered now.
+    /// The lines of the tree view, as folded and filtered now: each lease, then its trees. A
+    /// lease whose trees are all gone stays while it lasts (unless a filter is typed).
     pub(super) fn lines(&self) -> Vec<Line> {
         let filter = self.filter.to_lowercase();
+        let mut by_lease: BTreeMap<u64, (Option<Line>, Vec<&TreeInfo>)> = BTreeMap::new();
+        for lease in &self.leases {
+            by_lease.entry(lease.lease).or_default().0 = Some(Line::Lease {
+                lease: lease.lease,
+                host_pid: lease.host_pid,
+                host_comm: host_comm(lease.host_comm.as_deref()),
+                uid: lease.owner_uid,
+                idle: false,
+            });
+        }
+        for tree in &self.trees {
+            by_lease.entry(tree.lease).or_default().1.push(tree);
+        }
         let mut lines = Vec::new();
-        let mut trees: Vec<&TreeInfo> = self.trees.iter().collect();
-        trees.sort_by_key(|t| (t.lease, t.tree));
-        let mut last_lease = None;
-        for tree in trees {
-            let mut rows = member_rows(&tree.members, self.now_ns);
-            for row in &mut rows {
-                row.state = self.states.get(&row.pid).copied();
+        for (lease, (lease_line, mut trees)) in by_lease {
+            trees.sort_by_key(|t| t.tree);
+            let mut tree_lines = Vec::new();
+            for tree in &trees {
+                let mut rows = member_rows(&tree.members, self.now_ns, &self.cpu);
+                for row in &mut rows {
+                    row.state = row.state.or_else(|| self.states.get(&row.pid).copied());
+                }
+                if !filter.is_empty() && !rows.iter().any(|r| r.matches(&filter)) {
+                    continue;
+                }
+                let folded = self.folded.contains(&tree.tree);
+                tree_lines.push(Line::Tree {
+                    tree: tree.tree,
+                    folded,
+                });
+                if !folded {
+                    tree_lines.extend(rows.into_iter().map(|row| Line::Member {
+                        tree: tree.tree,
+                        row,
+                    }));
+                }
             }
-            if !filter.is_empty()
-                && !rows.iter().any(|r| {
-                    r.comm.to_lowercase().contains(&filter) || r.pid.to_string().contains(&filter)
-                })
-            {
+            if tree_lines.is_empty() && !(trees.is_empty() && filter.is_empty()) {
                 continue;
             }
-            if last_lease != Some(tree.lease) {
-                last_lease = Some(tree.lease);
-                lines.push(Line::Lease {
-                    lease: tree.lease,
+            let lease_line = lease_line.or_else(|| {
+                trees.first().map(|tree| Line::Lease {
+                    lease,
                     host_pid: tree.host_pid,
-                    host_comm: tree.host_comm.clone().unwrap_or_else(|| "gone".to_owned()),
+                    host_comm: host_comm(tree.host_comm.as_deref()),
                     uid: tree.owner_uid,
-                });
-            }
-            let folded = self.folded.contains(&tree.tree);
-            lines.push(Line::Tree {
-                tree: tree.tree,
-                folded,
+                    idle: false,
+                })
             });
-            if !folded {
-                lines.extend(rows.into_iter().map(|row| Line::Member {
-                    tree: tree.tree,
-                    row,
-                }));
+            if let Some(mut line) = lease_line {
+                if let Line::Lease { idle, .. } = &mut line {
+                    *idle = trees.is_empty();
+                }
+                lines.push(line);
             }
+            lines.extend(tree_lines);
         }
         lines
     }
@@ -144,8 +175,11 @@ impl App {
             .tree()
     }
 
-    pub(super) fn set_trees(&mut self, trees: Vec<TreeInfo>, now_ns: u64) {
-        self.trees = trees;
+    /// Takes a listing that came at `at` (`now_ns` after boot).
+    pub(super) fn set_listing(&mut self, listing: Listing, now_ns: u64, at: Instant) {
+        self.cpu.sample(&listing.trees, at);
+        self.trees = listing.trees;
+        self.leases = listing.leases;
         self.now_ns = now_ns;
         self.folded
             .retain(|t| self.trees.iter().any(|tree| tree.tree == *t));
@@ -254,6 +288,10 @@ impl App {
     fn clamp_selection(&mut self) {
         self.selected = self.selected.min(self.lines().len().saturating_sub(1));
     }
+}
+
+fn host_comm(comm: Option<&str>) -> String {
+    comm.unwrap_or("gone").to_owned()
 }
 
 /// An event in words, for the log; `during_kill` when its tree's kill has started (a

@@ -1,5 +1,5 @@
 //! `leash watch`: the live view. Two connections to the daemon: one subscribed to events (read
-//! on its own thread), one for `list` and `status` twice a second. A kill runs on a thread of
+//! on its own thread), one for `list` and `status` twice a second (CPU % is over that interval). A kill runs on a thread of
 //! its own, so the view stays live while the tree dies. The screen is redrawn 20 times a second
 //! (ratatui diffs frames, so nothing flickers); resizing just redraws.
 
@@ -22,7 +22,7 @@ use ratatui::crossterm::event::{self as term, Event as TermEvent, KeyEventKind};
 
 use app::{About, Action, App};
 
-use super::timestamp;
+use super::{timestamp, view};
 
 const FRAME: Duration = Duration::from_millis(50);
 const REFRESH: Duration = Duration::from_millis(500);
@@ -54,7 +54,10 @@ pub(super) fn watch(socket: &Path, args: WatchArgs) -> Result<ExitCode> {
     let (news, inbox) = mpsc::channel();
     subscribe(socket.to_owned(), news.clone())?;
 
-    let mut app = App::default();
+    let mut app = App {
+        users: view::Users::from_passwd(),
+        ..App::default()
+    };
     refresh(&mut app, &mut requests)?;
     let mut terminal = ratatui::try_init().context("starting the terminal view")?;
     let result = run(
@@ -118,14 +121,18 @@ fn run(
 }
 
 fn refresh(app: &mut App, requests: &mut Client) -> Result<()> {
-    let trees = requests.list().context("listing trees")?;
+    let listing = requests.listing().context("listing trees")?;
+    let at = Instant::now();
     app.status = requests.status().ok();
-    app.states = trees
+    // States from this machine's /proc, for a daemon too old to send them.
+    app.states = listing
+        .trees
         .iter()
         .flat_map(|t| &t.members)
+        .filter(|m| m.state.is_none())
         .filter_map(|m| leash::proc::process(m.pid).map(|p| (m.pid, p.state)))
         .collect();
-    app.set_trees(trees, leash::proc::boot_time_ns().unwrap_or(0));
+    app.set_listing(listing, leash::proc::boot_time_ns().unwrap_or(0), at);
     Ok(())
 }
 

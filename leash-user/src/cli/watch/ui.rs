@@ -1,5 +1,6 @@
 //! Drawing `leash watch` from its state: a header of counters, the leases with their trees as
-//! indented process trees, the event log, and a line of keys (or the prompt of the moment).
+//! indented process trees under column headers, the event log, and a line of keys (or the
+//! prompt of the moment).
 
 use ratatui::{
     Frame,
@@ -27,16 +28,19 @@ pub(super) fn draw(frame: &mut Frame<'_>, app: &App) {
 
     frame.render_widget(Paragraph::new(header_lines(app)), header);
 
+    let block = Block::default().borders(Borders::TOP).title(" trees ");
+    let [columns, rows] =
+        Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).areas(block.inner(trees));
+    frame.render_widget(block, trees);
+    frame.render_widget(Paragraph::new(view::HEADER), columns);
     let lines = app.lines();
     let items: Vec<ListItem<'_>> = lines
         .iter()
         .map(|l| ListItem::new(line_text(app, l)))
         .collect();
-    let list = List::new(items)
-        .block(Block::default().borders(Borders::TOP).title(" trees "))
-        .highlight_style(Style::default().add_modifier(Modifier::REVERSED));
+    let list = List::new(items).highlight_style(Style::default().add_modifier(Modifier::REVERSED));
     let mut state = ListState::default().with_selected((!lines.is_empty()).then_some(app.selected));
-    frame.render_stateful_widget(list, trees, &mut state);
+    frame.render_stateful_widget(list, rows, &mut state);
 
     let visible = log.height.saturating_sub(1) as usize;
     let events: Vec<TextLine<'_>> = app
@@ -90,30 +94,20 @@ fn line_text(app: &App, line: &Line) -> String {
             host_pid,
             host_comm,
             uid,
-        } => format!("lease {lease}  host {host_pid} {host_comm}  uid {uid}"),
+            idle,
+        } => {
+            let idle = if *idle { "  no trees now" } else { "" };
+            format!("lease {lease}  host {host_pid} {host_comm}  uid {uid}{idle}")
+        }
         Line::Tree { tree, folded } => {
-            let info = app.tree(*tree);
-            let members = info.map_or(0, |t| t.member_count);
-            let root = info.map_or(0, |t| t.root);
-            let state = info.map_or("?", |t| t.state.as_str());
-            let exited = if info.is_some_and(|t| t.root_exited) {
-                ", root exited"
-            } else {
-                ""
-            };
             let marker = if *folded { '▸' } else { '▾' };
-            format!(" {marker} tree {tree}  root {root}  {members} members  {state}{exited}")
+            let label = format!("{marker} tree {tree}");
+            match app.tree(*tree) {
+                Some(info) => view::tree_line(&label, info, app.cpu.of_tree(info)),
+                None => label,
+            }
         }
-        Line::Member { row, .. } => {
-            let indent = "  ".repeat(row.depth + 2);
-            let state = row.state.map_or("", view::state_word);
-            format!(
-                "{indent}{:<7} {:<16} {:>6}  {state}",
-                row.pid,
-                row.comm,
-                view::age(row.age)
-            )
-        }
+        Line::Member { row, .. } => view::member_line(row, &app.users),
     }
 }
 
@@ -136,7 +130,9 @@ fn footer_text(app: &App) -> String {
 
 #[cfg(test)]
 mod tests {
-    use leash_client::{MemberInfo, RootExitPolicy, StatusInfo, TreeInfo};
+    use std::time::{Duration, Instant};
+
+    use leash_client::{LeaseSummary, Listing, MemberInfo, RootExitPolicy, StatusInfo, TreeInfo};
     use ratatui::{
         Terminal,
         backend::TestBackend,
@@ -163,6 +159,8 @@ mod tests {
             nested_in: None,
             member_count: members.len() as u64,
             members_truncated: false,
+            cpu_ms: Some(members.iter().filter_map(|m| m.cpu_ms).sum()),
+            rss_bytes: Some(members.iter().filter_map(|m| m.rss_bytes).sum()),
             members,
         }
     }
@@ -173,6 +171,11 @@ mod tests {
             parent,
             start_ns: start_s * S,
             comm: Some(comm.into()),
+            uid: Some(1000),
+            state: Some('S'),
+            cmdline: Some(format!("{comm} --flag")),
+            cpu_ms: Some(0),
+            rss_bytes: Some(2 << 20),
         }
     }
 
@@ -208,20 +211,38 @@ mod tests {
             .collect()
     }
 
+    fn listing(trees: Vec<TreeInfo>) -> Listing {
+        Listing {
+            trees,
+            leases: Vec::new(),
+        }
+    }
+
     fn small() -> App {
         let mut app = App::default();
-        app.set_trees(
-            vec![tree(
-                3,
-                7,
-                vec![
-                    member(4242, 4100, 100, "bash"),
-                    member(4250, 4242, 160, "python3"),
-                    member(4251, 4250, 190, "sleep"),
-                ],
-            )],
+        let members = |busy_ms| {
+            vec![
+                member(4242, 4100, 100, "bash"),
+                MemberInfo {
+                    state: Some('R'),
+                    cpu_ms: Some(busy_ms),
+                    rss_bytes: Some(64 << 20),
+                    ..member(4250, 4242, 160, "python3")
+                },
+                MemberInfo {
+                    state: None,
+                    ..member(4251, 4250, 190, "sleep")
+                },
+            ]
+        };
+        let start = Instant::now();
+        app.set_listing(listing(vec![tree(3, 7, members(1000))]), 219 * S, start);
+        app.set_listing(
+            listing(vec![tree(3, 7, members(1500))]),
             220 * S,
+            start + Duration::from_millis(500),
         );
+        // No state from the daemon: the one read here shows.
         app.states.insert(4251, 'S');
         app.status = Some(status(3));
         app.events_per_second = 2.0;
@@ -243,12 +264,12 @@ mod tests {
             "leash watch   trees 1   members 3   events/s 2",
             "dropped: 0 in the kernel, 0 in this view   map 3/131072",
             " trees ───────────────────────────────────────────────────────────────",
+            "    PID USER     S  CPU%    RSS    AGE  COMMAND",
             "lease 7  host 907 agent-host  uid 1000",
-            " ▾ tree 3  root 4242  3 members  live",
-            "    4242    bash              2m00s",
-            "      4250    python3           1m00s",
-            "        4251    sleep               30s  sleeping",
-            "",
+            "▾ tree 3           100.0    68M         live  3 members  root 4242",
+            "   4242 1000     S   0.0   2.0M  2m00s  bash --flag",
+            "   4250 1000     R 100.0    64M  1m00s    python3 --flag",
+            "   4251 1000     S   0.0   2.0M    30s      sleep --flag",
             "",
             " events ──────────────────────────────────────────────────────────────",
             "12:00:01.000 tree 3: registered, root 4242",
@@ -265,7 +286,7 @@ mod tests {
         let mut app = App::default();
         let mut members = vec![member(5000, 1, 0, "sh")];
         members.extend((1..=400).map(|i| member(5000 + i, 5000, 1, "stress")));
-        app.set_trees(vec![tree(9, 2, members)], 10 * S);
+        app.set_listing(listing(vec![tree(9, 2, members)]), 10 * S, Instant::now());
         app.status = Some(StatusInfo {
             events_dropped: 1234,
             ..status(401)
@@ -287,9 +308,19 @@ mod tests {
             screen[1],
             "dropped: 1234 in the kernel, 5120 in this view   map 401/131072"
         );
-        assert_eq!(screen[4], " ▾ tree 9  root 5000  401 members  live");
-        assert_eq!(screen[5], "    5000    sh                  10s");
-        assert_eq!(screen[6], "      5001    stress               9s");
+        assert_eq!(screen[3], "    PID USER     S  CPU%    RSS    AGE  COMMAND");
+        assert_eq!(
+            screen[5],
+            "▾ tree 9               -   802M         live  401 members  root"
+        );
+        assert_eq!(
+            screen[6],
+            "   5000 1000     S     -   2.0M    10s  sh --flag"
+        );
+        assert_eq!(
+            screen[7],
+            "   5001 1000     S     -   2.0M     9s    stress --flag"
+        );
         // The log shows the newest lines that fit, and the keys stay on the last line.
         assert_eq!(screen[14], "12:00:39.000 tree 9: 5000 (sh) forked 6099");
         assert_eq!(
@@ -305,10 +336,10 @@ mod tests {
         key(&mut app, KeyCode::Down);
         key(&mut app, KeyCode::Enter);
         assert_eq!(
-            render(&app, 70, 16)[4],
-            " ▸ tree 3  root 4242  3 members  live"
+            render(&app, 70, 16)[5],
+            "▸ tree 3           100.0    68M         live  3 members  root 4242"
         );
-        assert_eq!(render(&app, 70, 16)[5], "");
+        assert_eq!(render(&app, 70, 16)[6], "");
         key(&mut app, KeyCode::Enter);
 
         key(&mut app, KeyCode::Char('/'));
@@ -338,6 +369,35 @@ mod tests {
         assert_eq!(key(&mut app, KeyCode::Char('K')), Action::None);
         assert_eq!(key(&mut app, KeyCode::Char('y')), Action::Kill(3));
         assert_eq!(key(&mut app, KeyCode::Char('q')), Action::Quit);
+    }
+
+    #[test]
+    fn a_lease_without_trees_stays_while_its_host_lives() {
+        let mut app = small();
+        let lease = |lease, trees| LeaseSummary {
+            lease,
+            owner_uid: 1000,
+            host_pid: 900 + lease as u32,
+            host_comm: Some("agent-host".into()),
+            trees,
+        };
+        let trees = app.trees.clone();
+        app.set_listing(
+            Listing {
+                trees,
+                leases: vec![lease(7, 1), lease(8, 0)],
+            },
+            220 * S,
+            Instant::now(),
+        );
+        let screen = render(&app, 70, 16);
+        assert_eq!(screen[4], "lease 7  host 907 agent-host  uid 1000");
+        assert_eq!(
+            screen[9],
+            "lease 8  host 908 agent-host  uid 1000  no trees now"
+        );
+        app.filter = "pyth".into();
+        assert_eq!(app.lines().len(), 5, "a filter shows only matching trees");
     }
 
     #[test]
