@@ -100,9 +100,12 @@ impl Daemon {
         self.await_serving();
     }
 
+    /// Waits until the daemon answers a request. It binds its sockets before it loads the
+    /// programs (seconds under emulation): a connection alone could come before the pins and the
+    /// metrics socket exist.
     fn await_serving(&mut self) {
-        let ready = wait_for(Duration::from_secs(30), || {
-            std::os::unix::net::UnixStream::connect(&self.socket).is_ok() || self.has_exited()
+        let ready = wait_for(Duration::from_secs(60), || {
+            answers_status(&self.socket) || self.has_exited()
         });
         let exited = self.process.try_wait().ok().flatten();
         assert!(
@@ -318,4 +321,24 @@ pub fn setpriv_args(uid: u32) -> Vec<String> {
         format!("--regid={uid}"),
         "--clear-groups".to_owned(),
     ]
+}
+
+/// Whether the daemon at `socket` answers a `status` request (within a second). The connection
+/// is read to its end, which the daemon makes once it has ended the connection's lease: the
+/// probe is gone from the daemon's counts when this returns.
+fn answers_status(socket: &Path) -> bool {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let Ok(mut stream) = std::os::unix::net::UnixStream::connect(socket) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    if stream.write_all(b"{\"id\":1,\"op\":\"status\"}\n").is_err() {
+        return false;
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    let answered = reader.read_line(&mut line).is_ok() && line.contains("\"ok\"");
+    let _ = reader.read_to_end(&mut Vec::new());
+    answered
 }

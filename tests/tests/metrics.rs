@@ -820,9 +820,14 @@ fn the_metrics_socket_is_roots_or_its_groups_alone() {
         assert_eq!(scrape_as(&socket, USER_A, &[SCRAPERS]), "refused 13");
         assert!(scrape(&socket).contains("\nleash_trees "), "root scrapes");
     }
-    // As the unit runs it: without CAP_CHOWN, in the group (SupplementaryGroups=).
+    // As the unit runs it: without CAP_CHOWN, in the group (SupplementaryGroups=), and with
+    // its LimitMEMLOCK= (kernels before 5.11 charge the maps to it, and without
+    // CAP_SYS_RESOURCE the daemon cannot raise it itself).
     let group = SCRAPERS.to_string();
     let wrapper = [
+        "prlimit",
+        "--memlock=unlimited",
+        "--",
         "setpriv",
         "--bounding-set=-all,+bpf,+perfmon,+sys_admin,+kill",
         "--inh-caps=-all",
