@@ -518,6 +518,46 @@ pub fn read_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
     receiver
 }
 
+/// CAP_SYS_RESOURCE's number (linux/capability.h).
+const CAP_SYS_RESOURCE: u32 = 24;
+
+/// `limit` as prlimit takes it, or the hard limit now where raising it past that needs
+/// CAP_SYS_RESOURCE and the test runs without it (some sandboxes; systemd has it).
+pub fn settable_limit(limit: Option<u64>, resource: libc::__rlimit_resource_t) -> String {
+    let mut now = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid resource and a valid pointer to an rlimit.
+    assert_eq!(unsafe { libc::getrlimit(resource, &mut now) }, 0);
+    let hard = (now.rlim_max != libc::RLIM_INFINITY).then_some(now.rlim_max);
+    let status = fs::read_to_string("/proc/self/status").unwrap();
+    let may_raise = status_field(&status, "CapEff") & (1 << CAP_SYS_RESOURCE) != 0;
+    let settable = match (limit, hard) {
+        (_, None) => limit,
+        (Some(limit), Some(hard)) if limit <= hard => Some(limit),
+        _ if may_raise => limit,
+        (_, Some(hard)) => {
+            eprintln!(
+                "NOT TESTED: a resource limit of {limit:?} (without CAP_SYS_RESOURCE here: {hard})"
+            );
+            Some(hard)
+        }
+    };
+    settable.map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
+}
+
+/// A number field of /proc/PID/status: capability sets are hexadecimal, the rest decimal.
+pub fn status_field(status: &str, field: &str) -> u64 {
+    let value = status
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in /proc/PID/status"))
+        .trim();
+    let radix = if field.starts_with("Cap") { 16 } else { 10 };
+    u64::from_str_radix(value, radix).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

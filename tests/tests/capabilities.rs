@@ -19,6 +19,7 @@ use leash_tests::{
     Cgroup,
     container::Container,
     daemon::{Daemon, USER_A},
+    settable_limit, status_field,
 };
 
 const UNIT: &str = include_str!("../../dist/leash.service");
@@ -77,11 +78,11 @@ fn the_daemon_keeps_another_users_tree_on_a_leash_with_only_the_units_capabiliti
     let bounding = format!("--bounding-set=-all,{bounding}");
     let memlock = format!(
         "--memlock={}",
-        settable(unit_limit("LimitMEMLOCK"), libc::RLIMIT_MEMLOCK)
+        settable_limit(unit_limit("LimitMEMLOCK"), libc::RLIMIT_MEMLOCK)
     );
     let nofile = format!(
         "--nofile={}",
-        settable(unit_limit("LimitNOFILE"), libc::RLIMIT_NOFILE)
+        settable_limit(unit_limit("LimitNOFILE"), libc::RLIMIT_NOFILE)
     );
     // systemd sets the limits before anything else, as root.
     let mut wrapper = vec![
@@ -122,7 +123,7 @@ fn the_daemon_keeps_another_users_tree_on_a_leash_with_only_the_units_capabiliti
     let allowed = mask_of(&capabilities);
     let status = fs::read_to_string(format!("/proc/{}/status", daemon.pid())).unwrap();
     for field in ["CapBnd", "CapEff", "CapPrm"] {
-        let held = capability_field(&status, field);
+        let held = status_field(&status, field);
         assert_eq!(
             held & !allowed,
             0,
@@ -131,7 +132,7 @@ fn the_daemon_keeps_another_users_tree_on_a_leash_with_only_the_units_capabiliti
         );
     }
     assert_eq!(
-        capability_field(&status, "NoNewPrivs"),
+        status_field(&status, "NoNewPrivs"),
         1,
         "no_new_privs is set"
     );
@@ -278,34 +279,6 @@ fn unit_limit(name: &str) -> Option<u64> {
     }
 }
 
-/// `limit` as prlimit takes it, or the hard limit now where raising it past that needs
-/// CAP_SYS_RESOURCE and the test runs without it (some sandboxes; systemd has it).
-fn settable(limit: Option<u64>, resource: libc::__rlimit_resource_t) -> String {
-    let mut now = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: a valid resource and a valid pointer to an rlimit.
-    assert_eq!(unsafe { libc::getrlimit(resource, &mut now) }, 0);
-    let hard = (now.rlim_max != libc::RLIM_INFINITY).then_some(now.rlim_max);
-    let status = fs::read_to_string("/proc/self/status").unwrap();
-    let may_raise = capability_field(&status, "CapEff") & (1 << CAP_SYS_RESOURCE) != 0;
-    let settable = match (limit, hard) {
-        (_, None) => limit,
-        (Some(limit), Some(hard)) if limit <= hard => Some(limit),
-        _ if may_raise => limit,
-        (_, Some(hard)) => {
-            eprintln!(
-                "NOT TESTED: a resource limit of {limit:?} (without CAP_SYS_RESOURCE here: {hard})"
-            );
-            Some(hard)
-        }
-    };
-    settable.map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
-}
-
-const CAP_SYS_RESOURCE: u32 = 24;
-
 fn unit_capabilities() -> Vec<String> {
     let capabilities: Vec<String> = UNIT
         .lines()
@@ -342,15 +315,4 @@ fn mask_of(names: &[String]) -> u64 {
             .unwrap_or_else(|| panic!("setpriv does not know capability {name}"));
         mask | 1 << number
     })
-}
-
-/// A number field of /proc/PID/status: capability sets are hexadecimal, the rest decimal.
-fn capability_field(status: &str, field: &str) -> u64 {
-    let value = status
-        .lines()
-        .find_map(|line| line.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in /proc/PID/status"))
-        .trim();
-    let radix = if field.starts_with("Cap") { 16 } else { 10 };
-    u64::from_str_radix(value, radix).unwrap()
 }

@@ -26,7 +26,7 @@ use leash_client::TreeOptions;
 use leash_tests::{
     Cgroup, SKIP_HOSTS_VAR,
     daemon::{Daemon, LeashedTree, USER_A, path_str, setpriv_args},
-    hosts_skipped, leash_binary, wait_for, workspace_root,
+    hosts_skipped, leash_binary, settable_limit, wait_for, workspace_root,
 };
 use serde_json::Value;
 
@@ -824,9 +824,10 @@ fn the_metrics_socket_is_roots_or_its_groups_alone() {
     // its LimitMEMLOCK= (kernels before 5.11 charge the maps to it, and without
     // CAP_SYS_RESOURCE the daemon cannot raise it itself).
     let group = SCRAPERS.to_string();
+    let memlock = format!("--memlock={}", settable_limit(None, libc::RLIMIT_MEMLOCK));
     let wrapper = [
         "prlimit",
-        "--memlock=unlimited",
+        &memlock,
         "--",
         "setpriv",
         "--bounding-set=-all,+bpf,+perfmon,+sys_admin,+kill",
