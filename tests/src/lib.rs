@@ -558,6 +558,50 @@ pub fn status_field(status: &str, field: &str) -> u64 {
     u64::from_str_radix(value, radix).unwrap()
 }
 
+/// `name` as a file in one of PATH's directories.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Where `cargo xtask test` installs the npm packages of the hosts' tests (the Claude Agent
+/// SDK, TypeScript, Bun): LEASH_HOSTS_CACHE, or /var/cache/leash-hosts.
+pub fn hosts_cache() -> PathBuf {
+    std::env::var_os("LEASH_HOSTS_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/leash-hosts"), PathBuf::from)
+}
+
+/// Copies a file, or a directory without its node_modules and __pycache__, where every user
+/// may read it (and run what was executable), for hosts that run unprivileged.
+pub fn copy_readable(from: &Path, to: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(parent) = to.parent() {
+        fs::create_dir_all(parent).unwrap();
+    }
+    let meta = fs::metadata(from).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
+    if meta.is_file() {
+        fs::copy(from, to).unwrap_or_else(|e| panic!("copying {}: {e}", from.display()));
+        let mode = if meta.permissions().mode() & 0o111 != 0 {
+            0o755
+        } else {
+            0o644
+        };
+        fs::set_permissions(to, fs::Permissions::from_mode(mode)).unwrap();
+        return;
+    }
+    fs::create_dir_all(to).unwrap();
+    fs::set_permissions(to, fs::Permissions::from_mode(0o755)).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let name = entry.unwrap().file_name();
+        if name != "node_modules" && name != "__pycache__" {
+            copy_readable(&from.join(&name), &to.join(&name));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,10 +13,7 @@
 use std::{
     fs,
     io::Write,
-    os::unix::{
-        fs::{PermissionsExt, chown},
-        process::ExitStatusExt,
-    },
+    os::unix::{fs::chown, process::ExitStatusExt},
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, ExitStatus, Stdio},
     sync::mpsc::Receiver,
@@ -24,9 +21,9 @@ use std::{
 };
 
 use leash_tests::{
-    Cgroup, SKIP_HOSTS_VAR,
+    Cgroup, SKIP_HOSTS_VAR, copy_readable,
     daemon::{Daemon, USER_A, alive, path_str, setpriv_args},
-    hosts_skipped, read_lines, wait_for, workspace_root,
+    hosts_skipped, on_path, read_lines, wait_for, workspace_root,
 };
 
 /// A deadline, not a delay: each run takes about a second.
@@ -348,31 +345,4 @@ fn wait_child(child: &mut Child) -> ExitStatus {
         status.is_some()
     });
     status.unwrap_or_else(|| panic!("process {} did not exit", child.id()))
-}
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-/// Copies a file, or a directory without its caches, where every user may read it.
-fn copy_readable(from: &Path, to: &Path) {
-    fs::create_dir_all(to.parent().unwrap()).unwrap();
-    if from.is_file() {
-        fs::copy(from, to).unwrap_or_else(|e| panic!("copying {}: {e}", from.display()));
-        fs::set_permissions(to, fs::Permissions::from_mode(0o644)).unwrap();
-        return;
-    }
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name();
-        if name == "node_modules" || name == "__pycache__" {
-            continue;
-        }
-        copy_readable(&entry.path(), &to.join(name));
-    }
 }

@@ -15,7 +15,7 @@ use std::{
     process::Command,
 };
 
-use leash_tests::{Removed, SKIP_HOSTS_VAR, hosts_skipped, workspace_root};
+use leash_tests::{Removed, SKIP_HOSTS_VAR, hosts_cache, hosts_skipped, workspace_root};
 
 /// The documents whose code blocks a host author copies.
 const DOCS: &[&str] = &[
@@ -267,13 +267,6 @@ fn the_docs_typescript_and_javascript_blocks_pass_tsc_strict() {
         Command::new("node").arg(&tsc).arg("--project").arg(&dir.0),
         "tsc --strict",
     );
-}
-
-/// Where `cargo xtask test` installs the hosts' npm packages: LEASH_HOSTS_CACHE, or
-/// /var/cache/leash-hosts.
-fn hosts_cache() -> PathBuf {
-    std::env::var_os("LEASH_HOSTS_CACHE")
-        .map_or_else(|| PathBuf::from("/var/cache/leash-hosts"), PathBuf::from)
 }
 
 #[test]

@@ -6,16 +6,16 @@
 
 use std::{
     fs,
-    os::unix::{fs::PermissionsExt, process::CommandExt},
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use leash_tests::{
-    Cgroup, Removed, SKIP_HOSTS_VAR,
+    Cgroup, Removed, SKIP_HOSTS_VAR, copy_readable,
     daemon::{Daemon, USER_A},
-    hosts_skipped, wait_for, workspace_root,
+    hosts_cache, hosts_skipped, on_path, wait_for, workspace_root,
 };
 
 /// The tree limit of the second daemon, for the tests of a refused spawn.
@@ -148,14 +148,6 @@ fn find_bun() -> Option<PathBuf> {
     on_path("bun")
 }
 
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
 struct Node {
     path: PathBuf,
     version: String,
@@ -190,32 +182,6 @@ impl Node {
             path,
             version,
             major,
-        }
-    }
-}
-
-/// Where `cargo xtask test` installs the npm packages of the hosts' tests (the Claude Agent
-/// SDK): LEASH_HOSTS_CACHE, or /var/cache/leash-hosts.
-fn hosts_cache() -> PathBuf {
-    std::env::var_os("LEASH_HOSTS_CACHE")
-        .map_or_else(|| PathBuf::from("/var/cache/leash-hosts"), PathBuf::from)
-}
-
-/// Copies the package (without any node_modules) where every user may read it.
-fn copy_readable(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    fs::set_permissions(to, fs::Permissions::from_mode(0o755)).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let (source, target) = (entry.path(), to.join(entry.file_name()));
-        let kind = entry.file_type().unwrap();
-        if kind.is_dir() && entry.file_name() != "node_modules" {
-            copy_readable(&source, &target);
-        } else if kind.is_file() {
-            fs::copy(&source, &target).unwrap();
-            let executable = entry.metadata().unwrap().permissions().mode() & 0o111 != 0;
-            let mode = if executable { 0o755 } else { 0o644 };
-            fs::set_permissions(&target, fs::Permissions::from_mode(mode)).unwrap();
         }
     }
 }
