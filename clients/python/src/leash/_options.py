@@ -25,15 +25,15 @@ File = Union[None, int, IO[Any]]
 Env = Union[Mapping[bytes, StrOrBytesPath], Mapping[str, StrOrBytesPath]]
 
 
-class _PopenOptions39(TypedDict, total=False):
-    bufsize: int
-    executable: Optional[StrOrBytesPath]
+class _ChildOptions(TypedDict, total=False):
+    """What subprocess.Popen and asyncio's create_subprocess_* both take, typed alike."""
+
     stdin: File
     stdout: File
     stderr: File
+    executable: Optional[StrOrBytesPath]
     preexec_fn: Optional[Callable[[], object]]
     close_fds: bool
-    shell: bool
     cwd: Optional[StrOrBytesPath]
     env: Optional[Env]
     startupinfo: Any
@@ -43,34 +43,23 @@ class _PopenOptions39(TypedDict, total=False):
     pass_fds: Collection[int]
     user: Union[str, int, None]
     group: Union[str, int, None]
-    extra_groups: Optional[Iterable[Union[str, int]]]
     umask: int
 
 
-class _ProcessOptions39(TypedDict, total=False):
-    stdin: File
-    stdout: File
-    stderr: File
+class _PopenOptions39(_ChildOptions, total=False):
+    bufsize: int
+    shell: bool
+    extra_groups: Optional[Iterable[Union[str, int]]]
+
+
+class _ProcessOptions39(_ChildOptions, total=False):
     limit: int
     bufsize: Literal[0]
     encoding: None
     errors: None
     text: Optional[Literal[False]]
     universal_newlines: Literal[False]
-    executable: Optional[StrOrBytesPath]
-    preexec_fn: Optional[Callable[[], object]]
-    close_fds: bool
-    cwd: Optional[StrOrBytesPath]
-    env: Optional[Env]
-    startupinfo: Any
-    creationflags: int
-    restore_signals: bool
-    start_new_session: bool
-    pass_fds: Collection[int]
-    user: Union[str, int, None]
-    group: Union[str, int, None]
     extra_groups: Optional[Collection[Union[str, int]]]
-    umask: int
 
 
 if sys.version_info >= (3, 11):
