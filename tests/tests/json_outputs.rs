@@ -144,6 +144,15 @@ fn assert_received_now(time: &str) {
     assert!(now.abs_diff(seconds) < 120, "{time} is not now ({now})");
 }
 
+/// A `list` with the leases, its reply printed: argv is the socket.
+const LIST_WITH_LEASES: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(b'{"id":1,"op":"list","leases":true}\n')
+print(s.makefile().readline().strip())
+"#;
+
 #[test]
 fn a_user_sees_only_its_own_trees() {
     let Some(daemon) = Daemon::start(&[]) else {
@@ -169,6 +178,21 @@ fn a_user_sees_only_its_own_trees() {
     let trees: Vec<TreeInfo> =
         serde_json::from_slice(&as_nobody(&["ls", "--json"]).stdout).unwrap();
     assert!(trees.is_empty(), "nobody sees root's trees: {trees:?}");
+    // Nor root's leases, asked for with the trees (`leases`): the host's holds a tree.
+    let listing = daemon::as_nobody("/usr/bin/python3")
+        .args(["-c", LIST_WITH_LEASES, path_str(&daemon.socket)])
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let listing: serde_json::Value = serde_json::from_slice(&listing.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&listing.stderr)));
+    assert_eq!(
+        listing["ok"]["listing"],
+        serde_json::json!({"trees": [], "leases": []}),
+        "nobody sees none of root's leases"
+    );
+    let listing = daemon.client().listing().unwrap();
+    assert_eq!(listing.leases.len(), 1, "root sees the host's: {listing:?}");
     let status: StatusInfo =
         serde_json::from_slice(&as_nobody(&["status", "--json"]).stdout).unwrap();
     assert_eq!(status.leases, 1, "only its own connection");
