@@ -5,13 +5,21 @@
 
 use std::path::Path;
 
-use super::initramfs::BUSYBOX_DIR;
+use super::initramfs::{BUSYBOX_DIR, Held, HeldKind};
 
 /// The start of every line the host reads as a report from init.
 pub(super) const MARKER: &str = "@@vmtest";
 /// How long one scenario may run in a guest before it is killed (the host's own timeout, for
 /// the whole kernel, is the backstop).
 pub(super) const SCENARIO_TIMEOUT_S: u64 = 600;
+
+/// The directories init mounts a tmpfs on, as a distribution has them. What the image holds in
+/// them (a checkout under /tmp: the test binaries, at the paths compiled into them) would be
+/// hidden: init binds the image's directory to [`IMAGE_DIR`] first, and each thing it held back
+/// over the tmpfs.
+pub(super) const TMPFS_DIRS: [&str; 2] = ["/tmp", "/run"];
+/// Where init keeps the image's own [`TMPFS_DIRS`] reachable.
+const IMAGE_DIR: &str = "/vmtest/image";
 
 /// A scenario as the guest runs it: the test binary with exactly these tests.
 pub(super) struct GuestTest<'a> {
@@ -30,6 +38,7 @@ pub(super) fn init_script(
     tests: &[GuestTest],
     test_args: &[String],
     workdir: &Path,
+    held: &[Held],
 ) -> String {
     let mut script = format!(
         r#"#!{BUSYBOX_DIR}/busybox sh
@@ -54,9 +63,7 @@ mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
-mount -t tmpfs tmpfs /tmp
-mount -t tmpfs tmpfs /run
-mount -t cgroup2 cgroup2 /sys/fs/cgroup
+{tmpfs}mount -t cgroup2 cgroup2 /sys/fs/cgroup
 # A memory cgroup lives as long as the guest, as on a machine that systemd runs. Without one,
 # each scenario's group turns the kernel's socket-accounting static key on and its removal turns
 # it off: a patch of live kernel code each time, which multi-threaded emulation once got wrong
@@ -75,6 +82,7 @@ echo "{MARKER} kernel $(uname -r)"
 cd {workdir}
 "#,
         workdir = quote(&workdir.to_string_lossy()),
+        tmpfs = TMPFS_DIRS.map(|dir| mount_tmpfs(dir, held)).concat(),
     );
     let args: String = test_args.iter().map(|a| format!(" {}", quote(a))).collect();
     // The kernel names a process after the first 15 bytes of its file's name.
@@ -98,6 +106,38 @@ cd {workdir}
         ));
     }
     script.push_str(&format!("echo \"{MARKER} done\"\npoweroff -f\n"));
+    script
+}
+
+/// The commands that mount a tmpfs on `dir` and put back over it what the image holds there
+/// (`held`: the paths the image holds directly in each of [`TMPFS_DIRS`]).
+fn mount_tmpfs(dir: &str, held: &[Held]) -> String {
+    let held: Vec<&Held> = held
+        .iter()
+        .filter(|held| held.path.parent() == Some(Path::new(dir)))
+        .collect();
+    if held.is_empty() {
+        return format!("mount -t tmpfs tmpfs {dir}\n");
+    }
+    let kept = format!("{IMAGE_DIR}{dir}");
+    let mut script = format!(
+        "# The image holds things in {dir}, which the tmpfs would hide: they are bound back.\n\
+         mkdir -p {kept}\n\
+         mount -o bind {dir} {kept}\n\
+         mount -t tmpfs tmpfs {dir}\n"
+    );
+    for held in held {
+        let path = held.path.to_string_lossy();
+        let name = held.path.file_name().unwrap_or_default().to_string_lossy();
+        let (to, from) = (quote(&path), quote(&format!("{kept}/{name}")));
+        script.push_str(&match &held.kind {
+            HeldKind::Dir => format!("mkdir {to} && mount -o bind {from} {to}\n"),
+            HeldKind::File => format!("touch {to} && mount -o bind {from} {to}\n"),
+            HeldKind::Symlink(target) => {
+                format!("ln -s {} {to}\n", quote(&target.to_string_lossy()))
+            }
+        });
+    }
     script
 }
 
@@ -140,6 +180,7 @@ mod tests {
             &tests,
             &["--test-threads".into(), "1".into()],
             Path::new("/w/tests"),
+            &[],
         );
         assert!(script.starts_with("#!/vmtest/bin/busybox sh\n"));
         let begin = script.find("@@vmtest begin fork_chain\"").unwrap();
@@ -157,5 +198,48 @@ mod tests {
         assert!(script.contains(" comm=scenarios-01234 "));
         assert!(script.contains("cd '/w/tests'\n"));
         assert!(script.trim_end().ends_with("poweroff -f"));
+        assert!(script.contains("\nmount -t tmpfs tmpfs /tmp\n"));
+        assert!(!script.contains("mount -o bind"));
+    }
+
+    #[test]
+    fn what_the_image_holds_in_tmp_is_bound_back_over_the_tmpfs_before_the_tests_run() {
+        let held = [
+            Held {
+                path: "/tmp/clone".into(),
+                kind: HeldKind::Dir,
+            },
+            Held {
+                path: "/tmp/it's".into(),
+                kind: HeldKind::File,
+            },
+            Held {
+                path: "/tmp/link".into(),
+                kind: HeldKind::Symlink("clone/tests".into()),
+            },
+        ];
+        let script = init_script(
+            Path::new("/tmp/clone/target/debug/deps/scenarios-0123"),
+            &[],
+            &[],
+            Path::new("/tmp/clone/tests"),
+            &held,
+        );
+        let order = [
+            "mount -o bind /tmp /vmtest/image/tmp\n",
+            "mount -t tmpfs tmpfs /tmp\n",
+            "mkdir '/tmp/clone' && mount -o bind '/vmtest/image/tmp/clone' '/tmp/clone'\n",
+            "touch '/tmp/it'\\''s' && mount -o bind '/vmtest/image/tmp/it'\\''s' '/tmp/it'\\''s'\n",
+            "ln -s 'clone/tests' '/tmp/link'\n",
+            "cd '/tmp/clone/tests'\n",
+        ];
+        let at: Vec<usize> = order
+            .iter()
+            .map(|line| script.find(line).unwrap_or_else(|| panic!("{line:?} in {script}")))
+            .collect();
+        assert!(at.windows(2).all(|pair| pair[0] < pair[1]), "{script}");
+        // /run holds nothing of the image's: a plain tmpfs.
+        assert!(script.contains("\nmount -t tmpfs tmpfs /run\n"));
+        assert!(!script.contains("/vmtest/image/run"));
     }
 }

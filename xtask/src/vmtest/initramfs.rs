@@ -277,6 +277,26 @@ impl Image {
         Ok(copy)
     }
 
+    /// What the image holds directly in `dir`, where init mounts a file system of its own that
+    /// hides it (a checkout under /tmp holds the test binaries at their build paths): init keeps
+    /// the image's `dir` reachable and puts each of these back on top.
+    pub(super) fn held_in(&self, dir: &Path) -> Vec<Held> {
+        self.entries
+            .iter()
+            .filter(|(path, _)| path.parent() == Some(dir))
+            .map(|(path, entry)| Held {
+                path: path.clone(),
+                kind: match entry {
+                    Entry::Dir => HeldKind::Dir,
+                    Entry::Symlink(target) => HeldKind::Symlink(target.clone()),
+                    Entry::File { .. } | Entry::Text { .. } | Entry::CharDevice(..) => {
+                        HeldKind::File
+                    }
+                },
+            })
+            .collect()
+    }
+
     /// How many files the image holds.
     pub(super) fn file_count(&self) -> usize {
         self.entries
@@ -284,6 +304,23 @@ impl Image {
             .filter(|entry| matches!(entry, Entry::File { .. }))
             .count()
     }
+}
+
+/// A path the image holds in a directory init mounts over: see [`Image::held_in`].
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Held {
+    pub path: PathBuf,
+    pub kind: HeldKind,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum HeldKind {
+    /// Bound back, with all it holds.
+    Dir,
+    /// Bound back.
+    File,
+    /// Made again (a bind mount would follow it).
+    Symlink(PathBuf),
 }
 
 /// `path` with its `.` and `..` taken out, without asking the file system: right for a path whose
@@ -445,6 +482,44 @@ mod tests {
             );
         }
         assert!(image.entries.contains_key(Path::new("/bin")));
+    }
+
+    #[test]
+    fn what_a_mount_would_hide_is_each_entry_directly_in_its_directory() {
+        let mut image = Image::new(Path::new("/nonexistent"));
+        image.add_dir(Path::new("/tmp/clone/tests"));
+        image.add_text("/tmp/clone/target/debug/leash", String::new(), 0o755);
+        image.add_text("/tmp/notes", String::new(), 0o644);
+        image
+            .entries
+            .insert("/tmp/link".into(), Entry::Symlink("clone/tests".into()));
+        image.add_text("/run/x/y", String::new(), 0o644);
+        assert_eq!(
+            image.held_in(Path::new("/tmp")),
+            [
+                Held {
+                    path: "/tmp/clone".into(),
+                    kind: HeldKind::Dir
+                },
+                Held {
+                    path: "/tmp/link".into(),
+                    kind: HeldKind::Symlink("clone/tests".into())
+                },
+                Held {
+                    path: "/tmp/notes".into(),
+                    kind: HeldKind::File
+                },
+            ]
+        );
+        assert_eq!(
+            image.held_in(Path::new("/run")),
+            [Held {
+                path: "/run/x".into(),
+                kind: HeldKind::Dir
+            }]
+        );
+        // The image's own directories, but empty.
+        assert!(image.held_in(Path::new("/dev/shm")).is_empty());
     }
 
     #[test]

@@ -237,9 +237,14 @@ fn build_initramfs(suite: &suite::Suite, out: &Path, to: &Path) -> Result<u64> {
             tests: &scenario.tests,
         })
         .collect();
+    // A checkout under /tmp puts the test binaries where init mounts a tmpfs.
+    let held: Vec<_> = guest::TMPFS_DIRS
+        .iter()
+        .flat_map(|dir| image.held_in(Path::new(dir)))
+        .collect();
     image.add_text(
         "/init",
-        guest::init_script(&suite.binary, &tests, &suite.run_args, &workdir),
+        guest::init_script(&suite.binary, &tests, &suite.run_args, &workdir, &held),
         0o755,
     );
     let size = image.write(to)?;
