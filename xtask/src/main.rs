@@ -57,11 +57,16 @@ enum Task {
     Lint,
     /// Build the integration tests and run them on other kernels, under QEMU (as root).
     ///
-    /// The kernels are Debian's cloud kernels of bullseye (5.10), bookworm (6.1 and 6.12) and
-    /// trixie (6.12), each booted under QEMU (KVM where it works, TCG otherwise) with an
-    /// initramfs of the test binary. Prints every test's output, one line per kernel and the
-    /// total; fails if a test fails on any kernel. Installs QEMU and busybox when missing, and
-    /// caches the kernels in /var/cache/leash-vmtest (LEASH_VMTEST_CACHE=DIR to change it).
+    /// The kernels are Debian's cloud kernels of bullseye (5.10), bookworm (6.1) and trixie
+    /// (6.12), and the newest Debian ships (sid-newest: unstable's, or experimental's when
+    /// newer, looked up at each run); bookworm's 6.12 runs only with --kernel bookworm-6.12
+    /// (the same upstream line as trixie's). Each is booted under QEMU (KVM where it works, TCG
+    /// otherwise) with an initramfs of the test binary. With --arch arm64: Debian's arm64
+    /// cloud kernels of bookworm (6.1) and trixie (6.12), emulated, with leash and the tests
+    /// cross-built and a subset of the scenarios (--all for every one). Prints every test's
+    /// output, one line per kernel and the total; fails if a test fails on any kernel.
+    /// Installs QEMU, busybox and the cross toolchain when missing, and caches the kernels in
+    /// /var/cache/leash-vmtest (LEASH_VMTEST_CACHE=DIR to change it).
     Vmtest(vmtest::Options),
     /// Make the Debian userlands the package's tests use (Debian 11 and 13, and 12 with systemd)
     /// with mmdebstrap, those not cached yet, all at once; cached in

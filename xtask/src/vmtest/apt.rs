@@ -10,6 +10,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+use super::arch::Arch;
 use crate::{is_root, output, status};
 
 /// The key that signs every Debian suite's Release file (the debian-archive-keyring package).
@@ -27,30 +28,37 @@ pub(crate) fn mirror() -> String {
 
 pub(crate) struct Apt {
     suite: String,
+    arch: Arch,
     dir: PathBuf,
     updated: bool,
 }
 
+/// The suites with no -updates and no -security: their packages change in place.
+const ROLLING: [&str; 3] = ["unstable", "sid", "experimental"];
+
 impl Apt {
-    /// The apt of `suite` (bullseye, bookworm...), its state under `dir`: the suite itself,
-    /// its -updates and its -security.
-    pub(crate) fn new(suite: &str, dir: &Path) -> Result<Self> {
+    /// The apt of `suite` (bullseye, bookworm...) for `arch`, its state under `dir`: the suite
+    /// itself, its -updates and its -security (those a release has).
+    pub(crate) fn new(suite: &str, arch: Arch, dir: &Path) -> Result<Self> {
         for sub in ["lists/partial", "cache/archives/partial"] {
             let path = dir.join(sub);
             fs::create_dir_all(&path).with_context(|| format!("making {}", path.display()))?;
         }
         let mirror = mirror();
-        let sources = [
-            format!("{mirror}/debian {suite}"),
-            format!("{mirror}/debian {suite}-updates"),
-            format!("{mirror}/debian-security {suite}-security"),
-        ]
-        .map(|source| format!("deb [signed-by={KEYRING}] {source} main\n"))
-        .concat();
+        let mut sources = vec![format!("{mirror}/debian {suite}")];
+        if !ROLLING.contains(&suite) {
+            sources.push(format!("{mirror}/debian {suite}-updates"));
+            sources.push(format!("{mirror}/debian-security {suite}-security"));
+        }
+        let sources: String = sources
+            .iter()
+            .map(|source| format!("deb [signed-by={KEYRING}] {source} main\n"))
+            .collect();
         let list = dir.join("sources.list");
         fs::write(&list, sources).with_context(|| format!("writing {}", list.display()))?;
         Ok(Self {
             suite: suite.to_owned(),
+            arch,
             dir: dir.to_path_buf(),
             updated: false,
         })
@@ -86,10 +94,11 @@ impl Apt {
             "--no-suggests",
             meta,
         ]))?;
+        // Newer meta-packages depend on a linux-base-FLAVOUR first.
         let package = depends
             .lines()
-            .find_map(|line| line.trim().strip_prefix("Depends: "))
-            .filter(|name| name.starts_with("linux-image-"))
+            .filter_map(|line| line.trim().strip_prefix("Depends: "))
+            .find(|name| name.starts_with("linux-image-"))
             .with_context(|| format!("{meta} depends on no kernel package in {}", self.suite))?
             .to_owned();
         let policy = output(self.command("apt-cache").args(["policy", &package]))?;
@@ -100,6 +109,34 @@ impl Apt {
             .with_context(|| format!("{package} has no version in {}", self.suite))?
             .to_owned();
         Ok((package, version))
+    }
+
+    /// What `meta` depends on, as [`Self::newest_dependency`], or None when the suite has no
+    /// `meta` at all (experimental has one only while a new kernel line is tried there).
+    pub(crate) fn dependency(&self, meta: &str) -> Result<Option<(String, String)>> {
+        let listing = output(self.command("apt-cache").args(["madison", meta]))?;
+        if listing.trim().is_empty() {
+            return Ok(None);
+        }
+        self.newest_dependency(meta).map(Some)
+    }
+
+    /// The package that holds the kernel of image package `package`: itself, or, as Debian
+    /// splits them from Linux 7.3 on (experimental), the `linux-binary-*` package it depends
+    /// on, at the same version.
+    pub(crate) fn kernel_holder(&self, package: &str) -> Result<String> {
+        let depends = output(self.command("apt-cache").args([
+            "depends",
+            "--no-recommends",
+            "--no-suggests",
+            package,
+        ]))?;
+        Ok(depends
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("Depends: "))
+            .find(|name| name.starts_with("linux-binary-"))
+            .unwrap_or(package)
+            .to_owned())
     }
 
     /// Downloads `package` at `version` into `dir`; returns the .deb.
@@ -139,6 +176,8 @@ impl Apt {
             "Dir::Etc::SourceParts=/dev/null".to_owned(),
             format!("Dir::State::Lists={}", dir.join("lists").display()),
             format!("Dir::Cache={}", dir.join("cache").display()),
+            format!("APT::Architecture={}", self.arch.debian()),
+            format!("APT::Architectures={}", self.arch.debian()),
             // Nothing of the machine's own packages or preferences.
             "Dir::State::Status=/dev/null".to_owned(),
             "Dir::Etc::Preferences=/dev/null".to_owned(),

@@ -235,7 +235,11 @@ mod tests {
         ];
         let at: Vec<usize> = order
             .iter()
-            .map(|line| script.find(line).unwrap_or_else(|| panic!("{line:?} in {script}")))
+            .map(|line| {
+                script
+                    .find(line)
+                    .unwrap_or_else(|| panic!("{line:?} in {script}"))
+            })
             .collect();
         assert!(at.windows(2).all(|pair| pair[0] < pair[1]), "{script}");
         // /run holds nothing of the image's: a plain tmpfs.

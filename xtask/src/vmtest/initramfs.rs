@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::cpio;
+use super::{arch::Arch, cpio};
 use crate::output;
 
 /// Where busybox and its applets go in the guest.
@@ -55,13 +55,27 @@ pub(super) struct Image {
     entries: BTreeMap<PathBuf, Entry>,
     /// Where stripped copies are kept between runs.
     stripped: PathBuf,
+    /// Where the guest's system comes from (its programs and the libraries every program
+    /// loads): `/`, this machine, when the guest is of its architecture; a Debian tree of the
+    /// guest's architecture otherwise.
+    sysroot: PathBuf,
+    /// The guest's architecture: where its libraries live in `sysroot`.
+    arch: Arch,
 }
 
 impl Image {
+    /// An image whose programs and libraries are this machine's.
     pub(super) fn new(stripped: &Path) -> Self {
+        Self::with_sysroot(stripped, Path::new("/"), Arch::X86_64)
+    }
+
+    /// An image whose programs and libraries come from `sysroot`, a system of `arch`.
+    pub(super) fn with_sysroot(stripped: &Path, sysroot: &Path, arch: Arch) -> Self {
         let mut image = Self {
             entries: BTreeMap::new(),
             stripped: stripped.to_path_buf(),
+            sysroot: sysroot.to_path_buf(),
+            arch,
         };
         for dir in [
             "/", "/dev", "/proc", "/sys", "/tmp", "/run", "/root", "/etc",
@@ -75,28 +89,42 @@ impl Image {
         image
     }
 
-    /// The host's file at `path`, at the same path, with the symlinks on the way to it, and
-    /// (for a program or library) the libraries it needs. `strip`: copy it without its debug
-    /// information (test binaries are ten times smaller so).
+    /// The host's file at `path` (a build's output), at the same path, with the symlinks on
+    /// the way to it, and (for a program or library) the libraries it needs, from the
+    /// sysroot. `strip`: copy it without its debug information (test binaries are ten times
+    /// smaller so).
     pub(super) fn add_host_file(&mut self, path: &Path, strip: bool) -> Result<()> {
-        let real = self.add_host_path(path)?;
+        self.add_file(Path::new("/"), path, strip)
+    }
+
+    /// The sysroot's file at `path`, as [`Self::add_host_file`] adds the host's.
+    fn add_system_file(&mut self, path: &Path) -> Result<()> {
+        let sysroot = self.sysroot.clone();
+        self.add_file(&sysroot, path, false)
+    }
+
+    /// `root`'s file at `path` (absolute, read as if `root` were `/`).
+    fn add_file(&mut self, root: &Path, path: &Path, strip: bool) -> Result<()> {
+        let real = self.add_path(root, path)?;
         if self.entries.contains_key(&real) {
             return Ok(());
         }
-        let meta = fs::metadata(&real).with_context(|| format!("reading {}", real.display()))?;
+        let source = under(root, &real);
+        let meta =
+            fs::metadata(&source).with_context(|| format!("reading {}", source.display()))?;
         if !meta.is_file() {
-            bail!("{} is not a file", real.display());
+            bail!("{} is not a file", source.display());
         }
         self.entries.insert(
             real.clone(),
             Entry::File {
-                source: real.clone(),
+                source: source.clone(),
                 strip,
             },
         );
         if meta.permissions().mode() & 0o111 != 0 || is_shared_library(&real) {
-            for library in libraries(&real)? {
-                self.add_host_file(&library, false)?;
+            for library in self.libraries(&source)? {
+                self.add_system_file(&library)?;
             }
         }
         Ok(())
@@ -104,44 +132,99 @@ impl Image {
 
     /// The host's directory tree at `dir`, but what `skip` rejects (given each path).
     pub(super) fn add_host_tree(&mut self, dir: &Path, skip: &dyn Fn(&Path) -> bool) -> Result<()> {
-        let real = self.add_host_path(dir)?;
+        self.add_tree(Path::new("/"), dir, skip)
+    }
+
+    /// `root`'s directory tree at `dir`, but what `skip` rejects (given each path as the guest
+    /// sees it).
+    fn add_tree(&mut self, root: &Path, dir: &Path, skip: &dyn Fn(&Path) -> bool) -> Result<()> {
+        let real = self.add_path(root, dir)?;
         self.entries.insert(real.clone(), Entry::Dir);
-        let mut entries: Vec<_> = fs::read_dir(&real)
-            .with_context(|| format!("reading {}", real.display()))?
+        let source = under(root, &real);
+        let mut names: Vec<_> = fs::read_dir(&source)
+            .with_context(|| format!("reading {}", source.display()))?
             .flatten()
-            .map(|entry| entry.path())
+            .map(|entry| entry.file_name())
             .collect();
-        entries.sort();
-        for path in entries {
+        names.sort();
+        for name in names {
+            let path = real.join(name);
             if skip(&path) {
                 continue;
             }
-            let meta = fs::symlink_metadata(&path)?;
+            let meta = fs::symlink_metadata(under(root, &path))?;
             if meta.is_dir() {
-                self.add_host_tree(&path, skip)?;
+                self.add_tree(root, &path, skip)?;
             } else if (meta.is_file() || meta.file_type().is_symlink())
                 // A dangling symlink leads nowhere the guest could need.
-                && fs::metadata(&path).is_ok()
+                && resolve(root, &path, &mut Vec::new())
+                    .is_ok_and(|real| under(root, &real).is_file())
             {
-                self.add_host_file(&path, false)?;
+                self.add_file(root, &path, false)?;
             }
         }
         Ok(())
     }
 
-    /// A program from the host's system directories, by name.
+    /// A program from the sysroot's system directories, by name.
     pub(super) fn add_program(&mut self, name: &str) -> Result<()> {
-        let path = SYSTEM_PATH
+        let path = self.find_program(name).with_context(|| {
+            format!(
+                "the tests run {name}, which is in none of {} in {}",
+                SYSTEM_PATH.join(", "),
+                self.sysroot.display()
+            )
+        })?;
+        self.add_system_file(&path)
+    }
+
+    /// Where `name` is in the sysroot's system directories.
+    fn find_program(&self, name: &str) -> Option<PathBuf> {
+        SYSTEM_PATH
             .iter()
             .map(|dir| Path::new(dir).join(name))
-            .find(|path| path.is_file())
-            .with_context(|| {
-                format!(
-                    "the tests run {name}, which is in none of {}",
-                    SYSTEM_PATH.join(", ")
-                )
-            })?;
-        self.add_host_file(&path, false)
+            .find(|path| {
+                resolve(&self.sysroot, path, &mut Vec::new())
+                    .is_ok_and(|real| under(&self.sysroot, &real).is_file())
+            })
+    }
+
+    /// The libraries the program or library `source` (a file of the host's) loads, as paths
+    /// of the sysroot: `ldd`'s when the sysroot is this machine; else from its ELF headers
+    /// (its interpreter, and each NEEDED library found in the sysroot's library directories;
+    /// their own come when each is added).
+    fn libraries(&self, source: &Path) -> Result<Vec<PathBuf>> {
+        if self.sysroot == Path::new("/") {
+            return libraries(source);
+        }
+        if !is_elf(source) {
+            return Ok(Vec::new());
+        }
+        let headers = output(
+            Command::new("readelf")
+                .args(["--wide", "-d", "-l"])
+                .arg(source),
+        )?;
+        let multiarch = self.arch.multiarch();
+        let dirs = [
+            format!("/lib/{multiarch}"),
+            format!("/usr/lib/{multiarch}"),
+            "/lib".to_owned(),
+            "/usr/lib".to_owned(),
+        ];
+        let (interpreter, needed) = elf_needs(&headers);
+        Ok(interpreter
+            .into_iter()
+            .chain(needed.into_iter().filter_map(|name| {
+                // Not found: as ldd's "not found", the guest says so if it loads it.
+                dirs.iter()
+                    .map(|dir| Path::new(dir).join(&name))
+                    .find(|path| {
+                        resolve(&self.sysroot, path, &mut Vec::new())
+                            .is_ok_and(|real| under(&self.sysroot, &real).is_file())
+                    })
+            }))
+            .collect())
     }
 
     pub(super) fn add_text(&mut self, path: &str, content: String, permissions: u32) {
@@ -161,33 +244,20 @@ impl Image {
         self.entries.insert(path.to_path_buf(), Entry::Dir);
     }
 
-    /// Mirrors `path`'s directories and every symlink met on the way to it, and on the way to
-    /// each symlink's target; returns the path with no symlink in it, where the file or
-    /// directory itself goes (the caller adds a file: it knows whether to strip it).
-    fn add_host_path(&mut self, path: &Path) -> Result<PathBuf> {
-        if !path.is_absolute() {
-            bail!("{} is not an absolute path", path.display());
-        }
-        let mut real = PathBuf::from("/");
-        for component in path.components().skip(1) {
-            let Component::Normal(name) = component else {
-                bail!("{}: only plain names, please", path.display());
-            };
-            let next = real.join(name);
-            let meta = fs::symlink_metadata(&next)
-                .with_context(|| format!("reading {}", next.display()))?;
-            if meta.file_type().is_symlink() {
-                let target = fs::read_link(&next)?;
-                self.entries
-                    .insert(next.clone(), Entry::Symlink(target.clone()));
-                // An absolute target replaces `real`; a relative one is read from it. Either may
-                // go through symlinks of its own: they are mirrored too.
-                real = self.add_host_path(&lexically_normal(&real.join(&target)))?;
-            } else {
-                if meta.is_dir() {
-                    self.entries.entry(next.clone()).or_insert(Entry::Dir);
+    /// Mirrors `path`'s directories in `root` and every symlink met on the way to it, and on
+    /// the way to each symlink's target; returns the path with no symlink in it, where the
+    /// file or directory itself goes (the caller adds a file: it knows whether to strip it).
+    fn add_path(&mut self, root: &Path, path: &Path) -> Result<PathBuf> {
+        let mut met = Vec::new();
+        let real = resolve(root, path, &mut met)?;
+        for (path, target) in met {
+            match target {
+                Some(target) => {
+                    self.entries.insert(path, Entry::Symlink(target));
                 }
-                real = next;
+                None => {
+                    self.entries.entry(path).or_insert(Entry::Dir);
+                }
             }
         }
         Ok(real)
@@ -323,6 +393,68 @@ pub(super) enum HeldKind {
     Symlink(PathBuf),
 }
 
+/// `path` (absolute) as the kernel would find it chrooted in `root`: the path with no symlink in
+/// it, and, in `met`, each directory (None) and symlink (its target) on the way to it and to each
+/// symlink's target.
+fn resolve(root: &Path, path: &Path, met: &mut Vec<(PathBuf, Option<PathBuf>)>) -> Result<PathBuf> {
+    if !path.is_absolute() {
+        bail!("{} is not an absolute path", path.display());
+    }
+    let mut real = PathBuf::from("/");
+    for component in path.components().skip(1) {
+        let Component::Normal(name) = component else {
+            bail!("{}: only plain names, please", path.display());
+        };
+        let next = real.join(name);
+        let source = under(root, &next);
+        let meta = fs::symlink_metadata(&source)
+            .with_context(|| format!("reading {}", source.display()))?;
+        if meta.file_type().is_symlink() {
+            let target = fs::read_link(&source)?;
+            met.push((next, Some(target.clone())));
+            // An absolute target replaces `real`; a relative one is read from it. Either may go
+            // through symlinks of its own: they are mirrored too.
+            real = resolve(root, &lexically_normal(&real.join(&target)), met)?;
+        } else {
+            if meta.is_dir() {
+                met.push((next.clone(), None));
+            }
+            real = next;
+        }
+    }
+    Ok(real)
+}
+
+/// The file at `path` (absolute) of the system at `root`.
+fn under(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// An ELF file's interpreter and NEEDED libraries, from `readelf --wide -d -l`.
+fn elf_needs(headers: &str) -> (Option<PathBuf>, Vec<String>) {
+    let interpreter = headers.lines().find_map(|line| {
+        let path = line.split_once("[Requesting program interpreter: ")?.1;
+        Some(PathBuf::from(path.strip_suffix(']')?))
+    });
+    let needed = headers
+        .lines()
+        .filter(|line| line.contains("(NEEDED)"))
+        .filter_map(|line| {
+            let name = line.split_once("Shared library: [")?.1;
+            Some(name.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    (interpreter, needed)
+}
+
+fn is_elf(path: &Path) -> bool {
+    let mut magic = [0; 4];
+    File::open(path)
+        .and_then(|mut file| file.read_exact(&mut magic))
+        .is_ok()
+        && magic == *b"\x7fELF"
+}
+
 /// `path` with its `.` and `..` taken out, without asking the file system: right for a path whose
 /// directories before a `..` are not symlinks, as the targets met here are.
 fn lexically_normal(path: &Path) -> PathBuf {
@@ -341,12 +473,7 @@ fn lexically_normal(path: &Path) -> PathBuf {
 
 /// The libraries `ldd` says `path` loads (none for a static program or a script).
 fn libraries(path: &Path) -> Result<Vec<PathBuf>> {
-    let mut magic = [0; 4];
-    let is_elf = File::open(path)
-        .and_then(|mut file| file.read_exact(&mut magic))
-        .is_ok()
-        && magic == *b"\x7fELF";
-    if !is_elf {
+    if !is_elf(path) {
         return Ok(Vec::new());
     }
     // ldd fails on a static binary ("not a dynamic executable"): it needs nothing.
@@ -380,9 +507,12 @@ pub(super) fn add_host_programs(image: &mut Image) -> Result<()> {
     }
     // The tests also name programs by a path of their own (/bin/true): the top-level links of a
     // merged /usr (/bin -> usr/bin) must be there, whatever went through them.
+    let sysroot = image.sysroot.clone();
     for link in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
-        if fs::symlink_metadata(link).is_ok_and(|meta| meta.file_type().is_symlink()) {
-            image.add_host_path(Path::new(link))?;
+        if fs::symlink_metadata(under(&sysroot, Path::new(link)))
+            .is_ok_and(|meta| meta.file_type().is_symlink())
+        {
+            image.add_path(&sysroot, Path::new(link))?;
         }
     }
     add_busybox(image)?;
@@ -392,14 +522,15 @@ pub(super) fn add_host_programs(image: &mut Image) -> Result<()> {
 /// busybox as /vmtest/bin/busybox: a path of its own, so that its applets (installed there by
 /// init) do not shadow the host's programs.
 pub(super) fn add_busybox(image: &mut Image) -> Result<()> {
-    let busybox = SYSTEM_PATH
-        .iter()
-        .map(|dir| Path::new(dir).join("busybox"))
-        .find(|path| path.is_file())
+    let busybox = image
+        .find_program("busybox")
         .context("busybox is missing (apt-get install busybox-static)")?;
-    let source = fs::canonicalize(&busybox)?;
-    for library in libraries(&source)? {
-        image.add_host_file(&library, false)?;
+    let source = under(
+        &image.sysroot,
+        &resolve(&image.sysroot, &busybox, &mut Vec::new())?,
+    );
+    for library in image.libraries(&source)? {
+        image.add_system_file(&library)?;
     }
     let guest_busybox = PathBuf::from(format!("{BUSYBOX_DIR}/busybox"));
     image.add_parents(&guest_busybox);
@@ -414,12 +545,15 @@ pub(super) fn add_busybox(image: &mut Image) -> Result<()> {
 }
 
 fn add_python(image: &mut Image) -> Result<()> {
+    let sysroot = image.sysroot.clone();
     let python = Path::new(PYTHON);
-    if !python.exists() {
-        bail!("{PYTHON} is missing (apt-get install python3)");
-    }
-    image.add_host_file(python, false)?;
-    let real = fs::canonicalize(python)?;
+    let Ok(real) = resolve(&sysroot, python, &mut Vec::new()) else {
+        bail!(
+            "{PYTHON} is missing in {} (apt-get install python3)",
+            sysroot.display()
+        );
+    };
+    image.add_system_file(python)?;
     // python3 -> python3.11: the standard library is /usr/lib/python3.11.
     let version = real
         .file_name()
@@ -446,7 +580,7 @@ fn add_python(image: &mut Image) -> Result<()> {
             || name.contains(".opt-")
             || (name.starts_with("_test") && name.ends_with(".so"))
     };
-    image.add_host_tree(&stdlib, &skip)
+    image.add_tree(&sysroot, &stdlib, &skip)
 }
 
 #[cfg(test)]
@@ -520,6 +654,59 @@ mod tests {
         );
         // The image's own directories, but empty.
         assert!(image.held_in(Path::new("/dev/shm")).is_empty());
+    }
+
+    #[test]
+    fn readelf_gives_the_interpreter_and_the_needed_libraries() {
+        let headers = "
+Program Headers:
+  INTERP         0x000238 0x0000000000000238 0x0000000000000238 0x00001b 0x00001b R   0x1
+      [Requesting program interpreter: /lib/ld-linux-aarch64.so.1]
+Dynamic section at offset 0x1fdd8 contains 27 entries:
+  Tag        Type                         Name/Value
+ 0x0000000000000001 (NEEDED)             Shared library: [libselinux.so.1]
+ 0x0000000000000001 (NEEDED)             Shared library: [libc.so.6]
+ 0x000000000000000c (INIT)               0x3a48
+";
+        let (interpreter, needed) = elf_needs(headers);
+        assert_eq!(interpreter, Some("/lib/ld-linux-aarch64.so.1".into()));
+        assert_eq!(needed, ["libselinux.so.1", "libc.so.6"]);
+        assert_eq!(elf_needs("not an ELF"), (None, Vec::new()));
+    }
+
+    #[test]
+    fn a_sysroot_is_walked_as_if_it_were_root() {
+        let root = std::env::temp_dir().join(format!("leash-xtask-sysroot-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(root.join("usr/lib/aarch64-linux-gnu")).unwrap();
+        std::os::unix::fs::symlink("usr/lib", root.join("lib")).unwrap();
+        fs::write(
+            root.join("usr/lib/aarch64-linux-gnu/ld-linux-aarch64.so.1"),
+            "",
+        )
+        .unwrap();
+        // An absolute target means the sysroot's, never this machine's.
+        std::os::unix::fs::symlink(
+            "/lib/aarch64-linux-gnu/ld-linux-aarch64.so.1",
+            root.join("usr/lib/ld-linux-aarch64.so.1"),
+        )
+        .unwrap();
+        let mut met = Vec::new();
+        let real = resolve(&root, Path::new("/lib/ld-linux-aarch64.so.1"), &mut met);
+        let _ = fs::remove_dir_all(&root);
+        assert_eq!(
+            real.unwrap(),
+            Path::new("/usr/lib/aarch64-linux-gnu/ld-linux-aarch64.so.1")
+        );
+        assert!(met.contains(&("/lib".into(), Some("usr/lib".into()))));
+        assert!(met.contains(&(
+            "/usr/lib/ld-linux-aarch64.so.1".into(),
+            Some("/lib/aarch64-linux-gnu/ld-linux-aarch64.so.1".into())
+        )));
+        assert_eq!(
+            under(Path::new("/r"), Path::new("/usr/bin")),
+            Path::new("/r/usr/bin")
+        );
     }
 
     #[test]

@@ -5,6 +5,11 @@
 //! Debian drops superseded kernels from its archive. A pin that is gone does not fail the run:
 //! the suite's newest kernel of the same line and flavour (what the pin's meta-package depends
 //! on) runs instead, with a warning that names the pin to update.
+//!
+//! One kernel is not pinned: `sid-newest`, the newest cloud kernel Debian ships (unstable's, or
+//! experimental's when that is newer), looked up at each run, so that a kernel change that
+//! breaks leash shows before the kernel reaches a release. It fails the run only when no such
+//! kernel can be found.
 
 use std::{
     collections::BTreeMap,
@@ -15,57 +20,152 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::apt::Apt;
+use super::{apt::Apt, arch::Arch};
 
 /// A kernel to test on.
 pub(super) struct Pin {
     /// What `--kernel` names, and the per-kernel lines print.
     pub name: &'static str,
+    pub arch: Arch,
     /// The Debian suite that ships it (its -updates and -security are searched too).
     pub suite: &'static str,
-    pub package: &'static str,
-    pub version: &'static str,
+    pub choice: Choice,
     /// The suite's meta-package of this kernel line and flavour: its dependency is the newest
     /// such kernel, taken when the pin is gone from the archive.
     pub meta: &'static str,
+    /// In the set a run without `--kernel` boots.
+    pub default: bool,
+}
+
+/// Which kernel of its suite a [`Pin`] is.
+pub(super) enum Choice {
+    /// This package at this version (the suite's newest of the same line when it is gone).
+    Pinned {
+        package: &'static str,
+        version: &'static str,
+    },
+    /// The newest that the meta-package depends on, in the suite or in any of `also`, looked
+    /// up when the run starts.
+    Newest { also: &'static [&'static str] },
+}
+
+impl Pin {
+    /// What the table says it is, for `--list`.
+    pub(super) fn describe(&self) -> String {
+        match self.choice {
+            Choice::Pinned { package, version } => {
+                format!("{package} {version} ({})", self.suite)
+            }
+            Choice::Newest { also } => format!(
+                "the newest kernel {} depends on in {}, looked up at each run",
+                self.meta,
+                [self.suite]
+                    .iter()
+                    .chain(also)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            ),
+        }
+    }
+
+    fn is(&self, package: &str, version: &str) -> bool {
+        match self.choice {
+            Choice::Pinned {
+                package: pinned,
+                version: at,
+            } => package == pinned && version == at,
+            Choice::Newest { .. } => true,
+        }
+    }
 }
 
 /// The kernels users run, as Debian ships them (checked on deb.debian.org; update a pin when a
-/// run warns that it is gone).
-pub(super) const PINS: [Pin; 4] = [
+/// run warns that it is gone). bookworm-6.12 is out of the default set: the same upstream line
+/// as trixie-6.12, and CI has no minutes for a fifth x86 guest.
+pub(super) const PINS: [Pin; 7] = [
     Pin {
         name: "bullseye-5.10",
+        arch: Arch::X86_64,
         suite: "bullseye",
-        package: "linux-image-5.10.0-46-cloud-amd64",
-        version: "5.10.262-1",
+        choice: Choice::Pinned {
+            package: "linux-image-5.10.0-46-cloud-amd64",
+            version: "5.10.262-1",
+        },
         meta: "linux-image-cloud-amd64",
+        default: true,
     },
     Pin {
         name: "bookworm-6.1",
+        arch: Arch::X86_64,
         suite: "bookworm",
-        package: "linux-image-6.1.0-57-cloud-amd64",
-        version: "6.1.192-3",
+        choice: Choice::Pinned {
+            package: "linux-image-6.1.0-57-cloud-amd64",
+            version: "6.1.192-3",
+        },
         meta: "linux-image-cloud-amd64",
+        default: true,
     },
     Pin {
         name: "bookworm-6.12",
+        arch: Arch::X86_64,
         suite: "bookworm",
-        package: "linux-image-6.12.117+deb12-cloud-amd64",
-        version: "6.12.117-1~deb12u1",
+        choice: Choice::Pinned {
+            package: "linux-image-6.12.117+deb12-cloud-amd64",
+            version: "6.12.117-1~deb12u1",
+        },
         meta: "linux-image-6.12-cloud-amd64",
+        default: false,
     },
     Pin {
         name: "trixie-6.12",
+        arch: Arch::X86_64,
         suite: "trixie",
-        package: "linux-image-6.12.118+deb13-cloud-amd64",
-        version: "6.12.118-1",
+        choice: Choice::Pinned {
+            package: "linux-image-6.12.118+deb13-cloud-amd64",
+            version: "6.12.118-1",
+        },
         meta: "linux-image-cloud-amd64",
+        default: true,
+    },
+    Pin {
+        name: "sid-newest",
+        arch: Arch::X86_64,
+        suite: "unstable",
+        choice: Choice::Newest {
+            also: &["experimental"],
+        },
+        meta: "linux-image-cloud-amd64",
+        default: true,
+    },
+    Pin {
+        name: "bookworm-6.1",
+        arch: Arch::Arm64,
+        suite: "bookworm",
+        choice: Choice::Pinned {
+            package: "linux-image-6.1.0-57-cloud-arm64",
+            version: "6.1.192-3",
+        },
+        meta: "linux-image-cloud-arm64",
+        default: true,
+    },
+    Pin {
+        name: "trixie-6.12",
+        arch: Arch::Arm64,
+        suite: "trixie",
+        choice: Choice::Pinned {
+            package: "linux-image-6.12.118+deb13-cloud-arm64",
+            version: "6.12.118-1",
+        },
+        meta: "linux-image-cloud-arm64",
+        default: true,
     },
 ];
 
 /// A kernel ready to boot.
 pub(crate) struct Kernel {
     pub name: &'static str,
+    pub arch: Arch,
     pub package: String,
     pub version: String,
     /// As `uname -r` prints it.
@@ -73,39 +173,79 @@ pub(crate) struct Kernel {
     pub vmlinuz: PathBuf,
     /// False when the pin was gone and the suite's newest kernel stands in for it.
     pub pinned: bool,
+    /// Looked up at this run ([`Choice::Newest`]): the lines name its package.
+    pub newest: bool,
 }
 
 /// Finds each pin's kernel in the cache, or fetches it into the cache. apt runs only for the
-/// kernels not cached yet.
+/// kernels not cached yet, and for those looked up at each run.
 pub(super) fn resolve(pins: &[&'static Pin], cache: &Path) -> Result<Vec<Kernel>> {
-    let mut apts: BTreeMap<&str, Apt> = BTreeMap::new();
+    let mut apts = Apts {
+        cache,
+        apts: BTreeMap::new(),
+    };
     let mut kernels = Vec::new();
     for pin in pins {
-        if let Some(kernel) = cached(cache, pin, pin.package, pin.version)? {
-            kernels.push(kernel);
-            continue;
-        }
-        let apt = match apts.entry(pin.suite) {
-            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
-            std::collections::btree_map::Entry::Vacant(entry) => {
-                entry.insert(Apt::new(pin.suite, &cache.join("apt").join(pin.suite))?)
+        let (package, version, from) = match pin.choice {
+            Choice::Pinned { package, version } => {
+                if let Some(kernel) = cached(cache, pin, package, version)? {
+                    kernels.push(kernel);
+                    continue;
+                }
+                let apt = apts.get(pin.suite, pin.arch)?;
+                if apt.offers(package, version)? {
+                    (package.to_owned(), version.to_owned(), pin.suite)
+                } else {
+                    let (package, version) = apt.newest_dependency(pin.meta)?;
+                    warn_gone(pin, package_and_version(pin), &package, &version);
+                    (package, version, pin.suite)
+                }
+            }
+            Choice::Newest { also } => {
+                let mut newest: Option<(String, String, &'static str)> = None;
+                for &suite in [pin.suite].iter().chain(also) {
+                    let apt = apts.get(suite, pin.arch)?;
+                    // experimental often has no cloud kernel of its own: then unstable's is
+                    // the newest.
+                    let Some((package, version)) = apt.dependency(pin.meta)? else {
+                        eprintln!("xtask: {suite} has no {} ({})", pin.meta, pin.arch.debian());
+                        continue;
+                    };
+                    let newer = match &newest {
+                        None => true,
+                        Some((_, best, _)) => version_newer(&version, best)?,
+                    };
+                    if newer {
+                        newest = Some((package, version, suite));
+                    }
+                }
+                newest.with_context(|| {
+                    format!(
+                        "{}: no suite of {} has a kernel that {} depends on; the run needs \
+                         one (is the mirror {} reachable?)",
+                        pin.name,
+                        pin.describe(),
+                        pin.meta,
+                        super::apt::mirror()
+                    )
+                })?
             }
         };
-        apt.update()?;
-        let (package, version) = if apt.offers(pin.package, pin.version)? {
-            (pin.package.to_owned(), pin.version.to_owned())
-        } else {
-            let (package, version) = apt.newest_dependency(pin.meta)?;
-            warn_gone(pin, &package, &version);
-            (package, version)
-        };
+        if pin.newest() {
+            eprintln!("xtask: {} is {package} {version}, from {from}", pin.name);
+        }
         if let Some(kernel) = cached(cache, pin, &package, &version)? {
             kernels.push(kernel);
             continue;
         }
         eprintln!("xtask: downloading {package} {version}");
         let downloads = cache.join("downloads");
-        let deb = apt.download(&package, &version, &downloads)?;
+        let apt = apts.get(from, pin.arch)?;
+        let holder = apt.kernel_holder(&package)?;
+        if holder != package {
+            eprintln!("xtask: its kernel is in {holder}");
+        }
+        let deb = apt.download(&holder, &version, &downloads)?;
         let extracted = extract(&deb, &kernel_dir(cache, &package, &version));
         let _ = fs::remove_file(&deb);
         extracted?;
@@ -117,15 +257,65 @@ pub(super) fn resolve(pins: &[&'static Pin], cache: &Path) -> Result<Vec<Kernel>
     Ok(kernels)
 }
 
-fn warn_gone(pin: &Pin, package: &str, version: &str) {
+/// Each suite's apt, made and updated when first needed.
+struct Apts<'a> {
+    cache: &'a Path,
+    apts: BTreeMap<(&'static str, Arch), Apt>,
+}
+
+impl Apts<'_> {
+    fn get(&mut self, suite: &'static str, arch: Arch) -> Result<&mut Apt> {
+        let apt = match self.apts.entry((suite, arch)) {
+            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                entry.insert(Apt::new(suite, arch, &apt_dir(self.cache, suite, arch))?)
+            }
+        };
+        apt.update()?;
+        Ok(apt)
+    }
+}
+
+impl Pin {
+    fn newest(&self) -> bool {
+        matches!(self.choice, Choice::Newest { .. })
+    }
+}
+
+fn package_and_version(pin: &Pin) -> (&'static str, &'static str) {
+    match pin.choice {
+        Choice::Pinned { package, version } => (package, version),
+        Choice::Newest { .. } => ("", ""),
+    }
+}
+
+/// Each suite's apt state: the x86 ones where they always were, other architectures beside.
+fn apt_dir(cache: &Path, suite: &str, arch: Arch) -> PathBuf {
+    let apt = cache.join("apt");
+    match arch {
+        Arch::X86_64 => apt.join(suite),
+        _ => apt.join(format!("{suite}-{}", arch.debian())),
+    }
+}
+
+/// Whether Debian version `a` is newer than `b` (dpkg's own comparison).
+fn version_newer(a: &str, b: &str) -> Result<bool> {
+    Ok(Command::new("dpkg")
+        .args(["--compare-versions", a, "gt", b])
+        .status()
+        .context("running dpkg --compare-versions")?
+        .success())
+}
+
+fn warn_gone(pin: &Pin, (pinned, at): (&str, &str), package: &str, version: &str) {
     let rule = "=".repeat(78);
     eprintln!(
-        "xtask: {rule}\nxtask: WARNING: the pinned kernel of {name}, {} {}, is gone from the \
-         archive.\nxtask: Testing {suite}'s newest instead: {package} {version}.\nxtask: Update \
-         the pin of {name} in xtask/src/vmtest/kernels.rs to it.\nxtask: {rule}",
-        pin.package,
-        pin.version,
+        "xtask: {rule}\nxtask: WARNING: the pinned kernel of {name} ({arch}), {pinned} {at}, is \
+         gone from the archive.\nxtask: Testing {suite}'s newest instead: {package} \
+         {version}.\nxtask: Update the pin of {name} in xtask/src/vmtest/kernels.rs to it.\n\
+         xtask: {rule}",
         name = pin.name,
+        arch = pin.arch,
         suite = pin.suite,
     );
 }
@@ -145,20 +335,36 @@ fn cached(cache: &Path, pin: &Pin, package: &str, version: &str) -> Result<Optio
         .with_context(|| format!("reading {}", dir.join("release").display()))?;
     Ok(Some(Kernel {
         name: pin.name,
+        arch: pin.arch,
         package: package.to_owned(),
         version: version.to_owned(),
         release: release.trim().to_owned(),
         vmlinuz,
-        pinned: package == pin.package && version == pin.version,
+        pinned: pin.is(package, version),
+        newest: pin.newest(),
     }))
 }
 
-/// Takes boot/vmlinuz-RELEASE and boot/config-RELEASE out of `deb` into `dir` (as vmlinuz,
-/// config and a file `release`), through a directory renamed into place when complete.
+/// Takes the kernel and its configuration out of `deb` into `dir` (as vmlinuz, config and a
+/// file `release`), through a directory renamed into place when complete. Debian's packages
+/// have them as boot/vmlinuz-RELEASE and boot/config-RELEASE, or from Linux 7.3 on as
+/// usr/lib/modules/RELEASE/vmlinuz (and config, where the package has it).
 fn extract(deb: &Path, dir: &Path) -> Result<()> {
     let partial = dir.with_extension("partial");
     let _ = fs::remove_dir_all(&partial);
     fs::create_dir_all(&partial).with_context(|| format!("making {}", partial.display()))?;
+    let contents = crate::output(Command::new("dpkg-deb").arg("--contents").arg(deb))?;
+    let members = kernel_members(&contents);
+    let release = members
+        .iter()
+        .find(|member| member.kernel)
+        .map(|member| member.release.clone())
+        .with_context(|| {
+            format!(
+                "{} holds no kernel (boot/vmlinuz-* or usr/lib/modules/*/vmlinuz)",
+                deb.display()
+            )
+        })?;
     let mut unpack = Command::new("dpkg-deb")
         .arg("--fsys-tarfile")
         .arg(deb)
@@ -166,9 +372,9 @@ fn extract(deb: &Path, dir: &Path) -> Result<()> {
         .spawn()
         .context("running dpkg-deb")?;
     let tar = Command::new("tar")
-        .args(["-x", "--wildcards", "-C"])
+        .args(["-x", "-C"])
         .arg(&partial)
-        .args(["./boot/vmlinuz-*", "./boot/config-*"])
+        .args(members.iter().map(|member| &member.path))
         .stdin(unpack.stdout.take().context("dpkg-deb's output")?)
         .status()
         .context("running tar")?;
@@ -179,44 +385,76 @@ fn extract(deb: &Path, dir: &Path) -> Result<()> {
             deb.display()
         );
     }
-    let boot = partial.join("boot");
-    let release = fs::read_dir(&boot)?
-        .flatten()
-        .find_map(|entry| {
-            let name = entry.file_name().into_string().ok()?;
-            name.strip_prefix("vmlinuz-").map(str::to_owned)
-        })
-        .with_context(|| format!("{} holds no boot/vmlinuz-*", deb.display()))?;
-    fs::rename(
-        boot.join(format!("vmlinuz-{release}")),
-        partial.join("vmlinuz"),
-    )?;
-    // The configuration is kept for whoever wonders what a kernel has built in.
-    let _ = fs::rename(
-        boot.join(format!("config-{release}")),
-        partial.join("config"),
-    );
-    fs::remove_dir_all(&boot)?;
+    for member in &members {
+        // The configuration is kept for whoever wonders what a kernel has built in.
+        let name = if member.kernel { "vmlinuz" } else { "config" };
+        fs::rename(partial.join(&member.path), partial.join(name))?;
+    }
+    for top in ["boot", "usr"] {
+        let _ = fs::remove_dir_all(partial.join(top));
+    }
     fs::write(partial.join("release"), format!("{release}\n"))?;
     let _ = fs::remove_dir_all(dir);
     fs::rename(&partial, dir).with_context(|| format!("moving the kernel to {}", dir.display()))
 }
 
-/// The pins `--kernel` names, in table order; all of them when none is named.
-pub(super) fn select(names: &[String]) -> Result<Vec<&'static Pin>> {
+/// A file of a kernel package that the cache keeps.
+#[derive(Debug, PartialEq, Eq)]
+struct Member {
+    /// As the package's archive names it (`./boot/vmlinuz-6.1.0-57-cloud-amd64`).
+    path: String,
+    /// As `uname -r` prints it.
+    release: String,
+    /// The kernel, else its configuration.
+    kernel: bool,
+}
+
+/// The kernels and configurations a `dpkg-deb --contents` listing names (regular files only).
+fn kernel_members(contents: &str) -> Vec<Member> {
+    contents
+        .lines()
+        .filter(|line| line.starts_with('-'))
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter_map(|path| {
+            let (release, kernel) = if let Some(boot) = path.strip_prefix("./boot/") {
+                match boot.split_once('-')? {
+                    ("vmlinuz", release) => (release, true),
+                    ("config", release) => (release, false),
+                    _ => return None,
+                }
+            } else {
+                let (release, file) = path.strip_prefix("./usr/lib/modules/")?.split_once('/')?;
+                match file {
+                    "vmlinuz" => (release, true),
+                    "config" => (release, false),
+                    _ => return None,
+                }
+            };
+            Some(Member {
+                path: path.to_owned(),
+                release: release.to_owned(),
+                kernel,
+            })
+        })
+        .collect()
+}
+
+/// The pins of `arch` that `--kernel` names, in table order; the default set when none is
+/// named.
+pub(super) fn select(names: &[String], arch: Arch) -> Result<Vec<&'static Pin>> {
+    let of_arch = || PINS.iter().filter(move |pin| pin.arch == arch);
     if names.is_empty() {
-        return Ok(PINS.iter().collect());
+        return Ok(of_arch().filter(|pin| pin.default).collect());
     }
     for name in names {
-        if !PINS.iter().any(|pin| pin.name == name) {
+        if !of_arch().any(|pin| pin.name == name) {
             bail!(
-                "no kernel {name:?}; there are {}",
-                PINS.map(|pin| pin.name).join(", ")
+                "no kernel {name:?} for {arch}; there are {}",
+                of_arch().map(|pin| pin.name).collect::<Vec<_>>().join(", ")
             );
         }
     }
-    Ok(PINS
-        .iter()
+    Ok(of_arch()
         .filter(|pin| names.iter().any(|name| name == pin.name))
         .collect())
 }
@@ -226,16 +464,91 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kernels_are_named_once_and_selected_in_table_order() {
-        let all = select(&[]).unwrap();
-        assert_eq!(all.len(), PINS.len());
-        let names: std::collections::BTreeSet<_> = PINS.iter().map(|pin| pin.name).collect();
-        assert_eq!(names.len(), PINS.len());
-        let chosen = select(&["trixie-6.12".into(), "bullseye-5.10".into()]).unwrap();
+    fn kernels_are_named_once_per_arch_and_selected_in_table_order() {
+        for arch in [Arch::X86_64, Arch::Arm64] {
+            let pins: Vec<_> = PINS.iter().filter(|pin| pin.arch == arch).collect();
+            let names: std::collections::BTreeSet<_> = pins.iter().map(|pin| pin.name).collect();
+            assert_eq!(names.len(), pins.len(), "{arch}");
+        }
+        let chosen = select(
+            &["trixie-6.12".into(), "bullseye-5.10".into()],
+            Arch::X86_64,
+        )
+        .unwrap();
         assert_eq!(
             chosen.iter().map(|pin| pin.name).collect::<Vec<_>>(),
             ["bullseye-5.10", "trixie-6.12"]
         );
-        assert!(select(&["wheezy".into()]).is_err());
+        assert!(select(&["wheezy".into()], Arch::X86_64).is_err());
+        assert!(select(&["bullseye-5.10".into()], Arch::Arm64).is_err());
+        let arm64 = select(&["trixie-6.12".into()], Arch::Arm64).unwrap();
+        assert_eq!(arm64[0].arch, Arch::Arm64);
+        assert!(arm64[0].meta.ends_with("-arm64"));
+    }
+
+    #[test]
+    fn the_default_set_is_one_kernel_per_line_and_the_newest() {
+        let names = |arch| {
+            select(&[], arch)
+                .unwrap()
+                .iter()
+                .map(|pin| pin.name)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(Arch::X86_64),
+            ["bullseye-5.10", "bookworm-6.1", "trixie-6.12", "sid-newest"]
+        );
+        assert_eq!(names(Arch::Arm64), ["bookworm-6.1", "trixie-6.12"]);
+        // Still runnable by name.
+        assert_eq!(
+            select(&["bookworm-6.12".into()], Arch::X86_64)
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn the_kernel_is_found_in_either_layout_of_debians_packages() {
+        let old = "\
+drwxr-xr-x root/root         0 2026-04-01 10:00 ./boot/
+-rw-r--r-- root/root    260000 2026-04-01 10:00 ./boot/config-6.1.0-57-cloud-amd64
+-rw-r--r-- root/root   7000000 2026-04-01 10:00 ./boot/vmlinuz-6.1.0-57-cloud-amd64
+-rw-r--r-- root/root     83000 2026-04-01 10:00 ./boot/System.map-6.1.0-57-cloud-amd64
+-rw-r--r-- root/root     10000 2026-04-01 10:00 ./usr/lib/modules/6.1.0-57-cloud-amd64/kernel/x.ko
+";
+        let members = kernel_members(old);
+        assert_eq!(members.len(), 2, "{members:?}");
+        assert!(members.iter().all(|m| m.release == "6.1.0-57-cloud-amd64"));
+        assert!(
+            members
+                .iter()
+                .any(|m| m.kernel && m.path == "./boot/vmlinuz-6.1.0-57-cloud-amd64")
+        );
+        let new = "\
+drwxr-xr-x root/root         0 2026-10-16 02:51 ./usr/lib/modules/7.3-cloud-amd64/
+-rw-r--r-- root/root  14194624 2026-10-16 02:51 ./usr/lib/modules/7.3-cloud-amd64/vmlinuz
+lrwxrwxrwx root/root         0 2026-10-16 02:51 ./usr/lib/modules/7.3-cloud-amd64/build -> x
+";
+        assert_eq!(
+            kernel_members(new),
+            [Member {
+                path: "./usr/lib/modules/7.3-cloud-amd64/vmlinuz".into(),
+                release: "7.3-cloud-amd64".into(),
+                kernel: true
+            }]
+        );
+    }
+
+    #[test]
+    fn every_kernel_is_of_its_arch() {
+        for pin in &PINS {
+            let flavour = format!("-cloud-{}", pin.arch.debian());
+            assert!(pin.meta.ends_with(&flavour), "{}", pin.name);
+            if let Choice::Pinned { package, .. } = pin.choice {
+                assert!(package.ends_with(&flavour), "{}", pin.name);
+            }
+        }
     }
 }

@@ -8,6 +8,7 @@
 //! target/vmtest/.
 
 pub(crate) mod apt;
+mod arch;
 mod cpio;
 mod guest;
 mod initramfs;
@@ -15,6 +16,7 @@ mod kernels;
 mod qemu;
 mod report;
 mod suite;
+mod sysroot;
 
 use std::{
     env,
@@ -30,6 +32,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{apt_install, is_root, setup, workspace_root};
+use arch::Arch;
 use guest::GuestTest;
 use initramfs::Image;
 pub(crate) use qemu::{Accel, Ending};
@@ -43,10 +46,21 @@ const DEFAULT_CACHE: &str = "/var/cache/leash-vmtest";
 
 #[derive(clap::Args)]
 pub(crate) struct Options {
-    /// Boot only this kernel; repeat for more. All of them when absent: bullseye-5.10,
-    /// bookworm-6.1, bookworm-6.12, trixie-6.12.
+    /// Boot only this kernel; repeat for more. When absent, the default set: on x86_64
+    /// bullseye-5.10, bookworm-6.1, trixie-6.12 and sid-newest (the newest cloud kernel of
+    /// Debian unstable or experimental, looked up at each run); on arm64 bookworm-6.1 and
+    /// trixie-6.12. bookworm-6.12 (x86_64) runs only when named: the same upstream line as
+    /// trixie-6.12.
     #[arg(long = "kernel", value_name = "NAME")]
     kernels: Vec<String>,
+    /// The guests' architecture: x86_64 (this machine's), or arm64, emulated, with leash and
+    /// the tests cross-built and the programs from Debian's arm64 packages.
+    #[arg(long, value_enum, default_value_t = Arch::X86_64)]
+    arch: Arch,
+    /// On arm64, every scenario the x86_64 guests run, rather than the subset CI has time for
+    /// (`--list` names it).
+    #[arg(long)]
+    all: bool,
     /// Run only this scenario (a module of the test binary: a file of tests/tests/, without
     /// .rs); repeat for more. May name one that is left out by default.
     #[arg(long = "test", value_name = "NAME")]
@@ -72,10 +86,14 @@ pub(crate) struct Options {
 }
 
 pub(crate) fn vmtest(options: &Options) -> Result<()> {
-    let pins = kernels::select(&options.kernels)?;
+    let arch = options.arch;
+    let pins = kernels::select(&options.kernels, arch)?;
     if options.list {
-        list();
+        list(arch);
         return Ok(());
+    }
+    if arch != Arch::X86_64 && options.accel == "kvm" {
+        bail!("{arch} guests run under emulation (TCG) here: --accel kvm is for x86_64 only");
     }
     if !is_root() {
         eprintln!(
@@ -84,17 +102,23 @@ pub(crate) fn vmtest(options: &Options) -> Result<()> {
         );
     }
     setup()?;
-    ensure_tools()?;
+    ensure_tools_for(arch)?;
     let cache = cache_dir();
     let out = workspace_root().join("target/vmtest");
     fs::create_dir_all(out.join("logs")).with_context(|| format!("making {}", out.display()))?;
 
-    let suite = suite::build(&options.tests, &options.test_args)?;
+    let suite = suite::build(&options.tests, &options.test_args, arch, options.all)?;
     let kernels = kernels::resolve(&pins, &cache)?;
 
-    let initrd = out.join("initramfs.cpio");
-    build_initramfs(&suite, &out, &initrd)?;
-    let accel = accelerator(&options.accel, &kernels[0].vmlinuz, &out)?;
+    let initrd = out.join(match arch {
+        Arch::X86_64 => "initramfs.cpio".to_owned(),
+        _ => format!("initramfs-{arch}.cpio"),
+    });
+    build_initramfs(&suite, &out, &initrd, arch)?;
+    let accel = match arch {
+        Arch::X86_64 => accelerator(&options.accel, &kernels[0].vmlinuz, &out)?,
+        _ => Accel::Tcg,
+    };
 
     let timeout = Duration::from_secs(options.timeout);
     let results = run_kernels(&kernels, options.jobs.max(1), |kernel| {
@@ -121,7 +145,7 @@ pub(crate) fn accelerator(choice: &str, vmlinuz: &Path, out: &Path) -> Result<Ac
 
 /// The kernel `name`d in [`kernels::PINS`], fetched into the cache if it is not there yet.
 pub(crate) fn kernel(name: &str) -> Result<kernels::Kernel> {
-    let pins = kernels::select(&[name.to_owned()])?;
+    let pins = kernels::select(&[name.to_owned()], Arch::X86_64)?;
     kernels::resolve(&pins, &cache_dir())?
         .pop()
         .with_context(|| format!("no kernel {name}"))
@@ -158,29 +182,48 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn list() {
-    println!("kernels (xtask/src/vmtest/kernels.rs):");
-    for pin in &kernels::PINS {
-        println!(
-            "  {:<14} {} {} ({})",
-            pin.name, pin.package, pin.version, pin.suite
-        );
+fn list(arch: Arch) {
+    println!("kernels of {arch} (xtask/src/vmtest/kernels.rs; --arch x86_64 or arm64):");
+    for pin in kernels::PINS.iter().filter(|pin| pin.arch == arch) {
+        let default = if pin.default {
+            ""
+        } else {
+            " [only with --kernel: the same upstream line as trixie-6.12]"
+        };
+        println!("  {:<14} {}{default}", pin.name, pin.describe());
     }
     println!("scenarios left out (xtask/src/vmtest/suite.rs); every other one runs:");
     for (name, reason) in suite::LEFT_OUT {
         println!("  {name:<20} {reason}");
     }
+    if arch == Arch::Arm64 {
+        println!(
+            "on arm64, only these run unless --all or --test says otherwise (emulated arm64 \
+             is slow, and CI has 8 minutes for it):\n  {}",
+            suite::ARM64_SUBSET.join(" ")
+        );
+    }
 }
 
 /// QEMU, busybox, objcopy, dpkg-deb and Debian's Python, installed when missing.
 pub(crate) fn ensure_tools() -> Result<()> {
-    let needs = [
+    ensure_tools_for(Arch::X86_64)
+}
+
+/// What booting guests of `arch` needs: [`ensure_tools`], and for arm64 its QEMU (the cross
+/// toolchain and the guest's programs come when the build needs them).
+fn ensure_tools_for(arch: Arch) -> Result<()> {
+    let mut needs = vec![
         ("qemu-system-x86_64", "qemu-system-x86"),
         ("busybox", "busybox-static"),
         ("objcopy", "binutils"),
         ("dpkg-deb", "dpkg"),
         ("python3", "python3"),
     ];
+    if arch == Arch::Arm64 {
+        needs.push(("qemu-system-aarch64", "qemu-system-arm"));
+        needs.push(("readelf", "binutils"));
+    }
     let present = |program: &str| {
         ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
             .iter()
@@ -206,10 +249,15 @@ pub(crate) fn cache_dir() -> PathBuf {
 const GUEST_PROGRAMS: [&str; 2] = ["leash", "ptrace-probe"];
 
 /// The initramfs of the test run: see initramfs.rs. Returns its size.
-fn build_initramfs(suite: &suite::Suite, out: &Path, to: &Path) -> Result<u64> {
-    let mut image = Image::new(&out.join("stripped"));
+fn build_initramfs(suite: &suite::Suite, out: &Path, to: &Path, arch: Arch) -> Result<u64> {
+    let mut image = match arch {
+        Arch::X86_64 => Image::new(&out.join("stripped")),
+        _ => Image::with_sysroot(&out.join("stripped"), &sysroot::sysroot(arch)?, arch),
+    };
+    // The cross builds have no debug information to strip.
+    let strip = arch == Arch::X86_64;
     initramfs::add_host_programs(&mut image)?;
-    image.add_host_file(&suite.binary, true)?;
+    image.add_host_file(&suite.binary, strip)?;
     // The tests run the `leash` of their build: target/PROFILE/leash, beside their deps/; and
     // the tests crate's own helper binaries, which cargo puts there too.
     for program in GUEST_PROGRAMS {
@@ -220,7 +268,7 @@ fn build_initramfs(suite: &suite::Suite, out: &Path, to: &Path) -> Result<u64> {
             .map(|dir| dir.join(program))
             .filter(|path| path.is_file())
             .with_context(|| format!("no {program} binary beside the test binary"))?;
-        image.add_host_file(&path, true)?;
+        image.add_host_file(&path, strip)?;
     }
     // The Python host library, which the hosts of host_death import from the source tree.
     let library = workspace_root().join("clients/python/src");
@@ -287,6 +335,15 @@ fn add_etc(image: &mut Image) {
     );
 }
 
+/// What names a kernel of another architecture than this machine's apart (its pins share the
+/// x86 ones' names): `arm64` and `then`; nothing on x86_64.
+fn arch_prefix(arch: Arch, then: &str) -> String {
+    match arch {
+        Arch::X86_64 => String::new(),
+        arch => format!("{arch}{then}"),
+    }
+}
+
 /// One kernel's run.
 struct KernelResult<'a> {
     kernel: &'a kernels::Kernel,
@@ -303,8 +360,15 @@ impl KernelResult<'_> {
         let kernel = self.kernel;
         let (passed, failed, ignored) = self.console.totals();
         let pin = if kernel.pinned { "" } else { ", NOT THE PIN" };
+        // The newest kernel is whatever Debian ships today: the line says which.
+        let package = if kernel.newest {
+            format!("{} ", kernel.package)
+        } else {
+            String::new()
+        };
+        let arch = arch_prefix(kernel.arch, " ");
         let mut line = format!(
-            "vmtest: {} {} ({}{pin}, {}): {passed} passed, {failed} failed, {ignored} skipped in {} s",
+            "vmtest: {arch}{} {} ({package}{}{pin}, {}): {passed} passed, {failed} failed, {ignored} skipped in {} s",
             kernel.name,
             kernel.release,
             kernel.version,
@@ -354,25 +418,40 @@ fn run_kernel<'a>(
     out: &Path,
     timeout: Duration,
 ) -> Result<KernelResult<'a>> {
-    let log_path = out.join("logs").join(format!("{}.log", kernel.name));
+    let log_path = out.join("logs").join(format!(
+        "{}{}.log",
+        arch_prefix(kernel.arch, "-"),
+        kernel.name
+    ));
     let mut log = BufWriter::new(
         File::create(&log_path).with_context(|| format!("writing {}", log_path.display()))?,
     );
     println!(
-        "vmtest: booting {} {} ({} {}) under {accel}",
-        kernel.name, kernel.release, kernel.package, kernel.version
+        "vmtest: booting {}{} {} ({} {}) under {accel}",
+        arch_prefix(kernel.arch, " "),
+        kernel.name,
+        kernel.release,
+        kernel.package,
+        kernel.version
     );
     let started = Instant::now();
     let mut console = Console::default();
-    let ending = qemu::boot(accel, &kernel.vmlinuz, initrd, timeout, |line| {
-        let _ = writeln!(log, "{line}");
-        console.read(line);
-        // The firmware's and the boot's noise only go to the log.
-        if console.started || line.starts_with("qemu: ") {
-            println!("{}| {line}", kernel.name);
-        }
-        ControlFlow::Continue(())
-    })?;
+    let ending = qemu::boot_on(
+        kernel.arch,
+        accel,
+        &kernel.vmlinuz,
+        initrd,
+        timeout,
+        |line| {
+            let _ = writeln!(log, "{line}");
+            console.read(line);
+            // The firmware's and the boot's noise only go to the log.
+            if console.started || line.starts_with("qemu: ") {
+                println!("{}| {line}", kernel.name);
+            }
+            ControlFlow::Continue(())
+        },
+    )?;
     log.flush()?;
     let took = started.elapsed();
     eprintln!(
