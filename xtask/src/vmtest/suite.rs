@@ -6,7 +6,7 @@
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
 };
 
@@ -296,11 +296,7 @@ impl Lister<'_> {
 }
 
 /// The full names of the tests `command` (running `binary`) lists given `selection`.
-fn list_tests(
-    command: &mut Command,
-    binary: &PathBuf,
-    selection: &[String],
-) -> Result<Vec<String>> {
+fn list_tests(command: &mut Command, binary: &Path, selection: &[String]) -> Result<Vec<String>> {
     let output = command
         .args(["--list", "--format", "terse"])
         .args(selection)
