@@ -149,11 +149,7 @@ pub(crate) fn packages(options: &Options) -> Result<()> {
     made.sort();
     for path in &made {
         let size = fs::metadata(path)?.len();
-        println!(
-            "packages: {} ({:.1} MiB, {size} bytes)",
-            path.display(),
-            size as f64 / (1024.0 * 1024.0)
-        );
+        println!("packages: {} ({})", path.display(), human_size(size));
     }
     if binaries.is_empty() {
         println!(
@@ -162,6 +158,17 @@ pub(crate) fn packages(options: &Options) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `size` in MiB, or KiB below one MiB.
+fn human_size(size: u64) -> String {
+    const KIB: f64 = 1024.0;
+    let size = size as f64;
+    if size < KIB * KIB {
+        format!("{:.1} KiB", size / KIB)
+    } else {
+        format!("{:.1} MiB", size / (KIB * KIB))
+    }
 }
 
 /// The binaries named, else each one `cargo xtask dist` staged; at most one per architecture.
