@@ -38,7 +38,10 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new(label: &str) -> Self {
-        let path = PathBuf::from(format!("/tmp/leash-packages-{label}-{}", std::process::id()));
+        let path = PathBuf::from(format!(
+            "/tmp/leash-packages-{label}-{}",
+            std::process::id()
+        ));
         let _ = fs::remove_dir_all(&path);
         fs::create_dir_all(&path).unwrap();
         Self(path)
@@ -123,8 +126,15 @@ fn packaged_binaries_serve_hosts_with_no_leash_on_path() {
     let mut command = Command::new(&python);
     command.args(["-c", PYTHON_HOST]);
     let said = host_dies_and_its_tree_with_it(&daemon, command, &cgroup, "python");
-    assert_eq!(said["leash"].as_str(), Some(packaged.to_str().unwrap()), "{said}");
-    eprintln!("python host done at {:.1} s", started.elapsed().as_secs_f64());
+    assert_eq!(
+        said["leash"].as_str(),
+        Some(packaged.to_str().unwrap()),
+        "{said}"
+    );
+    eprintln!(
+        "python host done at {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 
     // Node: the leash-client tarball and the platform one, in a fresh npm directory.
     let node = on_path("node").unwrap_or_else(|| {
@@ -133,7 +143,14 @@ fn packaged_binaries_serve_hosts_with_no_leash_on_path() {
     let npm_dir = scratch.0.join("npm");
     fs::create_dir(&npm_dir).unwrap();
     run(Command::new("npm")
-        .args(["install", "--offline", "--no-audit", "--no-fund", "--no-save", "--prefix"])
+        .args([
+            "install",
+            "--offline",
+            "--no-audit",
+            "--no-fund",
+            "--no-save",
+            "--prefix",
+        ])
         .arg(&npm_dir)
         .arg(&packages.npm_main)
         .arg(&packages.npm_platform));
@@ -147,7 +164,11 @@ fn packaged_binaries_serve_hosts_with_no_leash_on_path() {
     let mut command = Command::new(node);
     command.arg(npm_dir.join("host.mjs")).current_dir(&npm_dir);
     let said = host_dies_and_its_tree_with_it(&daemon, command, &cgroup, "node");
-    assert_eq!(said["leash"].as_str(), Some(packaged.to_str().unwrap()), "{said}");
+    assert_eq!(
+        said["leash"].as_str(),
+        Some(packaged.to_str().unwrap()),
+        "{said}"
+    );
     eprintln!("node host done at {:.1} s", started.elapsed().as_secs_f64());
 
     // The pure wheel carries no binary and finds the one on PATH.
@@ -219,7 +240,10 @@ fn make_packages(scratch: &Path) -> Packages {
             &|n| n.contains("-py3-none-manylinux_") && n.ends_with(&platform_suffix),
             "the platform wheel",
         ),
-        npm_main: find(&|n| n == format!("leash-client-{VERSION}.tgz"), "leash-client"),
+        npm_main: find(
+            &|n| n == format!("leash-client-{VERSION}.tgz"),
+            "leash-client",
+        ),
         npm_platform: find(&|n| n == npm_platform, "the platform package"),
     }
 }

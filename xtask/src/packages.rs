@@ -135,7 +135,12 @@ pub(crate) fn packages(options: &Options) -> Result<()> {
     let packed = (|| {
         node.pack_main(&staging.join("leash-client"), &out)?;
         for binary in &binaries {
-            pack_platform(&node, binary, &staging.join(binary.arch.npm_package()), &out)?;
+            pack_platform(
+                &node,
+                binary,
+                &staging.join(binary.arch.npm_package()),
+                &out,
+            )?;
         }
         Ok::<_, anyhow::Error>(())
     })();
@@ -222,7 +227,14 @@ fn remove_earlier_packages(out: &Path) -> Result<()> {
 fn build_wheel(python: &Path, out: &Path, binary: Option<&Binary>) -> Result<()> {
     let mut build = Command::new(python);
     build
-        .args(["-m", "hatchling", "build", "--target", "wheel", "--directory"])
+        .args([
+            "-m",
+            "hatchling",
+            "build",
+            "--target",
+            "wheel",
+            "--directory",
+        ])
         .arg(out)
         .current_dir(workspace_root().join("clients/python"))
         // Nothing written into the source tree.
@@ -246,7 +258,8 @@ struct NodePackage {
 impl NodePackage {
     fn read(dir: &Path) -> Result<Self> {
         let path = dir.join("package.json");
-        let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
         let manifest: Value =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         Ok(Self {
@@ -272,8 +285,11 @@ impl NodePackage {
             let name = file.as_str().context("a file name")?;
             copy_tree(&self.dir.join(name), &staging.join(name))?;
         }
-        fs::write(staging.join("package.json"), self.with_optional_dependencies()?)
-            .context("writing package.json")?;
+        fs::write(
+            staging.join("package.json"),
+            self.with_optional_dependencies()?,
+        )
+        .context("writing package.json")?;
         npm_pack(staging, out)
     }
 
@@ -289,7 +305,10 @@ impl NodePackage {
         }
         let version = self.field("version")?;
         let text = fs::read_to_string(self.dir.join("package.json"))?;
-        let end = text.trim_end().strip_suffix('}').context("package.json ends with `}`")?;
+        let end = text
+            .trim_end()
+            .strip_suffix('}')
+            .context("package.json ends with `}`")?;
         let entries: Vec<String> = Arch::ALL
             .iter()
             .map(|arch| format!("    \"{}\": \"{version}\"", arch.npm_package()))
@@ -414,8 +433,8 @@ mod tests {
         assert_eq!(manifest["version"], node.manifest["version"]);
         // The source names no platform package (a clone's install must not ask the registry);
         // the packed one names each, at its own version, and keeps the order of "exports".
-        let packed: Value = serde_json::from_str(&node.with_optional_dependencies().unwrap())
-            .expect("JSON");
+        let packed: Value =
+            serde_json::from_str(&node.with_optional_dependencies().unwrap()).expect("JSON");
         let version = &node.manifest["version"];
         assert_eq!(
             packed["optionalDependencies"],
