@@ -1,6 +1,6 @@
 //! Project tasks: `cargo xtask setup | test | lint | vmtest | run | bench | install | fuzz | dist |
-//! deb | userlands | systemtest | image`. Each installs what it needs first, so a fresh clone on a
-//! fresh Debian/Ubuntu machine needs nothing else.
+//! deb | packages | userlands | systemtest | image`. Each installs what it needs first, so a fresh
+//! clone on a fresh Debian/Ubuntu machine needs nothing else.
 
 use std::{
     env,
@@ -17,6 +17,7 @@ mod fuzz;
 mod hosts;
 mod image;
 mod lint;
+mod packages;
 mod systemtest;
 mod userland;
 mod vmtest;
@@ -137,6 +138,12 @@ enum Task {
     /// daemon's trees over on upgrade rather than restarting it (docs/DEPLOY.md, *Installing
     /// the package*). Prints the package's path on the last line.
     Deb(dist::deb::Options),
+    /// Build the host libraries' packages into target/packages/: the pure Python wheel, a
+    /// platform wheel carrying each `leash` binary `cargo xtask dist` staged
+    /// (py3-none-manylinux_2_31_x86_64, ..._aarch64), the `leash-client` npm tarball (which
+    /// names the platform packages as optional dependencies) and a platform npm package per
+    /// binary (leash-client-linux-x64, leash-client-linux-arm64). Prints each file's size.
+    Packages(packages::Options),
 }
 
 fn main() -> ExitCode {
@@ -154,6 +161,7 @@ fn main() -> ExitCode {
         Task::Image(options) => image::image(&options),
         Task::Dist(options) => dist::dist(&options),
         Task::Deb(options) => dist::deb::deb(&options),
+        Task::Packages(options) => packages::packages(&options),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
