@@ -104,11 +104,12 @@ pub(crate) fn build_and_stage(arch: Arch) -> Result<Staged> {
     let python = ensure_zig()?;
     crate::ensure_cargo_subcommand(None, "zigbuild", CARGO_ZIGBUILD_VERSION)?;
     let root = workspace_root();
-    // Rust's target, with the glibc version cargo-zigbuild links against.
-    let zig_target = format!("{}.{}.{}", arch.rust_target(), GLIBC_FLOOR.0, GLIBC_FLOOR.1);
+    let zig_target = zig_target(arch);
     // x86_64 builds with the stable toolchain that runs this task. Other targets have no std
     // for stable here (rustup fetches none), so they build with nightly, which compiles std
-    // from rust-src (`-Z build-std`): the aarch64 release is a nightly build.
+    // from rust-src (`-Z build-std`): the aarch64 release is a nightly build. (The linker then
+    // warns that nightly's rustlib/aarch64-unknown-linux-gnu/lib is missing: where a prebuilt
+    // std would be; harmless.)
     let mut cargo = if arch.builds_std() {
         let mut nightly = Command::new("cargo");
         nightly.args(["+nightly", "zigbuild", "-Z", "build-std=std,panic_abort"]);
@@ -184,6 +185,11 @@ pub(crate) fn version() -> Result<String> {
         }
     }
     bail!("no version in [workspace.package] of Cargo.toml")
+}
+
+/// Rust's target, with the glibc version cargo-zigbuild links against.
+fn zig_target(arch: Arch) -> String {
+    format!("{}.{}.{}", arch.rust_target(), GLIBC_FLOOR.0, GLIBC_FLOOR.1)
 }
 
 fn staging_dir(version: &str, arch: Arch) -> PathBuf {
@@ -370,6 +376,21 @@ mod tests {
         assert_eq!(newest_glibc(objdump), Some((2, 28)));
         assert_eq!(newest_glibc("nothing"), None);
         assert!(newest_glibc("(GLIBC_2.34) x") > Some(GLIBC_FLOOR));
+    }
+
+    #[test]
+    fn each_target_has_its_zig_target_and_staging() {
+        assert_eq!(zig_target(Arch::X86_64), "x86_64-unknown-linux-gnu.2.31");
+        assert_eq!(zig_target(Arch::Aarch64), "aarch64-unknown-linux-gnu.2.31");
+        assert!(
+            staging_dir("1.2.3", Arch::X86_64).ends_with("target/dist/leash-1.2.3-x86_64-linux")
+        );
+        assert!(
+            staging_dir("1.2.3", Arch::Aarch64).ends_with("target/dist/leash-1.2.3-aarch64-linux")
+        );
+        assert!(refuse_check_of_foreign(true, Arch::X86_64).is_ok());
+        assert!(refuse_check_of_foreign(false, Arch::Aarch64).is_ok());
+        assert!(refuse_check_of_foreign(true, Arch::Aarch64).is_err());
     }
 
     #[test]
