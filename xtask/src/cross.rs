@@ -31,6 +31,30 @@ pub(crate) enum Arch {
 const AARCH64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
 
 impl Arch {
+    pub(crate) const ALL: [Self; 2] = [Self::X86_64, Self::Aarch64];
+
+    /// The architecture of an ELF binary, from its header's `e_machine`.
+    pub(crate) fn of_elf(header: &[u8]) -> Option<Self> {
+        let machine = elf_machine(header)?;
+        Self::ALL
+            .into_iter()
+            .find(|arch| arch.elf_machine() == machine)
+    }
+
+    /// As Node's `process.arch` and package.json's `cpu` name it.
+    pub(crate) fn npm_cpu(self) -> &'static str {
+        match self {
+            Self::X86_64 => "x64",
+            Self::Aarch64 => "arm64",
+        }
+    }
+
+    /// The platform npm package that carries the binary, as clients/node/src/locate.js
+    /// resolves it (`leash-client-linux-${process.arch}`).
+    pub(crate) fn npm_package(self) -> String {
+        format!("leash-client-linux-{}", self.npm_cpu())
+    }
+
     /// The architecture as Rust and the staging's name call it.
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -156,6 +180,21 @@ fn elf_machine(header: &[u8]) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_architecture_comes_from_the_elf_header() {
+        let mut header = vec![0u8; 64];
+        header[..4].copy_from_slice(b"\x7fELF");
+        header[4] = 2; // 64-bit
+        header[5] = 1; // little-endian
+        header[18] = 0x3e;
+        assert_eq!(Arch::of_elf(&header), Some(Arch::X86_64));
+        header[18] = 0xb7;
+        assert_eq!(Arch::of_elf(&header), Some(Arch::Aarch64));
+        header[18] = 0x28; // 32-bit arm
+        assert_eq!(Arch::of_elf(&header), None);
+        assert_eq!(Arch::of_elf(b"#!/bin/sh\n"), None);
+    }
 
     #[test]
     fn the_xtask_binary_is_an_elf_file_of_this_machine() {

@@ -228,7 +228,7 @@ fn ensure_zig() -> Result<PathBuf> {
 
 /// The newest `GLIBC_x.y` version among the binary's dynamic symbols: the oldest glibc it
 /// runs on.
-fn glibc_floor(binary: &Path, arch: Arch) -> Result<(u32, u32)> {
+pub(crate) fn glibc_floor(binary: &Path, arch: Arch) -> Result<(u32, u32)> {
     let symbols = output(Command::new(arch.objdump()).arg("-T").arg(binary))
         .context("reading the binary's dynamic symbols (objdump is in binutils)")?;
     newest_glibc(&symbols).with_context(|| format!("{} has no GLIBC_ symbol", binary.display()))

@@ -23,7 +23,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use crate::{dist, hosts, status, workspace_root};
+use crate::{cross::Arch, dist, hosts, status, workspace_root};
 
 /// The build hook's variables (clients/python/hatch_build.py).
 const WHEEL_BINARY_ENV: &str = "LEASH_WHEEL_BINARY";
@@ -39,50 +39,6 @@ pub(crate) struct Options {
     /// Where to put the packages (made if missing; the packages of an earlier run are replaced).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-}
-
-/// The architectures leash is built for, as each packaging names them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Arch {
-    X86_64,
-    Aarch64,
-}
-
-impl Arch {
-    const ALL: [Self; 2] = [Self::X86_64, Self::Aarch64];
-
-    /// As Rust, the dist staging and the wheel's platform tag name it.
-    fn name(self) -> &'static str {
-        match self {
-            Self::X86_64 => "x86_64",
-            Self::Aarch64 => "aarch64",
-        }
-    }
-
-    /// As Node's `process.arch` and package.json's `cpu` name it.
-    fn npm_cpu(self) -> &'static str {
-        match self {
-            Self::X86_64 => "x64",
-            Self::Aarch64 => "arm64",
-        }
-    }
-
-    /// The package clients/node/src/locate.js resolves (`leash-client-${platform}-${arch}`).
-    fn npm_package(self) -> String {
-        format!("leash-client-linux-{}", self.npm_cpu())
-    }
-
-    /// The ELF header's `e_machine`.
-    fn of_elf(header: &[u8]) -> Option<Self> {
-        if header.len() < 20 || &header[..4] != b"\x7fELF" || header[5] != 1 {
-            return None; // not ELF, or not little-endian
-        }
-        match u16::from_le_bytes([header[18], header[19]]) {
-            0x3e => Some(Self::X86_64),
-            0xb7 => Some(Self::Aarch64),
-            _ => None,
-        }
-    }
 }
 
 /// A binary to package, and what it is.
@@ -104,7 +60,7 @@ impl Binary {
         })?;
         // The glibc floor the dist build guarantees, or newer if this binary needs newer (a
         // development build): the tag must never promise more than the binary keeps.
-        let (major, minor) = dist::glibc_floor(path)?.max(dist::GLIBC_FLOOR);
+        let (major, minor) = dist::glibc_floor(path, arch)?.max(dist::GLIBC_FLOOR);
         Ok(Self {
             path: path.to_owned(),
             arch,
@@ -403,20 +359,6 @@ fn set_mode(path: &Path, mode: u32) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_architecture_comes_from_the_elf_header() {
-        let mut header = vec![0u8; 64];
-        header[..4].copy_from_slice(b"\x7fELF");
-        header[5] = 1;
-        header[18] = 0x3e;
-        assert_eq!(Arch::of_elf(&header), Some(Arch::X86_64));
-        header[18] = 0xb7;
-        assert_eq!(Arch::of_elf(&header), Some(Arch::Aarch64));
-        header[18] = 0x28; // 32-bit arm
-        assert_eq!(Arch::of_elf(&header), None);
-        assert_eq!(Arch::of_elf(b"#!/bin/sh\n"), None);
-    }
 
     #[test]
     fn the_platform_packages_are_the_names_the_library_resolves() {
