@@ -57,7 +57,11 @@ export interface ConnectOptions {
    * RangeError. The daemon's default, 2000, if absent.
    */
   graceMs?: number;
-  /** The `leash` binary; else LEASH_BIN, else `leash` on PATH. */
+  /**
+   * The `leash` binary; else LEASH_BIN, else the one the platform package carries
+   * (`leash-client-linux-x64` or `-arm64`, an optional dependency of a released leash-client),
+   * else `leash` on PATH.
+   */
   leash?: string;
   /**
    * When the daemon or the binary is unavailable, warn (a `LeashWarning`) and spawn unleashed

@@ -44,6 +44,7 @@ mod host_dies;
 mod host_killed_mid_wait;
 mod host_memory;
 mod host_node;
+mod host_packages;
 mod host_python;
 mod host_words;
 mod json_outputs;

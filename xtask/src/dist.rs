@@ -1,12 +1,14 @@
 //! `cargo xtask dist`: the `leash` binary that ships, linked by zig against glibc 2.31, checked,
 //! and staged with the unit, man pages, completions and docs in
-//! target/dist/leash-VERSION-x86_64-linux/. `--check` then runs it in Debian userlands
-//! (userland.rs); `cargo xtask deb` packages the staging (deb.rs).
+//! target/dist/leash-VERSION-ARCH-linux/ (x86_64, or aarch64 with `--target`). `--check` then
+//! runs the x86_64 one in Debian userlands (userland.rs); `cargo xtask deb` packages the
+//! staging (deb.rs).
 
 pub(crate) mod deb;
 pub(crate) mod userland_check;
 
 use std::{
+    ffi::OsStr,
     fs,
     path::{Path, PathBuf},
     process::Command,
@@ -14,14 +16,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::{output, setup, status, workspace_root};
+use crate::{cross::Arch, output, setup, status, workspace_root};
 
 /// The oldest glibc the shipped binary runs on: Debian 11's and Ubuntu 20.04's.
 pub(crate) const GLIBC_FLOOR: (u32, u32) = (2, 31);
-/// Rust's target, with the glibc version cargo-zigbuild links against.
-const ZIG_TARGET: &str = "x86_64-unknown-linux-gnu.2.31";
-/// Where cargo puts what it builds for that target (cargo-zigbuild drops the glibc suffix).
-const TARGET_DIR: &str = "target/x86_64-unknown-linux-gnu/release";
 /// Pinned, so that a fresh machine links the binary as this one did.
 const CARGO_ZIGBUILD_VERSION: &str = "0.24.1";
 /// PyPI's `ziglang`: zig as a Python package, run as `python -m ziglang`.
@@ -29,9 +27,17 @@ const ZIGLANG_VERSION: &str = "0.15.2";
 
 #[derive(clap::Args)]
 pub(crate) struct Options {
+    /// The machine to build for: x86_64 (amd64) or aarch64 (arm64). aarch64 is built with
+    /// nightly's `-Z build-std` (no aarch64 std for stable here) and run under qemu-user for its
+    /// checks; installs what that needs (qemu-user-static, libc6-arm64-cross, the aarch64
+    /// binutils) when missing.
+    #[arg(long, value_enum, default_value_t, value_name = "ARCH")]
+    pub target: Arch,
     /// Then run the staged binary in Debian 11 and 13 userlands (chroots, as root): a daemon, a
     /// `leash run` whose host is SIGKILLed, its tree gone. Userlands are cached in
-    /// /var/cache/leash-vmtest/userlands (LEASH_VMTEST_CACHE=DIR to change it).
+    /// /var/cache/leash-vmtest/userlands (LEASH_VMTEST_CACHE=DIR to change it). x86_64 only:
+    /// the userlands are x86_64 chroots (an arm64 binary runs in an arm64 guest of
+    /// `cargo xtask vmtest`).
     #[arg(long)]
     pub check: bool,
 }
@@ -40,6 +46,7 @@ pub(crate) struct Options {
 pub(crate) struct Staged {
     pub dir: PathBuf,
     pub version: String,
+    pub arch: Arch,
 }
 
 impl Staged {
@@ -47,16 +54,21 @@ impl Staged {
         self.dir.join("bin/leash")
     }
 
-    /// The staging of the workspace's version, which must exist.
-    pub(crate) fn existing() -> Result<Self> {
+    /// The staging of the workspace's version for `arch`, which must exist.
+    pub(crate) fn existing(arch: Arch) -> Result<Self> {
         let version = version()?;
         let staged = Self {
-            dir: staging_dir(&version),
+            dir: staging_dir(&version, arch),
             version,
+            arch,
         };
         if !staged.binary().exists() {
+            let command = match arch {
+                Arch::X86_64 => "cargo xtask dist".to_owned(),
+                other => format!("cargo xtask dist --target {}", other.name()),
+            };
             bail!(
-                "{} is missing: run `cargo xtask dist` first",
+                "{} is missing: run `{command}` first",
                 staged.binary().display()
             );
         }
@@ -65,23 +77,59 @@ impl Staged {
 }
 
 pub(crate) fn dist(options: &Options) -> Result<()> {
-    let staged = build_and_stage()?;
+    refuse_check_of_foreign(options.check, options.target)?;
+    let staged = build_and_stage(options.target)?;
     if options.check {
         userland_check::check(&staged, None)?;
     }
     Ok(())
 }
 
-pub(crate) fn build_and_stage() -> Result<Staged> {
+/// `--check` runs the binary in x86_64 chroots: it cannot check another architecture's.
+fn refuse_check_of_foreign(check: bool, arch: Arch) -> Result<()> {
+    if check && arch != Arch::X86_64 {
+        bail!(
+            "--check runs the binary in x86_64 Debian userlands; an {} binary is checked in a \
+             guest of its own: cargo xtask vmtest --arch {}",
+            arch.name(),
+            arch.debian()
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn build_and_stage(arch: Arch) -> Result<Staged> {
     setup()?;
+    arch.ensure_tools()?;
     let python = ensure_zig()?;
     crate::ensure_cargo_subcommand(None, "zigbuild", CARGO_ZIGBUILD_VERSION)?;
     let root = workspace_root();
-    eprintln!("xtask: building leash for {ZIG_TARGET} with cargo-zigbuild");
+    let zig_target = zig_target(arch);
+    // x86_64 builds with the stable toolchain that runs this task. Other targets have no std
+    // for stable here (rustup fetches none), so they build with nightly, which compiles std
+    // from rust-src (`-Z build-std`): the aarch64 release is a nightly build. (The linker then
+    // warns that nightly's rustlib/aarch64-unknown-linux-gnu/lib is missing: where a prebuilt
+    // std would be; harmless.)
+    let mut cargo = if arch.builds_std() {
+        let mut nightly = Command::new("cargo");
+        nightly.args(["+nightly", "zigbuild", "-Z", "build-std=std,panic_abort"]);
+        nightly
+    } else {
+        let mut stable = crate::cargo_command();
+        stable.arg("zigbuild");
+        stable
+    };
+    eprintln!(
+        "xtask: building leash for {zig_target} with cargo-zigbuild{}",
+        if arch.builds_std() {
+            " (nightly, -Z build-std)"
+        } else {
+            ""
+        }
+    );
     status(
-        crate::cargo_command()
+        cargo
             .args([
-                "zigbuild",
                 "--release",
                 "--locked",
                 "--package",
@@ -89,13 +137,15 @@ pub(crate) fn build_and_stage() -> Result<Staged> {
                 "--bin",
                 "leash",
                 "--target",
-                ZIG_TARGET,
+                &zig_target,
             ])
             .env("CARGO_ZIGBUILD_PYTHON_PATH", &python)
             .current_dir(&root),
     )?;
-    let built = root.join(TARGET_DIR).join("leash");
-    let floor = glibc_floor(&built)?;
+    // cargo-zigbuild drops the glibc suffix from the directory.
+    let built = arch.target_dir(&root, "release").join("leash");
+    arch.check_elf(&built)?;
+    let floor = glibc_floor(&built, arch)?;
     if floor > GLIBC_FLOOR {
         bail!(
             "{} needs glibc {}.{}, newer than {}.{}",
@@ -106,16 +156,16 @@ pub(crate) fn build_and_stage() -> Result<Staged> {
             GLIBC_FLOOR.1
         );
     }
-    let staged = stage(&built)?;
+    let staged = stage(&built, arch)?;
     let size = fs::metadata(staged.binary())?.len();
-    smoke_test(&staged.binary())?;
+    smoke_test(&staged.binary(), arch)?;
     println!(
         "dist: {} ({:.1} MiB, glibc {}.{} or later; libraries: {})",
         staged.binary().display(),
         size as f64 / (1024.0 * 1024.0),
         floor.0,
         floor.1,
-        needed_libraries(&staged.binary())?.join(", ")
+        needed_libraries(&staged.binary(), arch)?.join(", ")
     );
     println!("dist: staged in {}", staged.dir.display());
     Ok(staged)
@@ -137,8 +187,13 @@ pub(crate) fn version() -> Result<String> {
     bail!("no version in [workspace.package] of Cargo.toml")
 }
 
-fn staging_dir(version: &str) -> PathBuf {
-    workspace_root().join(format!("target/dist/leash-{version}-x86_64-linux"))
+/// Rust's target, with the glibc version cargo-zigbuild links against.
+fn zig_target(arch: Arch) -> String {
+    format!("{}.{}.{}", arch.rust_target(), GLIBC_FLOOR.0, GLIBC_FLOOR.1)
+}
+
+fn staging_dir(version: &str, arch: Arch) -> PathBuf {
+    workspace_root().join(format!("target/dist/leash-{version}-{}-linux", arch.name()))
 }
 
 /// zig, from PyPI, in a virtual environment under target/dist; returns its Python, for
@@ -173,8 +228,8 @@ fn ensure_zig() -> Result<PathBuf> {
 
 /// The newest `GLIBC_x.y` version among the binary's dynamic symbols: the oldest glibc it
 /// runs on.
-pub(crate) fn glibc_floor(binary: &Path) -> Result<(u32, u32)> {
-    let symbols = output(Command::new("objdump").arg("-T").arg(binary))
+pub(crate) fn glibc_floor(binary: &Path, arch: Arch) -> Result<(u32, u32)> {
+    let symbols = output(Command::new(arch.objdump()).arg("-T").arg(binary))
         .context("reading the binary's dynamic symbols (objdump is in binutils)")?;
     newest_glibc(&symbols).with_context(|| format!("{} has no GLIBC_ symbol", binary.display()))
 }
@@ -191,8 +246,8 @@ fn newest_glibc(objdump: &str) -> Option<(u32, u32)> {
 }
 
 /// The shared libraries the binary links (`NEEDED`).
-pub(crate) fn needed_libraries(binary: &Path) -> Result<Vec<String>> {
-    let headers = output(Command::new("objdump").arg("-p").arg(binary))?;
+fn needed_libraries(binary: &Path, arch: Arch) -> Result<Vec<String>> {
+    let headers = output(Command::new(arch.objdump()).arg("-p").arg(binary))?;
     Ok(headers
         .lines()
         .filter_map(|line| line.trim().strip_prefix("NEEDED"))
@@ -211,12 +266,12 @@ pub(crate) fn needed_libraries(binary: &Path) -> Result<Vec<String>> {
 /// share/fish/vendor_completions.d/leash.fish
 /// share/doc/leash/README.md, share/doc/leash/docs/*.md
 /// ```
-fn stage(binary: &Path) -> Result<Staged> {
+fn stage(binary: &Path, arch: Arch) -> Result<Staged> {
     let root = workspace_root();
     let version = version()?;
-    let dir = staging_dir(&version);
+    let dir = staging_dir(&version, arch);
     let _ = fs::remove_dir_all(&dir);
-    let staged = Staged { dir, version };
+    let staged = Staged { dir, version, arch };
     let dir = &staged.dir;
 
     let bin = staged.binary();
@@ -229,7 +284,8 @@ fn stage(binary: &Path) -> Result<Staged> {
 
     let man = dir.join("share/man/man1");
     fs::create_dir_all(&man)?;
-    if optional_subcommand(Command::new(&bin).arg("manpages").arg(&man), "man pages")?.is_none() {
+    let man_args = [OsStr::new("manpages"), man.as_os_str()];
+    if optional_subcommand(arch, &bin, &man_args, "man pages")?.is_none() {
         fs::remove_dir_all(dir.join("share/man"))?;
     }
     for (shell, path) in [
@@ -238,7 +294,9 @@ fn stage(binary: &Path) -> Result<Staged> {
         ("fish", "share/fish/vendor_completions.d/leash.fish"),
     ] {
         let script = optional_subcommand(
-            Command::new(&bin).args(["completions", shell]),
+            arch,
+            &bin,
+            &[OsStr::new("completions"), OsStr::new(shell)],
             &format!("{shell} completions"),
         )?;
         if let Some(script) = script {
@@ -263,9 +321,16 @@ fn stage(binary: &Path) -> Result<Staged> {
     Ok(staged)
 }
 
-/// Runs a subcommand that writes part of the staging; `None`, with a warning, where this
-/// build's `leash` does not have it yet.
-fn optional_subcommand(command: &mut Command, what: &str) -> Result<Option<Vec<u8>>> {
+/// Runs a subcommand of `leash` (built for `arch`) that writes part of the staging; `None`,
+/// with a warning, where this build's `leash` does not have it yet.
+fn optional_subcommand(
+    arch: Arch,
+    leash: &Path,
+    args: &[&OsStr],
+    what: &str,
+) -> Result<Option<Vec<u8>>> {
+    let mut command = arch.run(leash);
+    command.args(args);
     let out = command
         .output()
         .with_context(|| format!("running {command:?}"))?;
@@ -274,7 +339,7 @@ fn optional_subcommand(command: &mut Command, what: &str) -> Result<Option<Vec<u
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
     if stderr.contains("unrecognized subcommand") {
-        let args: Vec<_> = command.get_args().map(|a| a.to_string_lossy()).collect();
+        let args: Vec<_> = args.iter().map(|a| a.to_string_lossy()).collect();
         eprintln!(
             "xtask: warning: this leash has no `leash {}`: the staging has no {what}",
             args.join(" ")
@@ -284,10 +349,11 @@ fn optional_subcommand(command: &mut Command, what: &str) -> Result<Option<Vec<u
     bail!("{command:?} failed: {}", stderr.trim())
 }
 
-/// The zig-linked binary starts, parses its arguments and prints its help.
-fn smoke_test(binary: &Path) -> Result<()> {
-    let version = output(Command::new(binary).arg("--version"))?;
-    let help = output(Command::new(binary).args(["daemon", "--help"]))?;
+/// The zig-linked binary starts (under qemu-user for another architecture), parses its
+/// arguments and prints its help.
+fn smoke_test(binary: &Path, arch: Arch) -> Result<()> {
+    let version = output(arch.run(binary).arg("--version"))?;
+    let help = output(arch.run(binary).args(["daemon", "--help"]))?;
     if !help.contains("--pin-dir") {
         bail!("`leash daemon --help` does not look right:\n{help}");
     }
@@ -310,6 +376,21 @@ mod tests {
         assert_eq!(newest_glibc(objdump), Some((2, 28)));
         assert_eq!(newest_glibc("nothing"), None);
         assert!(newest_glibc("(GLIBC_2.34) x") > Some(GLIBC_FLOOR));
+    }
+
+    #[test]
+    fn each_target_has_its_zig_target_and_staging() {
+        assert_eq!(zig_target(Arch::X86_64), "x86_64-unknown-linux-gnu.2.31");
+        assert_eq!(zig_target(Arch::Aarch64), "aarch64-unknown-linux-gnu.2.31");
+        assert!(
+            staging_dir("1.2.3", Arch::X86_64).ends_with("target/dist/leash-1.2.3-x86_64-linux")
+        );
+        assert!(
+            staging_dir("1.2.3", Arch::Aarch64).ends_with("target/dist/leash-1.2.3-aarch64-linux")
+        );
+        assert!(refuse_check_of_foreign(true, Arch::X86_64).is_ok());
+        assert!(refuse_check_of_foreign(false, Arch::Aarch64).is_ok());
+        assert!(refuse_check_of_foreign(true, Arch::Aarch64).is_err());
     }
 
     #[test]

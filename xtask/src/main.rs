@@ -1,6 +1,6 @@
 //! Project tasks: `cargo xtask setup | test | lint | vmtest | run | bench | install | fuzz | dist |
-//! deb | userlands | systemtest | image`. Each installs what it needs first, so a fresh clone on a
-//! fresh Debian/Ubuntu machine needs nothing else.
+//! deb | packages | userlands | systemtest | image`. Each installs what it needs first, so a fresh
+//! clone on a fresh Debian/Ubuntu machine needs nothing else.
 
 use std::{
     env,
@@ -12,11 +12,13 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod cross;
 mod dist;
 mod fuzz;
 mod hosts;
 mod image;
 mod lint;
+mod packages;
 mod systemtest;
 mod userland;
 mod vmtest;
@@ -121,7 +123,8 @@ enum Task {
     Image(image::Options),
     /// Build the `leash` binary that ships and stage it, with the unit, man pages, completions
     /// and docs, in target/dist/leash-VERSION-x86_64-linux/ (bin/, lib/systemd/system/,
-    /// share/). Prints the binary's size and the oldest glibc it runs on.
+    /// share/), or leash-VERSION-aarch64-linux/ with `--target aarch64`. Prints the binary's
+    /// size and the oldest glibc it runs on.
     ///
     /// The binary is linked by zig (cargo-zigbuild, installed from crates.io, and zig from
     /// PyPI's `ziglang`, installed into target/dist/zig-venv) against glibc 2.31, so it runs
@@ -135,13 +138,24 @@ enum Task {
     /// allocations unless another allocator is linked in, which makes the binary bigger; and
     /// glibc is on every machine leash runs on. The eBPF programs are still built by
     /// leash-user's build script (nightly, bpf-linker) and embedded.
+    ///
+    /// x86_64 is built with stable. aarch64 is cross-built the same way (zig, glibc 2.31) but
+    /// with nightly and `-Z build-std`, since stable has no aarch64 std here; it is checked
+    /// under qemu-user (`qemu-aarch64-static -L /usr/aarch64-linux-gnu`).
     Dist(dist::Options),
-    /// Build the Debian package target/debian/leash_VERSION_amd64.deb from the dist staging
+    /// Build the Debian package target/debian/leash_VERSION_amd64.deb (or _arm64.deb with
+    /// `--target aarch64`) from the dist staging
     /// (building it first, as `cargo xtask dist`), with cargo-deb (installed from crates.io
     /// when missing) and the maintainer scripts of dist/debian/, which hand the running
     /// daemon's trees over on upgrade rather than restarting it (docs/DEPLOY.md, *Installing
     /// the package*). Prints the package's path on the last line.
     Deb(dist::deb::Options),
+    /// Build the host libraries' packages into target/packages/: the pure Python wheel, a
+    /// platform wheel carrying each `leash` binary `cargo xtask dist` staged
+    /// (py3-none-manylinux_2_31_x86_64, ..._aarch64), the `leash-client` npm tarball (which
+    /// names the platform packages as optional dependencies) and a platform npm package per
+    /// binary (leash-client-linux-x64, leash-client-linux-arm64). Prints each file's size.
+    Packages(packages::Options),
 }
 
 fn main() -> ExitCode {
@@ -159,6 +173,7 @@ fn main() -> ExitCode {
         Task::Image(options) => image::image(&options),
         Task::Dist(options) => dist::dist(&options),
         Task::Deb(options) => dist::deb::deb(&options),
+        Task::Packages(options) => packages::packages(&options),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

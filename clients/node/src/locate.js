@@ -1,8 +1,10 @@
 // Where the daemon and the `leash` binary are: the options first, then the environment, then
-// the defaults. Resolved once, at connect, so that every spawn runs the same shim against the
-// same daemon whatever the host later does to its PATH or environment.
+// what is installed (the binary of the platform package), then the defaults. Resolved once, at
+// connect, so that every spawn runs the same shim against the same daemon whatever the host
+// later does to its PATH or environment.
 
-import { accessSync, constants, statSync } from "node:fs";
+import { accessSync, constants, existsSync, statSync } from "node:fs";
+import { createRequire } from "node:module";
 import { delimiter, resolve } from "node:path";
 import { LeashError } from "./errors.js";
 
@@ -28,32 +30,83 @@ function isExecutableFile(path) {
 }
 
 /**
- * The absolute path of the `leash` binary: the option, else LEASH_BIN, else `leash` on PATH.
- * A name with a slash is a path (relative to the working directory); a bare name is looked up
- * on PATH.
- * @param {string} [option]
+ * The package that carries the `leash` binary for this machine, `leash-client-linux-x64` or
+ * `leash-client-linux-arm64`: an optional dependency of a released leash-client, installed only
+ * where its `os` and `cpu` match.
  * @returns {string}
  */
-export function leashBinary(option) {
-  const name = option || process.env.LEASH_BIN || "leash";
-  const from = option ? "the leash option" : process.env.LEASH_BIN ? "LEASH_BIN" : "PATH";
-  if (name.includes("/")) {
-    const path = resolve(name);
-    if (isExecutableFile(path)) return path;
+export function platformPackage() {
+  return `leash-client-${process.platform}-${process.arch}`;
+}
+
+/**
+ * Where the platform package's binary is, if that package is installed (resolved as an import
+ * of this package would, so wherever npm, pnpm or Bun put it); else null.
+ * @returns {string | null}
+ */
+export function packagedBinary() {
+  try {
+    return createRequire(import.meta.url).resolve(`${platformPackage()}/bin/leash`);
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * The absolute path of the `leash` binary: the option, else LEASH_BIN, else the one the
+ * platform package carries, else `leash` on PATH. A name with a slash is a path (relative to
+ * the working directory); a bare name is looked up on PATH.
+ * @param {string} [option]
+ * @param {string | null} [packaged] the platform package's binary (for the tests)
+ * @returns {string}
+ */
+export function leashBinary(option, packaged = packagedBinary()) {
+  const chosen = option || process.env.LEASH_BIN;
+  if (chosen) {
+    const from = option ? "the leash option" : "LEASH_BIN";
+    if (chosen.includes("/")) {
+      const path = resolve(chosen);
+      if (isExecutableFile(path)) return path;
+      throw new LeashError(
+        "unavailable",
+        `the leash binary ${path} (from ${from}) is not an executable file: install leash, ` +
+          "or set LEASH_BIN to its path",
+      );
+    }
+    const found = onPath(chosen);
+    if (found) return found;
     throw new LeashError(
       "unavailable",
-      `the leash binary ${path} (from ${from}) is not an executable file: install leash, ` +
-        "or set LEASH_BIN to its path",
+      `no \`${chosen}\` executable on PATH (${process.env.PATH ?? ""}), as ${from} names it: ` +
+        "install leash, or set LEASH_BIN to the path of its binary",
     );
   }
+  if (packaged && isExecutableFile(packaged)) return packaged;
+  const found = onPath("leash");
+  if (found) return found;
+  const pkg = platformPackage();
+  const packagedSays =
+    packaged && existsSync(packaged)
+      ? `${packaged} (of ${pkg}) is not executable`
+      : `no ${pkg} package is installed (the optional dependency that carries it)`;
+  throw new LeashError(
+    "unavailable",
+    `no leash binary: LEASH_BIN is not set, ${packagedSays}, and there is no \`leash\` ` +
+      `executable on PATH (${process.env.PATH ?? ""}): install leash-client with its optional ` +
+      "dependencies (not --omit=optional), install leash, or set LEASH_BIN to the path of its binary",
+  );
+}
+
+/**
+ * `name` in PATH's directories, as an absolute path, or null.
+ * @param {string} name
+ * @returns {string | null}
+ */
+function onPath(name) {
   const dirs = (process.env.PATH ?? "").split(delimiter).filter(Boolean);
   for (const dir of dirs) {
     const path = resolve(dir, name);
     if (isExecutableFile(path)) return path;
   }
-  throw new LeashError(
-    "unavailable",
-    `no \`${name}\` executable on PATH (${dirs.join(delimiter)}): install leash, or set ` +
-      "LEASH_BIN to the path of its binary",
-  );
+  return null;
 }

@@ -40,7 +40,11 @@ test("no leash binary: connect rejects with 'unavailable', naming LEASH_BIN", as
   try {
     process.env.PATH = "/nonexistent";
     delete process.env.LEASH_BIN;
-    await assert.rejects(Lease.connect({ socket: testEnv.socket }), unavailable(/`leash`.*PATH.*LEASH_BIN/));
+    // Every place it looked: LEASH_BIN, the platform package, PATH.
+    await assert.rejects(
+      Lease.connect({ socket: testEnv.socket }),
+      unavailable(/LEASH_BIN is not set.*leash-client-linux-.*`leash` executable on PATH \(\/nonexistent\)/),
+    );
   } finally {
     Object.assign(process.env, saved);
   }

@@ -15,6 +15,7 @@ import pytest
 from conftest import SYSTEM_PYTHON, Cgroup, Lines, required_env, user_env
 
 import leash
+from leash import _shim
 
 
 def assert_says_how_to_start(error: leash.Unavailable) -> None:
@@ -51,9 +52,46 @@ def test_no_leash_binary_is_unavailable(tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.delenv("LEASH_BIN")
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(_shim, "PACKAGED_BINARY", str(tmp_path / "_bin" / "leash"))
     with pytest.raises(leash.Unavailable) as raised:
         leash.Lease()
-    assert "LEASH_BIN" in str(raised.value)
+    # Every place it looked, and the fixes.
+    for place in ("LEASH_BIN", str(tmp_path / "_bin" / "leash"), "PATH", str(tmp_path), "wheel"):
+        assert place in str(raised.value), f"{place!r} is not in: {raised.value}"
+
+
+def fake_leash(path: Path, executable: bool = True) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(0o755 if executable else 0o644)
+    return str(path)
+
+
+def test_the_leash_binary_is_the_option_then_leash_bin_then_the_packaged_one_then_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    option = fake_leash(tmp_path / "option" / "leash")
+    from_env = fake_leash(tmp_path / "env" / "leash")
+    packaged = fake_leash(tmp_path / "package" / "_bin" / "leash")
+    on_path = fake_leash(tmp_path / "path" / "leash")
+    monkeypatch.setenv("PATH", str(tmp_path / "path"))
+    monkeypatch.setenv("LEASH_BIN", from_env)
+    monkeypatch.setattr(_shim, "PACKAGED_BINARY", packaged)
+    assert _shim.find_leash(option) == option
+    assert _shim.find_leash(None) == from_env
+    monkeypatch.delenv("LEASH_BIN")
+    assert _shim.find_leash(None) == packaged
+    # A packaged file that lost its executable bit is passed over (and named if nothing else
+    # is found); so is a pure wheel's absent one.
+    fake_leash(Path(packaged), executable=False)
+    assert _shim.find_leash(None) == on_path
+    monkeypatch.setattr(_shim, "PACKAGED_BINARY", str(tmp_path / "none" / "leash"))
+    assert _shim.find_leash(None) == on_path
+    fake_leash(Path(packaged), executable=False)
+    monkeypatch.setattr(_shim, "PACKAGED_BINARY", packaged)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(leash.Unavailable, match=f"{packaged} is not executable"):
+        _shim.find_leash(None)
 
 
 def old_leash(tmp_path: Path) -> str:

@@ -14,7 +14,8 @@ use clap::Args;
 use leash::sys::{Pidfd, SignalFd, wait_readable};
 use leash_client::{
     Client, ClosingReason, ErrorCode, EventKind, LEASE_ENV, RootExitPolicy, TreeOptions,
-    protocol::ExecReport, read_lease_token, sys,
+    protocol::{ExecReport, PROTOCOL_VERSION},
+    read_lease_token, sys,
 };
 
 use super::exec_failure::ExecFailure;
@@ -123,7 +124,7 @@ pub(super) fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
     // First, before any thread starts, so that none takes them the default way (see
     // SignalFd::block).
     let signals = SignalFd::block(&FORWARDED).context("taking SIGTERM, SIGINT and SIGHUP")?;
-    let mut client = Client::connect_to(socket)?;
+    let mut client = connect(socket)?;
     // Before the spawn, so the end of the tree cannot be missed.
     client.subscribe()?;
     let (program, rest) = args.command.split_first().context("no command")?;
@@ -275,6 +276,36 @@ fn forward(client: &mut Client, tree: u32, child: &mut Child, signal: i32) -> Ex
     ExitCode::from(u8::try_from(128 + signal).unwrap_or(u8::MAX))
 }
 
+/// Connects to the daemon. A refusal of this leash's protocol names both sides: this leash's
+/// version, protocol and path, and the daemon's words (its protocol, and its version when it
+/// says it). A binary packaged with a host library comes ahead of PATH, and may meet a system
+/// daemon of another release; the host library reports this message as the spawn's error.
+fn connect(socket: &Path) -> Result<Client, leash_client::Error> {
+    Client::connect_to(socket).map_err(|error| match error {
+        leash_client::Error::Daemon {
+            code: ErrorCode::UnsupportedVersion,
+            message,
+        } => leash_client::Error::Daemon {
+            code: ErrorCode::UnsupportedVersion,
+            message: version_mismatch(socket, &message),
+        },
+        other => other,
+    })
+}
+
+fn version_mismatch(socket: &Path, daemon_said: &str) -> String {
+    let this = std::env::current_exe()
+        .map(|path| format!(", {}", path.display()))
+        .unwrap_or_default();
+    format!(
+        "this leash ({version}{this}) speaks protocol {PROTOCOL_VERSION}; the daemon at {socket} \
+         said: {daemon_said}. Spawn through the leash binary of the daemon's release (LEASH_BIN, \
+         or the host library's `leash` option), or install the host library of that release",
+        version = env!("CARGO_PKG_VERSION"),
+        socket = socket.display(),
+    )
+}
+
 pub(super) fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {
     // First of all: wiped where /proc/PID/environ shows it, so that no process of the same
     // user reads the token there while this one registers (the command never gets it).
@@ -286,7 +317,7 @@ pub(super) fn exec(socket: &Path, args: ExecArgs) -> Result<ExitCode> {
         .map(|fd| ExecStatus::take(fd, args.lease_fd))
         .transpose()?;
     let registered = lease_token(args.lease_fd, from_env).and_then(|token| {
-        let mut client = Client::connect_to(socket)?;
+        let mut client = connect(socket)?;
         // Itself, as the connection names it: right in a container's pid namespace too.
         let tree = client.register_self(&token, &args.enforcement.options())?;
         // This connection's own lease holds nothing; closing it changes nothing.
@@ -351,7 +382,7 @@ fn adopt_by_pidfd(
     enforcement: &EnforcementArgs,
 ) -> Result<u32> {
     let pidfd = sys::pidfd_open(pid);
-    let mut client = Client::connect_to(socket)?;
+    let mut client = connect(socket)?;
     let options = enforcement.options();
     let tree = match &pidfd {
         Ok(pidfd) => client.register_pidfd(pidfd.as_fd(), Some(token), &options)?,
@@ -445,7 +476,7 @@ fn lease_token(fd: Option<i32>, from_env: Option<std::ffi::OsString>) -> Result<
 }
 
 pub(super) fn kill(socket: &Path, args: KillArgs) -> Result<ExitCode> {
-    let mut client = Client::connect_to(socket)?;
+    let mut client = connect(socket)?;
     let summary = match client.kill(args.tree, args.grace) {
         Ok(summary) => summary,
         // The daemon's words alone (`no tree 23946; process 23946 is a member of tree 37:

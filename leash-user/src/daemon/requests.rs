@@ -224,7 +224,10 @@ impl Session {
         if protocol != PROTOCOL_VERSION {
             return Err(Refusal::new(
                 ErrorCode::UnsupportedVersion,
-                format!("this daemon speaks protocol {PROTOCOL_VERSION}, not {protocol}"),
+                format!(
+                    "this daemon (leash {}) speaks protocol {PROTOCOL_VERSION}, not {protocol}",
+                    env!("CARGO_PKG_VERSION")
+                ),
             ));
         }
         let token = daemon

@@ -33,10 +33,16 @@ pub struct TaskOffsets {
 
 /// The running kernel's BTF, parsed: read it once and take every offset from it (a parse of
 /// vmlinux's is the slowest step of loading the programs).
+///
+/// Read whole, then parsed from memory: parsed from the file, the parser asks the kernel for
+/// its position (an lseek) at every type, tens of thousands of system calls, which cost most
+/// of the parse under emulation.
 pub fn kernel() -> Result<Btf> {
-    Btf::from_file(Path::new(VMLINUX_BTF)).with_context(|| {
+    let context = || {
         format!("reading kernel BTF from {VMLINUX_BTF} (the kernel needs CONFIG_DEBUG_INFO_BTF=y)")
-    })
+    };
+    let bytes = std::fs::read(Path::new(VMLINUX_BTF)).with_context(context)?;
+    Btf::from_bytes(&bytes).with_context(context)
 }
 
 impl TaskOffsets {

@@ -1,7 +1,7 @@
 //! `cargo xtask deb`: the Debian package of the dist staging, made by cargo-deb
 //! (`[package.metadata.deb]` in leash-user/Cargo.toml) from a tree this task lays out in
 //! target/debian/root, with the hand-written maintainer scripts of dist/debian/ (the pins' ABI
-//! filled into preinst).
+//! filled into preinst). amd64 by default, arm64 with `--target aarch64`.
 
 use std::{
     fs,
@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use super::{Staged, build_and_stage, userland_check};
-use crate::{apt_install, output, status, unit_for, workspace_root};
+use crate::{apt_install, cross::Arch, output, status, unit_for, workspace_root};
 
 /// Pinned, so that a fresh machine packages as this one did.
 const CARGO_DEB_VERSION: &str = "3.8.0";
@@ -28,21 +28,27 @@ leash: maintainer-script-calls-systemctl *
 
 #[derive(clap::Args)]
 pub(crate) struct Options {
+    /// The machine to package for: x86_64 (amd64, the default) or aarch64 (arm64). The package
+    /// is made from that target's staging (see `cargo xtask dist --target`).
+    #[arg(long, value_enum, default_value_t, value_name = "ARCH")]
+    pub target: Arch,
     /// Repackage the binary `cargo xtask dist` staged, building nothing, under this Debian
     /// version (e.g. 0.1.0+1): an upgrade that changes nothing but the version.
     #[arg(long, value_name = "VERSION")]
     pub version: Option<String>,
     /// Then check the package: its contents, lintian, and (as root) installing it, upgrading
     /// it and purging it in Debian 11 and 13 userlands, after the binary's own checks there
-    /// (see `cargo xtask dist --check`).
+    /// (see `cargo xtask dist --check`). The userland runs are amd64 only (x86_64 chroots):
+    /// an arm64 package gets its contents and lintian checked, and its binary runs in an
+    /// arm64 guest of `cargo xtask vmtest` instead.
     #[arg(long)]
     pub check: bool,
 }
 
 pub(crate) fn deb(options: &Options) -> Result<()> {
     let staged = match options.version {
-        Some(_) => Staged::existing()?,
-        None => build_and_stage()?,
+        Some(_) => Staged::existing(options.target)?,
+        None => build_and_stage(options.target)?,
     };
     let version = options
         .version
@@ -52,25 +58,34 @@ pub(crate) fn deb(options: &Options) -> Result<()> {
     let out = workspace_root().join("target/debian");
     let deb = package(&staged, &version, &out)?;
     if options.check {
-        check_contents(&deb)?;
+        check_contents(&deb, &staged)?;
         lintian(&deb)?;
-        let scratch = out.join("check");
-        let upgrade = package(&staged, &format!("{version}+check"), &scratch)?;
-        let result = userland_check::check(
-            &staged,
-            Some(&userland_check::Packages {
-                first: &deb,
-                upgrade: &upgrade,
-            }),
-        );
-        let _ = fs::remove_dir_all(&scratch);
-        result?;
+        if staged.arch == Arch::X86_64 {
+            let scratch = out.join("check");
+            let upgrade = package(&staged, &format!("{version}+check"), &scratch)?;
+            let result = userland_check::check(
+                &staged,
+                Some(&userland_check::Packages {
+                    first: &deb,
+                    upgrade: &upgrade,
+                }),
+            );
+            let _ = fs::remove_dir_all(&scratch);
+            result?;
+        } else {
+            eprintln!(
+                "xtask: the userland runs are x86_64 only: not run for {} (its binary runs in \
+                 an {0} guest: cargo xtask vmtest --arch {0})",
+                staged.arch.debian()
+            );
+        }
     }
     println!("{}", deb.display());
     Ok(())
 }
 
-/// Packages the staging as version `version`, into `out`/leash_VERSION_amd64.deb.
+/// Packages the staging as version `version`, into `out`/leash_VERSION_ARCH.deb (amd64 or
+/// arm64, as the staging's binary).
 pub(crate) fn package(staged: &Staged, version: &str, out: &Path) -> Result<PathBuf> {
     let root = workspace_root();
     let work = root.join("target/debian");
@@ -96,7 +111,7 @@ pub(crate) fn package(staged: &Staged, version: &str, out: &Path) -> Result<Path
     fs::write(&overrides, LINTIAN_OVERRIDES)?;
 
     fs::create_dir_all(out)?;
-    let deb = out.join(format!("leash_{version}_amd64.deb"));
+    let deb = out.join(format!("leash_{version}_{}.deb", staged.arch.debian()));
     status(
         crate::cargo_command()
             .args([
@@ -105,6 +120,9 @@ pub(crate) fn package(staged: &Staged, version: &str, out: &Path) -> Result<Path
                 "leash-user",
                 "--no-build",
                 "--no-strip",
+                // cargo-deb takes the package's Architecture from the target.
+                "--target",
+                staged.arch.rust_target(),
                 "--deb-version",
                 version,
                 "--output",
@@ -215,8 +233,8 @@ fn maintainer() -> Result<String> {
         .context("no maintainer in leash-user/Cargo.toml's [package.metadata.deb]")
 }
 
-/// The package holds what it must, where Debian wants it.
-fn check_contents(deb: &Path) -> Result<()> {
+/// The package holds what it must, where Debian wants it, for `staged`'s architecture.
+fn check_contents(deb: &Path, staged: &Staged) -> Result<()> {
     let listing = output(Command::new("dpkg-deb").arg("-c").arg(deb))?;
     let mut required = vec![
         "./usr/bin/leash",
@@ -225,7 +243,20 @@ fn check_contents(deb: &Path) -> Result<()> {
         "./usr/share/doc/leash/changelog.gz",
         "./usr/share/doc/leash/README.md",
     ];
-    let staged = Staged::existing()?;
+    let architecture = output(
+        Command::new("dpkg-deb")
+            .args(["-f"])
+            .arg(deb)
+            .arg("Architecture"),
+    )?;
+    if architecture.trim() != staged.arch.debian() {
+        bail!(
+            "{} is for {}, not {}",
+            deb.display(),
+            architecture.trim(),
+            staged.arch.debian()
+        );
+    }
     if staged.dir.join("share/man").exists() {
         required.push("./usr/share/man/man1/leash.1.gz");
     }

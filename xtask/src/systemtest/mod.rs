@@ -18,6 +18,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     apt_install,
+    cross::Arch,
     dist::{Staged, deb},
     output, status, userland, vmtest, workspace_root,
 };
@@ -63,7 +64,7 @@ pub(crate) fn systemtest(options: &Options) -> Result<()> {
     fs::create_dir_all(&out).with_context(|| format!("making {}", out.display()))?;
     // The binary `cargo xtask dist` staged, packaged twice: the upgrade changes nothing but
     // the version.
-    let staged = Staged::existing()?;
+    let staged = Staged::existing(Arch::X86_64)?;
     let version_b = format!("{}+systemtest1", staged.version);
     let deb_a = deb::package(&staged, &staged.version, &out)?;
     let deb_b = deb::package(&staged, &version_b, &out)?;

@@ -50,6 +50,7 @@ pub(super) const LEFT_OUT: &[(&str, &str)] = &[
     ("host_words", "user space: the host libraries' lists of the protocol's words"),
     ("host_python", "needs Python with pytest, which the guests do not have; the library's kernel paths are the exec shim's (exec_shim)"),
     ("host_node", "needs Node.js and the Claude Agent SDK, which the guests do not have; the library's kernel paths are the exec shim's (exec_shim)"),
+    ("host_packages", "installs wheels and npm tarballs with Python, pip and npm, which the guests do not have; checks packaging and the binary's lookup (user space)"),
     ("acp_examples", "needs Node.js, which the guests do not have: the ACP examples' hosts and agent; their kernel paths are the exec shim's (exec_shim) and a killed host's (host_death)"),
     ("subordinate_uids", "user space: accounts per user; the kernel path, the whois iterator reading a user namespace's owner, is whois's"),
     ("tenancy", "user space: who sees which tree; the kernel path, the whois iterator reading pid namespaces, is whois's"),

@@ -32,23 +32,41 @@ StrOrBytesPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 Args = Union[StrOrBytesPath, Sequence[StrOrBytesPath]]
 
 
+# The binary a platform wheel carries (hatch_build.py puts it there); the pure wheel has none.
+PACKAGED_BINARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bin", "leash")
+
+
+def _executable_file(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
 def find_leash(explicit: Optional[StrPath]) -> str:
-    """The leash binary as an absolute path: `explicit`, else LEASH_BIN, else `leash` on PATH.
-    Resolved once, so that a later change of directory or PATH changes nothing."""
+    """The leash binary as an absolute path: `explicit`, else LEASH_BIN, else the one this
+    package carries (a platform wheel's leash/_bin/leash), else `leash` on PATH. Resolved once,
+    so that a later change of directory or PATH changes nothing."""
     chosen = os.fspath(explicit) if explicit is not None else os.environ.get(LEASH_BIN_ENV)
     if chosen:
         found = shutil.which(chosen) if os.sep not in chosen else chosen
-        if found and os.access(found, os.X_OK) and os.path.isfile(found):
+        if found and _executable_file(found):
             return os.path.abspath(found)
         origin = "LEASH_BIN" if explicit is None else "the leash argument"
         raise Unavailable(f"{chosen} ({origin}) is not an executable leash binary")
+    if _executable_file(PACKAGED_BINARY):
+        return PACKAGED_BINARY
     found = shutil.which("leash")
-    if found is None:
-        raise Unavailable(
-            "no `leash` binary on PATH: install leash, or name the binary with LEASH_BIN "
-            "(or Lease(leash=PATH))"
-        )
-    return os.path.abspath(found)
+    if found is not None:
+        return os.path.abspath(found)
+    packaged = (
+        f"{PACKAGED_BINARY} is not executable"
+        if os.path.exists(PACKAGED_BINARY)
+        else f"this package carries none ({PACKAGED_BINARY}: a platform wheel of leash-client "
+        "has one)"
+    )
+    raise Unavailable(
+        f"no leash binary: LEASH_BIN is not set, {packaged}, and there is no `leash` on PATH "
+        f"({os.environ.get('PATH', '')}): install leash-client's wheel for this platform, "
+        "install leash, or name the binary with LEASH_BIN (or Lease(leash=PATH))"
+    )
 
 
 def command_line(

@@ -56,7 +56,8 @@ class Lease(LeaseCore[Connection]):
     `socket`: the daemon's socket (else LEASH_SOCKET, else /run/leash/leash.sock). `grace`: the
     seconds (a float) between SIGTERM and SIGKILL for the trees it starts (else the daemon's,
     2 s), from 0 to 600: checked here, ValueError otherwise. `leash`: the leash binary to spawn
-    through (else LEASH_BIN, else `leash` on PATH). `optional=True`: if leash is unavailable,
+    through (else LEASH_BIN, else the one a platform wheel carries, else `leash` on PATH).
+    `optional=True`: if leash is unavailable,
     start commands unleashed, with one UnleashedWarning for the lease, instead of raising
     Unavailable.
 
