@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use crate::apt_install;
 
 /// A target architecture of the release.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub(crate) enum Arch {
     /// x86_64 (Debian's amd64).
     #[default]
@@ -26,9 +26,9 @@ pub(crate) enum Arch {
     Aarch64,
 }
 
-/// Where Debian's cross C library for aarch64 (libc6-arm64-cross) puts its root: qemu-user
-/// finds the binary's loader and libraries under it.
-const AARCH64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
+/// cargo's arguments that build the standard library for a target that [`Arch::builds_std`]
+/// (nightly only; std from rust-src).
+pub(crate) const BUILD_STD: [&str; 2] = ["-Z", "build-std=std,panic_abort"];
 
 impl Arch {
     pub(crate) const ALL: [Self; 2] = [Self::X86_64, Self::Aarch64];
@@ -71,6 +71,22 @@ impl Arch {
         }
     }
 
+    /// The GNU triple Debian names the architecture's libraries' directory after (multiarch:
+    /// /usr/lib/aarch64-linux-gnu), and its cross tools and their root (/usr/aarch64-linux-gnu).
+    pub(crate) fn gnu_triple(self) -> &'static str {
+        match self {
+            Self::X86_64 => "x86_64-linux-gnu",
+            Self::Aarch64 => "aarch64-linux-gnu",
+        }
+    }
+
+    /// Where Debian's cross C library for the target (libc6-arm64-cross) puts its root:
+    /// qemu-user finds a binary's loader and libraries under it, and the cross gcc links
+    /// against it.
+    fn cross_root(self) -> PathBuf {
+        Path::new("/usr").join(self.gnu_triple())
+    }
+
     /// Debian's name of the architecture (a package's `Architecture`).
     pub(crate) fn debian(self) -> &'static str {
         match self {
@@ -108,7 +124,7 @@ impl Arch {
             Self::X86_64 => Command::new(binary),
             Self::Aarch64 => {
                 let mut command = Command::new("qemu-aarch64-static");
-                command.arg("-L").arg(AARCH64_SYSROOT).arg(binary);
+                command.arg("-L").arg(self.cross_root()).arg(binary);
                 command
             }
         }
@@ -117,29 +133,64 @@ impl Arch {
     /// Installs (Debian/Ubuntu, as root) what checking and running the target's binaries here
     /// needs: for aarch64, its objdump, qemu-user and the C library qemu runs them with.
     pub(crate) fn ensure_tools(self) -> Result<()> {
-        let wanted: &[(&str, &str)] = match self {
-            Self::X86_64 => &[],
-            Self::Aarch64 => &[
-                (
-                    "/usr/bin/aarch64-linux-gnu-objdump",
-                    "binutils-aarch64-linux-gnu",
-                ),
-                ("/usr/bin/qemu-aarch64-static", "qemu-user-static"),
-                (
-                    "/usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1",
-                    "libc6-arm64-cross",
-                ),
-            ],
-        };
-        let missing: Vec<&str> = wanted
-            .iter()
-            .filter(|(path, _)| !Path::new(path).exists())
-            .map(|(_, package)| *package)
-            .collect();
-        if missing.is_empty() {
+        if self == Self::X86_64 {
             return Ok(());
         }
-        apt_install(&missing, false)
+        let triple = self.gnu_triple();
+        let loader = match self {
+            Self::X86_64 => "ld-linux-x86-64.so.2",
+            Self::Aarch64 => "ld-linux-aarch64.so.1",
+        };
+        install_missing(&[
+            (
+                PathBuf::from(format!("/usr/bin/{}", self.objdump())),
+                format!("binutils-{triple}"),
+            ),
+            (
+                PathBuf::from(format!("/usr/bin/qemu-{}-static", self.name())),
+                "qemu-user-static".to_owned(),
+            ),
+            (
+                self.cross_root().join("lib").join(loader),
+                format!("libc6-{}-cross", self.debian()),
+            ),
+        ])
+    }
+
+    /// [`Self::ensure_tools`], and what linking the target's binaries with gcc needs (cargo's
+    /// own linking, as the tests' cross build does; `dist` links with zig): Debian's cross
+    /// gcc and the target's C library to link against.
+    pub(crate) fn ensure_gcc_toolchain(self) -> Result<()> {
+        self.ensure_tools()?;
+        if self == Self::X86_64 {
+            return Ok(());
+        }
+        install_missing(&[
+            (
+                PathBuf::from(format!("/usr/bin/{}", self.gcc())),
+                format!("gcc-{}", self.gnu_triple()),
+            ),
+            (
+                self.cross_root().join("lib/libc.so"),
+                format!("libc6-dev-{}-cross", self.debian()),
+            ),
+        ])
+    }
+
+    /// The gcc that links the target's binaries.
+    pub(crate) fn gcc(self) -> String {
+        match self {
+            Self::X86_64 => "cc".to_owned(),
+            Self::Aarch64 => format!("{}-gcc", self.gnu_triple()),
+        }
+    }
+
+    /// The environment variable that tells cargo the target's linker.
+    pub(crate) fn cargo_linker_var(self) -> String {
+        format!(
+            "CARGO_TARGET_{}_LINKER",
+            self.rust_target().to_uppercase().replace('-', "_")
+        )
     }
 
     /// Fails unless `binary` is an ELF file for this target.
@@ -168,6 +219,19 @@ impl Arch {
             .join(self.rust_target())
             .join(profile)
     }
+}
+
+/// Installs the packages of `wanted` (a file each provides, the package) whose file is missing.
+fn install_missing(wanted: &[(PathBuf, String)]) -> Result<()> {
+    let missing: Vec<&str> = wanted
+        .iter()
+        .filter(|(path, _)| !path.exists())
+        .map(|(_, package)| package.as_str())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    apt_install(&missing, false)
 }
 
 /// `e_machine` of a 64-bit little-endian ELF header.
@@ -224,5 +288,14 @@ mod tests {
         assert_eq!(Arch::default(), Arch::X86_64);
         assert_eq!(Arch::Aarch64.debian(), "arm64");
         assert_eq!(Arch::Aarch64.rust_target(), "aarch64-unknown-linux-gnu");
+        assert_eq!(
+            Arch::Aarch64.cargo_linker_var(),
+            "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER"
+        );
+        assert_eq!(Arch::Aarch64.gcc(), "aarch64-linux-gnu-gcc");
+        assert_eq!(
+            Arch::Aarch64.cross_root(),
+            Path::new("/usr/aarch64-linux-gnu")
+        );
     }
 }

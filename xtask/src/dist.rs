@@ -112,7 +112,9 @@ pub(crate) fn build_and_stage(arch: Arch) -> Result<Staged> {
     // std would be; harmless.)
     let mut cargo = if arch.builds_std() {
         let mut nightly = Command::new("cargo");
-        nightly.args(["+nightly", "zigbuild", "-Z", "build-std=std,panic_abort"]);
+        nightly
+            .args(["+nightly", "zigbuild"])
+            .args(crate::cross::BUILD_STD);
         nightly
     } else {
         let mut stable = crate::cargo_command();

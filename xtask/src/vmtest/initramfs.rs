@@ -205,7 +205,7 @@ impl Image {
                 .args(["--wide", "-d", "-l"])
                 .arg(source),
         )?;
-        let multiarch = self.arch.multiarch();
+        let multiarch = self.arch.gnu_triple();
         let dirs = [
             format!("/lib/{multiarch}"),
             format!("/usr/lib/{multiarch}"),

@@ -140,7 +140,7 @@ pub(super) const PINS: [Pin; 7] = [
     },
     Pin {
         name: "bookworm-6.1",
-        arch: Arch::Arm64,
+        arch: Arch::Aarch64,
         suite: "bookworm",
         choice: Choice::Pinned {
             package: "linux-image-6.1.0-57-cloud-arm64",
@@ -151,7 +151,7 @@ pub(super) const PINS: [Pin; 7] = [
     },
     Pin {
         name: "trixie-6.12",
-        arch: Arch::Arm64,
+        arch: Arch::Aarch64,
         suite: "trixie",
         choice: Choice::Pinned {
             package: "linux-image-6.12.118+deb13-cloud-arm64",
@@ -315,7 +315,7 @@ fn warn_gone(pin: &Pin, (pinned, at): (&str, &str), package: &str, version: &str
          {version}.\nxtask: Update the pin of {name} in xtask/src/vmtest/kernels.rs to it.\n\
          xtask: {rule}",
         name = pin.name,
-        arch = pin.arch,
+        arch = pin.arch.debian(),
         suite = pin.suite,
     );
 }
@@ -449,7 +449,8 @@ pub(super) fn select(names: &[String], arch: Arch) -> Result<Vec<&'static Pin>> 
     for name in names {
         if !of_arch().any(|pin| pin.name == name) {
             bail!(
-                "no kernel {name:?} for {arch}; there are {}",
+                "no kernel {name:?} for {}; there are {}",
+                arch.debian(),
                 of_arch().map(|pin| pin.name).collect::<Vec<_>>().join(", ")
             );
         }
@@ -465,10 +466,10 @@ mod tests {
 
     #[test]
     fn kernels_are_named_once_per_arch_and_selected_in_table_order() {
-        for arch in [Arch::X86_64, Arch::Arm64] {
+        for arch in [Arch::X86_64, Arch::Aarch64] {
             let pins: Vec<_> = PINS.iter().filter(|pin| pin.arch == arch).collect();
             let names: std::collections::BTreeSet<_> = pins.iter().map(|pin| pin.name).collect();
-            assert_eq!(names.len(), pins.len(), "{arch}");
+            assert_eq!(names.len(), pins.len(), "{arch:?}");
         }
         let chosen = select(
             &["trixie-6.12".into(), "bullseye-5.10".into()],
@@ -480,9 +481,9 @@ mod tests {
             ["bullseye-5.10", "trixie-6.12"]
         );
         assert!(select(&["wheezy".into()], Arch::X86_64).is_err());
-        assert!(select(&["bullseye-5.10".into()], Arch::Arm64).is_err());
-        let arm64 = select(&["trixie-6.12".into()], Arch::Arm64).unwrap();
-        assert_eq!(arm64[0].arch, Arch::Arm64);
+        assert!(select(&["bullseye-5.10".into()], Arch::Aarch64).is_err());
+        let arm64 = select(&["trixie-6.12".into()], Arch::Aarch64).unwrap();
+        assert_eq!(arm64[0].arch, Arch::Aarch64);
         assert!(arm64[0].meta.ends_with("-arm64"));
     }
 
@@ -499,7 +500,7 @@ mod tests {
             names(Arch::X86_64),
             ["bullseye-5.10", "bookworm-6.1", "trixie-6.12", "sid-newest"]
         );
-        assert_eq!(names(Arch::Arm64), ["bookworm-6.1", "trixie-6.12"]);
+        assert_eq!(names(Arch::Aarch64), ["bookworm-6.1", "trixie-6.12"]);
         // Still runnable by name.
         assert_eq!(
             select(&["bookworm-6.12".into()], Arch::X86_64)

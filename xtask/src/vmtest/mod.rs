@@ -93,7 +93,10 @@ pub(crate) fn vmtest(options: &Options) -> Result<()> {
         return Ok(());
     }
     if arch != Arch::X86_64 && options.accel == "kvm" {
-        bail!("{arch} guests run under emulation (TCG) here: --accel kvm is for x86_64 only");
+        bail!(
+            "{} guests run under emulation (TCG) here: --accel kvm is for x86_64 only",
+            arch.debian()
+        );
     }
     if !is_root() {
         eprintln!(
@@ -112,7 +115,7 @@ pub(crate) fn vmtest(options: &Options) -> Result<()> {
 
     let initrd = out.join(match arch {
         Arch::X86_64 => "initramfs.cpio".to_owned(),
-        _ => format!("initramfs-{arch}.cpio"),
+        _ => format!("initramfs-{}.cpio", arch.debian()),
     });
     build_initramfs(&suite, &out, &initrd, arch)?;
     let accel = match arch {
@@ -183,7 +186,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn list(arch: Arch) {
-    println!("kernels of {arch} (xtask/src/vmtest/kernels.rs; --arch x86_64 or arm64):");
+    println!(
+        "kernels of {} (xtask/src/vmtest/kernels.rs; --arch x86_64 or arm64):",
+        arch.debian()
+    );
     for pin in kernels::PINS.iter().filter(|pin| pin.arch == arch) {
         let default = if pin.default {
             ""
@@ -196,7 +202,7 @@ fn list(arch: Arch) {
     for (name, reason) in suite::LEFT_OUT {
         println!("  {name:<20} {reason}");
     }
-    if arch == Arch::Arm64 {
+    if arch == Arch::Aarch64 {
         println!(
             "on arm64, only these run unless --all or --test says otherwise (emulated arm64 \
              is slow, and CI has 8 minutes for it):\n  {}",
@@ -220,7 +226,7 @@ fn ensure_tools_for(arch: Arch) -> Result<()> {
         ("dpkg-deb", "dpkg"),
         ("python3", "python3"),
     ];
-    if arch == Arch::Arm64 {
+    if arch == Arch::Aarch64 {
         needs.push(("qemu-system-aarch64", "qemu-system-arm"));
         needs.push(("readelf", "binutils"));
     }
@@ -340,7 +346,7 @@ fn add_etc(image: &mut Image) {
 fn arch_prefix(arch: Arch, then: &str) -> String {
     match arch {
         Arch::X86_64 => String::new(),
-        arch => format!("{arch}{then}"),
+        arch => format!("{}{then}", arch.debian()),
     }
 }
 

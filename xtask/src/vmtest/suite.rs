@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use super::arch::Arch;
-use crate::{apt_install, cargo, cargo_command, workspace_root};
+use crate::{cargo, cargo_command, cross, workspace_root};
 
 /// The integration tests' test binary (tests/Cargo.toml; its root is tests/tests/main.rs).
 pub(super) const TEST_BINARY: &str = "scenarios";
@@ -112,17 +112,14 @@ pub(super) struct Scenario {
 /// matches `kill_threads::` too), and one process per scenario keeps each scenario's result, and
 /// its timeout, its own, as when each was a binary of its own.
 pub(super) fn build(only: &[String], test_args: &[String], arch: Arch, all: bool) -> Result<Suite> {
-    let binary = match arch.cross_target() {
-        None => {
-            // The tests run target/debug/leash, found next to their own directory.
-            cargo(&["build", "--package", "leash-user"])?;
-            build_test_binary(|args| {
-                let mut command = cargo_command();
-                command.args(args);
-                command
-            })?
-        }
-        Some(target) => cross_build(target)?,
+    let binary = if arch.builds_std() {
+        cross_build(arch)?
+    } else {
+        // The tests run target/debug/leash, found next to their own directory.
+        cargo(&["build", "--package", "leash-user"])?;
+        let mut command = cargo_command();
+        command.args(["test", "--no-run"]);
+        build_test_binary(command)?
     };
     let lister = Lister {
         binary: &binary,
@@ -143,7 +140,7 @@ pub(super) fn build(only: &[String], test_args: &[String], arch: Arch, all: bool
         .filter(|(name, _)| {
             if !only.is_empty() {
                 only.contains(name)
-            } else if arch == Arch::Arm64 && !all {
+            } else if arch == Arch::Aarch64 && !all {
                 ARM64_SUBSET.contains(&name.as_str())
             } else {
                 !LEFT_OUT.iter().any(|(left_out, _)| left_out == name)
@@ -165,74 +162,58 @@ pub(super) fn build(only: &[String], test_args: &[String], arch: Arch, all: bool
 /// and the host's stable one never rebuild each other's dependencies.
 const CROSS_TARGET_DIR: &str = "target/cross";
 
-/// `leash` and the test binary for `target` (aarch64-unknown-linux-gnu), cross-built: nightly
-/// cargo builds the standard library for it (`-Z build-std`; only x86_64's comes with the
-/// toolchain here) and Debian's cross gcc links. Without debug information: the images are
-/// built from them as they are (this machine's objcopy cannot strip other architectures), and
-/// the build takes less time.
-fn cross_build(target: &str) -> Result<PathBuf> {
-    ensure_cross_tools()?;
-    let cross = |args: &[&str]| {
-        let mut command = Command::new("rustup");
-        command
-            .args(["run", "nightly", "cargo"])
-            .args(args)
-            .args(["-Z", "build-std=std,panic_abort", "--target", target])
-            .arg("--target-dir")
-            .arg(workspace_root().join(CROSS_TARGET_DIR))
-            .env(
-                format!(
-                    "CARGO_TARGET_{}_LINKER",
-                    target.to_uppercase().replace('-', "_")
-                ),
-                "aarch64-linux-gnu-gcc",
-            )
-            .env("CARGO_PROFILE_DEV_DEBUG", "0")
-            .current_dir(workspace_root());
-        command
-    };
-    eprintln!("xtask: cross-building leash and the tests for {target}");
-    crate::status(&mut cross(&["build", "--package", "leash-user"]))?;
-    build_test_binary(cross)
+/// The standard library's crates, optimized in the cross build's dev profile. `-Z build-std`
+/// builds them in the profile of the build (x86_64's std comes prebuilt, optimized), and
+/// unoptimized they doubled a daemon's start in an arm64 guest (8 s rather than 4 on
+/// trixie-6.12): the kernel BTF's parsing runs through core's UTF-8 checks, slices and
+/// hashing. Their generic code is compiled in the crates that use it, at those crates' level.
+const OPTIMIZED_STD: [&str; 6] = [
+    "--config",
+    "profile.dev.package.std.opt-level=3",
+    "--config",
+    "profile.dev.package.core.opt-level=3",
+    "--config",
+    "profile.dev.package.alloc.opt-level=3",
+];
+
+/// `leash` and the test binary for `arch` (aarch64), cross-built: nightly cargo builds the
+/// standard library for it ([`cross::BUILD_STD`]; only x86_64's comes with the toolchain here)
+/// and Debian's cross gcc links. Without debug information: the images are built from them as
+/// they are (this machine's objcopy cannot strip other architectures), and the build takes
+/// less time.
+fn cross_build(arch: Arch) -> Result<PathBuf> {
+    arch.ensure_gcc_toolchain()?;
+    // One build of both, `leash` and the test binary: two would each build leash-user and
+    // what both use, with the features each alone unifies (a minute more from clean).
+    let mut command = Command::new("rustup");
+    command
+        .args(["run", "nightly", "cargo", "build"])
+        .args(["--package", "leash-user", "--bin", "leash"])
+        .args(cross::BUILD_STD)
+        .args(OPTIMIZED_STD)
+        .args(["--target", arch.rust_target()])
+        .arg("--target-dir")
+        .arg(workspace_root().join(CROSS_TARGET_DIR))
+        .env(arch.cargo_linker_var(), arch.gcc())
+        .env("CARGO_PROFILE_DEV_DEBUG", "0")
+        .current_dir(workspace_root());
+    eprintln!(
+        "xtask: cross-building leash and the tests for {}",
+        arch.rust_target()
+    );
+    build_test_binary(command)
 }
 
-/// The cross toolchain's parts that Debian packages: the linker and the target's C library,
-/// and QEMU's user-mode emulator, which lists the tests of a binary this machine cannot run.
-fn ensure_cross_tools() -> Result<()> {
-    let missing: Vec<&str> = [
-        ("/usr/bin/aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
-        (
-            "/usr/aarch64-linux-gnu/lib/libc.so.6",
-            "libc6-dev-arm64-cross",
-        ),
-        ("/usr/bin/qemu-aarch64-static", "qemu-user-static"),
-    ]
-    .iter()
-    .filter(|(path, _)| !std::path::Path::new(path).exists())
-    .map(|(_, package)| *package)
-    .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    apt_install(&missing, false)
-}
-
-/// `cargo test -p leash-tests --test scenarios --no-run`, reading where the binary went from
-/// cargo's JSON messages (its file name carries a hash). `cargo` makes the command that runs
-/// cargo with these arguments, and whatever it needs for its target.
-fn build_test_binary(cargo: impl FnOnce(&[&str]) -> Command) -> Result<PathBuf> {
-    let mut child = cargo(&[
-        "test",
-        "--package",
-        "leash-tests",
-        "--test",
-        TEST_BINARY,
-        "--no-run",
-        "--message-format=json-render-diagnostics",
-    ])
-    .stdout(Stdio::piped())
-    .spawn()
-    .context("running cargo test --no-run")?;
+/// Builds the test binary (`--package leash-tests --test scenarios`) with `cargo`, a cargo
+/// command that builds tests (`cargo test --no-run`, `cargo build`) for its target, reading
+/// where the binary went from cargo's JSON messages (its file name carries a hash).
+fn build_test_binary(mut cargo: Command) -> Result<PathBuf> {
+    let mut child = cargo
+        .args(["--package", "leash-tests", "--test", TEST_BINARY])
+        .arg("--message-format=json-render-diagnostics")
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running cargo to build the tests")?;
     let stdout = child.stdout.take().context("cargo's output")?;
     let mut built = None;
     for line in BufReader::new(stdout).lines() {
@@ -272,26 +253,16 @@ fn test_binary(line: &str) -> Option<TestBinary> {
 
 /// Lists the tests of a test binary of `arch`.
 struct Lister<'a> {
-    binary: &'a PathBuf,
+    binary: &'a Path,
     arch: Arch,
 }
 
 impl Lister<'_> {
     /// The full names of the tests the binary runs given `selection` (filters, `--skip`,
     /// `--exact`), from its `--list --format terse`: one `NAME: test` line each. A binary of
-    /// another architecture lists under QEMU's user-mode emulation, with the cross toolchain's
-    /// C library.
+    /// another architecture lists under QEMU's user-mode emulation ([`Arch::run`]).
     fn list(&self, selection: &[String]) -> Result<Vec<String>> {
-        let mut command = match self.arch {
-            Arch::X86_64 => Command::new(self.binary),
-            Arch::Arm64 => {
-                let mut command = Command::new("qemu-aarch64-static");
-                command
-                    .args(["-L", "/usr/aarch64-linux-gnu"])
-                    .arg(self.binary);
-                command
-            }
-        };
+        let mut command = self.arch.run(self.binary);
         list_tests(&mut command, self.binary, selection)
     }
 }
