@@ -158,7 +158,7 @@ const REQUIREMENTS: [Requirement; 6] = [
     Requirement {
         name: "tp_btf",
         what: "BTF-typed tracepoints (tp_btf, Linux 5.5), to which the programs attach",
-        present: || is_program_supported(ProgramType::Tracing).ok(),
+        present: tp_btf_present,
     },
     Requirement {
         name: "ring_buffer",
@@ -181,6 +181,17 @@ const REQUIREMENTS: [Requirement; 6] = [
         present: || helper(BpfHelper::BPF_FUNC_send_signal),
     },
 ];
+
+/// Whether tp_btf programs load and attach. aya's probe of tracing programs loads an fentry
+/// program (on bpf_fentry_test1), which needs more than tp_btf: arm64 kernels before 6.4 (no
+/// ftrace direct calls, Debian's 6.1) refuse it, yet run tp_btf. Where aya says no, a tp_btf
+/// program is loaded and attached, as the fork program is.
+fn tp_btf_present() -> Option<bool> {
+    match is_program_supported(ProgramType::Tracing).ok()? {
+        true => Some(true),
+        false => Some(tp_btf_attach().is_ok()),
+    }
+}
 
 /// Whether tracing programs may call `helper` (probed with a tracepoint program: aya cannot
 /// probe tp_btf's own type, and the tracing helpers are the same for both).
