@@ -3,7 +3,7 @@
 //! own uid (leash-ebpf's ptrace.rs). Which one this kernel takes, and attaching it.
 //!
 //! - fmod_ret on `security_ptrace_access_check` (Linux 5.7, with BPF trampolines: x86_64 since
-//!   5.5, arm64 since 6.0, and CONFIG_SECURITY): the access fails with EPERM. aya 0.14 cannot
+//!   5.5, arm64 since 6.4 with ftrace's direct calls, and CONFIG_SECURITY): the access fails with EPERM. aya 0.14 cannot
 //!   load fmod_ret programs, so this module relocates the program itself, with aya-obj, against
 //!   the maps aya made, and loads and attaches it with raw `bpf()` calls (sys/bpf.rs).
 //! - Where that fails, syscall tracepoints that SIGKILL the member as it asks. They do not see

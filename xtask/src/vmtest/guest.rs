@@ -9,6 +9,9 @@ use super::initramfs::{BUSYBOX_DIR, Held, HeldKind};
 
 /// The start of every line the host reads as a report from init.
 pub(super) const MARKER: &str = "@@vmtest";
+/// On the kernel's command line of a guest whose kernel cannot attach the ptrace guard's
+/// fmod_ret program: its `ptrace_guard` then checks the fallback the daemon chose.
+pub(super) const NO_FMOD_RET: &str = "leash_vmtest.no_fmod_ret";
 /// How long one scenario may run in a guest before it is killed (the host's own timeout, for
 /// the whole kernel, is the backstop).
 pub(super) const SCENARIO_TIMEOUT_S: u64 = 600;
@@ -55,9 +58,10 @@ export LEASH_TEST_SKIP_SYSTEMD=1
 export LEASH_TEST_SKIP_HOSTS=1
 # Nor gdb: the ptrace guard's test checks gdb on the host only, and its helper everywhere.
 export LEASH_TEST_NO_GDB=1
-# Debian's kernels have BPF trampolines: the ptrace guard must be the fmod_ret program there.
-export LEASH_TEST_REQUIRE_FMOD_RET=1
 mount -t proc proc /proc
+# The ptrace guard must be the fmod_ret program, but on kernels without BPF trampolines for
+# kernel functions (arm64 before 6.4), which the host says on the kernel's command line.
+grep -q '{NO_FMOD_RET}' /proc/cmdline || export LEASH_TEST_REQUIRE_FMOD_RET=1
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm

@@ -442,9 +442,15 @@ fn run_kernel<'a>(
     );
     let started = Instant::now();
     let mut console = Console::default();
+    let cmdline = if kernel.fmod_ret {
+        ""
+    } else {
+        guest::NO_FMOD_RET
+    };
     let ending = qemu::boot_on(
         kernel.arch,
         accel,
+        cmdline,
         &kernel.vmlinuz,
         initrd,
         timeout,

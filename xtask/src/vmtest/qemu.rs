@@ -63,15 +63,16 @@ pub(crate) fn boot(
     timeout: Duration,
     on_line: impl FnMut(&str) -> ControlFlow<()>,
 ) -> Result<Ending> {
-    boot_on(Arch::X86_64, accel, kernel, initrd, timeout, on_line)
+    boot_on(Arch::X86_64, accel, "", kernel, initrd, timeout, on_line)
 }
 
-/// Boots `kernel` of `arch` with `initrd`, calling `on_line` with each line of the console (and
-/// of QEMU's own errors, prefixed `qemu: `), until QEMU exits, `timeout` passes or `on_line`
-/// breaks.
+/// Boots `kernel` of `arch` with `initrd` (and `cmdline` added to the kernel's command line),
+/// calling `on_line` with each line of the console (and of QEMU's own errors, prefixed
+/// `qemu: `), until QEMU exits, `timeout` passes or `on_line` breaks.
 pub(crate) fn boot_on(
     arch: Arch,
     accel: Accel,
+    cmdline: &str,
     kernel: &Path,
     initrd: &Path,
     timeout: Duration,
@@ -114,7 +115,7 @@ pub(crate) fn boot_on(
         .arg(initrd)
         // quiet: the kernel's warnings and worse only. panic=-1: a panic ends the run at once.
         .arg("-append")
-        .arg(format!("console={} quiet panic=-1", arch.console()))
+        .arg(format!("console={} quiet panic=-1 {cmdline}", arch.console()).trim_end())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -69,7 +69,8 @@ pub(super) const LEFT_OUT: &[(&str, &str)] = &[
 /// arm64 guests are emulated instruction by instruction, and CI has 8 minutes for them, cross
 /// build included. The seed scenarios of tracking and enforcement, threads, a kill, the daemon's
 /// restart and take-over, unprivileged users, and the ptrace guard, whose fmod_ret program
-/// needs BPF trampolines, which arm64 has had only since 6.0 and implements apart from x86's.
+/// needs BPF trampolines, which arm64 implements apart from x86's and attaches to kernel
+/// functions only since 6.4 (bookworm-6.1 takes the syscall-tracepoint fallback).
 pub(super) const ARM64_SUBSET: &[&str] = &[
     "agent_dies",
     "host_dies",
