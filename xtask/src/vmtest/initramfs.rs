@@ -97,6 +97,30 @@ impl Image {
         self.add_file(Path::new("/"), path, strip)
     }
 
+    /// The host's file `source` at `at` in the guest (a program where the tests look for
+    /// another of its name), with the libraries it needs, as [`Self::add_host_file`] adds one
+    /// at its own path.
+    pub(super) fn add_host_file_at(&mut self, source: &Path, at: &Path, strip: bool) -> Result<()> {
+        let meta = fs::metadata(source).with_context(|| format!("reading {}", source.display()))?;
+        if !meta.is_file() {
+            bail!("{} is not a file", source.display());
+        }
+        self.add_parents(at);
+        self.entries.insert(
+            at.to_path_buf(),
+            Entry::File {
+                source: source.to_path_buf(),
+                strip,
+            },
+        );
+        if meta.permissions().mode() & 0o111 != 0 {
+            for library in self.libraries(source)? {
+                self.add_system_file(&library)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The sysroot's file at `path`, as [`Self::add_host_file`] adds the host's.
     fn add_system_file(&mut self, path: &Path) -> Result<()> {
         let sysroot = self.sysroot.clone();

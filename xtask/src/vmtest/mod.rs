@@ -23,6 +23,7 @@ use std::{
     fs::{self, File},
     io::{BufWriter, Write},
     ops::ControlFlow,
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     sync::{Mutex, MutexGuard, PoisonError},
     thread,
@@ -61,6 +62,11 @@ pub(crate) struct Options {
     /// (`--list` names it).
     #[arg(long)]
     all: bool,
+    /// The `leash` the guests' tests run, rather than the build's own (a release's binary, as
+    /// a package ships it): it goes where the tests look for the build's. An ELF program of
+    /// --arch's architecture.
+    #[arg(long, value_name = "PATH")]
+    leash: Option<PathBuf>,
     /// Run only this scenario (a module of the test binary: a file of tests/tests/, without
     /// .rs); repeat for more. May name one that is left out by default.
     #[arg(long = "test", value_name = "NAME")]
@@ -104,6 +110,9 @@ pub(crate) fn vmtest(options: &Options) -> Result<()> {
              need root (set {CACHE_VAR} to cache elsewhere)"
         );
     }
+    if let Some(leash) = &options.leash {
+        check_leash(leash, arch)?;
+    }
     setup()?;
     ensure_tools_for(arch)?;
     let cache = cache_dir();
@@ -117,7 +126,7 @@ pub(crate) fn vmtest(options: &Options) -> Result<()> {
         Arch::X86_64 => "initramfs.cpio".to_owned(),
         _ => format!("initramfs-{}.cpio", arch.debian()),
     });
-    build_initramfs(&suite, &out, &initrd, arch)?;
+    build_initramfs(&suite, options.leash.as_deref(), &out, &initrd, arch)?;
     let accel = match arch {
         Arch::X86_64 => accelerator(&options.accel, &kernels[0].vmlinuz, &out)?,
         _ => Accel::Tcg,
@@ -254,8 +263,32 @@ pub(crate) fn cache_dir() -> PathBuf {
 /// crate's helpers (tests/src/bin/).
 const GUEST_PROGRAMS: [&str; 2] = ["leash", "ptrace-probe"];
 
-/// The initramfs of the test run: see initramfs.rs. Returns its size.
-fn build_initramfs(suite: &suite::Suite, out: &Path, to: &Path, arch: Arch) -> Result<u64> {
+/// Fails unless `leash` (--leash) is a program the guests of `arch` can run.
+fn check_leash(leash: &Path, arch: Arch) -> Result<()> {
+    arch.check_elf(leash)
+        .with_context(|| format!("--leash {} for {} guests", leash.display(), arch.debian()))?;
+    let mode = fs::metadata(leash)
+        .with_context(|| format!("reading {}", leash.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o111 == 0 {
+        bail!(
+            "--leash {} is not executable (mode {mode:o}): chmod +x it",
+            leash.display()
+        );
+    }
+    Ok(())
+}
+
+/// The initramfs of the test run: see initramfs.rs; with `leash` (--leash) as the tests'
+/// `leash` if given. Returns its size.
+fn build_initramfs(
+    suite: &suite::Suite,
+    leash: Option<&Path>,
+    out: &Path,
+    to: &Path,
+    arch: Arch,
+) -> Result<u64> {
     let mut image = match arch {
         Arch::X86_64 => Image::new(&out.join("stripped")),
         _ => Image::with_sysroot(&out.join("stripped"), &sysroot::sysroot(arch)?, arch),
@@ -274,7 +307,10 @@ fn build_initramfs(suite: &suite::Suite, out: &Path, to: &Path, arch: Arch) -> R
             .map(|dir| dir.join(program))
             .filter(|path| path.is_file())
             .with_context(|| format!("no {program} binary beside the test binary"))?;
-        image.add_host_file(&path, strip)?;
+        match leash.filter(|_| program == "leash") {
+            Some(leash) => image.add_host_file_at(leash, &path, strip)?,
+            None => image.add_host_file(&path, strip)?,
+        }
     }
     // The Python host library, which the hosts of host_death import from the source tree.
     let library = workspace_root().join("clients/python/src");
