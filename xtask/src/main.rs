@@ -12,6 +12,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod bench_section;
 mod cross;
 mod dist;
 mod fuzz;
@@ -81,11 +82,22 @@ enum Task {
     /// once and cached in /var/cache/leash-vmtest/userlands.
     Systemtest(systemtest::Options),
     /// Set up, build with optimizations, and run every benchmark side by side with its
-    /// references, writing BENCHMARKS.md (as root).
+    /// references, writing BENCHMARKS.md (as root). With --arch arm64: only the overhead
+    /// section, in an arm64 guest under emulation (as `vmtest --arch arm64` boots one), with
+    /// leash and the benchmarks cross-built; its ratios (no times: emulation inflates them)
+    /// become BENCHMARKS.md's section "Overhead on arm64 (emulated)", which the x86 runs keep.
     Bench {
         /// A few minutes: fewer repetitions, smaller sizes.
         #[arg(long)]
         quick: bool,
+        /// Where the benchmarks run: x86_64, this machine; or arm64, emulated (the overhead
+        /// section only).
+        #[arg(long, value_enum, default_value_t = cross::Arch::X86_64)]
+        arch: cross::Arch,
+        /// With --arch arm64, the kernel the guest boots (a name `vmtest --arch arm64 --list`
+        /// gives); trixie-6.12 when absent.
+        #[arg(long, value_name = "NAME")]
+        kernel: Option<String>,
     },
     /// Set up, build, and run the `leash` binary with these arguments (as root).
     Run {
@@ -167,7 +179,23 @@ fn main() -> ExitCode {
         Task::Systemtest(options) => systemtest::systemtest(&options),
         Task::Userlands => userland::userlands(),
         Task::Run { args } => run(&args),
-        Task::Bench { quick } => bench(quick),
+        Task::Bench {
+            quick,
+            arch,
+            kernel,
+        } => match (arch, kernel) {
+            (cross::Arch::X86_64, None) => bench(quick),
+            (cross::Arch::X86_64, Some(_)) => Err(anyhow::anyhow!(
+                "--kernel is for --arch arm64: the x86 benchmarks run on this machine's kernel"
+            )),
+            (cross::Arch::Aarch64, kernel) => vmtest::bench_guest::bench(
+                kernel
+                    .as_deref()
+                    .unwrap_or(vmtest::bench_guest::DEFAULT_KERNEL),
+                quick,
+                &workspace_root().join("BENCHMARKS.md"),
+            ),
+        },
         Task::Install { prefix, destdir } => install(&prefix, destdir.as_deref()),
         Task::Fuzz { seconds, target } => fuzz::fuzz(seconds, target.as_deref()),
         Task::Image(options) => image::image(&options),
@@ -309,12 +337,25 @@ fn bench(quick: bool) -> Result<()> {
         "leash-bench",
     ])?;
     let root = workspace_root();
+    let report = root.join("BENCHMARKS.md");
+    // leash-bench writes the report whole: the arm64 section, which it cannot measure here,
+    // is put back as it was.
+    let arm64 = std::fs::read_to_string(&report)
+        .ok()
+        .and_then(|old| bench_section::existing(&old).map(str::to_owned));
     let mut bench = Command::new(root.join("target/release/leash-bench"));
-    bench.arg("--out").arg(root.join("BENCHMARKS.md"));
+    bench.arg("--out").arg(&report);
     if quick {
         bench.arg("--quick");
     }
-    status(&mut bench)
+    let ran = status(&mut bench);
+    if let Some(arm64) = arm64
+        && let Ok(new) = std::fs::read_to_string(&report)
+    {
+        std::fs::write(&report, bench_section::splice(&new, &arm64))
+            .with_context(|| format!("writing {}", report.display()))?;
+    }
+    ran
 }
 
 fn run(args: &[String]) -> Result<()> {

@@ -43,9 +43,39 @@ pub(super) fn init_script(
     workdir: &Path,
     held: &[Held],
 ) -> String {
-    let mut script = format!(
+    let mut script = setup_script("leash's integration tests", workdir, held);
+    let args: String = test_args.iter().map(|a| format!(" {}", quote(a))).collect();
+    // The kernel names a process after the first 15 bytes of its file's name.
+    let file_name = binary.file_name().unwrap_or_default().to_string_lossy();
+    let comm: String = file_name.chars().take(15).collect();
+    let path = quote(&binary.to_string_lossy());
+    for test in tests {
+        let names: String = test
+            .tests
+            .iter()
+            .map(|t| format!(" {}", quote(t)))
+            .collect();
+        script.push_str(&format!(
+            "echo > $T/trace 2>/dev/null\n\
+             echo \"{MARKER} begin {name}\"\n\
+             timeout -s KILL {SCENARIO_TIMEOUT_S} {path} --exact{names}{args} </dev/null 2>&1\n\
+             status=$?\n\
+             [ $status = 137 ] && grep -F ' comm={comm} ' $T/trace 2>/dev/null | tail -3 | sed 's/^/SIGKILL by /'\n\
+             echo \"{MARKER} end {name} $status\"\n",
+            name = test.name,
+        ));
+    }
+    script.push_str(&format!("echo \"{MARKER} done\"\npoweroff -f\n"));
+    script
+}
+
+/// The start of an init script: `what` it is for in its comment, the machine set up as a
+/// distribution has it (with what the image holds in [`TMPFS_DIRS`], `held`, put back), `@@vmtest
+/// kernel RELEASE` said, and `workdir` the working directory.
+pub(super) fn setup_script(what: &str, workdir: &Path, held: &[Held]) -> String {
+    format!(
         r#"#!{BUSYBOX_DIR}/busybox sh
-# leash's integration tests in a virtual machine (cargo xtask vmtest).
+# {what} in a virtual machine (cargo xtask vmtest).
 {BUSYBOX_DIR}/busybox --install -s {BUSYBOX_DIR}
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:{BUSYBOX_DIR}
 export HOME=/root LANG=C.UTF-8 RUST_BACKTRACE=1
@@ -87,30 +117,7 @@ cd {workdir}
 "#,
         workdir = quote(&workdir.to_string_lossy()),
         tmpfs = TMPFS_DIRS.map(|dir| mount_tmpfs(dir, held)).concat(),
-    );
-    let args: String = test_args.iter().map(|a| format!(" {}", quote(a))).collect();
-    // The kernel names a process after the first 15 bytes of its file's name.
-    let file_name = binary.file_name().unwrap_or_default().to_string_lossy();
-    let comm: String = file_name.chars().take(15).collect();
-    let path = quote(&binary.to_string_lossy());
-    for test in tests {
-        let names: String = test
-            .tests
-            .iter()
-            .map(|t| format!(" {}", quote(t)))
-            .collect();
-        script.push_str(&format!(
-            "echo > $T/trace 2>/dev/null\n\
-             echo \"{MARKER} begin {name}\"\n\
-             timeout -s KILL {SCENARIO_TIMEOUT_S} {path} --exact{names}{args} </dev/null 2>&1\n\
-             status=$?\n\
-             [ $status = 137 ] && grep -F ' comm={comm} ' $T/trace 2>/dev/null | tail -3 | sed 's/^/SIGKILL by /'\n\
-             echo \"{MARKER} end {name} $status\"\n",
-            name = test.name,
-        ));
-    }
-    script.push_str(&format!("echo \"{MARKER} done\"\npoweroff -f\n"));
-    script
+    )
 }
 
 /// The commands that mount a tmpfs on `dir` and put back over it what the image holds there

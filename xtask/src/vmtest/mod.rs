@@ -9,6 +9,7 @@
 
 pub(crate) mod apt;
 mod arch;
+pub(crate) mod bench_guest;
 mod cpio;
 mod guest;
 mod initramfs;

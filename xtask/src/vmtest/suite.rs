@@ -184,26 +184,41 @@ const OPTIMIZED_STD: [&str; 6] = [
 /// they are (this machine's objcopy cannot strip other architectures), and the build takes
 /// less time.
 fn cross_build(arch: Arch) -> Result<PathBuf> {
-    arch.ensure_gcc_toolchain()?;
     // One build of both, `leash` and the test binary: two would each build leash-user and
     // what both use, with the features each alone unifies (a minute more from clean).
-    let mut command = Command::new("rustup");
+    let mut command = cross_cargo_build(arch)?;
     command
-        .args(["run", "nightly", "cargo", "build"])
         .args(["--package", "leash-user", "--bin", "leash"])
-        .args(cross::BUILD_STD)
-        .args(OPTIMIZED_STD)
-        .args(["--target", arch.rust_target()])
-        .arg("--target-dir")
-        .arg(workspace_root().join(CROSS_TARGET_DIR))
-        .env(arch.cargo_linker_var(), arch.gcc())
-        .env("CARGO_PROFILE_DEV_DEBUG", "0")
-        .current_dir(workspace_root());
+        .env("CARGO_PROFILE_DEV_DEBUG", "0");
     eprintln!(
         "xtask: cross-building leash and the tests for {}",
         arch.rust_target()
     );
     build_test_binary(command)
+}
+
+/// `cargo build` for `arch` as the cross builds run it, in their own target directory
+/// ([`CROSS_TARGET_DIR`]): nightly, the standard library built for the target
+/// ([`cross::BUILD_STD`], optimized in the dev profile too), linked by Debian's cross gcc
+/// (installed when missing). The caller adds what to build, and the profile.
+pub(crate) fn cross_cargo_build(arch: Arch) -> Result<Command> {
+    arch.ensure_gcc_toolchain()?;
+    let mut command = Command::new("rustup");
+    command
+        .args(["run", "nightly", "cargo", "build"])
+        .args(cross::BUILD_STD)
+        .args(OPTIMIZED_STD)
+        .args(["--target", arch.rust_target()])
+        .arg("--target-dir")
+        .arg(cross_target_dir())
+        .env(arch.cargo_linker_var(), arch.gcc())
+        .current_dir(workspace_root());
+    Ok(command)
+}
+
+/// Where [`cross_cargo_build`] builds: PROFILE/ of this directory's target's directory.
+pub(crate) fn cross_target_dir() -> PathBuf {
+    workspace_root().join(CROSS_TARGET_DIR)
 }
 
 /// Builds the test binary (`--package leash-tests --test scenarios`) with `cargo`, a cargo
