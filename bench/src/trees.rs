@@ -156,8 +156,25 @@ pub(crate) fn reap(mut root: Child) {
     let _ = root.wait();
 }
 
+/// The small C process maker, compiled the first time a section asks for it.
+#[derive(Default)]
+pub(crate) struct Forker(std::cell::OnceCell<PathBuf>);
+
+impl Forker {
+    /// Its path, compiling it first if no section has yet.
+    pub(crate) fn path(&self) -> Result<&Path> {
+        match self.0.get() {
+            Some(path) => Ok(path),
+            None => {
+                let built = build_forker()?;
+                Ok(self.0.get_or_init(|| built))
+            }
+        }
+    }
+}
+
 /// Compiles the small C process maker into the build directory.
-pub(crate) fn build_forker() -> Result<PathBuf> {
+fn build_forker() -> Result<PathBuf> {
     let source = concat!(env!("CARGO_MANIFEST_DIR"), "/src/forker.c");
     let exe = std::env::current_exe()?;
     let out = exe.with_file_name("leash-forker");
