@@ -74,14 +74,24 @@ pub(crate) fn section(ratios: &Ratios, about: &str) -> String {
          (b) the daemon running and the loop untracked, (c) the loop tracked, each against (a) \
          no leash, as the median of per-repetition ratios. {about} Emulation (QEMU's TCG) \
          inflates absolute times many times over, and unevenly, so none are given: only the \
-         ratios. Ptrace guard in place: {guard}.\n\n\
+         ratios. Nor are the x86 section's goals judged here: under emulation on a shared host, \
+         two identical quick runs have differed by up to 40% and ratios have come out below 1, \
+         so these ratios can show that nothing costs many times more on arm64, not whether \
+         leash costs a few percent. Ptrace guard in place: {guard}.\n\n\
          | loop | b/a | c/a |\n|---|---|---|\n"
     );
     for [name, ba, ca] in &ratios.rows {
+        let (ba, ca) = (without_verdict(ba), without_verdict(ca));
         text.push_str(&format!("| {name} | {ba} | {ca} |\n"));
     }
     text.push('\n');
     text
+}
+
+/// A ratio's cell without the goal's verdict leash-bench appends: `1.011 (goal missed)` is
+/// `1.011`.
+fn without_verdict(cell: &str) -> &str {
+    cell.split_once(" (").map_or(cell, |(ratio, _)| ratio)
 }
 
 /// The arm64 section `report` holds, if it holds one: from its heading to the next section or
@@ -163,7 +173,8 @@ mod tests {
         );
         let text = section(&ratios, "On trixie-6.12.");
         assert!(text.starts_with("## Overhead on arm64 (emulated)\n\n"));
-        assert!(text.contains("| fork+exit+wait | 1.011 (goal missed) | 1.055 (goal missed) |\n"));
+        assert!(text.contains("| fork+exit+wait | 1.011 | 1.055 |\n"));
+        assert!(!text.contains("goal met") && !text.contains("goal missed"));
         assert!(text.contains("On trixie-6.12."));
         assert!(!text.contains("900.0") && !text.contains("ns per run"));
     }
