@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 
 use super::{
     Accel, Ending, add_etc, arch::Arch, cache_dir, ensure_tools_for, guest, initramfs,
-    initramfs::Image, kernels, qemu, suite, sysroot,
+    initramfs::Image, kernels, qemu, suite,
 };
 use crate::{bench_section, setup, status, workspace_root};
 
@@ -138,15 +138,12 @@ fn cross_build(arch: Arch) -> Result<PathBuf> {
 /// The guest's initramfs: the vmtest guests' programs and /etc, leash-bench and `leash` at
 /// their build paths, and an init that runs the overhead section and prints its report.
 fn build_initramfs(bench: &Path, quick: bool, out: &Path, to: &Path, arch: Arch) -> Result<()> {
-    let mut image = Image::with_sysroot(&out.join("stripped"), &sysroot::sysroot(arch)?, arch);
+    let mut image = Image::for_guest(&out.join("stripped"), arch)?;
     initramfs::add_host_programs(&mut image)?;
     image.add_host_file(bench, false)?;
     image.add_host_file(&bench.with_file_name("leash"), false)?;
     add_etc(&mut image);
-    let held: Vec<_> = guest::TMPFS_DIRS
-        .iter()
-        .flat_map(|dir| image.held_in(Path::new(dir)))
-        .collect();
+    let held = guest::held(&image);
     image.add_text("/init", init_script(bench, quick, &held, arch), 0o755);
     let size = image.write(to)?;
     eprintln!(

@@ -21,6 +21,14 @@ pub(super) const SCENARIO_TIMEOUT_S: u64 = 600;
 /// hidden: init binds the image's directory to [`IMAGE_DIR`] first, and each thing it held back
 /// over the tmpfs.
 pub(super) const TMPFS_DIRS: [&str; 2] = ["/tmp", "/run"];
+/// What `image` holds directly in [`TMPFS_DIRS`], which init puts back over its tmpfs mounts.
+pub(super) fn held(image: &super::initramfs::Image) -> Vec<super::initramfs::Held> {
+    TMPFS_DIRS
+        .iter()
+        .flat_map(|dir| image.held_in(std::path::Path::new(dir)))
+        .collect()
+}
+
 /// Where init keeps the image's own [`TMPFS_DIRS`] reachable.
 const IMAGE_DIR: &str = "/vmtest/image";
 

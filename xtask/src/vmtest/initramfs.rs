@@ -69,6 +69,15 @@ impl Image {
         Self::with_sysroot(stripped, Path::new("/"), Arch::X86_64)
     }
 
+    /// The image of a guest of `arch`: this machine's programs for x86_64, Debian's packages of
+    /// the architecture for another (sysroot.rs).
+    pub(super) fn for_guest(stripped: &Path, arch: Arch) -> Result<Self> {
+        Ok(match arch {
+            Arch::X86_64 => Self::new(stripped),
+            _ => Self::with_sysroot(stripped, &super::sysroot::sysroot(arch)?, arch),
+        })
+    }
+
     /// An image whose programs and libraries come from `sysroot`, a system of `arch`.
     pub(super) fn with_sysroot(stripped: &Path, sysroot: &Path, arch: Arch) -> Self {
         let mut image = Self {

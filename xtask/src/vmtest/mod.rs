@@ -290,10 +290,7 @@ fn build_initramfs(
     to: &Path,
     arch: Arch,
 ) -> Result<u64> {
-    let mut image = match arch {
-        Arch::X86_64 => Image::new(&out.join("stripped")),
-        _ => Image::with_sysroot(&out.join("stripped"), &sysroot::sysroot(arch)?, arch),
-    };
+    let mut image = Image::for_guest(&out.join("stripped"), arch)?;
     // The cross builds have no debug information to strip.
     let strip = arch == Arch::X86_64;
     initramfs::add_host_programs(&mut image)?;
@@ -329,10 +326,7 @@ fn build_initramfs(
         })
         .collect();
     // A checkout under /tmp puts the test binaries where init mounts a tmpfs.
-    let held: Vec<_> = guest::TMPFS_DIRS
-        .iter()
-        .flat_map(|dir| image.held_in(Path::new(dir)))
-        .collect();
+    let held = guest::held(&image);
     image.add_text(
         "/init",
         guest::init_script(&suite.binary, &tests, &suite.run_args, &workdir, &held),
