@@ -61,7 +61,7 @@ pub mod map {
 
 /// The version of this ABI (the maps' layouts and meanings). Pinned maps are kept under it, so
 /// a daemon never takes over maps it would misread.
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 
 /// Names of the programs in the object.
 pub mod program {
@@ -69,6 +69,15 @@ pub mod program {
     pub const FORK: &str = "leash_fork";
     /// tp_btf on `sched_process_exit`: a member leaves when its thread group is dead.
     pub const EXIT: &str = "leash_exit";
+    /// The same program as [`FORK`], attached again: the kernel skips a tracepoint's program on
+    /// a CPU where a preempted task is inside that very program (its recursion guard; on a
+    /// preemptible kernel, 7.x's lazy preemption among them, a task can be preempted there),
+    /// and a fork or exit that no program sees is a member lost, or an entry left behind. A
+    /// second program has a guard of its own: an event goes unseen only if both are held at
+    /// once on its CPU. Whichever runs second finds the work done.
+    pub const FORK_AGAIN: &str = "leash_fork2";
+    /// [`EXIT`], attached again (see [`FORK_AGAIN`]).
+    pub const EXIT_AGAIN: &str = "leash_exit2";
     /// tp_btf on `sched_process_exec`: tells what a member runs now (an event only).
     pub const EXEC: &str = "leash_exec";
     /// (The kernel keeps 15 characters of a program's name: these two differ within them.)

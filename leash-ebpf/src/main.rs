@@ -9,6 +9,10 @@
 //! - exec (tp_btf `sched_process_exec`): an event saying what a member runs now; a member born
 //!   into a doomed tree is sent SIGKILL before the new program runs.
 //!
+//! The fork and exit programs are attached twice, as two programs: the kernel skips a program
+//! on a CPU where a preempted task is inside it, and a second one is seldom held at the same
+//! time (see `leash_common::program::FORK_AGAIN`).
+//!
 //! All three are BTF-typed tracepoints: their links can be pinned on every kernel since 5.7,
 //! they need no tracefs, and they read `task_struct` at offsets from the kernel's BTF.
 //!

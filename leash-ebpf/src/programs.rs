@@ -70,6 +70,19 @@ const BPF_RB_FORCE_WAKEUP: u64 = 2;
 /// a child that joins here is a member before it runs one instruction.
 #[btf_tracepoint(function = "sched_process_fork")]
 pub(crate) fn leash_fork(ctx: BtfTracePointContext) -> i32 {
+    on_fork(&ctx)
+}
+
+/// [`leash_fork`] again, for the forks the kernel skips it for (see `program::FORK_AGAIN`).
+#[btf_tracepoint(function = "sched_process_fork")]
+pub(crate) fn leash_fork2(ctx: BtfTracePointContext) -> i32 {
+    on_fork(&ctx)
+}
+
+/// What each fork program does. Both run at every fork, one after the other, and one of them may
+/// have been skipped: the second finds the child's entry that the first made, and does nothing.
+#[inline(always)]
+fn on_fork(ctx: &BtfTracePointContext) -> i32 {
     let parent = current_tgid();
     // The hot path for every fork on the machine: one lookup, and out for non-members.
     // SAFETY: copied at once (see "Reading the hash maps").
@@ -92,6 +105,25 @@ pub(crate) fn leash_fork(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let tree = entry.tree;
+    let start_ns = read_task::<u64>(child, &TASK_START_OFFSET).unwrap_or_else(|| {
+        diagnose(Diagnostic::StartUnread, tree, child_tgid);
+        0
+    });
+    // The other fork program's work (an entry left by an earlier process by this pid has
+    // another start time, or another parent: the insert below fails on it).
+    // SAFETY: copied at once (see "Reading the hash maps").
+    let done = unsafe { MEMBERS.get(child_tgid) }
+        .is_some_and(|&joined| joined.parent == parent && joined.start_ns == start_ns);
+    if done {
+        return 0;
+    }
+    join(tree, child_tgid, parent, start_ns)
+}
+
+/// The child `child_tgid` of member `parent`, which started at `start_ns`, joins `tree`; the
+/// parent dies if the tree makes no more members.
+#[inline(always)]
+fn join(tree: TreeId, child_tgid: Pid, parent: Pid, start_ns: u64) -> i32 {
     // SAFETY: copied at once (see "Reading the hash maps").
     let control = unsafe { TREE_CONTROL.get(tree) }
         .copied()
@@ -99,10 +131,6 @@ pub(crate) fn leash_fork(ctx: BtfTracePointContext) -> i32 {
     let account = control.holder.account;
     let over_quota = over_quota(account);
     let over_capacity = over_capacity();
-    let start_ns = read_task::<u64>(child, &TASK_START_OFFSET).unwrap_or_else(|| {
-        diagnose(Diagnostic::StartUnread, tree, child_tgid);
-        0
-    });
     let member = Member {
         tree,
         parent,
@@ -163,8 +191,21 @@ pub(crate) fn leash_fork(ctx: BtfTracePointContext) -> i32 {
 /// dead, not when one of its threads ends: not when its main thread ends first (the others go
 /// on under its pid), nor when exec from another thread ends the old main thread (the process
 /// goes on under its pid, running the new program).
+///
+/// Run twice, as the fork program is (see `program::EXIT_AGAIN`): the entry goes once.
 #[btf_tracepoint(function = "sched_process_exit")]
 pub(crate) fn leash_exit(ctx: BtfTracePointContext) -> i32 {
+    on_exit(&ctx)
+}
+
+/// [`leash_exit`] again, for the exits the kernel skips it for.
+#[btf_tracepoint(function = "sched_process_exit")]
+pub(crate) fn leash_exit2(ctx: BtfTracePointContext) -> i32 {
+    on_exit(&ctx)
+}
+
+#[inline(always)]
+fn on_exit(ctx: &BtfTracePointContext) -> i32 {
     let tgid = current_tgid();
     // The hot path for every thread's exit on the machine: one lookup, and out for
     // non-members, before any read of the task.

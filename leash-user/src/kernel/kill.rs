@@ -61,10 +61,17 @@ const ROUND_WAIT: Duration = Duration::from_millis(20);
 /// began (a SIGKILLed process dies; sending again changes nothing), but one that walks the
 /// whole member map runs at least this often all the same.
 const FULL_ROUND_EVERY: Duration = Duration::from_secs(1);
+/// The first of those walks comes sooner: it is the one that finds the entries of members the
+/// kernel saw no exit of (see [`STALE_CHECKS_PER_WALK`]), the cause of a small tree's kill
+/// lasting past its first round.
+const FIRST_WALK_AFTER: Duration = Duration::from_millis(100);
 const POLL: Duration = Duration::from_millis(1);
 /// How many exited members one step takes off the list it waits on, so a step stays short at
 /// any tree size.
 const EXIT_CHECKS_PER_STEP: usize = 1024;
+/// How many members that were sent SIGKILL and are still in the map a walk checks for having
+/// exited all the same (see [`Kill::enqueue`]): a check opens a pidfd, some microseconds.
+const STALE_CHECKS_PER_WALK: usize = 256;
 /// How many queued members one step signals (or finds gone), so a step stays short at any tree
 /// size. A signal costs a pidfd, a check and the signal, some 10 us. Sent at normal priority,
 /// the exits a SIGKILL sets off took the CPU from the sender, and with 2 cores a step of
@@ -359,7 +366,12 @@ impl Kill {
         *joined = enqueued.joined;
         *next_round = now + ROUND_WAIT;
         if enqueued.walked || *next_full_round <= now {
-            *next_full_round = now + FULL_ROUND_EVERY;
+            let until_walk = if self.rounds == 0 {
+                FIRST_WALK_AFTER
+            } else {
+                FULL_ROUND_EVERY
+            };
+            *next_full_round = now + until_walk;
         }
         self.rounds += 1;
         tracing::debug!(
@@ -390,10 +402,21 @@ impl Kill {
             joined,
         } = self.find_members(tracker, search)?;
         let mut queued = 0;
+        let mut exit_checks = 0;
         for (pid, member) in members {
             let process = process_of(pid, member);
-            let Some(number) = signal.for_member(&member, self.signalled.get(&process).copied())
-            else {
+            let killed = self.signalled.get(&process).copied();
+            // Sent SIGKILL, and still in the map once it has exited: the kernel skipped the exit
+            // programs for it (see `program::FORK_AGAIN`), and only user space can take its
+            // entry out. Looked for on walks, a bounded number each, so a step stays short.
+            if walked && killed == Some(true) && exit_checks < STALE_CHECKS_PER_WALK {
+                exit_checks += 1;
+                if tracker.has_exited(process) {
+                    tracker.drop_stale(pid, member)?;
+                    continue;
+                }
+            }
+            let Some(number) = signal.for_member(&member, killed) else {
                 continue;
             };
             let entry = Queued {

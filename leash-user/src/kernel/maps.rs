@@ -137,9 +137,11 @@ impl Tracker {
     }
 
     /// Takes out `pid`'s entry if it is still `stale`, an entry whose process is gone, and
-    /// counts it out of its tree. Only user space can have put such an entry in (the programs
-    /// remove a member at its exit); while it is there, no fork can insert a new entry for the
-    /// same pid, so the check and the removal see the same entry.
+    /// counts it out of its tree (as a member user space took out, whoever put it in). Such an
+    /// entry is one user space put in after its process had exited, or one whose exit the
+    /// kernel skipped the exit programs for (see `program::FORK_AGAIN`). While it is there, no
+    /// fork can insert a new entry for the same pid, so the check and the removal see the same
+    /// entry.
     pub(super) fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()> {
         if self.member(pid) != Some(stale) {
             return Ok(());

@@ -13,9 +13,12 @@ pub(super) static PROGRAMS: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
 
 /// The programs `Tracker::load` attaches, and where: each to a BTF-typed tracepoint (tp_btf).
-pub const PROGRAMS_ATTACHED: [(&str, &str); 5] = [
+/// The fork and exit programs twice (see [`program::FORK_AGAIN`]), in this order.
+pub const PROGRAMS_ATTACHED: [(&str, &str); 7] = [
     (program::FORK, "tp_btf/sched_process_fork"),
+    (program::FORK_AGAIN, "tp_btf/sched_process_fork"),
     (program::EXIT, "tp_btf/sched_process_exit"),
+    (program::EXIT_AGAIN, "tp_btf/sched_process_exit"),
     (program::EXEC, "tp_btf/sched_process_exec"),
     (program::HOST_KILL, "tp_btf/signal_generate"),
     (program::HOST_CRASH, "tp_btf/signal_deliver"),

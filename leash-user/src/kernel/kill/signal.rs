@@ -48,8 +48,9 @@ impl Signal {
 }
 
 /// Sends `signal` to the member `pid` through a pidfd of the very process its entry `member`
-/// names. An entry whose process is gone (it can only be one user space put in after its
-/// process had exited) is taken out: its pid may name an unrelated process by now.
+/// names. An entry whose process is gone (one user space put in after its process had exited,
+/// or one whose exit the kernel skipped the exit programs for) is taken out: its pid may name
+/// an unrelated process by now.
 ///
 /// Returns whether it was signalled; None if it could not be opened now (a shortage of
 /// descriptors or memory, say): that is never taken for its being gone.
@@ -59,7 +60,7 @@ pub(super) fn signal_member<T: KillTarget>(
     member: Member,
     signal: i32,
 ) -> Result<Option<bool>> {
-    let process = match open_member(target, process_of(pid, member), member) {
+    let process = match open_member(target, process_of(pid, member)) {
         Ok(Some(process)) => process,
         Ok(None) => {
             target.drop_stale(pid, member)?;
@@ -74,32 +75,20 @@ pub(super) fn signal_member<T: KillTarget>(
 }
 
 /// A handle (pidfd) on the process `member`'s entry names, or None if it is gone. The handle
-/// is opened first and the process checked after: a process that matches after the open is
-/// the one the handle names.
+/// is opened first and the process checked after, against /proc: a process that matches after
+/// the open is the one the handle names.
 ///
-/// An entry the fork program made carries the child's exact start time, and the exit program
-/// removes it when that very process dies, before its pid can be reused: if the entry is still
-/// there after the pidfd was opened, the pidfd is that process. That costs one map lookup. An
-/// entry user space made from /proc (a whole number of clock ticks) is checked against /proc
-/// instead (as [`ProcessRef::open`] does), ten times the cost, for the few such entries a tree
-/// has.
-fn open_member<T: KillTarget>(
-    target: &T,
-    process: ProcessRef,
-    member: Member,
-) -> io::Result<Option<T::Process>> {
-    let from_proc = member.start_ns != 0 && member.start_ns.is_multiple_of(proc::ticks_to_ns(1));
+/// The entry being still in the map is no proof: the exit programs take an entry out when its
+/// process dies, but the kernel can skip them (see `program::FORK_AGAIN`), and the entry of a
+/// process they missed outlives it, its pid free for an unrelated process.
+fn open_member<T: KillTarget>(target: &T, process: ProcessRef) -> io::Result<Option<T::Process>> {
     let handle = match target.open(process.pid) {
         Ok(handle) => handle,
         // No such process; or the pid names a thread now, of some other process.
         Err(e) if proc::is_gone(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
-    let same = if from_proc {
-        target.start_ticks(process.pid)? == Some(process.start_ticks)
-    } else {
-        target.member(process.pid) == Some(member)
-    };
+    let same = target.start_ticks(process.pid)? == Some(process.start_ticks);
     Ok(same.then_some(handle))
 }
 

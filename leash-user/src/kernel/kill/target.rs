@@ -46,10 +46,8 @@ pub(super) trait KillTarget {
     /// Sets the index's pids of `tree` to `members`, what a walk of the map just found.
     fn reindex(&mut self, tree: TreeId, members: &[(Pid, Member)]);
 
-    /// The member entry of `pid`, if there is one.
-    fn member(&self, pid: Pid) -> Option<Member>;
-
-    /// Takes out `pid`'s entry if it is still `stale`, whose process is gone.
+    /// Takes out `pid`'s entry if it is still `stale`, whose process is gone (see
+    /// [`Tracker::drop_stale`]).
     fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()>;
 
     /// A handle on whatever process `pid` names now (pidfd_open); an error that
@@ -102,10 +100,6 @@ impl KillTarget for Tracker {
 
     fn reindex(&mut self, tree: TreeId, members: &[(Pid, Member)]) {
         Tracker::reindex(self, tree, members);
-    }
-
-    fn member(&self, pid: Pid) -> Option<Member> {
-        TrackerView::member(self, pid)
     }
 
     fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()> {

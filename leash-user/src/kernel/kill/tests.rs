@@ -14,8 +14,8 @@ use anyhow::Result;
 use leash_common::{Member, Pid, TreeId};
 
 use super::{
-    BURST_SIGNALS, FULL_ROUND_EVERY, KILL_ROUNDS_TIMEOUT, Kill, KillError, KillReport, KillStep,
-    KillTarget, SIGNALS_PER_STEP, found_all,
+    BURST_SIGNALS, FIRST_WALK_AFTER, FULL_ROUND_EVERY, KILL_ROUNDS_TIMEOUT, Kill, KillError,
+    KillReport, KillStep, KillTarget, SIGNALS_PER_STEP, found_all,
 };
 use crate::{
     kernel::TreeStatus,
@@ -50,6 +50,8 @@ struct Process {
     unkillable: bool,
     /// Its exit, once the exit program has run, takes until the test ends it.
     lingers: bool,
+    /// The kernel skips the exit programs at its exit: its entry stays in the map.
+    exit_unseen: bool,
     /// Every signal sent to it, in order.
     signals: Vec<i32>,
 }
@@ -131,6 +133,7 @@ impl Fake {
             ignores_term: false,
             unkillable: false,
             lingers: false,
+            exit_unseen: false,
             signals: Vec::new(),
         });
         start_ns
@@ -200,10 +203,11 @@ impl Fake {
                 } else {
                     State::Exited
                 };
-                if self
-                    .members
-                    .get(&process.pid)
-                    .is_some_and(|m| m.start_ns == process.start_ns)
+                if !process.exit_unseen
+                    && self
+                        .members
+                        .get(&process.pid)
+                        .is_some_and(|m| m.start_ns == process.start_ns)
                 {
                     self.members.remove(&process.pid);
                 }
@@ -227,6 +231,12 @@ impl Fake {
 
     fn tree_members(&self, tree: TreeId) -> usize {
         self.members.values().filter(|m| m.tree == tree).count()
+    }
+
+    /// The member entry of `pid`, looked up as the index's lookups are.
+    fn member(&self, pid: Pid) -> Option<Member> {
+        self.lookups.set(self.lookups.get() + 1);
+        self.members.get(&pid).copied()
     }
 
     fn indexed(&self, tree: TreeId) -> Vec<Pid> {
@@ -291,11 +301,6 @@ impl KillTarget for Fake {
     fn reindex(&mut self, tree: TreeId, members: &[(Pid, Member)]) {
         self.index
             .insert(tree, members.iter().map(|&(pid, _)| pid).collect());
-    }
-
-    fn member(&self, pid: Pid) -> Option<Member> {
-        self.lookups.set(self.lookups.get() + 1);
-        self.members.get(&pid).copied()
     }
 
     fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()> {
@@ -581,6 +586,46 @@ fn a_stale_entry_from_proc_is_taken_out_not_signalled() {
         "the unrelated process is left alone"
     );
     assert!(fake.member(pid).is_none(), "the stale entry is taken out");
+    assert_eq!(fake.signals(live), [libc::SIGKILL]);
+    assert_eq!(report.killed, 1);
+}
+
+#[test]
+fn an_entry_whose_exit_the_kernel_skipped_is_taken_out_at_the_next_walk() {
+    let mut fake = Fake::new();
+    let (unseen, seen) = (fake.add_member(TREE), fake.add_member(TREE));
+    fake.process(unseen).exit_unseen = true;
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let report = drive(&mut kill, &mut fake, |_| {}).unwrap();
+    assert_eq!(fake.signals(unseen), [libc::SIGKILL], "signalled once");
+    assert_eq!(fake.signals(seen), [libc::SIGKILL]);
+    assert!(fake.member(unseen).is_none(), "its entry is taken out");
+    assert!(
+        report.elapsed <= FIRST_WALK_AFTER + Duration::from_millis(50),
+        "at the next walk, not after {KILL_ROUNDS_TIMEOUT:?} of rounds: {:?}",
+        report.elapsed
+    );
+    assert_eq!(fake.tree_members(TREE), 0);
+}
+
+#[test]
+fn the_recycled_pid_of_an_entry_left_behind_is_never_signalled() {
+    let mut fake = Fake::new();
+    let live = fake.add_member(TREE);
+    // A member the fork program put in (its start exact) died unseen by the exit programs: its
+    // entry stays, and its pid goes to an unrelated process.
+    let left = fake.add_member(TREE);
+    fake.process(left).state = State::Reaped;
+    fake.tick(Duration::from_millis(20));
+    fake.start(left);
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let report = drive(&mut kill, &mut fake, |_| {}).unwrap();
+    assert!(
+        fake.signals(left).is_empty(),
+        "the unrelated process is left alone"
+    );
+    assert_eq!(fake.process(left).state, State::Running);
+    assert!(fake.member(left).is_none(), "the entry is taken out");
     assert_eq!(fake.signals(live), [libc::SIGKILL]);
     assert_eq!(report.killed, 1);
 }
