@@ -24,6 +24,9 @@ use crate::{kernel::TreeStatus, sys};
 
 /// How often the per-tree state in the kernel is checked, whatever the events said.
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
+/// Every how many sweeps each live tree's root is checked for an exit the programs did not see
+/// (a pidfd opened per tree: about a second apart).
+const ROOT_CHECK_EVERY_SWEEPS: u32 = 10;
 /// How often the ring buffer is read when nothing wakes the daemon: the programs wake it only
 /// for a root's exit, and leave fork, exec and exit records to be collected.
 const COLLECT_EVERY: Duration = Duration::from_millis(50);
@@ -67,8 +70,9 @@ fn take_kernel_news(owner: &Rc<Owner>) {
 /// The backstop: reads every live tree's state in the kernel.
 pub(super) async fn sweep(owner: Rc<Owner>) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
-    loop {
+    for sweep in 0_u32.. {
         every.tick().await;
+        let check_roots = sweep.is_multiple_of(ROOT_CHECK_EVERY_SWEEPS);
         for tree in owner.daemon.registry.live_trees() {
             let Ok(status) = owner.tracker().tree_status(tree) else {
                 continue;
@@ -84,12 +88,30 @@ pub(super) async fn sweep(owner: Rc<Owner>) {
                 start_kill(&owner, tree, None, reason);
                 continue;
             }
-            if status.root_exit_ns.is_some() {
+            if status.root_exit_ns.is_some() || check_roots && root_exited_unseen(&owner, &status) {
                 root_exited(&owner, tree);
                 finish_if_kept_and_empty(&owner, tree);
             }
         }
     }
+}
+
+/// Whether the tree's root has exited without the programs seeing it (7.x can skip them: see
+/// `program::FORK_AGAIN`); said in the log, and its entry is taken out.
+fn root_exited_unseen(owner: &Rc<Owner>, status: &TreeStatus) -> bool {
+    let unseen = owner
+        .tracker()
+        .root_exited_unseen(status.tree, status.root)
+        .unwrap_or(false);
+    if unseen {
+        tracing::warn!(
+            tree = status.tree,
+            root = status.root,
+            "the root exited and the kernel did not run the exit programs for it: its exit is \
+             taken from its pidfd"
+        );
+    }
+    unseen
 }
 
 /// Records a root's exit once and applies the tree's policy.

@@ -7,7 +7,10 @@ use aya::maps::{HashMap, MapData};
 use leash_common::{ALL_ACCOUNTS, Account, Holder, Member, Pid, TreeControl, TreeCounters, TreeId};
 
 use super::{error::Error, tracker::Tracker};
-use crate::sys;
+use crate::{
+    proc::{self, ProcessRef},
+    sys,
+};
 
 /// `bpf_map_update_elem`'s flags: only a new entry, only an existing one.
 pub(super) const BPF_NOEXIST: u64 = 1;
@@ -156,6 +159,26 @@ impl Tracker {
             self.view.index.remove(stale.tree, pid);
         }
         Ok(())
+    }
+
+    /// Whether `tree`'s root `root` has exited unseen: its entry is still in the map although
+    /// the process has finished exiting, so the kernel skipped the exit programs for it (see
+    /// `program::FORK_AGAIN`) and no root exit was recorded. The entry is taken out.
+    pub fn root_exited_unseen(&mut self, tree: TreeId, root: Pid) -> Result<bool> {
+        let Some(entry) = self.member(root).filter(|entry| entry.tree == tree) else {
+            return Ok(false);
+        };
+        let process = ProcessRef {
+            pid: root,
+            start_ticks: proc::ns_to_ticks(entry.start_ns),
+        };
+        // The exit programs run before a process finishes exiting: an entry still there after
+        // that was missed (checked again as it is taken out).
+        if !process.has_exited() {
+            return Ok(false);
+        }
+        self.drop_stale(root, entry)?;
+        Ok(true)
     }
 
     /// Counts `count` members put into `tree` by user space (negative: taken out), for the
