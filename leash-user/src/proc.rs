@@ -7,7 +7,7 @@ mod walk;
 
 use std::collections::HashMap;
 
-use leash_common::Pid;
+use leash_common::{Member, Pid};
 
 pub use self::usage::{Usage, usage};
 pub use self::walk::{Descendants, Visit, WalkCounts, descendants_in_batches, descendants_of};
@@ -92,6 +92,14 @@ pub struct ProcessRef {
 }
 
 impl ProcessRef {
+    /// The process a member entry names: the entry of `pid`, `member`.
+    pub fn of_member(pid: Pid, member: &Member) -> Self {
+        Self {
+            pid,
+            start_ticks: ns_to_ticks(member.start_ns),
+        }
+    }
+
     /// The process `pid` names now, if any.
     pub fn of(pid: Pid) -> Option<Self> {
         process(pid).map(|p| p.reference())

@@ -1,8 +1,16 @@
 //! The root's exit is recorded in the tree's state in the kernel, not only as an event, and
 //! its descendants stay members after it.
 
-use leash_common::EventKind;
-use leash_tests::{Scenario, assert_tracks_cgroup, tracker};
+use std::time::Duration;
+
+use aya::maps::{HashMap, Map, MapData};
+use leash_client::TreeOptions;
+use leash_common::{EventKind, Member, Pid, map};
+use leash_tests::{
+    Scenario, assert_tracks_cgroup,
+    daemon::{Daemon, LeashedTree},
+    tracker,
+};
 
 #[test]
 fn the_root_exit_is_in_the_map_and_its_orphans_stay_members() {
@@ -46,5 +54,55 @@ fn the_root_exit_is_in_the_map_and_its_orphans_stay_members() {
         events
             .iter()
             .any(|e| e.kind == EventKind::RootExit && e.pid == root && e.tree == scenario.tree)
+    );
+}
+
+/// A root whose exit the exit programs did not see (7.x can skip them: a preempted task holds
+/// the program on its CPU) is seen by the daemon all the same, from its pidfd, and the tree dies
+/// by its policy. The miss is made here the one way a test can: the root's entry is given
+/// another start time, so that the exit programs take it for an earlier process's and leave it.
+#[test]
+fn a_root_exit_the_programs_miss_is_seen_from_its_pidfd() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let mut host = daemon.client();
+    let mut tree = LeashedTree::spawn(
+        &mut host,
+        "root-exit-unseen",
+        "sh",
+        &["-c", "sleep 600 & exec sleep 600"],
+        &TreeOptions::default(),
+    );
+    tree.cgroup.settle_exactly(&["sleep", "sleep"]);
+    let root = tree.root.id();
+    let path = daemon.pins.join(format!(
+        "v{}/maps/{}",
+        leash_common::ABI_VERSION,
+        map::MEMBERS
+    ));
+    let pinned = MapData::from_pin(&path).expect("opening the daemon's pinned member map");
+    let mut members: HashMap<MapData, Pid, Member> =
+        HashMap::try_from(Map::HashMap(pinned)).unwrap();
+    let mut entry = members.get(&root, 0).expect("the root's entry");
+    assert_eq!(entry.tree, tree.tree);
+    entry.start_ns += 1_000_000_000;
+    members.insert(root, entry, 0).unwrap();
+
+    tree.root.kill().unwrap();
+    let _ = tree.root.wait();
+    let emptied = tree.cgroup.wait_empty(Duration::from_secs(10));
+    assert!(
+        emptied.is_some(),
+        "the root's exit went unseen and its tree lives on: {:?}\n{}",
+        tree.cgroup.procs(),
+        daemon.log()
+    );
+    assert!(
+        daemon
+            .log()
+            .contains("the kernel did not run the exit programs"),
+        "the daemon says how it saw the exit:\n{}",
+        daemon.log()
     );
 }

@@ -46,7 +46,7 @@ use std::{
 
 use anyhow::Result;
 use leash_common::{Member, Pid, TreeId};
-use signal::{Signal, process_of, signal_member};
+use signal::{Signal, signal_member};
 use target::KillTarget;
 
 use super::{tracker::Tracker, types::TreeStatus};
@@ -404,7 +404,7 @@ impl Kill {
         let mut queued = 0;
         let mut exit_checks = 0;
         for (pid, member) in members {
-            let process = process_of(pid, member);
+            let process = ProcessRef::of_member(pid, &member);
             let killed = self.signalled.get(&process).copied();
             // Sent SIGKILL, and still in the map once it has exited: the kernel skipped the exit
             // programs for it (see `program::FORK_AGAIN`), and only user space can take its
@@ -489,7 +489,7 @@ impl Kill {
             signal,
         } in self.queue.drain(..take)
         {
-            let process = process_of(pid, member);
+            let process = ProcessRef::of_member(pid, &member);
             // Queued twice (a newborn, by two walks), or already sent as much by now.
             match self.signalled.get(&process) {
                 Some(true) => continue,

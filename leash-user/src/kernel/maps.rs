@@ -7,10 +7,7 @@ use aya::maps::{HashMap, MapData};
 use leash_common::{ALL_ACCOUNTS, Account, Holder, Member, Pid, TreeControl, TreeCounters, TreeId};
 
 use super::{error::Error, tracker::Tracker};
-use crate::{
-    proc::{self, ProcessRef},
-    sys,
-};
+use crate::{proc::ProcessRef, sys};
 
 /// `bpf_map_update_elem`'s flags: only a new entry, only an existing one.
 pub(super) const BPF_NOEXIST: u64 = 1;
@@ -168,10 +165,7 @@ impl Tracker {
         let Some(entry) = self.member(root).filter(|entry| entry.tree == tree) else {
             return Ok(false);
         };
-        let process = ProcessRef {
-            pid: root,
-            start_ticks: proc::ns_to_ticks(entry.start_ns),
-        };
+        let process = ProcessRef::of_member(root, &entry);
         // The exit programs run before a process finishes exiting: an entry still there after
         // that was missed (checked again as it is taken out).
         if !process.has_exited() {

@@ -60,7 +60,7 @@ pub(super) fn signal_member<T: KillTarget>(
     member: Member,
     signal: i32,
 ) -> Result<Option<bool>> {
-    let process = match open_member(target, process_of(pid, member)) {
+    let process = match open_member(target, ProcessRef::of_member(pid, &member)) {
         Ok(Some(process)) => process,
         Ok(None) => {
             target.drop_stale(pid, member)?;
@@ -90,12 +90,4 @@ fn open_member<T: KillTarget>(target: &T, process: ProcessRef) -> io::Result<Opt
     };
     let same = target.start_ticks(process.pid)? == Some(process.start_ticks);
     Ok(same.then_some(handle))
-}
-
-/// The process a member entry names.
-pub(super) fn process_of(pid: Pid, member: Member) -> ProcessRef {
-    ProcessRef {
-        pid,
-        start_ticks: proc::ns_to_ticks(member.start_ns),
-    }
 }
