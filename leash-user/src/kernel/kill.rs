@@ -73,7 +73,8 @@ const EXIT_CHECKS_PER_STEP: usize = 1024;
 /// exited all the same (see [`Kill::enqueue`]): a check opens a pidfd, some microseconds.
 const STALE_CHECKS_PER_WALK: usize = 256;
 /// How many queued members one step signals (or finds gone), so a step stays short at any tree
-/// size. A signal costs a pidfd, a check and the signal, some 10 us. Sent at normal priority,
+/// size. A signal costs a pidfd, a read of /proc/PID/stat and the signal, some 20-40 us (see
+/// BENCHMARKS.md, 2b). Sent at normal priority,
 /// the exits a SIGKILL sets off took the CPU from the sender, and with 2 cores a step of
 /// SIGKILLs was measured at 15-60 ms; real-time (see `KillTarget::burst`), 1000 SIGKILLs went
 /// out in about 20 ms.
