@@ -12,6 +12,9 @@ pub(super) const MARKER: &str = "@@vmtest";
 /// On the kernel's command line of a guest whose kernel cannot attach the ptrace guard's
 /// fmod_ret program: its `ptrace_guard` then checks the fallback the daemon chose.
 pub(super) const NO_FMOD_RET: &str = "leash_vmtest.no_fmod_ret";
+/// On the kernel's command line, `FROM=N`: init skips the first N scenarios (a guest booted
+/// again after an oops goes on where the last one stopped).
+pub(super) const FROM: &str = "leash_vmtest.from";
 /// How long one scenario may run in a guest before it is killed (the host's own timeout, for
 /// the whole kernel, is the backstop).
 pub(super) const SCENARIO_TIMEOUT_S: u64 = 600;
@@ -44,6 +47,9 @@ pub(super) struct GuestTest<'a> {
 /// - `@@vmtest begin NAME` and `@@vmtest end NAME STATUS` around each scenario, one run of
 ///   `binary` each;
 /// - `@@vmtest done` before powering off.
+///
+/// With [`FROM`]`=N` on the kernel's command line, the first N scenarios are skipped, markers
+/// and all.
 pub(super) fn init_script(
     binary: &Path,
     tests: &[GuestTest],
@@ -57,19 +63,24 @@ pub(super) fn init_script(
     let file_name = binary.file_name().unwrap_or_default().to_string_lossy();
     let comm: String = file_name.chars().take(15).collect();
     let path = quote(&binary.to_string_lossy());
-    for test in tests {
+    script.push_str(&format!(
+        "from=$(sed -n 's/.*{FROM}=\\([0-9]*\\).*/\\1/p' /proc/cmdline)\n"
+    ));
+    for (index, test) in tests.iter().enumerate() {
         let names: String = test
             .tests
             .iter()
             .map(|t| format!(" {}", quote(t)))
             .collect();
         script.push_str(&format!(
-            "echo > $T/trace 2>/dev/null\n\
+            "if [ {index} -ge \"${{from:-0}}\" ]; then\n\
+             echo > $T/trace 2>/dev/null\n\
              echo \"{MARKER} begin {name}\"\n\
              timeout -s KILL {SCENARIO_TIMEOUT_S} {path} --exact{names}{args} </dev/null 2>&1\n\
              status=$?\n\
              [ $status = 137 ] && grep -F ' comm={comm} ' $T/trace 2>/dev/null | tail -3 | sed 's/^/SIGKILL by /'\n\
-             echo \"{MARKER} end {name} $status\"\n",
+             echo \"{MARKER} end {name} $status\"\n\
+             fi\n",
             name = test.name,
         ));
     }
@@ -211,6 +222,13 @@ mod tests {
             .unwrap();
         let end = script.find("@@vmtest end fork_chain $status").unwrap();
         assert!(begin < run && run < end);
+        // A guest booted again goes on from the scenario the command line names.
+        let from = script
+            .find("from=$(sed -n 's/.*leash_vmtest.from=\\([0-9]*\\).*/\\1/p' /proc/cmdline)\n")
+            .unwrap();
+        let guard = script.find("if [ 0 -ge \"${from:-0}\" ]; then\n").unwrap();
+        assert!(from < guard && guard < begin);
+        assert!(script.contains("if [ 1 -ge \"${from:-0}\" ]; then\n"));
         let threads = script.find("@@vmtest begin threads\"").unwrap();
         assert!(end < threads);
         assert!(script.contains(" --exact 'threads::b' '--test-threads' '1' </dev/null"));

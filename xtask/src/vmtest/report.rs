@@ -58,6 +58,11 @@ pub(super) struct Console {
     pub done: bool,
     /// Set up and ran: everything after init's first marker is the tests' output.
     pub started: bool,
+    /// The kernel oopsed on an int3 (`int3: 0000 [#1]`): a CPU ran a breakpoint the kernel
+    /// had put in its own code while patching it (a static key, a BPF trampoline's entry) and
+    /// had taken out again. Multi-threaded emulation (TCG) now and then lets another vCPU run
+    /// the patched instruction as it stood earlier; hardware and KVM do not.
+    pub patch_oops: bool,
 }
 
 impl Console {
@@ -87,6 +92,9 @@ impl Console {
             }
             return;
         }
+        if line.contains("int3: 0000 [#") {
+            self.patch_oops = true;
+        }
         let Some(run) = self.scenarios.last_mut().filter(|run| run.status.is_none()) else {
             return;
         };
@@ -106,6 +114,18 @@ impl Console {
     /// The scenario still running when the console stopped, if any.
     pub(super) fn unfinished(&self) -> Option<&ScenarioRun> {
         self.scenarios.last().filter(|run| run.status.is_none())
+    }
+
+    /// Makes ready for the guest to be booted again after an oops, to go on with the scenario
+    /// that did not finish: forgets that run and the oops, and returns the scenario's name.
+    /// Init is then told to skip the scenarios the console has (as many as it returns).
+    pub(super) fn resume(&mut self) -> (Option<String>, usize) {
+        self.patch_oops = false;
+        let unfinished = match self.unfinished() {
+            Some(_) => self.scenarios.pop().map(|run| run.name),
+            None => None,
+        };
+        (unfinished, self.scenarios.len())
     }
 
     pub(super) fn totals(&self) -> (u64, u64, u64) {
@@ -174,5 +194,42 @@ mod tests {
             ]
         );
         assert_eq!(console.unfinished().unwrap().name, "pinned_tracker");
+    }
+
+    #[test]
+    fn a_guest_booted_again_after_an_int3_oops_goes_on_with_the_scenario_it_stopped_in() {
+        let mut console = read(&[
+            "@@vmtest kernel 7.3-cloud-amd64",
+            "@@vmtest begin fork_chain",
+            "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out",
+            "@@vmtest end fork_chain 0",
+            "@@vmtest begin daemon_restart",
+            "test daemon_restart::a_hand_over_kills_nothing_and_the_next_daemon_enforces ... ok",
+            "[  152.302292] Oops: int3: 0000 [#1] SMP NOPTI",
+            "[  152.311287] RIP: 0010:security_ptrace_access_check+0x5/0x100",
+        ]);
+        assert!(console.patch_oops);
+        assert_eq!(
+            console.resume(),
+            (Some("daemon_restart".to_owned()), 1),
+            "init skips fork_chain and runs daemon_restart again"
+        );
+        assert!(!console.patch_oops);
+        for line in [
+            "@@vmtest kernel 7.3-cloud-amd64",
+            "@@vmtest begin daemon_restart",
+            "test result: ok. 9 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out",
+            "@@vmtest end daemon_restart 0",
+            "@@vmtest done",
+        ] {
+            console.read(line);
+        }
+        assert!(console.done);
+        assert_eq!(console.totals(), (10, 0, 0));
+        assert!(console.problems().is_empty());
+        // Oopses of other kinds are not this one.
+        assert!(!read(&["BUG: kernel NULL pointer dereference, address: 0"]).patch_oops);
+        // Before 5.16 the kernel did not say "Oops:" first.
+        assert!(read(&["[   12.5] int3: 0000 [#1] SMP NOPTI"]).patch_oops);
     }
 }
