@@ -179,10 +179,12 @@ pub(super) struct Snapshot {
     pub process: Option<ProcessFigures>,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct KernelCounters {
     pub events_dropped: u64,
     pub inserts_failed: u64,
+    /// Each attached program's `recursion_misses` (see `kernel::ProgramSkips`).
+    pub program_skips: Vec<(&'static str, u64)>,
 }
 
 /// The `Content-Type` of [`encode`]'s text: the Prometheus text format, version 0.0.4.
@@ -318,7 +320,7 @@ impl Collector for Snapshot {
             "Events not delivered to a subscriber that read too slowly, once per subscriber.",
         )?;
         // Unread, the kernel's counters are left out rather than shown as 0.
-        if let Some(kernel) = self.kernel {
+        if let Some(kernel) = &self.kernel {
             single(
                 out,
                 ConstCounter::new(kernel.events_dropped),
@@ -332,6 +334,22 @@ impl Collector for Snapshot {
                 "leash_member_inserts_failed",
                 "Children the kernel could not track because the member map was full (their \
                  trees are killed), since the programs were loaded.",
+            )?;
+            let family = out.encode_descriptor(
+                "leash_program_skips",
+                "Times the kernel skipped a program rather than run it, by program, since it \
+                 was loaded (its recursion_misses: a kernel that runs tracepoint programs \
+                 preemptibly skips one on a CPU where a preempted task is inside it).",
+                None,
+                MetricType::Counter,
+            )?;
+            samples(
+                family,
+                "program",
+                kernel
+                    .program_skips
+                    .iter()
+                    .map(|&(program, n)| (program, ConstCounter::new(n))),
             )?;
         }
         if let Some(process) = &self.process {

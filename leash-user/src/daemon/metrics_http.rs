@@ -75,6 +75,7 @@ fn snapshot(daemon: &Daemon) -> Snapshot {
     let kernel = view.stats().ok().map(|stats| KernelCounters {
         events_dropped: stats.events_dropped,
         inserts_failed: stats.inserts_failed,
+        program_skips: view.program_skips(),
     });
     Snapshot {
         trees: trees.len() as u64,

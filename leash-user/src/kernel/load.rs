@@ -15,6 +15,7 @@ use super::{
     maps::BPF_NOEXIST,
     pins::Pins,
     programs::{link_fd, take_map},
+    skips::ProgramSkips,
     ptrace_guard::{Guard, GuardChoice},
     tracker::Tracker,
     types::{Capacity, Origin},
@@ -100,6 +101,7 @@ impl Tracker {
     ) -> Result<Self> {
         tracing::info!(guard = guard.as_str(), "{}", guard.describe());
         let whois = Whois::new(whois_link, take_map(&mut ebpf, map::WHOIS)?)?;
+        let skips = ProgramSkips::of_loaded(&ebpf)?;
         let mut tracker = Self {
             view: TrackerView::new(
                 take_map(&mut ebpf, map::MEMBERS)?,
@@ -107,6 +109,7 @@ impl Tracker {
                 take_map(&mut ebpf, map::TREE_CONTROL)?,
                 take_map(&mut ebpf, map::STATS)?,
                 capacity,
+                skips.into(),
             )?,
             events: RingBuf::try_from(take_map(&mut ebpf, map::EVENTS)?)?,
             account_joined: HashMap::try_from(take_map(&mut ebpf, map::ACCOUNT_JOINED)?)?,
@@ -163,6 +166,7 @@ impl Tracker {
                 control,
                 pins.open_map(map::STATS)?,
                 capacity,
+                ProgramSkips::of_pinned(&pins)?.into(),
             )?,
             events: RingBuf::try_from(events)?,
             account_joined: HashMap::try_from(pins.open_map(map::ACCOUNT_JOINED)?)?,

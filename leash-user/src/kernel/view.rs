@@ -3,7 +3,7 @@
 //! thread can read them while the tracker's owner goes on writing: the kernel serializes map
 //! operations, and every read here is a snapshot of one moment, as it was under a lock.
 
-use std::collections::HashMap as StdHashMap;
+use std::{collections::HashMap as StdHashMap, sync::Arc};
 
 use anyhow::{Context, Result, anyhow};
 use aya::maps::{HashMap, IterableMap, Map, MapData, MapError, PerCpuArray};
@@ -11,6 +11,7 @@ use leash_common::{Holder, Member, Pid, TreeControl, TreeCounters, TreeId, stat}
 
 use super::{
     index::MemberIndex,
+    skips::ProgramSkips,
     types::{Capacity, MemberInfo, Stats, TreeStatus},
 };
 use crate::{
@@ -31,6 +32,8 @@ pub struct TrackerView {
     /// Each tree's pids, a hint for the kill (see [`MemberIndex`]). Kept by the tracker alone,
     /// in its own view, as it writes the maps and reads the records: a duplicate's stays empty.
     pub(super) index: MemberIndex,
+    /// How often the kernel skipped each program, shared by every view of the same programs.
+    skips: Arc<ProgramSkips>,
 }
 
 // Views are handed to other threads; a change in aya that made that impossible must not compile.
@@ -54,6 +57,7 @@ impl TrackerView {
         control: Map,
         stats: Map,
         capacity: Capacity,
+        skips: Arc<ProgramSkips>,
     ) -> Result<Self> {
         let Map::HashMap(data) = &members else {
             anyhow::bail!("the member map is not a hash map");
@@ -67,6 +71,7 @@ impl TrackerView {
             stats: PerCpuArray::try_from(stats)?,
             capacity,
             index: MemberIndex::default(),
+            skips,
         })
     }
 
@@ -78,6 +83,7 @@ impl TrackerView {
             duplicate(self.control.map())?,
             duplicate(self.stats.map())?,
             self.capacity,
+            self.skips.clone(),
         )
     }
 
@@ -199,6 +205,16 @@ impl TrackerView {
         let mut trees: Vec<TreeId> = self.control.keys().filter_map(Result::ok).collect();
         trees.sort_unstable();
         trees
+    }
+
+    /// How often the kernel skipped each attached program (see [`ProgramSkips`]).
+    pub fn program_skips(&self) -> Vec<(&'static str, u64)> {
+        self.skips.counts()
+    }
+
+    /// See [`ProgramSkips::every_exit_seen`].
+    pub(super) fn every_exit_seen(&self) -> bool {
+        self.skips.every_exit_seen()
     }
 
     pub fn stats(&self) -> Result<Stats> {

@@ -242,6 +242,49 @@ pub fn bpf_link_fd_by_id(id: u32) -> io::Result<OwnedFd> {
     unsafe { bpf(BPF_LINK_GET_FD_BY_ID, &mut attr) }.map(new_bpf_fd)
 }
 
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+
+/// A new descriptor of the loaded program `id` (a link's program, say).
+pub fn bpf_prog_fd_by_id(id: u32) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    struct GetFdById {
+        prog_id: u32,
+        next_id: u32,
+        open_flags: u32,
+    }
+    let mut attr = GetFdById {
+        prog_id: id,
+        next_id: 0,
+        open_flags: 0,
+    };
+    // SAFETY: attr is the bpf_attr prefix of this command, with no pointers.
+    unsafe { bpf(BPF_PROG_GET_FD_BY_ID, &mut attr) }.map(new_bpf_fd)
+}
+
+/// How many times the kernel skipped the program `program` rather than run it again on a CPU
+/// where it was running already (`recursion_misses`, Linux 5.12; for tracepoint programs,
+/// counted since 6.1, which brought their guard). 0 where the kernel does not count them.
+pub fn bpf_prog_recursion_misses(program: BorrowedFd<'_>) -> io::Result<u64> {
+    #[repr(C)]
+    struct GetInfo {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    // SAFETY: bpf_prog_info is plain integers and arrays, for which zero is a value.
+    let mut info: aya_obj::generated::bpf_prog_info = unsafe { std::mem::zeroed() };
+    let mut attr = GetInfo {
+        bpf_fd: program.as_raw_fd() as u32,
+        info_len: size_of_val(&info) as u32,
+        info: &raw mut info as u64,
+    };
+    // SAFETY: attr is the bpf_attr prefix of this command; info points to info_len writable
+    // bytes that outlive the call. A kernel whose struct is shorter writes only its own part.
+    unsafe { bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }?;
+    Ok(info.recursion_misses)
+}
+
 /// A new iterator of the iterator link `link`: reading it to its end runs the program once per
 /// object (and once more with none).
 pub fn bpf_iter_create(link: BorrowedFd<'_>) -> io::Result<std::fs::File> {

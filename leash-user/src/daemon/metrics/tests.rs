@@ -113,6 +113,7 @@ fn gauges_and_kernel_counters() {
         kernel: Some(KernelCounters {
             events_dropped: 5,
             inserts_failed: 1,
+            program_skips: vec![("leash_fork", 36), ("leash_exit", 0)],
         }),
         ..Snapshot::default()
     };
@@ -125,6 +126,8 @@ fn gauges_and_kernel_counters() {
         ("leash_leases", "3"),
         ("leash_kernel_events_dropped_total", "5"),
         ("leash_member_inserts_failed_total", "1"),
+        ("leash_program_skips_total{program=\"leash_fork\"}", "36"),
+        ("leash_program_skips_total{program=\"leash_exit\"}", "0"),
         ("leash_events_dropped_total", "0"),
         ("leash_kill_failures_total", "0"),
     ] {

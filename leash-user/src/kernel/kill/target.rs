@@ -50,6 +50,13 @@ pub(super) trait KillTarget {
     /// [`Tracker::drop_stale`]).
     fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()>;
 
+    /// The member map's entry for `pid` now.
+    fn member(&self, pid: Pid) -> Option<Member>;
+
+    /// Whether the kernel has run some exit program for every exit so far (see
+    /// [`crate::kernel::ProgramSkips::every_exit_seen`]).
+    fn every_exit_seen(&self) -> bool;
+
     /// A handle on whatever process `pid` names now (pidfd_open); an error that
     /// [`proc::is_gone`] accepts if none.
     fn open(&self, pid: Pid) -> io::Result<Self::Process>;
@@ -104,6 +111,14 @@ impl KillTarget for Tracker {
 
     fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()> {
         Tracker::drop_stale(self, pid, stale)
+    }
+
+    fn member(&self, pid: Pid) -> Option<Member> {
+        TrackerView::member(self, pid)
+    }
+
+    fn every_exit_seen(&self) -> bool {
+        TrackerView::every_exit_seen(self)
     }
 
     fn open(&self, pid: Pid) -> io::Result<Pidfd> {

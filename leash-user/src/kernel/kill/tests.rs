@@ -84,6 +84,10 @@ struct Fake {
     lookups: Cell<usize>,
     /// Checks whether a process has finished exiting.
     exit_checks: Cell<usize>,
+    /// Reads of a process's start time from /proc.
+    proc_reads: Cell<usize>,
+    /// The exit programs were skipped for some exit (see [`KillTarget::every_exit_seen`]).
+    exit_skipped: bool,
     /// Bursts held now (see [`KillTarget::burst`]).
     bursts: Rc<Cell<usize>>,
 }
@@ -111,6 +115,8 @@ impl Fake {
             walks: Cell::new(0),
             lookups: Cell::new(0),
             exit_checks: Cell::new(0),
+            proc_reads: Cell::new(0),
+            exit_skipped: false,
             bursts: Rc::new(Cell::new(0)),
         }
     }
@@ -203,6 +209,7 @@ impl Fake {
                 } else {
                     State::Exited
                 };
+                self.exit_skipped |= process.exit_unseen;
                 if !process.exit_unseen
                     && self
                         .members
@@ -321,7 +328,16 @@ impl KillTarget for Fake {
         }
     }
 
+    fn member(&self, pid: Pid) -> Option<Member> {
+        Fake::member(self, pid)
+    }
+
+    fn every_exit_seen(&self) -> bool {
+        !self.exit_skipped
+    }
+
     fn start_ticks(&self, pid: Pid) -> io::Result<Option<u64>> {
+        self.proc_reads.set(self.proc_reads.get() + 1);
         let processes = self.processes.borrow();
         Ok(processes
             .iter()
@@ -616,6 +632,7 @@ fn the_recycled_pid_of_an_entry_left_behind_is_never_signalled() {
     // entry stays, and its pid goes to an unrelated process.
     let left = fake.add_member(TREE);
     fake.process(left).state = State::Reaped;
+    fake.exit_skipped = true;
     fake.tick(Duration::from_millis(20));
     fake.start(left);
     let mut kill = Kill::new(TREE, Duration::ZERO);
@@ -628,6 +645,17 @@ fn the_recycled_pid_of_an_entry_left_behind_is_never_signalled() {
     assert!(fake.member(left).is_none(), "the entry is taken out");
     assert_eq!(fake.signals(live), [libc::SIGKILL]);
     assert_eq!(report.killed, 1);
+}
+
+#[test]
+fn while_the_exit_programs_have_missed_no_exit_no_member_is_read_from_proc() {
+    let mut fake = Fake::new();
+    let members: Vec<Pid> = (0..10).map(|_| fake.add_member(TREE)).collect();
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let report = drive(&mut kill, &mut fake, |_| {}).unwrap();
+    assert_eq!(report.killed, members.len());
+    assert_eq!(fake.proc_reads.get(), 0, "the entries are proof enough");
+    assert_eq!(fake.tree_members(TREE), 0);
 }
 
 /// Other trees' members, many more than the tree killed has.

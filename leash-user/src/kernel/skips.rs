@@ -1,0 +1,107 @@
+//! How often the kernel skipped each attached program: its `recursion_misses`.
+//!
+//! The kernel keeps a tracepoint program from running twice at once on a CPU (Linux 6.1), and
+//! skips it, counted, when it would. Up to 6.18 the programs run with preemption off, so only
+//! true recursion trips that guard, which the programs here never do. Kernels that run them
+//! preemptibly (7.x with CONFIG_PREEMPT_LAZY) skip a program for every task on a CPU where a
+//! preempted task is inside it: a fork or an exit goes unseen (see `program::FORK_AGAIN`).
+//!
+//! What the kill makes of it: while some exit program has never been skipped, every process
+//! that exited was taken out of the member map, so an entry still there names its process, and
+//! a pidfd opened before the entry was read again names it too. Once both have been skipped,
+//! an entry may outlive its process, its pid free for another, and each member must be checked
+//! against /proc before it is signalled.
+
+use std::{
+    os::fd::{AsFd, OwnedFd},
+    sync::atomic::{AtomicBool, Ordering},
+};
+
+use anyhow::{Context, Result};
+use aya::Ebpf;
+use leash_common::program;
+
+use super::{pins::Pins, programs::PROGRAMS_ATTACHED};
+use crate::sys;
+
+/// The attached programs' descriptors, to read their counts from.
+#[derive(Debug)]
+pub struct ProgramSkips {
+    programs: Vec<(&'static str, OwnedFd)>,
+    /// Both exit programs have been skipped at least once: the count only grows.
+    exits_missed: AtomicBool,
+}
+
+impl ProgramSkips {
+    /// Of the programs loaded in `ebpf`.
+    pub(super) fn of_loaded(ebpf: &Ebpf) -> Result<Self> {
+        let programs = PROGRAMS_ATTACHED.iter().map(|&(name, _)| {
+            let program = ebpf
+                .program(name)
+                .with_context(|| format!("program {name} missing from the object"))?;
+            let fd = program.fd()?.as_fd().try_clone_to_owned()?;
+            Ok((name, fd))
+        });
+        Ok(Self::new(programs.collect::<Result<_>>()?))
+    }
+
+    /// Of the programs a previous daemon pinned the links of.
+    pub(super) fn of_pinned(pins: &Pins) -> Result<Self> {
+        let programs = PROGRAMS_ATTACHED.iter().map(|&(name, _)| {
+            let id = pins.open_link(name)?.info()?.program_id();
+            let fd = sys::bpf_prog_fd_by_id(id)
+                .with_context(|| format!("opening program {name} by its id"))?;
+            Ok((name, fd))
+        });
+        Ok(Self::new(programs.collect::<Result<_>>()?))
+    }
+
+    fn new(programs: Vec<(&'static str, OwnedFd)>) -> Self {
+        Self {
+            programs,
+            exits_missed: AtomicBool::new(false),
+        }
+    }
+
+    /// Each program's count now (a program whose count cannot be read is left out).
+    pub fn counts(&self) -> Vec<(&'static str, u64)> {
+        self.programs
+            .iter()
+            .filter_map(|(name, fd)| {
+                let misses = sys::bpf_prog_recursion_misses(fd.as_fd()).ok()?;
+                Some((*name, misses))
+            })
+            .collect()
+    }
+
+    /// Whether the kernel has run some exit program for every exit so far: then a member
+    /// entry read before this call names its process, or one yet to be taken out. False once
+    /// both exit programs have been skipped, for good; false too while their counts cannot be
+    /// read.
+    pub fn every_exit_seen(&self) -> bool {
+        if self.exits_missed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut missed = 0;
+        for (name, fd) in &self.programs {
+            if *name != program::EXIT && *name != program::EXIT_AGAIN {
+                continue;
+            }
+            match sys::bpf_prog_recursion_misses(fd.as_fd()) {
+                Ok(0) => return true,
+                Ok(_) => missed += 1,
+                Err(_) => return false,
+            }
+        }
+        if missed > 0 && !self.exits_missed.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "the kernel skipped both exit programs for some exit (it runs tracepoint \
+                 programs preemptibly, as 7.x does with CONFIG_PREEMPT_LAZY): from now on, \
+                 kills check each member against /proc before signalling it, and take out \
+                 the entries whose processes are gone. leash_program_skips_total counts the \
+                 skips"
+            );
+        }
+        false
+    }
+}
