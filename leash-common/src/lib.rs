@@ -96,6 +96,12 @@ pub mod program {
     /// /proc/PID/mem). In the object as an `fentry` section, which aya parses; user space
     /// loads it as fmod_ret itself.
     pub const PTRACE_GUARD: &str = "leash_ptrace_guard";
+    /// The same guard as a BPF LSM program on the `ptrace_access_check` hook, where the BPF
+    /// LSM is active (`bpf` in /sys/kernel/security/lsm), in place of `PTRACE_GUARD`. A kernel
+    /// that runs tracing programs preemptibly (7.x with lazy preemption, any kernel with full
+    /// preemption) skips `PTRACE_GUARD` on a CPU where a preempted task is inside it, and the
+    /// access it would have refused goes through; it never skips an LSM program.
+    pub const PTRACE_GUARD_LSM: &str = "leash_ptrace_lsm";
     /// The fallback where the kernel cannot attach `PTRACE_GUARD` (no BPF trampolines): the
     /// syscall tracepoints below SIGKILL a member that reaches outside its tree.
     /// `syscalls/sys_enter_ptrace`, for PTRACE_ATTACH and PTRACE_SEIZE.

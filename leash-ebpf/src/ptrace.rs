@@ -3,9 +3,11 @@
 //! `pidfd_getfd`, `process_vm_writev` and writes to /proc/PID/mem ask for; read mode (`ps`,
 //! `top`, /proc/PID/stat) is never refused.
 //!
-//! - `leash_ptrace_guard` is an fmod_ret program on `security_ptrace_access_check`, the check
-//!   all of those pass through: it returns -EPERM, and the access fails. It sits in an `fentry`
-//!   section only because aya cannot parse `fmod_ret` ones; user space loads it as fmod_ret.
+//! - `leash_ptrace_lsm` is a BPF LSM program on the `ptrace_access_check` hook, the check all of
+//!   those pass through: it returns -EPERM, and the access fails. Where the BPF LSM is active.
+//! - `leash_ptrace_guard` does the same as an fmod_ret program on
+//!   `security_ptrace_access_check`. It sits in an `fentry` section only because aya cannot
+//!   parse `fmod_ret` ones; user space loads it as fmod_ret.
 //! - Where the kernel has no BPF trampolines, the three syscall tracepoints below stand in: they
 //!   SIGKILL the member as the call enters, so it never returns to user space. The call itself
 //!   still runs, with the kill pending: process_vm_writev writes nothing (get_user_pages stops at a
@@ -48,15 +50,45 @@ pub(crate) fn leash_ptrace_guard(ctx: *mut c_void) -> i32 {
     if previous != 0 {
         return previous;
     }
-    if ctx.arg::<u64>(1) & PTRACE_MODE_ATTACH == 0 {
-        return 0;
+    if refuses(ctx.arg(0), ctx.arg(1)) {
+        -EPERM
+    } else {
+        0
+    }
+}
+
+/// The same guard as a BPF LSM program on the `ptrace_access_check` hook (arguments as above;
+/// the kernel calls the hook only while no other LSM has refused). The kernel never skips an
+/// LSM program, where it skips a tracing one on a CPU where a preempted task is inside it (see
+/// `program::PTRACE_GUARD_LSM`). Its answers are 0 and -EPERM alone, the range the verifier
+/// allows an LSM program.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "lsm/ptrace_access_check")]
+pub(crate) fn leash_ptrace_lsm(ctx: *mut c_void) -> i64 {
+    let ctx = FEntryContext::new(ctx);
+    // Each answer a constant of its own branch, through the stack, and 64 bits wide: left to
+    // itself the compiler computes -EPERM as the negated bool, which verifiers before 6.13
+    // cannot bound, and they check all 64 bits of the answer.
+    let mut answer: i64 = 0;
+    if refuses(ctx.arg(0), ctx.arg(1)) {
+        // SAFETY: a write to a local.
+        unsafe { core::ptr::write_volatile(&mut answer, -i64::from(EPERM)) };
+    }
+    // SAFETY: a read of a local.
+    unsafe { core::ptr::read_volatile(&answer) }
+}
+
+/// Whether a check of `child` in `mode` is a member's attach-mode access to a process outside
+/// its tree and the trees nested in it.
+fn refuses(child: *const u8, mode: u64) -> bool {
+    if mode & PTRACE_MODE_ATTACH == 0 {
+        return false;
     }
     let Some(accessor) = current_member() else {
-        return 0;
+        return false;
     };
-    let child: *const u8 = ctx.arg(0);
     let Some(child_tgid) = read_task::<u32>(child, &TASK_TGID_OFFSET) else {
-        return -EPERM;
+        return true;
     };
     // An entry whose start time is not the child's is an earlier process's by the same pid:
     // the child is not a member then.
@@ -65,11 +97,7 @@ pub(crate) fn leash_ptrace_guard(ctx: *mut c_void) -> i32 {
         .copied()
         .filter(|entry| is_member(child, entry))
         .map(|entry| entry.tree);
-    if child_tree.is_some_and(|tree| within(tree, accessor.tree)) {
-        0
-    } else {
-        -EPERM
-    }
+    !child_tree.is_some_and(|tree| within(tree, accessor.tree))
 }
 
 /// `ptrace(request, pid, ...)`: PTRACE_ATTACH or PTRACE_SEIZE of a process outside the tree.

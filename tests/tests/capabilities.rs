@@ -137,16 +137,29 @@ fn the_daemon_keeps_another_users_tree_on_a_leash_with_only_the_units_capabiliti
         "no_new_privs is set"
     );
 
-    // A ptrace guard is in place: the fmod_ret program needs only bpf(); the fallback's
-    // tracepoints need perf_event_open too.
+    // A ptrace guard is in place: the LSM and fmod_ret programs need only bpf(); the
+    // fallback's tracepoints need perf_event_open too.
     let programs = daemon.client().status().unwrap().programs;
     assert!(
         programs
             .iter()
-            .any(|p| p.starts_with("leash_ptrace_guard") || p.starts_with("leash_ptrace_attach")),
+            .any(|p| ["leash_ptrace_lsm", "leash_ptrace_guard", "leash_ptrace_attach"]
+                .iter()
+                .any(|guard| p.starts_with(guard))),
         "no ptrace guard under the unit's restrictions: {programs:?}\n{}",
         daemon.log()
     );
+    // Where the kernel takes the LSM program (the vmtest guests whose active LSMs have bpf),
+    // the unit's capabilities are enough for it.
+    let lsm_active = fs::read_to_string("/sys/kernel/security/lsm")
+        .is_ok_and(|list| list.trim().split(',').any(|lsm| lsm == "bpf"));
+    if lsm_active && std::env::var("LEASH_TEST_REQUIRE_KERNEL_GUARD").is_ok_and(|v| v == "1") {
+        assert!(
+            programs.iter().any(|p| p.starts_with("leash_ptrace_lsm")),
+            "the LSM guard under the unit's restrictions: {programs:?}\n{}",
+            daemon.log()
+        );
+    }
 
     let cgroup = Cgroup::new("capabilities");
     let mut host = daemon

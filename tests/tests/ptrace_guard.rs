@@ -2,15 +2,18 @@
 //! (`leash run`) runs an agent that tries, against the host itself: a ptrace attach, taking the
 //! host's lease socket with `pidfd_getfd`, `process_vm_writev`, and opening /proc/HOST/mem; and a
 //! real `process_vm_writev` into another process of its uid outside every tree. Each is refused
-//! in the kernel (fmod_ret on `security_ptrace_access_check`), nothing is written, and it stays
+//! in the kernel (a BPF LSM program on `ptrace_access_check` where the BPF LSM is active, else
+//! fmod_ret on `security_ptrace_access_check`), nothing is written, and it stays
 //! refused while the daemon is dead (the link is pinned) and after a takeover. What must keep
 //! working does: reading /proc/HOST/stat (`ps`), attaching to its own child, gdb on its own
 //! child; and a process of the same uid outside every tree may still do all of it to the host.
 //!
-//! The fallback for kernels without BPF trampolines (`--ptrace-guard tracepoints`) is run here
-//! too: the agent is SIGKILLed as it asks, and /proc/PID/mem is not covered. Where the kernel
-//! refuses the fmod_ret program (this project's 6.18 build machines), the first test checks the
-//! fallback the daemon chose, and says so; the vmtest guests set LEASH_TEST_REQUIRE_FMOD_RET=1.
+//! fmod_ret where the LSM program would do (`--ptrace-guard fmod_ret`), and the fallback for
+//! kernels without BPF trampolines (`--ptrace-guard tracepoints`), are run here too: with the
+//! fallback the agent is SIGKILLed as it asks, and /proc/PID/mem is not covered. Where the
+//! kernel refuses both programs (this project's 6.18 build machines), the tests check the
+//! fallback the daemon chose, and say so; the vmtest guests set
+//! LEASH_TEST_REQUIRE_KERNEL_GUARD=1.
 //!
 //! gdb is not in the vmtest guests: they set LEASH_TEST_NO_GDB=1, and the gdb check is skipped
 //! there (and only where that is set).
@@ -80,15 +83,29 @@ done
 
 /// process_vm_writev to address 1 once the access check has passed.
 const PASSED_CHECK: &str = "errno 14";
-/// Set to 1 where the fmod_ret guard must be the one in place (the vmtest guests: Debian's
-/// kernels, which have BPF trampolines). Elsewhere the test checks whichever guard the daemon
-/// reports, and says which.
-const REQUIRE_FMOD_RET_VAR: &str = "LEASH_TEST_REQUIRE_FMOD_RET";
+/// Set to 1 where a guard in the kernel's check must be the one in place (the vmtest guests:
+/// Debian's kernels, which have BPF trampolines): the LSM program where the BPF LSM is active,
+/// else fmod_ret. Elsewhere the tests check whichever guard the daemon reports, and say which.
+const REQUIRE_KERNEL_GUARD_VAR: &str = "LEASH_TEST_REQUIRE_KERNEL_GUARD";
+
+/// Whether this machine's active LSMs, as securityfs lists them, have the BPF LSM; None if the
+/// list cannot be read.
+fn bpf_lsm_active() -> Option<bool> {
+    let list = fs::read_to_string("/sys/kernel/security/lsm").ok()?;
+    Some(list.trim().split(',').any(|lsm| lsm == "bpf"))
+}
+
+/// Whether the guard `wanted` must be in place here (the vmtest guests), or only checked.
+fn required() -> bool {
+    std::env::var(REQUIRE_KERNEL_GUARD_VAR).is_ok_and(|v| v == "1")
+}
 
 /// The guard a daemon reports in `leash status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Guard {
-    /// fmod_ret: the access fails with EPERM (EACCES for /proc/PID/mem).
+    /// The LSM program: the access fails with EPERM (EACCES for /proc/PID/mem).
+    Lsm,
+    /// fmod_ret: the same.
     FmodRet,
     /// The fallback: the member asking is SIGKILLed; /proc/PID/mem is not covered.
     Tracepoints,
@@ -97,7 +114,9 @@ enum Guard {
 impl Guard {
     fn reported(daemon: &Daemon) -> Self {
         let status = status_text(daemon);
-        if status.contains("leash_ptrace_guard (fmod_ret/security_ptrace_access_check)") {
+        if status.contains("leash_ptrace_lsm (lsm/ptrace_access_check)") {
+            Self::Lsm
+        } else if status.contains("leash_ptrace_guard (fmod_ret/security_ptrace_access_check)") {
             Self::FmodRet
         } else if status.contains("leash_ptrace_attach (tracepoint/syscalls/sys_enter_ptrace)")
             && status.contains("leash_pidfd_getfd")
@@ -115,7 +134,7 @@ impl Guard {
     /// Whether `result` (of the probe) is this guard's refusal.
     fn refused(self, result: &str) -> bool {
         match self {
-            Self::FmodRet => result == "errno 1" || result == "errno 13",
+            Self::Lsm | Self::FmodRet => result == "errno 1" || result == "errno 13",
             Self::Tracepoints => result == "killed",
         }
     }
@@ -396,26 +415,19 @@ fn a_member_cannot_ptrace_take_descriptors_or_write_memory_outside_its_tree() {
         return;
     };
     let guard = Guard::reported(&daemon);
-    if std::env::var(REQUIRE_FMOD_RET_VAR).is_ok_and(|v| v == "1") {
-        assert_eq!(
-            guard,
-            Guard::FmodRet,
-            "{REQUIRE_FMOD_RET_VAR}=1; daemon log:\n{}",
-            daemon.log()
-        );
-    } else if guard != Guard::FmodRet {
-        eprintln!(
-            "NOTE: this kernel refused the fmod_ret guard, and the daemon attached the fallback; \
-             this run checks the fallback. Its log:\n{}",
-            daemon.log()
-        );
-    }
+    // Where the BPF LSM is active the LSM program, which the kernel never skips; else fmod_ret.
+    let kernel_guard = if bpf_lsm_active() == Some(true) {
+        Guard::Lsm
+    } else {
+        Guard::FmodRet
+    };
+    check_guard(&daemon, guard, kernel_guard);
     let gdb = gdb_wanted();
     let run = run_agent(&daemon, gdb);
 
     assert_refused(guard, &run, &["attach_host", "getfd_host", "vmwrite_host"]);
     assert_target_untouched(guard, &run);
-    if guard == Guard::FmodRet {
+    if guard != Guard::Tracepoints {
         assert_refused(guard, &run, &["memopen_host"]);
     }
     assert_inside_keeps_working(&run);
@@ -427,7 +439,7 @@ fn a_member_cannot_ptrace_take_descriptors_or_write_memory_outside_its_tree() {
             fs::read_to_string(format!("{}.gdb", run.out.0.display())).unwrap_or_default()
         );
         let expected = match guard {
-            Guard::FmodRet => "refused",
+            Guard::Lsm | Guard::FmodRet => "refused",
             Guard::Tracepoints => "killed",
         };
         assert_eq!(run.get("gdb_host"), expected, "gdb on the host");
@@ -451,6 +463,42 @@ fn a_member_cannot_ptrace_take_descriptors_or_write_memory_outside_its_tree() {
         guard.refused(&run.attach_again(2)),
         "the guard holds after a takeover"
     );
+}
+
+/// Fails unless `guard` is `wanted` where [`REQUIRE_KERNEL_GUARD_VAR`] asks for it; elsewhere
+/// says which guard this run checks when it is the fallback.
+fn check_guard(daemon: &Daemon, guard: Guard, wanted: Guard) {
+    if required() {
+        assert_eq!(
+            guard,
+            wanted,
+            "{REQUIRE_KERNEL_GUARD_VAR}=1, and the active LSMs are {:?}; daemon log:\n{}",
+            fs::read_to_string("/sys/kernel/security/lsm").unwrap_or_default(),
+            daemon.log()
+        );
+    } else if guard != wanted {
+        eprintln!(
+            "NOTE: this kernel refused the {wanted:?} guard, and the daemon attached {guard:?}; \
+             this run checks that one. Its log:\n{}",
+            daemon.log()
+        );
+    }
+}
+
+#[test]
+fn fmod_ret_refuses_where_the_lsm_program_would_do() {
+    let Some(daemon) = Daemon::start(&["--ptrace-guard", "fmod_ret"]) else {
+        return;
+    };
+    let guard = Guard::reported(&daemon);
+    check_guard(&daemon, guard, Guard::FmodRet);
+    let run = run_agent(&daemon, false);
+    assert_refused(guard, &run, &["attach_host", "getfd_host", "vmwrite_host"]);
+    if guard != Guard::Tracepoints {
+        assert_refused(guard, &run, &["memopen_host"]);
+    }
+    assert_target_untouched(guard, &run);
+    assert_inside_keeps_working(&run);
 }
 
 #[test]

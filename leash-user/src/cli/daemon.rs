@@ -68,11 +68,12 @@ pub(super) struct DaemonArgs {
     #[arg(long, value_name = "GROUP", requires = "metrics")]
     metrics_group: Option<String>,
     /// Which ptrace guard refuses a member's ptrace attach, pidfd_getfd, process_vm_writev
-    /// and /proc/PID/mem writes to processes outside its tree: `auto` (fmod_ret on
-    /// security_ptrace_access_check, or where the kernel cannot attach it, syscall tracepoints
-    /// that SIGKILL the member), `tracepoints` (the fallback alone), or `off`. The log and
-    /// `leash status` say which is in place.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "tracepoints", "off"])]
+    /// and /proc/PID/mem writes to processes outside its tree: `auto` (a BPF LSM program on
+    /// ptrace_access_check where the BPF LSM is active; else fmod_ret on
+    /// security_ptrace_access_check; where the kernel cannot attach either, syscall
+    /// tracepoints that SIGKILL the member), `fmod_ret` (not the LSM program), `tracepoints`
+    /// (the fallback alone), or `off`. The log and `leash status` say which is in place.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "fmod_ret", "tracepoints", "off"])]
     ptrace_guard: String,
 }
 
@@ -128,6 +129,7 @@ pub(super) fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
                 Some(quota) => Some(quota),
             },
             ptrace_guard: match args.ptrace_guard.as_str() {
+                "fmod_ret" => GuardChoice::FmodRet,
                 "tracepoints" => GuardChoice::Tracepoints,
                 "off" => GuardChoice::Off,
                 _ => GuardChoice::Auto,

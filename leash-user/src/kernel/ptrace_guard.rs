@@ -2,10 +2,17 @@
 //! `pidfd_getfd`, `process_vm_writev`, /proc/PID/mem) to processes outside its tree, even of its
 //! own uid (leash-ebpf's ptrace.rs). Which one this kernel takes, and attaching it.
 //!
-//! - fmod_ret on `security_ptrace_access_check` (Linux 5.7, with BPF trampolines: x86_64 since
-//!   5.5, arm64 since 6.4 with ftrace's direct calls, and CONFIG_SECURITY): the access fails with EPERM. aya 0.14 cannot
-//!   load fmod_ret programs, so this module relocates the program itself, with aya-obj, against
-//!   the maps aya made, and loads and attaches it with raw `bpf()` calls (sys/bpf.rs).
+//! - A BPF LSM program on the `ptrace_access_check` hook, where the BPF LSM is active (`bpf` in
+//!   /sys/kernel/security/lsm: Debian's kernels from 6.1 have it in CONFIG_LSM) and the kernel
+//!   has BPF trampolines: the access fails with EPERM. The kernel never skips an LSM program.
+//! - Else fmod_ret on `security_ptrace_access_check` (Linux 5.7, with BPF trampolines: x86_64
+//!   since 5.5, arm64 since 6.4 with ftrace's direct calls, and CONFIG_SECURITY): the same
+//!   refusal, but a kernel that runs tracing programs preemptibly skips it on a CPU where a
+//!   preempted task is inside it (see `program::PTRACE_GUARD_LSM`).
+//!
+//!   aya 0.14 can load neither as it needs, so this module relocates the program itself, with
+//!   aya-obj, against the maps aya made, and loads and attaches it with raw `bpf()` calls
+//!   (sys/bpf.rs).
 //! - Where that fails, syscall tracepoints that SIGKILL the member as it asks. They do not see
 //!   /proc/PID/mem, and they refuse every `pidfd_getfd` a member makes.
 
@@ -27,13 +34,17 @@ use crate::sys;
 
 /// The kernel function the fmod_ret program modifies the return of.
 const TARGET: &str = "security_ptrace_access_check";
+/// The BPF LSM's stub of the `ptrace_access_check` hook, which its programs attach to.
+const LSM_TARGET: &str = "bpf_lsm_ptrace_access_check";
 
 /// Which guard to attach: the daemon's `--ptrace-guard`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GuardChoice {
-    /// fmod_ret, or the tracepoints where it cannot attach.
+    /// The LSM program where the BPF LSM is active, else fmod_ret, else the tracepoints.
     #[default]
     Auto,
+    /// fmod_ret, even where the LSM program would attach (else the tracepoints).
+    FmodRet,
     /// The tracepoints, even where fmod_ret would attach.
     Tracepoints,
     /// None: a member may reach any process its uid may.
@@ -43,6 +54,8 @@ pub enum GuardChoice {
 /// The guard in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Guard {
+    /// The access is refused with EPERM, by the BPF LSM.
+    Lsm,
     /// The access is refused with EPERM, in the kernel's check.
     FmodRet,
     /// The member is SIGKILLed as it asks (ptrace attach, `pidfd_getfd`, `process_vm_writev`).
@@ -50,6 +63,9 @@ pub enum Guard {
     /// No guard.
     Absent,
 }
+
+/// The LSM program and where it attaches.
+pub const LSM_PROGRAMS: [(&str, &str); 1] = [(program::PTRACE_GUARD_LSM, "lsm/ptrace_access_check")];
 
 /// The fmod_ret program and where it attaches.
 pub const FMOD_RET_PROGRAMS: [(&str, &str); 1] = [(
@@ -77,6 +93,7 @@ impl Guard {
     /// Its programs and where each attaches.
     pub fn programs(self) -> &'static [(&'static str, &'static str)] {
         match self {
+            Self::Lsm => &LSM_PROGRAMS,
             Self::FmodRet => &FMOD_RET_PROGRAMS,
             Self::Tracepoints => &TRACEPOINT_PROGRAMS,
             Self::Absent => &[],
@@ -85,7 +102,7 @@ impl Guard {
 
     /// The guard whose links are pinned, as `pinned(program)` says of each.
     pub fn pinned(pinned: impl Fn(&str) -> bool) -> Self {
-        [Self::FmodRet, Self::Tracepoints]
+        [Self::Lsm, Self::FmodRet, Self::Tracepoints]
             .into_iter()
             .find(|guard| guard.programs().iter().all(|(name, _)| pinned(name)))
             .unwrap_or(Self::Absent)
@@ -94,6 +111,7 @@ impl Guard {
     /// Its name, for the log's fields.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Lsm => "lsm",
             Self::FmodRet => "fmod_ret",
             Self::Tracepoints => "tracepoints",
             Self::Absent => "none",
@@ -103,9 +121,14 @@ impl Guard {
     /// What it refuses, for the log and `leash status`.
     pub fn describe(self) -> &'static str {
         match self {
+            Self::Lsm => {
+                "ptrace guard: a BPF LSM program on ptrace_access_check refuses (EPERM) a \
+                 member's attach-mode access to processes outside its tree"
+            }
             Self::FmodRet => {
                 "ptrace guard: fmod_ret on security_ptrace_access_check refuses (EPERM) a \
-                 member's attach-mode access to processes outside its tree"
+                 member's attach-mode access to processes outside its tree (a kernel that runs \
+                 tracing programs preemptibly may skip it: see leash_program_skips_total)"
             }
             Self::Tracepoints => {
                 "ptrace guard: fallback tracepoints SIGKILL a member that ptrace-attaches to, \
@@ -129,8 +152,8 @@ pub enum HeldLink {
 }
 
 /// Attaches the guard `choice` asks for to the programs of `ebpf` (loaded, their maps made):
-/// fmod_ret, else the tracepoints. Never fails: the daemon runs without a guard rather than not
-/// at all, and says so.
+/// the LSM program, else fmod_ret, else the tracepoints. Never fails: the daemon runs without
+/// a guard rather than not at all, and says so.
 pub fn attach(
     ebpf: &mut Ebpf,
     kernel_btf: &aya::Btf,
@@ -140,13 +163,27 @@ pub fn attach(
         return (Guard::Absent, Vec::new());
     }
     if choice == GuardChoice::Auto {
-        match attach_fmod_ret(ebpf, kernel_btf) {
-            Ok(link) => {
-                return (
-                    Guard::FmodRet,
-                    vec![(program::PTRACE_GUARD, HeldLink::Raw(link))],
-                );
-            }
+        match bpf_lsm_active() {
+            Ok(true) => match attach_refusal(ebpf, kernel_btf, Refusal::Lsm) {
+                Ok(link) => return (Guard::Lsm, vec![(Refusal::Lsm.program(), link)]),
+                Err(e) => tracing::warn!(
+                    "the LSM ptrace guard cannot attach ({e:#}); trying fmod_ret instead"
+                ),
+            },
+            Ok(false) => tracing::info!(
+                "the BPF LSM is not active (no bpf in {LSM_LIST}; the kernel's lsm= or \
+                 CONFIG_LSM leaves it out): the ptrace guard is fmod_ret, which a kernel that \
+                 runs tracing programs preemptibly may skip"
+            ),
+            Err(e) => tracing::warn!(
+                "cannot tell whether the BPF LSM is active ({e:#}); the ptrace guard is \
+                 fmod_ret"
+            ),
+        }
+    }
+    if matches!(choice, GuardChoice::Auto | GuardChoice::FmodRet) {
+        match attach_refusal(ebpf, kernel_btf, Refusal::FmodRet) {
+            Ok(link) => return (Guard::FmodRet, vec![(Refusal::FmodRet.program(), link)]),
             Err(e) => tracing::warn!(
                 "the fmod_ret ptrace guard cannot attach ({e:#}); trying the syscall \
                  tracepoints instead"
@@ -162,9 +199,51 @@ pub fn attach(
     }
 }
 
-/// Relocates the fmod_ret program against the maps aya made for `ebpf` (the `.rodata` with the
-/// offsets among them), loads it and attaches it. Returns the link.
-fn attach_fmod_ret(ebpf: &Ebpf, kernel_btf: &aya::Btf) -> Result<OwnedFd> {
+/// The active LSMs, as securityfs lists them.
+const LSM_LIST: &str = "/sys/kernel/security/lsm";
+
+/// Whether the BPF LSM is active: only then does the kernel call its hooks. securityfs is
+/// mounted first if it is not (systemd mounts it at boot).
+fn bpf_lsm_active() -> Result<bool> {
+    let securityfs = std::path::Path::new("/sys/kernel/security");
+    if !securityfs.join("lsm").exists() && securityfs.exists() {
+        sys::mount_with(c"securityfs", securityfs, None)
+            .with_context(|| format!("mounting securityfs at {}", securityfs.display()))?;
+        tracing::info!(path = %securityfs.display(), "mounted securityfs");
+    }
+    let list = std::fs::read_to_string(LSM_LIST).with_context(|| format!("reading {LSM_LIST}"))?;
+    Ok(list.trim().split(',').any(|lsm| lsm == "bpf"))
+}
+
+/// The two guards that refuse in the kernel's check: one program each, loaded by hand.
+#[derive(Clone, Copy)]
+enum Refusal {
+    Lsm,
+    FmodRet,
+}
+
+impl Refusal {
+    fn program(self) -> &'static str {
+        match self {
+            Self::Lsm => program::PTRACE_GUARD_LSM,
+            Self::FmodRet => program::PTRACE_GUARD,
+        }
+    }
+
+    /// The kernel function its program attaches to: the BPF LSM's stub of the hook, or the
+    /// security check itself.
+    fn target(self) -> &'static str {
+        match self {
+            Self::Lsm => LSM_TARGET,
+            Self::FmodRet => TARGET,
+        }
+    }
+}
+
+/// Relocates the program of `refusal` against the maps aya made for `ebpf` (the `.rodata`
+/// with the offsets among them), loads it and attaches it. Returns the link.
+fn attach_refusal(ebpf: &Ebpf, kernel_btf: &aya::Btf, refusal: Refusal) -> Result<HeldLink> {
+    let name = refusal.program();
     let mut object = aya_obj::Object::parse(PROGRAMS).context("parsing the programs' object")?;
     // Each map of the object, with the descriptor of the one aya made for it.
     let maps: Vec<(String, i32, aya_obj::Map)> = ebpf
@@ -190,23 +269,21 @@ fn attach_fmod_ret(ebpf: &Ebpf, kernel_btf: &aya::Btf) -> Result<OwnedFd> {
         .context("relocating the guard's calls")?;
     let function = object
         .programs
-        .get(program::PTRACE_GUARD)
+        .get(name)
         .and_then(|p| object.functions.get(&p.function_key()))
-        .with_context(|| format!("program {} missing from the object", program::PTRACE_GUARD))?;
-    let target = function_btf_id(kernel_btf, TARGET)?;
-    let loaded = sys::load_fmod_ret(
-        program::PTRACE_GUARD,
-        &function.instructions,
-        &object.license,
-        target,
-    )
-    .with_context(|| format!("loading {} as fmod_ret on {TARGET}", program::PTRACE_GUARD))?;
-    sys::attach_tracing(loaded.as_fd()).with_context(|| {
-        format!(
-            "attaching {} to {TARGET} (the kernel needs BPF trampolines)",
-            program::PTRACE_GUARD
-        )
-    })
+        .with_context(|| format!("program {name} missing from the object"))?;
+    let target = refusal.target();
+    let target_id = function_btf_id(kernel_btf, target)?;
+    let (instructions, license) = (&function.instructions, &object.license);
+    let loaded = match refusal {
+        Refusal::Lsm => sys::load_lsm(name, instructions, license, target_id),
+        Refusal::FmodRet => sys::load_fmod_ret(name, instructions, license, target_id),
+    }
+    .with_context(|| format!("loading {name} on {target}"))?;
+    let link = sys::attach_tracing(loaded.as_fd()).with_context(|| {
+        format!("attaching {name} to {target} (the kernel needs BPF trampolines)")
+    })?;
+    Ok(HeldLink::Raw(link))
 }
 
 /// The descriptor of a map of the programs' kinds.
@@ -277,7 +354,11 @@ mod tests {
             Guard::FmodRet
         );
         assert_eq!(
-            Guard::pinned(|name| name != program::PTRACE_GUARD),
+            Guard::pinned(|name| name == program::PTRACE_GUARD_LSM),
+            Guard::Lsm
+        );
+        assert_eq!(
+            Guard::pinned(|name| name != program::PTRACE_GUARD && name != program::PTRACE_GUARD_LSM),
             Guard::Tracepoints
         );
         assert_eq!(

@@ -68,6 +68,8 @@ const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
 const BPF_PROG_TYPE_TRACING: u32 = 26;
 const BPF_TRACE_RAW_TP: u32 = 23;
 const BPF_MODIFY_RETURN: u32 = 26;
+const BPF_PROG_TYPE_LSM: u32 = 29;
+const BPF_LSM_MAC: u32 = 27;
 
 /// The BPF instruction of opcode `code` whose registers, offset and immediate are all zero
 /// (`r0 = 0` is 0xb7, `exit` 0x95).
@@ -113,7 +115,31 @@ pub fn load_fmod_ret(
     license: &std::ffi::CStr,
     attach_btf_id: u32,
 ) -> Result<OwnedFd, LoadError> {
-    load_tracing(name, insns, license, BPF_MODIFY_RETURN, attach_btf_id)
+    load_program(
+        name,
+        insns,
+        license,
+        (BPF_PROG_TYPE_TRACING, BPF_MODIFY_RETURN),
+        attach_btf_id,
+    )
+}
+
+/// BPF_PROG_LOAD of a BPF LSM program (Linux 5.7) on the hook whose `bpf_lsm_*` stub has the
+/// BTF id `attach_btf_id` in vmlinux. aya 0.14 loads these, but not relocated as this
+/// project's guard is (see kernel/ptrace_guard.rs).
+pub fn load_lsm(
+    name: &str,
+    insns: &[aya_obj::generated::bpf_insn],
+    license: &std::ffi::CStr,
+    attach_btf_id: u32,
+) -> Result<OwnedFd, LoadError> {
+    load_program(
+        name,
+        insns,
+        license,
+        (BPF_PROG_TYPE_LSM, BPF_LSM_MAC),
+        attach_btf_id,
+    )
 }
 
 /// BPF_PROG_LOAD of a BTF-typed tracepoint program (tp_btf) on the tracepoint whose
@@ -125,15 +151,21 @@ pub fn load_tp_btf(
     license: &std::ffi::CStr,
     attach_btf_id: u32,
 ) -> Result<OwnedFd, LoadError> {
-    load_tracing(name, insns, license, BPF_TRACE_RAW_TP, attach_btf_id)
+    load_program(
+        name,
+        insns,
+        license,
+        (BPF_PROG_TYPE_TRACING, BPF_TRACE_RAW_TP),
+        attach_btf_id,
+    )
 }
 
-/// BPF_PROG_LOAD of a tracing program of `expected_attach_type`.
-fn load_tracing(
+/// BPF_PROG_LOAD of a program of `(prog_type, expected_attach_type)` that attaches by BTF id.
+fn load_program(
     name: &str,
     insns: &[aya_obj::generated::bpf_insn],
     license: &std::ffi::CStr,
-    expected_attach_type: u32,
+    (prog_type, expected_attach_type): (u32, u32),
     attach_btf_id: u32,
 ) -> Result<OwnedFd, LoadError> {
     let mut prog_name = [0u8; 16];
@@ -142,7 +174,7 @@ fn load_tracing(
     prog_name[..shown].copy_from_slice(&name.as_bytes()[..shown]);
     let load = |log: &mut Vec<u8>| {
         let mut attr = ProgLoadAttr {
-            prog_type: BPF_PROG_TYPE_TRACING,
+            prog_type,
             insn_cnt: insns.len() as u32,
             insns: insns.as_ptr() as u64,
             license: license.as_ptr() as u64,
@@ -181,7 +213,8 @@ fn load_tracing(
     }
 }
 
-/// Attaches a loaded tracing program (fentry, fexit, fmod_ret) where its load named, through
+/// Attaches a loaded tracing program (fentry, fexit, fmod_ret) or LSM program where its load
+/// named, through
 /// BPF_RAW_TRACEPOINT_OPEN with no name: the way that works on every kernel from Linux 5.5
 /// (BPF_LINK_CREATE came to tracing programs later; this one attached on 5.10, 6.1 and 6.12).
 /// The descriptor returned is a BPF link (5.7): it can be pinned, and the program stays

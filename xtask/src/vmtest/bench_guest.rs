@@ -22,7 +22,7 @@ use super::{
 use crate::{bench_section, setup, status, workspace_root};
 
 /// The kernel the benchmarks boot unless `--kernel` names another: the newest arm64 pin that
-/// attaches the ptrace guard's fmod_ret program, as the x86 machines run it.
+/// attaches the ptrace guard in the kernel's check (BPF trampolines), as the x86 machines do.
 pub(crate) const DEFAULT_KERNEL: &str = "trixie-6.12";
 /// How long the guest may run: a full run's overhead section under emulation takes tens of
 /// minutes on a busy 2-core host.

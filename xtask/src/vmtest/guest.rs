@@ -9,9 +9,10 @@ use super::initramfs::{BUSYBOX_DIR, Held, HeldKind};
 
 /// The start of every line the host reads as a report from init.
 pub(super) const MARKER: &str = "@@vmtest";
-/// On the kernel's command line of a guest whose kernel cannot attach the ptrace guard's
-/// fmod_ret program: its `ptrace_guard` then checks the fallback the daemon chose.
-pub(super) const NO_FMOD_RET: &str = "leash_vmtest.no_fmod_ret";
+/// On the kernel's command line of a guest whose kernel has no BPF trampolines, so that it
+/// attaches neither of the ptrace guards in the kernel's check (the LSM and fmod_ret programs):
+/// its `ptrace_guard` then checks the fallback the daemon chose.
+pub(super) const NO_TRAMPOLINES: &str = "leash_vmtest.no_trampolines";
 /// On the kernel's command line, `FROM=N`: init skips the first N scenarios (a guest booted
 /// again after an oops goes on where the last one stopped).
 pub(super) const FROM: &str = "leash_vmtest.from";
@@ -108,10 +109,13 @@ export LEASH_TEST_SKIP_HOSTS=1
 # Nor gdb: the ptrace guard's test checks gdb on the host only, and its helper everywhere.
 export LEASH_TEST_NO_GDB=1
 mount -t proc proc /proc
-# The ptrace guard must be the fmod_ret program, but on kernels without BPF trampolines for
-# kernel functions (arm64 before 6.4), which the host says on the kernel's command line.
-grep -q '{NO_FMOD_RET}' /proc/cmdline || export LEASH_TEST_REQUIRE_FMOD_RET=1
+# The ptrace guard must be in the kernel's check (the LSM program where the BPF LSM is active,
+# else fmod_ret), but on kernels without BPF trampolines for kernel functions (arm64 before
+# 6.4), which the host says on the kernel's command line.
+grep -q '{NO_TRAMPOLINES}' /proc/cmdline || export LEASH_TEST_REQUIRE_KERNEL_GUARD=1
 mount -t sysfs sysfs /sys
+# As systemd mounts it: the active LSMs are listed there.
+mount -t securityfs securityfs /sys/kernel/security
 mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts

@@ -35,11 +35,11 @@ pub(super) struct Pin {
     pub meta: &'static str,
     /// In the set a run without `--kernel` boots.
     pub default: bool,
-    /// The kernel attaches the ptrace guard's fmod_ret program (BPF trampolines on kernel
-    /// functions: x86_64 since 5.5, arm64 since 6.4, with ftrace's direct calls), so the
-    /// guest's `ptrace_guard` requires it; elsewhere the daemon's syscall-tracepoint fallback
-    /// is the guard, and the test checks that one.
-    pub fmod_ret: bool,
+    /// The kernel has BPF trampolines on kernel functions (x86_64 since 5.5, arm64 since 6.4,
+    /// with ftrace's direct calls), so it attaches the ptrace guard's LSM or fmod_ret program,
+    /// and the guest's `ptrace_guard` requires one; elsewhere the daemon's syscall-tracepoint
+    /// fallback is the guard, and the test checks that one.
+    pub trampolines: bool,
 }
 
 /// Which kernel of its suite a [`Pin`] is.
@@ -99,7 +99,7 @@ pub(super) const PINS: [Pin; 7] = [
         },
         meta: "linux-image-cloud-amd64",
         default: true,
-        fmod_ret: true,
+        trampolines: true,
     },
     Pin {
         name: "bookworm-6.1",
@@ -111,7 +111,7 @@ pub(super) const PINS: [Pin; 7] = [
         },
         meta: "linux-image-cloud-amd64",
         default: true,
-        fmod_ret: true,
+        trampolines: true,
     },
     Pin {
         name: "bookworm-6.12",
@@ -123,7 +123,7 @@ pub(super) const PINS: [Pin; 7] = [
         },
         meta: "linux-image-6.12-cloud-amd64",
         default: false,
-        fmod_ret: true,
+        trampolines: true,
     },
     Pin {
         name: "trixie-6.12",
@@ -135,7 +135,7 @@ pub(super) const PINS: [Pin; 7] = [
         },
         meta: "linux-image-cloud-amd64",
         default: true,
-        fmod_ret: true,
+        trampolines: true,
     },
     Pin {
         name: "sid-newest",
@@ -146,7 +146,7 @@ pub(super) const PINS: [Pin; 7] = [
         },
         meta: "linux-image-cloud-amd64",
         default: true,
-        fmod_ret: true,
+        trampolines: true,
     },
     Pin {
         name: "bookworm-6.1",
@@ -159,7 +159,7 @@ pub(super) const PINS: [Pin; 7] = [
         meta: "linux-image-cloud-arm64",
         default: true,
         // The attach fails with ENOTSUPP (524): no ftrace direct calls on arm64 before 6.4.
-        fmod_ret: false,
+        trampolines: false,
     },
     Pin {
         name: "trixie-6.12",
@@ -171,7 +171,7 @@ pub(super) const PINS: [Pin; 7] = [
         },
         meta: "linux-image-cloud-arm64",
         default: true,
-        fmod_ret: true,
+        trampolines: true,
     },
 ];
 
@@ -188,8 +188,8 @@ pub(crate) struct Kernel {
     pub pinned: bool,
     /// Looked up at this run ([`Choice::Newest`]): the lines name its package.
     pub newest: bool,
-    /// [`Pin::fmod_ret`].
-    pub fmod_ret: bool,
+    /// [`Pin::trampolines`].
+    pub trampolines: bool,
 }
 
 /// Finds each pin's kernel in the cache, or fetches it into the cache. apt runs only for the
@@ -357,7 +357,7 @@ fn cached(cache: &Path, pin: &Pin, package: &str, version: &str) -> Result<Optio
         vmlinuz,
         pinned: pin.is(package, version),
         newest: pin.newest(),
-        fmod_ret: pin.fmod_ret,
+        trampolines: pin.trampolines,
     }))
 }
 

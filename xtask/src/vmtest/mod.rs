@@ -490,10 +490,10 @@ fn run_kernel<'a>(
     let mut resumed_in = Vec::new();
     let mut skip = 0;
     let ending = loop {
-        let mut cmdline = if kernel.fmod_ret {
+        let mut cmdline = if kernel.trampolines {
             String::new()
         } else {
-            guest::NO_FMOD_RET.to_owned()
+            guest::NO_TRAMPOLINES.to_owned()
         };
         if skip > 0 {
             cmdline.push_str(&format!(" {}={skip}", guest::FROM));
