@@ -101,7 +101,8 @@ impl Tracker {
     ) -> Result<Self> {
         tracing::info!(guard = guard.as_str(), "{}", guard.describe());
         let whois = Whois::new(whois_link, take_map(&mut ebpf, map::WHOIS)?)?;
-        let skips = ProgramSkips::of_loaded(&ebpf)?;
+        let mut skips = ProgramSkips::of_loaded(&ebpf)?;
+        skips.add_guard(guard, pins.as_ref(), &guard_links);
         let mut tracker = Self {
             view: TrackerView::new(
                 take_map(&mut ebpf, map::MEMBERS)?,
@@ -166,7 +167,11 @@ impl Tracker {
                 control,
                 pins.open_map(map::STATS)?,
                 capacity,
-                ProgramSkips::of_pinned(&pins)?.into(),
+                {
+                    let mut skips = ProgramSkips::of_pinned(&pins)?;
+                    skips.add_guard(guard, Some(&pins), &[]);
+                    skips.into()
+                },
             )?,
             events: RingBuf::try_from(events)?,
             account_joined: HashMap::try_from(pins.open_map(map::ACCOUNT_JOINED)?)?,

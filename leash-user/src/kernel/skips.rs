@@ -21,7 +21,11 @@ use anyhow::{Context, Result};
 use aya::Ebpf;
 use leash_common::program;
 
-use super::{pins::Pins, programs::PROGRAMS_ATTACHED};
+use super::{
+    pins::Pins,
+    programs::PROGRAMS_ATTACHED,
+    ptrace_guard::{Guard, HeldLink},
+};
 use crate::sys;
 
 /// The attached programs' descriptors, to read their counts from.
@@ -54,6 +58,29 @@ impl ProgramSkips {
             Ok((name, fd))
         });
         Ok(Self::new(programs.collect::<Result<_>>()?))
+    }
+
+    /// Counts the programs of `guard` too: through their pins, or the link this process holds
+    /// (`held`, unpinned: the LSM or fmod_ret program's). Best effort: a guard program whose
+    /// count cannot be had is left out, and the log says why.
+    pub(super) fn add_guard(&mut self, guard: Guard, pins: Option<&Pins>, held: &[HeldLink]) {
+        let raw = held.iter().find_map(|link| match link {
+            HeldLink::Raw(fd) => Some(fd.as_fd()),
+            HeldLink::TracePoint(_) => None,
+        });
+        for &(name, _) in guard.programs() {
+            let id = match (pins, raw) {
+                (Some(pins), _) => pins
+                    .open_link(name)
+                    .and_then(|link| Ok(link.info()?.program_id())),
+                (None, Some(link)) => sys::bpf_link_program_id(link).map_err(anyhow::Error::from),
+                (None, None) => continue,
+            };
+            match id.and_then(|id| Ok(sys::bpf_prog_fd_by_id(id)?)) {
+                Ok(fd) => self.programs.push((name, fd)),
+                Err(e) => tracing::debug!(program = name, "its skips are not counted: {e:#}"),
+            }
+        }
     }
 
     fn new(programs: Vec<(&'static str, OwnedFd)>) -> Self {

@@ -295,6 +295,34 @@ pub fn bpf_prog_fd_by_id(id: u32) -> io::Result<OwnedFd> {
     unsafe { bpf(BPF_PROG_GET_FD_BY_ID, &mut attr) }.map(new_bpf_fd)
 }
 
+/// The id of the program the BPF link `link` attaches (`bpf_link_info.prog_id`).
+pub fn bpf_link_program_id(link: BorrowedFd<'_>) -> io::Result<u32> {
+    #[repr(C)]
+    struct GetInfo {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    /// The start of `struct bpf_link_info`, all this needs of it.
+    #[repr(C)]
+    #[derive(Default)]
+    struct LinkInfo {
+        type_: u32,
+        id: u32,
+        prog_id: u32,
+    }
+    let mut info = LinkInfo::default();
+    let mut attr = GetInfo {
+        bpf_fd: link.as_raw_fd() as u32,
+        info_len: size_of_val(&info) as u32,
+        info: &raw mut info as u64,
+    };
+    // SAFETY: attr is the bpf_attr prefix of this command; info points to info_len writable
+    // bytes that outlive the call, and the kernel writes no more than info_len.
+    unsafe { bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }?;
+    Ok(info.prog_id)
+}
+
 /// How many times the kernel skipped the program `program` rather than run it again on a CPU
 /// where it was running already (`recursion_misses`, Linux 5.12; for tracepoint programs,
 /// counted since 6.1, which brought their guard). 0 where the kernel does not count them.
