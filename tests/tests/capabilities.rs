@@ -141,11 +141,13 @@ fn the_daemon_keeps_another_users_tree_on_a_leash_with_only_the_units_capabiliti
     // fallback's tracepoints need perf_event_open too.
     let programs = daemon.client().status().unwrap().programs;
     assert!(
-        programs
-            .iter()
-            .any(|p| ["leash_ptrace_lsm", "leash_ptrace_guard", "leash_ptrace_attach"]
-                .iter()
-                .any(|guard| p.starts_with(guard))),
+        programs.iter().any(|p| [
+            "leash_ptrace_lsm",
+            "leash_ptrace_guard",
+            "leash_ptrace_attach"
+        ]
+        .iter()
+        .any(|guard| p.starts_with(guard))),
         "no ptrace guard under the unit's restrictions: {programs:?}\n{}",
         daemon.log()
     );

@@ -65,7 +65,8 @@ pub enum Guard {
 }
 
 /// The LSM program and where it attaches.
-pub const LSM_PROGRAMS: [(&str, &str); 1] = [(program::PTRACE_GUARD_LSM, "lsm/ptrace_access_check")];
+pub const LSM_PROGRAMS: [(&str, &str); 1] =
+    [(program::PTRACE_GUARD_LSM, "lsm/ptrace_access_check")];
 
 /// The fmod_ret program and where it attaches.
 pub const FMOD_RET_PROGRAMS: [(&str, &str); 1] = [(
@@ -223,6 +224,7 @@ enum Refusal {
 }
 
 impl Refusal {
+    /// Its program's name, in the object and among the pins.
     fn program(self) -> &'static str {
         match self {
             Self::Lsm => program::PTRACE_GUARD_LSM,
