@@ -13,9 +13,10 @@ pub(super) const MARKER: &str = "@@vmtest";
 /// attaches neither of the ptrace guards in the kernel's check (the LSM and fmod_ret programs):
 /// its `ptrace_guard` then checks the fallback the daemon chose.
 pub(super) const NO_TRAMPOLINES: &str = "leash_vmtest.no_trampolines";
-/// On the kernel's command line, `FROM=N`: init skips the first N scenarios (a guest booted
-/// again after an oops goes on where the last one stopped).
-pub(super) const FROM: &str = "leash_vmtest.from";
+/// On the kernel's command line, `RUN=3,17`: init runs only the scenarios at those places of
+/// the image's list, counted from 0 (a guest booted again after an oops goes on where the last
+/// one stopped; the newest kernel's failures run again). Absent, init runs them all.
+pub(super) const RUN: &str = "leash_vmtest.run";
 /// How long one scenario may run in a guest before it is killed (the host's own timeout, for
 /// the whole kernel, is the backstop).
 pub(super) const SCENARIO_TIMEOUT_S: u64 = 600;
@@ -49,8 +50,8 @@ pub(super) struct GuestTest<'a> {
 ///   `binary` each;
 /// - `@@vmtest done` before powering off.
 ///
-/// With [`FROM`]`=N` on the kernel's command line, the first N scenarios are skipped, markers
-/// and all.
+/// With [`RUN`]`=...` on the kernel's command line, only the scenarios it names run; the others
+/// are skipped, markers and all.
 pub(super) fn init_script(
     binary: &Path,
     tests: &[GuestTest],
@@ -65,7 +66,7 @@ pub(super) fn init_script(
     let comm: String = file_name.chars().take(15).collect();
     let path = quote(&binary.to_string_lossy());
     script.push_str(&format!(
-        "from=$(sed -n 's/.*{FROM}=\\([0-9]*\\).*/\\1/p' /proc/cmdline)\n"
+        "run=$(sed -n 's/.*{RUN}=\\([0-9,]*\\).*/\\1/p' /proc/cmdline)\n"
     ));
     for (index, test) in tests.iter().enumerate() {
         let names: String = test
@@ -74,14 +75,14 @@ pub(super) fn init_script(
             .map(|t| format!(" {}", quote(t)))
             .collect();
         script.push_str(&format!(
-            "if [ {index} -ge \"${{from:-0}}\" ]; then\n\
+            "case \",${{run:-all}},\" in ,all,|*,{index},*)\n\
              echo > $T/trace 2>/dev/null\n\
              echo \"{MARKER} begin {name}\"\n\
              timeout -s KILL {SCENARIO_TIMEOUT_S} {path} --exact{names}{args} </dev/null 2>&1\n\
              status=$?\n\
              [ $status = 137 ] && grep -F ' comm={comm} ' $T/trace 2>/dev/null | tail -3 | sed 's/^/SIGKILL by /'\n\
              echo \"{MARKER} end {name} $status\"\n\
-             fi\n",
+             ;; esac\n",
             name = test.name,
         ));
     }
@@ -226,13 +227,13 @@ mod tests {
             .unwrap();
         let end = script.find("@@vmtest end fork_chain $status").unwrap();
         assert!(begin < run && run < end);
-        // A guest booted again goes on from the scenario the command line names.
-        let from = script
-            .find("from=$(sed -n 's/.*leash_vmtest.from=\\([0-9]*\\).*/\\1/p' /proc/cmdline)\n")
+        // A guest booted again runs the scenarios the command line names.
+        let run = script
+            .find("run=$(sed -n 's/.*leash_vmtest.run=\\([0-9,]*\\).*/\\1/p' /proc/cmdline)\n")
             .unwrap();
-        let guard = script.find("if [ 0 -ge \"${from:-0}\" ]; then\n").unwrap();
-        assert!(from < guard && guard < begin);
-        assert!(script.contains("if [ 1 -ge \"${from:-0}\" ]; then\n"));
+        let guard = script.find("case \",${run:-all},\" in ,all,|*,0,*)\n").unwrap();
+        assert!(run < guard && guard < begin);
+        assert!(script.contains("case \",${run:-all},\" in ,all,|*,1,*)\n"));
         let threads = script.find("@@vmtest begin threads\"").unwrap();
         assert!(end < threads);
         assert!(script.contains(" --exact 'threads::b' '--test-threads' '1' </dev/null"));

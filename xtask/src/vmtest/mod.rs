@@ -38,7 +38,7 @@ use arch::Arch;
 use guest::GuestTest;
 use initramfs::Image;
 pub(crate) use qemu::{Accel, Ending};
-use report::Console;
+use report::{Console, ScenarioRun};
 
 pub(crate) use apt::mirror;
 pub(crate) use qemu::boot;
@@ -134,8 +134,9 @@ pub(crate) fn vmtest(options: &Options) -> Result<()> {
     };
 
     let timeout = Duration::from_secs(options.timeout);
+    let scenarios: Vec<String> = suite.scenarios.iter().map(|s| s.name.clone()).collect();
     let results = run_kernels(&kernels, options.jobs.max(1), |kernel| {
-        let result = run_kernel(kernel, accel, &initrd, &out, timeout)?;
+        let result = run_kernel(kernel, accel, &initrd, &out, timeout, &scenarios)?;
         println!("{}", result.line());
         Ok(result)
     })?;
@@ -390,6 +391,8 @@ struct KernelResult<'a> {
     took: Duration,
     /// Where the guest oopsed on an int3 and was booted again, each time.
     resumed_in: Vec<String>,
+    /// The first runs of the scenarios that failed on the newest kernel and ran again.
+    first_tries: Vec<ScenarioRun>,
 }
 
 impl KernelResult<'_> {
@@ -418,6 +421,17 @@ impl KernelResult<'_> {
             line.push_str(&format!(
                 "; booted again after an int3 oops of emulation's in {}",
                 self.resumed_in.join(", ")
+            ));
+        }
+        if !self.first_tries.is_empty() {
+            let failures: Vec<String> = self
+                .first_tries
+                .iter()
+                .flat_map(ScenarioRun::problems)
+                .collect();
+            line.push_str(&format!(
+                "; failed at first and ran again (its second run counts): {}",
+                failures.join(", ")
             ));
         }
         if let Some(trouble) = self.trouble() {
@@ -462,12 +476,23 @@ impl KernelResult<'_> {
 /// key), each in a run of every scenario that was otherwise clean.
 const RESUMES_AFTER_PATCH_OOPS: usize = 2;
 
+/// On the newest kernel alone, the failed scenarios run once more, in a new guest, when no
+/// more than this many failed. 7.x skips the fork and exit programs now and then (README, "Open
+/// finding on 7.2 and 7.3"), which any test of tracking can meet: one run of every scenario on
+/// 7.3-rc7 lost `kill_threads` so. A scenario that fails twice fails; more failures than this
+/// are not a skip's doing, and stand at once.
+const RETRIED_ON_THE_NEWEST: usize = 2;
+
+/// Boots `kernel` with `initrd`, whose init runs `scenarios` (by name, in the image's order),
+/// and reads its console; boots it again to go on after an oops of emulation's, and on the
+/// newest kernel to run its few failures again.
 fn run_kernel<'a>(
     kernel: &'a kernels::Kernel,
     accel: Accel,
     initrd: &Path,
     out: &Path,
     timeout: Duration,
+    scenarios: &[String],
 ) -> Result<KernelResult<'a>> {
     let log_path = out.join("logs").join(format!(
         "{}{}.log",
@@ -488,16 +513,20 @@ fn run_kernel<'a>(
     let started = Instant::now();
     let mut console = Console::default();
     let mut resumed_in = Vec::new();
-    let mut skip = 0;
+    let mut first_tries = Vec::new();
+    // The scenarios the next boot runs, by their place in the image's list; None: all.
+    let mut run: Option<Vec<usize>> = None;
     let ending = loop {
         let mut cmdline = if kernel.trampolines {
             String::new()
         } else {
             guest::NO_TRAMPOLINES.to_owned()
         };
-        if skip > 0 {
-            cmdline.push_str(&format!(" {}={skip}", guest::FROM));
+        if let Some(run) = &run {
+            let places: Vec<String> = run.iter().map(ToString::to_string).collect();
+            cmdline.push_str(&format!(" {}={}", guest::RUN, places.join(",")));
         }
+        console.reboot();
         let ending = qemu::boot_on(
             kernel.arch,
             accel,
@@ -517,24 +546,53 @@ fn run_kernel<'a>(
         )?;
         // An oops of emulation's making, not the kernel's nor leash's: the rest runs in a
         // new guest, from the scenario it stopped in. Under KVM the oops would be a finding.
-        let again = accel == Accel::Tcg
+        if accel == Accel::Tcg
             && matches!(ending, Ending::Exited)
             && console.patch_oops
             && !console.done
-            && resumed_in.len() < RESUMES_AFTER_PATCH_OOPS;
-        if !again {
-            break ending;
+            && resumed_in.len() < RESUMES_AFTER_PATCH_OOPS
+        {
+            let at = console
+                .forget_unfinished()
+                .unwrap_or_else(|| "between two scenarios".to_owned());
+            println!(
+                "vmtest: {} oopsed on an int3 in {at}: a patch of the kernel's own code that \
+                 emulation got wrong (README, \"On other kernels\"); booting it again to go on \
+                 from there",
+                kernel.name
+            );
+            resumed_in.push(at);
+            let planned = |place: &usize| run.as_ref().is_none_or(|run| run.contains(place));
+            run = Some(
+                (0..scenarios.len())
+                    .filter(|place| planned(place) && !console.finished(&scenarios[*place]))
+                    .collect(),
+            );
+            continue;
         }
-        let (unfinished, ran) = console.resume();
-        let at = unfinished.unwrap_or_else(|| "between two scenarios".to_owned());
-        println!(
-            "vmtest: {} oopsed on an int3 in {at}: a patch of the kernel's own code that \
-             emulation got wrong (README, \"On other kernels\"); booting it again to go on \
-             from there",
-            kernel.name
-        );
-        resumed_in.push(at);
-        skip = ran;
+        let failed = console.failed();
+        if kernel.newest
+            && console.done
+            && first_tries.is_empty()
+            && !failed.is_empty()
+            && failed.len() <= RETRIED_ON_THE_NEWEST
+        {
+            println!(
+                "vmtest: {} failed {}: running it again in a new guest, once (the newest \
+                 kernel skips the programs now and then: README, \"Open finding on 7.2 and \
+                 7.3\")",
+                kernel.name,
+                failed.join(", ")
+            );
+            run = Some(
+                (0..scenarios.len())
+                    .filter(|place| failed.contains(&scenarios[*place]))
+                    .collect(),
+            );
+            first_tries = console.take(&failed);
+            continue;
+        }
+        break ending;
     };
     log.flush()?;
     let took = started.elapsed();
@@ -550,6 +608,7 @@ fn run_kernel<'a>(
         ending,
         took,
         resumed_in,
+        first_tries,
     })
 }
 

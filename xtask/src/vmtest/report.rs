@@ -116,16 +116,43 @@ impl Console {
         self.scenarios.last().filter(|run| run.status.is_none())
     }
 
-    /// Makes ready for the guest to be booted again after an oops, to go on with the scenario
-    /// that did not finish: forgets that run and the oops, and returns the scenario's name.
-    /// Init is then told to skip the scenarios the console has (as many as it returns).
-    pub(super) fn resume(&mut self) -> (Option<String>, usize) {
+    /// Makes ready for the next boot of the same kernel: what it says of its end is its own.
+    pub(super) fn reboot(&mut self) {
+        self.done = false;
         self.patch_oops = false;
-        let unfinished = match self.unfinished() {
+    }
+
+    /// Forgets the scenario that did not finish, to run it again: returns its name.
+    pub(super) fn forget_unfinished(&mut self) -> Option<String> {
+        match self.unfinished() {
             Some(_) => self.scenarios.pop().map(|run| run.name),
             None => None,
-        };
-        (unfinished, self.scenarios.len())
+        }
+    }
+
+    /// Whether scenario `name` ran to its end.
+    pub(super) fn finished(&self, name: &str) -> bool {
+        self.scenarios
+            .iter()
+            .any(|run| run.name == name && run.status.is_some())
+    }
+
+    /// The scenarios that failed, by name.
+    pub(super) fn failed(&self) -> Vec<String> {
+        self.scenarios
+            .iter()
+            .filter(|run| !run.ok())
+            .map(|run| run.name.clone())
+            .collect()
+    }
+
+    /// Takes the runs of the scenarios `names` out, to run them again.
+    pub(super) fn take(&mut self, names: &[String]) -> Vec<ScenarioRun> {
+        let (taken, kept) = std::mem::take(&mut self.scenarios)
+            .into_iter()
+            .partition(|run| names.contains(&run.name));
+        self.scenarios = kept;
+        taken
     }
 
     pub(super) fn totals(&self) -> (u64, u64, u64) {
@@ -208,12 +235,13 @@ mod tests {
             "[  152.302292] Oops: int3: 0000 [#1] SMP NOPTI",
             "[  152.311287] RIP: 0010:security_ptrace_access_check+0x5/0x100",
         ]);
-        assert!(console.patch_oops);
+        assert!(console.patch_oops && !console.done);
         assert_eq!(
-            console.resume(),
-            (Some("daemon_restart".to_owned()), 1),
-            "init skips fork_chain and runs daemon_restart again"
+            console.forget_unfinished().as_deref(),
+            Some("daemon_restart")
         );
+        assert!(console.finished("fork_chain") && !console.finished("daemon_restart"));
+        console.reboot();
         assert!(!console.patch_oops);
         for line in [
             "@@vmtest kernel 7.3-cloud-amd64",
@@ -231,5 +259,37 @@ mod tests {
         assert!(!read(&["BUG: kernel NULL pointer dereference, address: 0"]).patch_oops);
         // Before 5.16 the kernel did not say "Oops:" first.
         assert!(read(&["[   12.5] int3: 0000 [#1] SMP NOPTI"]).patch_oops);
+    }
+
+    #[test]
+    fn a_failed_scenario_taken_out_to_run_again_counts_as_its_second_run_did() {
+        let mut console = read(&[
+            "@@vmtest kernel 7.3-cloud-amd64",
+            "@@vmtest begin kill_threads",
+            "test kill_threads::the_kill_reports_when_every_thread_has_exited ... FAILED",
+            "test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out",
+            "@@vmtest end kill_threads 101",
+            "@@vmtest begin threads",
+            "test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out",
+            "@@vmtest end threads 0",
+            "@@vmtest done",
+        ]);
+        assert_eq!(console.failed(), ["kill_threads"]);
+        let first = console.take(&console.failed());
+        assert_eq!(first.len(), 1);
+        assert!(!first[0].ok());
+        console.reboot();
+        assert!(!console.done);
+        for line in [
+            "@@vmtest kernel 7.3-cloud-amd64",
+            "@@vmtest begin kill_threads",
+            "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out",
+            "@@vmtest end kill_threads 0",
+            "@@vmtest done",
+        ] {
+            console.read(line);
+        }
+        assert!(console.failed().is_empty());
+        assert_eq!(console.totals(), (3, 0, 0));
     }
 }
