@@ -231,7 +231,9 @@ mod tests {
         let run = script
             .find("run=$(sed -n 's/.*leash_vmtest.run=\\([0-9,]*\\).*/\\1/p' /proc/cmdline)\n")
             .unwrap();
-        let guard = script.find("case \",${run:-all},\" in ,all,|*,0,*)\n").unwrap();
+        let guard = script
+            .find("case \",${run:-all},\" in ,all,|*,0,*)\n")
+            .unwrap();
         assert!(run < guard && guard < begin);
         assert!(script.contains("case \",${run:-all},\" in ,all,|*,1,*)\n"));
         let threads = script.find("@@vmtest begin threads\"").unwrap();
