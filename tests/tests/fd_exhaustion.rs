@@ -24,8 +24,11 @@ const HARD: u64 = 128;
 const IDLE: usize = 200;
 /// Connections the daemon may be setting up at once: one on each of its runtime's two threads.
 const SET_UP_AT_ONCE: u64 = 2;
-/// Connections made while the daemon cannot accept any.
-const WAITING: usize = 20;
+/// Connections made while the daemon cannot accept any: at most this many, and as many as fit
+/// the daemon's limit once the idle ones are gone (see [`waiting_that_fit`]).
+const WAITING: u64 = 20;
+/// Fewer than this many would not be much of a storm.
+const WAITING_AT_LEAST: u64 = 8;
 /// How long the daemon is watched while it cannot accept.
 const STORM: Duration = Duration::from_millis(1500);
 /// What its log may grow by meanwhile: one line, with room to spare.
@@ -84,7 +87,8 @@ fn running_out_of_descriptors_neither_floods_the_log_nor_stops_the_daemon() {
     assert_eq!(open_fds(pid), settled, "nothing was freed meanwhile");
 
     let log_before = log_len(&daemon);
-    let waiting: Vec<UnixStream> = (0..WAITING).map(|_| connect(&daemon)).collect();
+    let waiting_count = waiting_that_fit(own);
+    let waiting: Vec<UnixStream> = (0..waiting_count).map(|_| connect(&daemon)).collect();
     std::thread::sleep(STORM);
     let grown = log_len(&daemon) - log_before;
     let log = daemon.log();
@@ -108,9 +112,9 @@ fn running_out_of_descriptors_neither_floods_the_log_nor_stops_the_daemon() {
     // client finds descriptors enough (one that came in between might not).
     let after = wait_until_steady(&daemon);
     assert!(
-        after.len() as u64 <= own + WAITING as u64 * 3 && (after.len() as u64) < HARD - 4,
+        after.len() as u64 <= own + waiting_count * 3 && (after.len() as u64) < HARD - 4,
         "the daemon did not give back the idle connections' descriptors: it has {}, {own} of \
-         its own and three for each of the {WAITING} connections that waited",
+         its own and three for each of the {waiting_count} connections that waited",
         after.len()
     );
     let status = leash_status(&daemon);
@@ -212,4 +216,17 @@ fn leash_status(daemon: &Daemon) -> Option<std::process::ExitStatus> {
     }
     let _ = waiter.join();
     status.and_then(Result::ok)
+}
+
+/// How many connections may wait while the daemon cannot accept: [`WAITING`], or fewer if the
+/// daemon's `own` descriptors (its programs, maps, links and the tree's) leave no room for
+/// three each, and four more for a new client, under [`HARD`] once the idle ones are gone.
+fn waiting_that_fit(own: u64) -> u64 {
+    let fit = (HARD - 5).saturating_sub(own) / 3;
+    assert!(
+        fit >= WAITING_AT_LEAST,
+        "the daemon holds {own} descriptors of its own, which leaves room under {HARD} for only \
+         {fit} waiting connections: raise HARD"
+    );
+    fit.min(WAITING)
 }

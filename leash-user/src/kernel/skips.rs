@@ -28,10 +28,14 @@ use super::{
 };
 use crate::sys;
 
-/// The attached programs' descriptors, to read their counts from.
+/// The attached programs, to read their counts from: by id, opened at each read (the daemon's
+/// descriptors are counted against its limit, and a scrape can afford the calls), but for the
+/// exit programs, whose counts every signal of a kill reads.
 #[derive(Debug)]
 pub struct ProgramSkips {
-    programs: Vec<(&'static str, OwnedFd)>,
+    programs: Vec<(&'static str, u32)>,
+    /// The exit programs' descriptors.
+    exits: Vec<OwnedFd>,
     /// Both exit programs have been skipped at least once: the count only grows.
     exits_missed: AtomicBool,
 }
@@ -43,26 +47,22 @@ impl ProgramSkips {
             let program = ebpf
                 .program(name)
                 .with_context(|| format!("program {name} missing from the object"))?;
-            let fd = program.fd()?.as_fd().try_clone_to_owned()?;
-            Ok((name, fd))
+            Ok((name, program.info()?.id()))
         });
-        Ok(Self::new(programs.collect::<Result<_>>()?))
+        Self::new(programs.collect::<Result<_>>()?)
     }
 
     /// Of the programs a previous daemon pinned the links of.
     pub(super) fn of_pinned(pins: &Pins) -> Result<Self> {
-        let programs = PROGRAMS_ATTACHED.iter().map(|&(name, _)| {
-            let id = pins.open_link(name)?.info()?.program_id();
-            let fd = sys::bpf_prog_fd_by_id(id)
-                .with_context(|| format!("opening program {name} by its id"))?;
-            Ok((name, fd))
-        });
-        Ok(Self::new(programs.collect::<Result<_>>()?))
+        let programs = PROGRAMS_ATTACHED
+            .iter()
+            .map(|&(name, _)| Ok((name, pins.open_link(name)?.info()?.program_id())));
+        Self::new(programs.collect::<Result<_>>()?)
     }
 
     /// Counts the programs of `guard` too: through their pins, or the link this process holds
     /// (`held`, unpinned: the LSM or fmod_ret program's). Best effort: a guard program whose
-    /// count cannot be had is left out, and the log says why.
+    /// id cannot be had is left out, and the log says why.
     pub(super) fn add_guard(&mut self, guard: Guard, pins: Option<&Pins>, held: &[HeldLink]) {
         let raw = held.iter().find_map(|link| match link {
             HeldLink::Raw(fd) => Some(fd.as_fd()),
@@ -76,27 +76,36 @@ impl ProgramSkips {
                 (None, Some(link)) => sys::bpf_link_program_id(link).map_err(anyhow::Error::from),
                 (None, None) => continue,
             };
-            match id.and_then(|id| Ok(sys::bpf_prog_fd_by_id(id)?)) {
-                Ok(fd) => self.programs.push((name, fd)),
+            match id {
+                Ok(id) => self.programs.push((name, id)),
                 Err(e) => tracing::debug!(program = name, "its skips are not counted: {e:#}"),
             }
         }
     }
 
-    fn new(programs: Vec<(&'static str, OwnedFd)>) -> Self {
-        Self {
+    fn new(programs: Vec<(&'static str, u32)>) -> Result<Self> {
+        let exits = programs
+            .iter()
+            .filter(|(name, _)| *name == program::EXIT || *name == program::EXIT_AGAIN)
+            .map(|&(name, id)| {
+                sys::bpf_prog_fd_by_id(id).with_context(|| format!("opening program {name}"))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
             programs,
+            exits,
             exits_missed: AtomicBool::new(false),
-        }
+        })
     }
 
     /// Each program's count now (a program whose count cannot be read is left out).
     pub fn counts(&self) -> Vec<(&'static str, u64)> {
         self.programs
             .iter()
-            .filter_map(|(name, fd)| {
-                let misses = sys::bpf_prog_recursion_misses(fd.as_fd()).ok()?;
-                Some((*name, misses))
+            .filter_map(|&(name, id)| {
+                let program = sys::bpf_prog_fd_by_id(id).ok()?;
+                let misses = sys::bpf_prog_recursion_misses(program.as_fd()).ok()?;
+                Some((name, misses))
             })
             .collect()
     }
@@ -110,11 +119,8 @@ impl ProgramSkips {
             return false;
         }
         let mut missed = 0;
-        for (name, fd) in &self.programs {
-            if *name != program::EXIT && *name != program::EXIT_AGAIN {
-                continue;
-            }
-            match sys::bpf_prog_recursion_misses(fd.as_fd()) {
+        for program in &self.exits {
+            match sys::bpf_prog_recursion_misses(program.as_fd()) {
                 Ok(0) => return true,
                 Ok(_) => missed += 1,
                 Err(_) => return false,
