@@ -252,6 +252,18 @@ impl Chroot {
                 .arg("-xf")
                 .arg(tarball),
         )?;
+        // The userlands keep dpkg from installing documentation (userland.rs, EXCLUDED): the
+        // package is checked whole, as a user's machine installs it.
+        let configs = dir.join("etc/dpkg/dpkg.cfg.d");
+        for config in fs::read_dir(&configs).into_iter().flatten().flatten() {
+            let text = fs::read_to_string(config.path())?;
+            let kept: String = text
+                .lines()
+                .filter(|line| !line.starts_with("path-exclude"))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            fs::write(config.path(), kept)?;
+        }
         let script = r#"set -e
 for fs in proc sys dev; do mount --rbind "/$fs" "$1/$fs"; done
 mountpoint -q "$1/sys/fs/bpf" || mount --bind /sys/fs/bpf "$1/sys/fs/bpf"
