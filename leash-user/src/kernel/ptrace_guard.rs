@@ -277,11 +277,12 @@ fn attach_refusal(ebpf: &Ebpf, kernel_btf: &aya::Btf, refusal: Refusal) -> Resul
     let target = refusal.target();
     let target_id = function_btf_id(kernel_btf, target)?;
     let (instructions, license) = (&function.instructions, &object.license);
-    let loaded = match refusal {
-        Refusal::Lsm => sys::load_lsm(name, instructions, license, target_id),
-        Refusal::FmodRet => sys::load_fmod_ret(name, instructions, license, target_id),
-    }
-    .with_context(|| format!("loading {name} on {target}"))?;
+    let kind = match refusal {
+        Refusal::Lsm => sys::AttachKind::Lsm,
+        Refusal::FmodRet => sys::AttachKind::FmodRet,
+    };
+    let loaded = sys::load_by_btf_id(kind, name, instructions, license, target_id)
+        .with_context(|| format!("loading {name} on {target}"))?;
     let link = sys::attach_tracing(loaded.as_fd()).with_context(|| {
         format!("attaching {name} to {target} (the kernel needs BPF trampolines)")
     })?;

@@ -132,8 +132,14 @@ pub fn tp_btf_attach() -> anyhow::Result<()> {
     drop(btf);
     // r0 = 0; exit. Registers 0 and offsets 0: all but the opcode is zero.
     let insns = [zeroed_insn(0xb7), zeroed_insn(0x95)];
-    let program = crate::sys::load_tp_btf("leash_probe", &insns, c"GPL", target)
-        .context("loading a tp_btf program on sched_process_fork")?;
+    let program = crate::sys::load_by_btf_id(
+        crate::sys::AttachKind::TpBtf,
+        "leash_probe",
+        &insns,
+        c"GPL",
+        target,
+    )
+    .context("loading a tp_btf program on sched_process_fork")?;
     let link = crate::sys::attach_tracing(program.as_fd())
         .context("attaching a tp_btf program to sched_process_fork")?;
     drop(link);

@@ -106,68 +106,40 @@ impl std::fmt::Display for LoadError {
 
 impl std::error::Error for LoadError {}
 
-/// BPF_PROG_LOAD of a tracing program of attach type BPF_MODIFY_RETURN (fmod_ret) on the
-/// kernel function whose BTF id (in vmlinux) is `attach_btf_id`. aya 0.14 cannot load this
-/// type. A refusal is retried once with the verifier's log, which the error carries.
-pub fn load_fmod_ret(
-    name: &str,
-    insns: &[aya_obj::generated::bpf_insn],
-    license: &std::ffi::CStr,
-    attach_btf_id: u32,
-) -> Result<OwnedFd, LoadError> {
-    load_program(
-        name,
-        insns,
-        license,
-        (BPF_PROG_TYPE_TRACING, BPF_MODIFY_RETURN),
-        attach_btf_id,
-    )
+/// What a program loaded by BTF id attaches as. aya 0.14 cannot load fmod_ret programs, nor
+/// the guard's LSM program relocated as this project's is (see kernel/ptrace_guard.rs).
+#[derive(Clone, Copy, Debug)]
+pub enum AttachKind {
+    /// A tracing program of attach type BPF_MODIFY_RETURN on a kernel function.
+    FmodRet,
+    /// A BPF LSM program (Linux 5.7) on the hook whose `bpf_lsm_*` stub is named.
+    Lsm,
+    /// A BTF-typed tracepoint program (tp_btf) on the tracepoint whose `btf_trace_*` typedef is
+    /// named: what `leash doctor` loads to see that the kernel takes the programs' kind.
+    TpBtf,
 }
 
-/// BPF_PROG_LOAD of a BPF LSM program (Linux 5.7) on the hook whose `bpf_lsm_*` stub has the
-/// BTF id `attach_btf_id` in vmlinux. aya 0.14 loads these, but not relocated as this
-/// project's guard is (see kernel/ptrace_guard.rs).
-pub fn load_lsm(
-    name: &str,
-    insns: &[aya_obj::generated::bpf_insn],
-    license: &std::ffi::CStr,
-    attach_btf_id: u32,
-) -> Result<OwnedFd, LoadError> {
-    load_program(
-        name,
-        insns,
-        license,
-        (BPF_PROG_TYPE_LSM, BPF_LSM_MAC),
-        attach_btf_id,
-    )
+impl AttachKind {
+    /// Its `(prog_type, expected_attach_type)`.
+    fn types(self) -> (u32, u32) {
+        match self {
+            Self::FmodRet => (BPF_PROG_TYPE_TRACING, BPF_MODIFY_RETURN),
+            Self::Lsm => (BPF_PROG_TYPE_LSM, BPF_LSM_MAC),
+            Self::TpBtf => (BPF_PROG_TYPE_TRACING, BPF_TRACE_RAW_TP),
+        }
+    }
 }
 
-/// BPF_PROG_LOAD of a BTF-typed tracepoint program (tp_btf) on the tracepoint whose
-/// `btf_trace_*` typedef has the BTF id `attach_btf_id` in vmlinux: what `leash doctor` loads
-/// and attaches to see that the kernel takes the programs' kind.
-pub fn load_tp_btf(
+/// BPF_PROG_LOAD of a program of `kind` on what the BTF id `attach_btf_id` names in vmlinux.
+/// A refusal is retried once with the verifier's log, which the error carries.
+pub fn load_by_btf_id(
+    kind: AttachKind,
     name: &str,
     insns: &[aya_obj::generated::bpf_insn],
     license: &std::ffi::CStr,
     attach_btf_id: u32,
 ) -> Result<OwnedFd, LoadError> {
-    load_program(
-        name,
-        insns,
-        license,
-        (BPF_PROG_TYPE_TRACING, BPF_TRACE_RAW_TP),
-        attach_btf_id,
-    )
-}
-
-/// BPF_PROG_LOAD of a program of `(prog_type, expected_attach_type)` that attaches by BTF id.
-fn load_program(
-    name: &str,
-    insns: &[aya_obj::generated::bpf_insn],
-    license: &std::ffi::CStr,
-    (prog_type, expected_attach_type): (u32, u32),
-    attach_btf_id: u32,
-) -> Result<OwnedFd, LoadError> {
+    let (prog_type, expected_attach_type) = kind.types();
     let mut prog_name = [0u8; 16];
     // 15 bytes at most, and NUL-terminated: the kernel refuses a name without its NUL.
     let shown = name.len().min(15);
@@ -297,12 +269,6 @@ pub fn bpf_prog_fd_by_id(id: u32) -> io::Result<OwnedFd> {
 
 /// The id of the program the BPF link `link` attaches (`bpf_link_info.prog_id`).
 pub fn bpf_link_program_id(link: BorrowedFd<'_>) -> io::Result<u32> {
-    #[repr(C)]
-    struct GetInfo {
-        bpf_fd: u32,
-        info_len: u32,
-        info: u64,
-    }
     /// The start of `struct bpf_link_info`, all this needs of it.
     #[repr(C)]
     #[derive(Default)]
@@ -312,37 +278,44 @@ pub fn bpf_link_program_id(link: BorrowedFd<'_>) -> io::Result<u32> {
         prog_id: u32,
     }
     let mut info = LinkInfo::default();
-    let mut attr = GetInfo {
-        bpf_fd: link.as_raw_fd() as u32,
-        info_len: size_of_val(&info) as u32,
-        info: &raw mut info as u64,
-    };
-    // SAFETY: attr is the bpf_attr prefix of this command; info points to info_len writable
-    // bytes that outlive the call, and the kernel writes no more than info_len.
-    unsafe { bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }?;
+    // SAFETY: LinkInfo is a prefix of bpf_link_info, plain integers.
+    unsafe { obj_get_info(link, &mut info) }?;
     Ok(info.prog_id)
 }
 
-/// How many times the kernel skipped the program `program` rather than run it again on a CPU
-/// where it was running already (`recursion_misses`, Linux 5.12; for tracepoint programs,
-/// counted since 6.1, which brought their guard). 0 where the kernel does not count them.
-pub fn bpf_prog_recursion_misses(program: BorrowedFd<'_>) -> io::Result<u64> {
+/// BPF_OBJ_GET_INFO_BY_FD of `object` into `info`. A kernel whose struct is shorter writes only
+/// its own part, and one whose struct is longer only `info`'s.
+///
+/// # Safety
+///
+/// `T` is a prefix of the object kind's `bpf_*_info` (or all of it), for which zero is a value,
+/// zeroed where the kernel reads it (its pointer fields).
+unsafe fn obj_get_info<T>(object: BorrowedFd<'_>, info: &mut T) -> io::Result<()> {
     #[repr(C)]
     struct GetInfo {
         bpf_fd: u32,
         info_len: u32,
         info: u64,
     }
-    // SAFETY: bpf_prog_info is plain integers and arrays, for which zero is a value.
-    let mut info: aya_obj::generated::bpf_prog_info = unsafe { std::mem::zeroed() };
     let mut attr = GetInfo {
-        bpf_fd: program.as_raw_fd() as u32,
-        info_len: size_of_val(&info) as u32,
-        info: &raw mut info as u64,
+        bpf_fd: object.as_raw_fd() as u32,
+        info_len: size_of::<T>() as u32,
+        info: info as *mut T as u64,
     };
     // SAFETY: attr is the bpf_attr prefix of this command; info points to info_len writable
-    // bytes that outlive the call. A kernel whose struct is shorter writes only its own part.
-    unsafe { bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }?;
+    // bytes that outlive the call.
+    unsafe { bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) }.map(drop)
+}
+
+/// How many times the kernel skipped the program `program` rather than run it again on a CPU
+/// where it was running already (`recursion_misses`, Linux 5.12; for tracepoint programs,
+/// counted since 6.1, which brought their guard). 0 where the kernel does not count them.
+pub fn bpf_prog_recursion_misses(program: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: bpf_prog_info is plain integers and arrays, for which zero is a value.
+    let mut info: aya_obj::generated::bpf_prog_info = unsafe { std::mem::zeroed() };
+    // SAFETY: the whole bpf_prog_info of the headers aya was made with, zeroed (no array
+    // asked for).
+    unsafe { obj_get_info(program, &mut info) }?;
     Ok(info.recursion_misses)
 }
 
