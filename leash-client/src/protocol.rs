@@ -235,6 +235,11 @@ pub struct StatusInfo {
     pub events_dropped: u64,
     /// Children that could not be tracked because the member map was full.
     pub inserts_failed: u64,
+    /// The membership guarantee in place: `marks` (exact: an LSM program the kernel never
+    /// skips marks every member's child) or `layered` (the fork programs alone, which Linux 7.x
+    /// can skip). Absent from daemons that do not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub membership: Option<String>,
     /// Where the programs and maps are pinned (tracking goes on if the daemon dies); absent
     /// when they are not.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -45,7 +45,13 @@ pub mod map {
     /// its start time (boot-time ns, at /proc's clock-tick resolution). Written by user space;
     /// the host programs take a host out as they report that it is dying.
     pub const HOSTS: &str = "HOSTS";
-    /// Every map, as pinned.
+    /// Task storage of [`super::Mark`], one per task (thread) of a tree: the membership the
+    /// kernel never skips (see [`super::program::TASK_ALLOC`]). Written by the `task_alloc`
+    /// program as a member's child (or thread) is made, and by user space, by pidfd, for roots
+    /// and what it puts in. Freed with the task, so a mark never outlives its process nor lands
+    /// on a recycled pid. Only in the object with marks (Linux 5.11): not in [`ALL`].
+    pub const MARKS: &str = "MARKS";
+    /// Every map of both objects, as pinned.
     pub const ALL: [&str; 9] = [
         MEMBERS,
         TREE_COUNTERS,
@@ -61,7 +67,7 @@ pub mod map {
 
 /// The version of this ABI (the maps' layouts and meanings). Pinned maps are kept under it, so
 /// a daemon never takes over maps it would misread.
-pub const ABI_VERSION: u32 = 8;
+pub const ABI_VERSION: u32 = 9;
 
 /// Names of the programs in the object.
 pub mod program {
@@ -89,6 +95,17 @@ pub mod program {
     /// default and fatal (a crash: SIGSEGV, SIGABRT, ..., which dump core before the group
     /// exits) is reported dying.
     pub const HOST_CRASH: &str = "leash_hostcrash";
+    /// A BPF LSM program on `task_alloc`, the one hook of the fork path, which runs in the
+    /// forking task before the child can run and may fail the fork. The kernel never skips an
+    /// LSM program (it has no recursion guard), where 7.x skips a tracepoint program on a CPU
+    /// where a preempted task is inside it. A member's child (process or thread) gets the
+    /// member's mark in `MARKS`; a child that cannot be marked is not made (the fork fails);
+    /// a doomed tree's member makes nothing. Where the BPF LSM is active.
+    pub const TASK_ALLOC: &str = "leash_task_alloc";
+    /// A task iterator (`iter/task`): every marked process that `MEMBERS` lacks (a fork the
+    /// fork programs were skipped for) is put into it, and counted as joined. Run before each
+    /// kill's searches, and when the fork programs' skips rise.
+    pub const RECONCILE: &str = "leash_reconcile";
     /// A task iterator (`iter/task`): fills `WHOIS` for the process it names.
     pub const WHOIS: &str = "leash_whois";
     /// fmod_ret on `security_ptrace_access_check`: refuses a member attach-mode access to any
@@ -125,6 +142,8 @@ pub mod global {
     pub const TASK_START_OFFSET: &str = "TASK_START_OFFSET";
     /// Byte offset of `task_struct.group_leader` (from the kernel's BTF).
     pub const TASK_GROUP_LEADER_OFFSET: &str = "TASK_GROUP_LEADER_OFFSET";
+    /// Byte offset of `task_struct.real_parent` (from the kernel's BTF).
+    pub const TASK_REAL_PARENT_OFFSET: &str = "TASK_REAL_PARENT_OFFSET";
     /// Nanoseconds per clock tick of /proc's start times: a member entry that user space made
     /// from /proc carries a start time of that resolution.
     pub const NS_PER_TICK: &str = "NS_PER_TICK";
@@ -244,8 +263,13 @@ pub mod stat {
     pub const EXITS: u32 = 2;
     /// Children that joined a tree at fork.
     pub const JOINS: u32 = 3;
+    /// Marked processes the member map lacked, put in by the reconciling iterator: forks the
+    /// fork programs were skipped for.
+    pub const RECONCILED: u32 = 4;
+    /// Forks `task_alloc` refused: a doomed tree's, or a child that could not be marked.
+    pub const FORKS_REFUSED: u32 = 5;
     /// Number of slots.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 6;
 }
 
 /// One tracked process: the value in `MEMBERS`, keyed by its pid (thread group id).
@@ -258,6 +282,15 @@ pub struct Member {
     /// `task_struct.start_boottime` in nanoseconds: with the pid, names the process uniquely.
     /// Members registered from /proc carry the clock-tick resolution /proc gives.
     pub start_ns: u64,
+}
+
+/// A task's membership, in `MARKS`: the tree, as of its registration `generation` (a mark of
+/// an earlier tree by the same id counts for nothing).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mark {
+    pub tree: TreeId,
+    pub generation: u32,
 }
 
 /// What the programs keep about a tree. Only the programs write it, with atomic adds, so user
@@ -297,7 +330,9 @@ pub struct TreeControl {
     /// Killing a tree kills the trees nested in it; releasing a nested tree hands its members
     /// back to it.
     pub parent: TreeId,
-    pub _reserved: u32,
+    /// Which registration under this id the tree is (ids are reused once released): a mark
+    /// counts only while its generation is its tree's. Never 0 for a registered tree.
+    pub generation: u32,
     /// Who holds the tree. Kept here, beside the tree, so a daemon that takes over the pinned
     /// maps after a restart knows whose tree it is; the programs read only its account.
     pub holder: Holder,
@@ -429,6 +464,7 @@ pub struct Event {
 const _: () = {
     use core::mem::size_of;
     assert!(size_of::<Member>() == 4 + 4 + 8);
+    assert!(size_of::<Mark>() == 4 + 4);
     assert!(size_of::<TreeCounters>() == 5 * 8);
     assert!(size_of::<Holder>() == 4 + 4 + 8 + 4 + 4 + 8);
     assert!(size_of::<TreeControl>() == 4 + 4 + 8 + 8 + 4 + 4 + size_of::<Holder>());
@@ -445,6 +481,8 @@ mod pod {
 
     // SAFETY: as said above; tree, parent (u32s) and start_ns (u64).
     unsafe impl aya::Pod for super::Member {}
+    // SAFETY: see above; two u32s.
+    unsafe impl aya::Pod for super::Mark {}
     // SAFETY: see above; five u64 counters.
     unsafe impl aya::Pod for super::TreeCounters {}
     // SAFETY: see above; u32s, an i64, a u64 and a Holder, itself Pod.

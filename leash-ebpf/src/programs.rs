@@ -21,7 +21,7 @@ use leash_common::{
 #[map]
 pub(crate) static MEMBERS: HashMap<Pid, Member> = HashMap::with_max_entries(1, 0);
 #[map]
-static TREE_COUNTERS: HashMap<TreeId, TreeCounters> = HashMap::with_max_entries(1, 0);
+pub(crate) static TREE_COUNTERS: HashMap<TreeId, TreeCounters> = HashMap::with_max_entries(1, 0);
 #[map]
 pub(crate) static TREE_CONTROL: HashMap<TreeId, TreeControl> = HashMap::with_max_entries(1, 0);
 #[map]
@@ -47,7 +47,7 @@ static ACCOUNT_SEEDED: HashMap<Account, i64> = HashMap::with_max_entries(1, 0);
 #[unsafe(no_mangle)]
 pub(crate) static TASK_TGID_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
-static TASK_START_OFFSET: u32 = 0;
+pub(crate) static TASK_START_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TASK_GROUP_LEADER_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
@@ -62,7 +62,7 @@ static MEMBERS_PER_UID: u32 = NO_LIMIT;
 static MEMBER_CAPACITY: u32 = NO_LIMIT;
 
 pub(crate) const SIGKILL: u32 = 9;
-const BPF_NOEXIST: u64 = 1;
+pub(crate) const BPF_NOEXIST: u64 = 1;
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
@@ -354,7 +354,7 @@ fn members_of(account: Account) -> i64 {
 }
 
 /// Adds `delta` (two's complement: `u64::MAX` is -1) to `account`'s joined members.
-fn add_to_account(account: Account, delta: u64) {
+pub(crate) fn add_to_account(account: Account, delta: u64) {
     if let Some(joined) = ACCOUNT_JOINED.get_ptr_mut(account) {
         // SAFETY: `joined` points into the account's value, an aligned u64 that lives as long
         // as the map (see "Reading the hash maps"), and is only ever added to atomically.
@@ -383,12 +383,12 @@ pub(crate) fn read_at<T>(base: *const u8, offset: u32) -> Option<T> {
 ///
 /// `counter` points at a u64, aligned, valid for reads and writes for the call, that is only
 /// ever written atomically (or by one writer that no adder races).
-unsafe fn add(counter: *mut u64, delta: u64) {
+pub(crate) unsafe fn add(counter: *mut u64, delta: u64) {
     // SAFETY: the caller's contract.
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, delta) };
 }
 
-fn count(index: u32) {
+pub(crate) fn count(index: u32) {
     if let Some(slot) = STATS.get_ptr_mut(index) {
         // SAFETY: `slot` points into this CPU's copy of the array, valid and aligned memory as
         // long as the map lives; programs run with migration disabled, so only one that
@@ -397,7 +397,7 @@ fn count(index: u32) {
     }
 }
 
-fn emit(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid) {
+pub(crate) fn emit(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid) {
     // SAFETY: the helper takes nothing and returns a clock's reading.
     emit_at(kind, tree, pid, parent, unsafe { bpf_ktime_get_boot_ns() });
 }

@@ -15,7 +15,7 @@ use crate::programs::{TASK_TGID_OFFSET, read_at, read_task};
 static WHOIS: Array<Whois> = Array::with_max_entries(1, 0);
 
 #[unsafe(no_mangle)]
-static NAMESPACE_OFFSETS: NamespaceOffsets = NamespaceOffsets {
+pub(crate) static NAMESPACE_OFFSETS: NamespaceOffsets = NamespaceOffsets {
     task_pid: 0,
     task_real_cred: 0,
     cred_user_ns: 0,

@@ -131,11 +131,27 @@ fn status_text(status: &StatusInfo) -> String {
         status.events_dropped,
         status.inserts_failed,
     );
+    if let Some(membership) = &status.membership {
+        text += &format!("membership: {}\n", membership_text(membership));
+    }
     text += &match &status.pinned_at {
         Some(dir) => format!("pinned at {dir}: tracking goes on if the daemon dies\n"),
         None => "not pinned: tracking ends with the daemon\n".to_owned(),
     };
     text
+}
+
+/// What a membership guarantee's name promises.
+fn membership_text(name: &str) -> String {
+    match name {
+        "marks" => "exact (marks: an LSM program on task_alloc, which the kernel never skips, \
+                    marks every member's child before it runs)"
+            .to_owned(),
+        "layered" => "layered (the fork programs alone: a kernel that runs them preemptibly, \
+                      Linux 7.x, can skip them and miss a fork; `leash doctor` says what to do)"
+            .to_owned(),
+        other => other.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -230,6 +246,7 @@ mod tests {
             host_leases: 2,
             events_dropped: 0,
             inserts_failed: 0,
+            membership: None,
             pinned_at: None,
         };
         let text = status_text(&status);

@@ -127,6 +127,7 @@ pub(super) fn status(daemon: &Daemon, peer: &Peer) -> Result<Reply, Refusal> {
         protocol: PROTOCOL_VERSION,
         programs: crate::kernel::PROGRAMS_ATTACHED
             .iter()
+            .chain(daemon.membership.programs())
             .chain(daemon.ptrace_guard.programs())
             .map(|(name, at)| format!("{name} ({at})"))
             .collect(),
@@ -138,6 +139,7 @@ pub(super) fn status(daemon: &Daemon, peer: &Peer) -> Result<Reply, Refusal> {
         host_leases: leases.hosts as u64,
         events_dropped: stats.events_dropped,
         inserts_failed: stats.inserts_failed,
+        membership: Some(daemon.membership.as_str().to_owned()),
         pinned_at: daemon
             .pinned_at
             .as_ref()

@@ -22,7 +22,7 @@ use super::{
     stopping::Stopping,
     subscribers::{Audience, Subscribers},
 };
-use crate::kernel::{Guard, TrackerView, Whois};
+use crate::kernel::{Guard, Membership, TrackerView, Whois};
 
 /// Shared by every task of the daemon. The tracker itself is the owner thread's alone (see
 /// `owner`); everyone else reads the maps through `view` and hands changes to `jobs`.
@@ -36,6 +36,8 @@ pub(super) struct Daemon {
     pub pinned_at: Option<PathBuf>,
     /// The ptrace guard in place, for `status`.
     pub ptrace_guard: Guard,
+    /// The membership guarantee in place, for `status` and the metrics.
+    pub membership: Membership,
     /// Set when a connection ends or heavy work is done: the allocator's free memory is then
     /// given back.
     memory_freed: AtomicBool,
@@ -62,7 +64,7 @@ impl Daemon {
         view: TrackerView,
         jobs: Jobs,
         pinned_at: Option<PathBuf>,
-        ptrace_guard: Guard,
+        (ptrace_guard, membership): (Guard, Membership),
         whois: Arc<Whois>,
         pid_namespace: u32,
     ) -> Self {
@@ -74,6 +76,7 @@ impl Daemon {
             limits: Limits::new(config.uid_limits),
             pinned_at,
             ptrace_guard,
+            membership,
             memory_freed: AtomicBool::new(false),
             setup_failures: Mutex::default(),
             metrics: Arc::default(),

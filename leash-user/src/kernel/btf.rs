@@ -20,6 +20,8 @@ pub struct TaskOffsets {
     pub start_boottime: u32,
     /// `struct task_struct *group_leader`
     pub group_leader: u32,
+    /// `struct task_struct *real_parent`
+    pub real_parent: u32,
     /// `struct signal_struct *signal`: shared by the thread group.
     pub signal: u32,
     /// `atomic_t live` in `struct signal_struct`: the group's threads not yet exiting.
@@ -55,6 +57,7 @@ impl TaskOffsets {
             tgid: field_offset(btf, "task_struct", "tgid")?,
             start_boottime: field_offset(btf, "task_struct", "start_boottime")?,
             group_leader: field_offset(btf, "task_struct", "group_leader")?,
+            real_parent: field_offset(btf, "task_struct", "real_parent")?,
             signal: field_offset(btf, "task_struct", "signal")?,
             signal_live: field_offset(btf, "signal_struct", "live")?,
             signal_flags: field_offset(btf, "signal_struct", "flags")?,

@@ -284,7 +284,7 @@ impl Kill {
                 }
             }
             Phase::Grace { until, joined } => {
-                if tracker.counted_empty(tree)? {
+                if emptied(tracker, tree)? {
                     return Ok(self.exiting(now));
                 }
                 if now >= until {
@@ -312,7 +312,7 @@ impl Kill {
                 joined,
                 give_up,
             } => {
-                if tracker.counted_empty(tree)? {
+                if emptied(tracker, tree)? {
                     return Ok(self.exiting(now));
                 }
                 // Not while a round is still being sent: the members left have not all had
@@ -397,6 +397,8 @@ impl Kill {
         if self.burst.is_none() && self.killed + self.terminated < BURST_SIGNALS {
             self.burst = Some(Box::new(tracker.burst()));
         }
+        // Marked processes the fork programs missed join the map first, so the search finds them.
+        tracker.reconcile()?;
         let Found {
             members,
             walked,
@@ -601,6 +603,18 @@ fn found_all(before: &TreeStatus, after: &TreeStatus, found: usize) -> bool {
     before.joined == after.joined
         && before.seeded == after.seeded
         && u64::try_from(found).is_ok_and(|found| found >= before.members)
+}
+
+/// Whether `tree` has no members left: the counters say so, and still say so once the marked
+/// processes the member map lacked were put in (a doomed tree's members fork nothing where the
+/// marks are, so once every marked process was signalled, a last pass finds what forked before
+/// the doom and came after the search: the same reasoning as cgroup.kill's).
+fn emptied<T: KillTarget>(tracker: &mut T, tree: TreeId) -> Result<bool> {
+    if !tracker.counted_empty(tree)? {
+        return Ok(false);
+    }
+    tracker.reconcile()?;
+    tracker.counted_empty(tree)
 }
 
 fn rounds_from(now: Instant) -> Phase {

@@ -13,6 +13,7 @@ use leash_common::{ALL_ACCOUNTS, MEMBER_RESERVE, map, program};
 use super::{
     attach::{Attached, GuardInPlace},
     maps::BPF_NOEXIST,
+    marks::Marks,
     pins::Pins,
     programs::{link_fd, take_map},
     ptrace_guard::{Guard, GuardChoice},
@@ -29,10 +30,16 @@ impl Tracker {
     pub fn load(capacity: Capacity) -> Result<Self> {
         let attached = Attached::load(capacity)?;
         let whois = link_fd(&attached.whois)?;
+        // Unpinned, the task_alloc link is held for as long as the tracker lives.
+        let marks = match attached.marks {
+            Some(links) => Some((link_fd(&links.reconcile)?, Some(links.task_alloc))),
+            None => None,
+        };
         let guard_links = attached.guard_links.into_iter().map(|(_, link)| link);
         Self::from_programs(
             attached.ebpf,
             whois,
+            marks,
             capacity,
             None,
             (attached.guard, guard_links.collect()),
@@ -77,7 +84,7 @@ impl Tracker {
             pins.remove()?;
             pins = Pins::at(root)?;
         }
-        let (ebpf, whois_link, guard) = match Attached::load(capacity)?.pin(&mut pins) {
+        let (ebpf, whois_link, reconcile, guard) = match Attached::load(capacity)?.pin(&mut pins) {
             Ok(pinned) => pinned,
             Err(e) => {
                 // Half-pinned programs would go on running with nobody to read their maps.
@@ -87,14 +94,24 @@ impl Tracker {
         };
         tracing::info!(dir = %pins.dir().display(), "programs and maps pinned");
         Ok((
-            Self::from_programs(ebpf, whois_link, capacity, Some(pins), guard)?,
+            Self::from_programs(
+                ebpf,
+                whois_link,
+                reconcile.map(|link| (link, None)),
+                capacity,
+                Some(pins),
+                guard,
+            )?,
             Origin::Loaded,
         ))
     }
 
+    /// `marks`: the reconciling iterator's link, and the task_alloc link to hold (None when
+    /// pinned), where the marks are in place.
     fn from_programs(
         mut ebpf: Ebpf,
         whois_link: OwnedFd,
+        marks: Option<(OwnedFd, Option<OwnedFd>)>,
         capacity: Capacity,
         pins: Option<Pins>,
         (guard, guard_links): GuardInPlace,
@@ -103,6 +120,20 @@ impl Tracker {
         let whois = Whois::new(whois_link, take_map(&mut ebpf, map::WHOIS)?)?;
         let mut skips = ProgramSkips::of_loaded(&ebpf)?;
         skips.add_guard(guard, pins.as_ref(), &guard_links);
+        let marks = match marks {
+            Some((reconcile, held)) => Some(Marks::new(
+                take_map(&mut ebpf, map::MARKS)?,
+                reconcile,
+                held,
+            )?),
+            None => None,
+        };
+        let membership = Marks::membership(marks.as_ref());
+        tracing::info!(
+            membership = membership.as_str(),
+            "{}",
+            membership.describe()
+        );
         let mut tracker = Self {
             view: TrackerView::new(
                 take_map(&mut ebpf, map::MEMBERS)?,
@@ -117,6 +148,8 @@ impl Tracker {
             account_seeded: HashMap::try_from(take_map(&mut ebpf, map::ACCOUNT_SEEDED)?)?,
             hosts: HashMap::try_from(take_map(&mut ebpf, map::HOSTS)?)?,
             next_tree: 1,
+            next_generation: 0,
+            marks,
             pins,
             whois: whois.into(),
             guard,
@@ -160,6 +193,21 @@ impl Tracker {
             );
         }
         tracing::info!(guard = guard.as_str(), "{}", guard.describe());
+        let marks = if pins.marks() {
+            Some(Marks::new(
+                pins.open_map(map::MARKS)?,
+                link_fd(&pins.open_link(program::RECONCILE)?)?,
+                None,
+            )?)
+        } else {
+            None
+        };
+        let membership = Marks::membership(marks.as_ref());
+        tracing::info!(
+            membership = membership.as_str(),
+            "{}",
+            membership.describe()
+        );
         let mut tracker = Self {
             view: TrackerView::new(
                 members,
@@ -178,6 +226,8 @@ impl Tracker {
             account_seeded: HashMap::try_from(pins.open_map(map::ACCOUNT_SEEDED)?)?,
             hosts: HashMap::try_from(pins.open_map(map::HOSTS)?)?,
             next_tree: 1,
+            next_generation: 0,
+            marks,
             whois: Whois::new(
                 link_fd(&pins.open_link(program::WHOIS)?)?,
                 pins.open_map(map::WHOIS)?,
@@ -189,6 +239,10 @@ impl Tracker {
             _programs: None,
         };
         tracker.next_tree = tracker.trees().last().map_or(1, |&last| last + 1);
+        // Generations go on from the highest in use: a tree released by the previous daemon
+        // under a reused id and a higher generation has no members left to confuse (its marks
+        // name a generation no control entry has, and release took out its entries).
+        tracker.next_generation = tracker.highest_generation();
         tracing::info!(
             trees = tracker.trees().len(),
             max_members = capacity.members,

@@ -7,7 +7,10 @@ use aya::maps::{HashMap, MapData};
 use leash_common::{ALL_ACCOUNTS, Account, Holder, Member, Pid, TreeControl, TreeCounters, TreeId};
 
 use super::{error::Error, tracker::Tracker};
-use crate::{proc::ProcessRef, sys};
+use crate::{
+    proc::{self, ProcessRef},
+    sys,
+};
 
 /// `bpf_map_update_elem`'s flags: only a new entry, only an existing one.
 pub(super) const BPF_NOEXIST: u64 = 1;
@@ -98,6 +101,7 @@ impl Tracker {
                 if self.view.members.insert(pid, back, BPF_EXIST).is_ok() {
                     self.add_seeded(enclosing, 1)?;
                     self.add_seeded(tree, -1)?;
+                    self.mark_pid(pid, proc::ns_to_ticks(member.start_ns), enclosing)?;
                     self.view.index.admit(enclosing, pid);
                 }
             }
@@ -130,6 +134,7 @@ impl Tracker {
             root,
             parent: parent.unwrap_or(0),
             holder,
+            generation: self.new_generation(),
             ..Default::default()
         };
         self.view.control.insert(tree, control, BPF_NOEXIST)?;

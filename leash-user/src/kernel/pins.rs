@@ -17,7 +17,7 @@ use aya::{
     maps::{Map, MapData},
     programs::links::{FdLink, PinnedLink},
 };
-use leash_common::{ABI_VERSION, map};
+use leash_common::{ABI_VERSION, map, program};
 
 use super::{programs::PROGRAMS_ATTACHED, ptrace_guard::Guard};
 use crate::{sys, trusted_dir};
@@ -91,10 +91,26 @@ impl Pins {
         self.dir.exists()
     }
 
-    /// Whether a previous daemon left every link and every map pinned here.
+    /// Whether a previous daemon left every link and every map pinned here: the marks' too,
+    /// if it pinned any of them (a kernel without the BPF LSM has none, and that is whole).
     pub fn complete(&self) -> bool {
+        let marks = self.marks_pins();
         pinned_links().all(|program| self.link_path(program).exists())
             && map::ALL.iter().all(|m| self.map_path(m).exists())
+            && (marks.iter().all(|path| path.exists()) || marks.iter().all(|path| !path.exists()))
+    }
+
+    /// Whether a previous daemon pinned the marks (their map and both links).
+    pub fn marks(&self) -> bool {
+        self.marks_pins().iter().all(|path| path.exists())
+    }
+
+    fn marks_pins(&self) -> [PathBuf; 3] {
+        [
+            self.map_path(map::MARKS),
+            self.link_path(program::TASK_ALLOC),
+            self.link_path(program::RECONCILE),
+        ]
     }
 
     pub fn pin_map(&self, name: &str, map: &Map) -> Result<()> {
@@ -143,7 +159,12 @@ impl Pins {
     /// programs have been attached all along.
     pub fn open_links(&mut self) -> Result<()> {
         let guard = self.guard().programs().iter().map(|(program, _)| *program);
-        for program in pinned_links().chain(guard) {
+        let marks = if self.marks() {
+            &[program::TASK_ALLOC, program::RECONCILE][..]
+        } else {
+            &[]
+        };
+        for program in pinned_links().chain(guard).chain(marks.iter().copied()) {
             let link = self.open_pinned(program)?;
             self.links.push(link);
         }

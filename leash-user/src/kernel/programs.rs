@@ -9,8 +9,22 @@ use leash_common::program;
 use crate::sys;
 
 /// The compiled programs, embedded at build time by build.rs.
-pub(super) static PROGRAMS: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
+static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
+
+/// The same programs with the marks' map and programs (leash-ebpf's marks.rs), for kernels
+/// with task storage (Linux 5.11): a kernel without refuses the whole object for its one map.
+static PROGRAMS_WITH_MARKS: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf-marks"));
+
+/// The object to load: with the marks where `marks` says the kernel can have them.
+pub(super) fn object_for(marks: bool) -> &'static [u8] {
+    if marks { PROGRAMS_WITH_MARKS } else { PROGRAMS }
+}
+
+/// The object `ebpf` was loaded from (the one with the marks has their map).
+pub(super) fn object(ebpf: &Ebpf) -> &'static [u8] {
+    object_for(ebpf.map(leash_common::map::MARKS).is_some())
+}
 
 /// The programs `Tracker::load` attaches, and where: each to a BTF-typed tracepoint (tp_btf).
 /// The fork and exit programs twice (see [`program::FORK_AGAIN`]), in this order.

@@ -16,20 +16,19 @@
 //! - Where that fails, syscall tracepoints that SIGKILL the member as it asks. They do not see
 //!   /proc/PID/mem, and they refuse every `pidfd_getfd` a member makes.
 
-use std::{
-    collections::HashSet,
-    os::fd::{AsFd, AsRawFd, OwnedFd},
-};
+use std::os::fd::OwnedFd;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use aya::{
     Ebpf,
-    maps::Map,
     programs::{TracePoint, trace_point::TracePointLink},
 };
 use leash_common::program;
 
-use super::programs::{PROGRAMS, program_mut};
+use super::{
+    programs::{self, program_mut},
+    raw::{self, LSM_LIST, bpf_lsm_active},
+};
 use crate::sys;
 
 /// The kernel function the fmod_ret program modifies the return of.
@@ -200,22 +199,6 @@ pub fn attach(
     }
 }
 
-/// The active LSMs, as securityfs lists them.
-const LSM_LIST: &str = "/sys/kernel/security/lsm";
-
-/// Whether the BPF LSM is active: only then does the kernel call its hooks. securityfs is
-/// mounted first if it is not (systemd mounts it at boot).
-fn bpf_lsm_active() -> Result<bool> {
-    let securityfs = std::path::Path::new("/sys/kernel/security");
-    if !securityfs.join("lsm").exists() && securityfs.exists() {
-        sys::mount_with(c"securityfs", securityfs, None)
-            .with_context(|| format!("mounting securityfs at {}", securityfs.display()))?;
-        tracing::info!(path = %securityfs.display(), "mounted securityfs");
-    }
-    let list = std::fs::read_to_string(LSM_LIST).with_context(|| format!("reading {LSM_LIST}"))?;
-    Ok(list.trim().split(',').any(|lsm| lsm == "bpf"))
-}
-
 /// The two guards that refuse in the kernel's check: one program each, loaded by hand.
 #[derive(Clone, Copy)]
 enum Refusal {
@@ -242,69 +225,22 @@ impl Refusal {
     }
 }
 
-/// Relocates the program of `refusal` against the maps aya made for `ebpf` (the `.rodata`
-/// with the offsets among them), loads it and attaches it. Returns the link.
+/// Loads the program of `refusal` and attaches it (see [`raw::attach_by_btf_id`]).
 fn attach_refusal(ebpf: &Ebpf, kernel_btf: &aya::Btf, refusal: Refusal) -> Result<HeldLink> {
-    let name = refusal.program();
-    let mut object = aya_obj::Object::parse(PROGRAMS).context("parsing the programs' object")?;
-    // Each map of the object, with the descriptor of the one aya made for it.
-    let maps: Vec<(String, i32, aya_obj::Map)> = ebpf
-        .maps()
-        .filter_map(|(name, map)| {
-            let parsed = object.maps.get(name)?.clone();
-            Some(map_fd(map).map(|fd| (name.to_owned(), fd, parsed)))
-        })
-        .collect::<Result<_>>()?;
-    let text_sections: HashSet<usize> = object
-        .functions
-        .keys()
-        .map(|(section, _)| *section)
-        .collect();
-    object
-        .relocate_maps(
-            maps.iter().map(|(name, fd, map)| (name.as_str(), *fd, map)),
-            &text_sections,
-        )
-        .context("relocating the guard's maps")?;
-    object
-        .relocate_calls(&text_sections)
-        .context("relocating the guard's calls")?;
-    let function = object
-        .programs
-        .get(name)
-        .and_then(|p| object.functions.get(&p.function_key()))
-        .with_context(|| format!("program {name} missing from the object"))?;
-    let target = refusal.target();
-    let target_id = function_btf_id(kernel_btf, target)?;
-    let (instructions, license) = (&function.instructions, &object.license);
     let kind = match refusal {
         Refusal::Lsm => sys::AttachKind::Lsm,
         Refusal::FmodRet => sys::AttachKind::FmodRet,
     };
-    let loaded = sys::load_by_btf_id(kind, name, instructions, license, target_id)
-        .with_context(|| format!("loading {name} on {target}"))?;
-    let link = sys::attach_tracing(loaded.as_fd()).with_context(|| {
-        format!("attaching {name} to {target} (the kernel needs BPF trampolines)")
-    })?;
-    Ok(HeldLink::Raw(link))
-}
-
-/// The descriptor of a map of the programs' kinds.
-fn map_fd(map: &Map) -> Result<i32> {
-    let data = match map {
-        Map::HashMap(data) | Map::PerCpuArray(data) | Map::RingBuf(data) | Map::Array(data) => data,
-        _ => bail!("a map of an unexpected type in the programs' object"),
-    };
-    Ok(data.fd().as_fd().as_raw_fd())
-}
-
-/// The BTF id of the kernel function `name` in vmlinux (`kernel_btf`, parsed already).
-fn function_btf_id(kernel_btf: &aya::Btf, name: &str) -> Result<u32> {
-    kernel_btf
-        .id_by_type_name_kind(name, aya_obj::btf::BtfKind::Func)
-        .with_context(|| {
-            format!("no function {name} in the kernel's BTF (a kernel without CONFIG_SECURITY)")
-        })
+    let object = programs::object(ebpf);
+    raw::attach_by_btf_id(
+        ebpf,
+        object,
+        kernel_btf,
+        refusal.program(),
+        kind,
+        refusal.target(),
+    )
+    .map(HeldLink::Raw)
 }
 
 fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<(&'static str, HeldLink)>> {
@@ -375,6 +311,6 @@ mod tests {
     #[test]
     fn the_target_has_a_btf_id() {
         let kernel_btf = aya::Btf::from_sys_fs().unwrap();
-        assert!(function_btf_id(&kernel_btf, TARGET).unwrap() > 0);
+        assert!(raw::function_btf_id(&kernel_btf, TARGET).unwrap() > 0);
     }
 }

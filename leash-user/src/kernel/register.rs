@@ -327,6 +327,7 @@ impl Tracker {
         if still_there {
             self.count_seeded(counts, tree, 1)?;
             self.view.index.admit(tree, process.pid);
+            self.mark_pid(process.pid, process.start_ticks, tree)?;
             return Ok(true);
         }
         if self.view.members.remove(&process.pid).is_err() {
@@ -379,6 +380,7 @@ impl Tracker {
         self.count_seeded(counts, tree, 1)?;
         self.view.index.remove(current.tree, process.pid);
         self.view.index.admit(tree, process.pid);
+        self.mark_pid(process.pid, process.start_ticks, tree)?;
         Ok(true)
     }
 }

@@ -11,6 +11,7 @@ use aya::{
 use leash_common::{Account, Member, Pid, TreeId};
 
 use super::{
+    marks::{Marks, Membership},
     pins::Pins,
     ptrace_guard::{self, Guard},
     record::TreeEvent,
@@ -30,6 +31,10 @@ pub struct Tracker {
     /// Hosts watched for their death (see hosts.rs), with their start times.
     pub(super) hosts: HashMap<MapData, Pid, u64>,
     pub(super) next_tree: TreeId,
+    /// The generation the last tree registered got (see `TreeControl::generation`).
+    pub(super) next_generation: u32,
+    /// The marks, where they are in place (see [`Membership`]).
+    pub(super) marks: Option<Marks>,
     pub(super) pins: Option<Pins>,
     pub(super) whois: std::sync::Arc<Whois>,
     /// The ptrace guard in place (pinned, or held below).
@@ -73,6 +78,79 @@ impl Tracker {
     /// The ptrace guard in place.
     pub fn ptrace_guard(&self) -> Guard {
         self.guard
+    }
+
+    /// The membership guarantee in place.
+    pub fn membership(&self) -> Membership {
+        Marks::membership(self.marks.as_ref())
+    }
+
+    /// Puts every marked process the member map lacks into it (a fork the fork programs were
+    /// skipped for), where the marks are in place. Returns whether it ran.
+    pub fn reconcile(&self) -> Result<bool> {
+        let Some(marks) = &self.marks else {
+            return Ok(false);
+        };
+        marks
+            .reconcile()
+            .map_err(|e| anyhow::anyhow!("running the reconciling iterator: {e}"))?;
+        Ok(true)
+    }
+
+    /// Marks the process `process` names a member of `tree`, where the marks are in place: its
+    /// children are then marked in the kernel as they are made. A process gone meanwhile is
+    /// not an error (its entry is settled where it was made).
+    pub(super) fn mark(&self, process: &crate::sys::Pidfd, tree: TreeId) -> Result<()> {
+        let Some(marks) = &self.marks else {
+            return Ok(());
+        };
+        let generation = self.view.control.get(&tree, 0)?.generation;
+        match marks.set(process, leash_common::Mark { tree, generation }) {
+            Ok(()) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+            Err(e) => Err(anyhow::anyhow!("marking a member of tree {tree}: {e}")),
+        }
+    }
+
+    /// Marks the process `pid`, which started at `start_ticks` (/proc's), a member of `tree`
+    /// (see [`Tracker::mark`]): a pidfd is opened first and the start time checked after, so
+    /// a recycled pid is never marked.
+    pub(super) fn mark_pid(&self, pid: Pid, start_ticks: u64, tree: TreeId) -> Result<()> {
+        if self.marks.is_none() {
+            return Ok(());
+        }
+        let Ok(process) = crate::sys::Pidfd::open(pid) else {
+            return Ok(());
+        };
+        if crate::proc::alive_start(pid) != Some(start_ticks) {
+            return Ok(());
+        }
+        self.mark(&process, tree)
+    }
+
+    /// Whether the process `process` names carries a mark of `tree` as registered now; None
+    /// where the marks are not in place, or it has none (user space marks what it puts in,
+    /// but a process put in before the marks were there has none).
+    pub(super) fn marked_in(&self, process: &crate::sys::Pidfd, tree: TreeId) -> Option<bool> {
+        let mark = self.marks.as_ref()?.of(process).ok()??;
+        let generation = self.view.control.get(&tree, 0).ok()?.generation;
+        Some(mark.tree == tree && mark.generation == generation)
+    }
+
+    /// A generation for a tree registered now: never one in use, nor 0.
+    pub(super) fn new_generation(&mut self) -> u32 {
+        self.next_generation = self.next_generation.wrapping_add(1).max(1);
+        self.next_generation
+    }
+
+    /// The highest generation of the trees registered now.
+    pub(super) fn highest_generation(&self) -> u32 {
+        self.trees()
+            .iter()
+            .filter_map(|&tree| self.view.control.get(&tree, 0).ok())
+            .map(|control| control.generation)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Where the pins are, if this tracker is pinned.

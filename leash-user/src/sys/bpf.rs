@@ -359,3 +359,60 @@ pub fn bpf_map_create_probe() -> io::Result<()> {
     // SAFETY: attr is a valid bpf_attr prefix for BPF_MAP_CREATE; it holds no pointers.
     unsafe { bpf(BPF_MAP_CREATE, &mut attr) }.map(|fd| drop(new_bpf_fd(fd)))
 }
+
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+
+/// `union bpf_attr` as BPF_MAP_LOOKUP_ELEM and BPF_MAP_UPDATE_ELEM read it.
+#[repr(C)]
+struct MapElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// The value of a task storage map (`map`) on the process `pidfd` names: the key of such a map
+/// is a pidfd, so a recycled pid can never match. None if it has none.
+pub fn task_storage_get<V: aya::Pod>(
+    map: BorrowedFd<'_>,
+    pidfd: BorrowedFd<'_>,
+) -> io::Result<Option<V>> {
+    let key: u32 = pidfd.as_raw_fd() as u32;
+    let mut value = std::mem::MaybeUninit::<V>::zeroed();
+    let mut attr = MapElemAttr {
+        map_fd: map.as_raw_fd() as u32,
+        _pad: 0,
+        key: &key as *const u32 as u64,
+        value: value.as_mut_ptr() as u64,
+        flags: 0,
+    };
+    // SAFETY: attr is the bpf_attr prefix of this command; key (4 bytes, the map's key size)
+    // and value (a V, the map's value size as the map was made for it) outlive the call.
+    match unsafe { bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) } {
+        // SAFETY: zeroed, then written by the kernel; a Pod is valid for any bytes.
+        Ok(_) => Ok(Some(unsafe { value.assume_init() })),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Stores `value` in a task storage map (`map`) on the process `pidfd` names (BPF_ANY).
+pub fn task_storage_set<V: aya::Pod>(
+    map: BorrowedFd<'_>,
+    pidfd: BorrowedFd<'_>,
+    value: &V,
+) -> io::Result<()> {
+    let key: u32 = pidfd.as_raw_fd() as u32;
+    let mut attr = MapElemAttr {
+        map_fd: map.as_raw_fd() as u32,
+        _pad: 0,
+        key: &key as *const u32 as u64,
+        value: value as *const V as u64,
+        flags: 0,
+    };
+    // SAFETY: attr is the bpf_attr prefix of this command; key and value (the map's sizes)
+    // outlive the call, and are only read.
+    unsafe { bpf(BPF_MAP_UPDATE_ELEM, &mut attr) }.map(drop)
+}

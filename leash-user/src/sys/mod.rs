@@ -14,7 +14,7 @@ mod socket;
 pub use bpf::{
     AttachKind, LoadError, attach_tracing, bpf_iter_create, bpf_link_fd_by_id, bpf_link_program_id,
     bpf_map_create_probe, bpf_prog_fd_by_id, bpf_prog_recursion_misses, load_by_btf_id, pin_object,
-    zeroed_insn,
+    task_storage_get, task_storage_set, zeroed_insn,
 };
 pub use bpf_map::HashMapReader;
 pub use fs::{is_bpffs, mount_with};

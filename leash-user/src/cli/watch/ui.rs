@@ -192,6 +192,7 @@ mod tests {
             host_leases: 1,
             events_dropped: 0,
             inserts_failed: 0,
+            membership: None,
             pinned_at: None,
         }
     }

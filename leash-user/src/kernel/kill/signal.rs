@@ -78,6 +78,9 @@ pub(super) fn signal_member<T: KillTarget>(
 /// is opened first and the process checked after: a process that matches after the open is
 /// the one the handle names.
 ///
+/// Where the marks are in place, a mark of the tree on the process the handle names settles it
+/// at once.
+///
 /// An entry the fork program made carries the child's exact start time, and the exit programs
 /// take it out when that very process dies, before its pid can be reused: if the entry is still
 /// there after the pidfd was opened, the pidfd is that process. That costs one map lookup.
@@ -101,6 +104,12 @@ fn open_member<T: KillTarget>(
     };
     if target.member(pid) != Some(*member) {
         return Ok(None);
+    }
+    // A mark of the tree on the very process the handle names: a member, whatever became of
+    // its pid (a mark is freed with its process, and only a member's fork or user space makes
+    // one). Without one, the checks below.
+    if target.marked_in(&handle, member.tree) == Some(true) {
+        return Ok(Some(handle));
     }
     // Asked after the lookup: the count of skips only grows.
     if !from_proc && target.every_exit_seen() {

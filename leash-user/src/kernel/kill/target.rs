@@ -53,6 +53,16 @@ pub(super) trait KillTarget {
     /// The member map's entry for `pid` now.
     fn member(&self, pid: Pid) -> Option<Member>;
 
+    /// Puts every marked process the member map lacks into it, where the marks are in place
+    /// (see [`Tracker::reconcile`]): a fork the fork programs were skipped for is then a
+    /// member the kill finds. Nothing where they are not.
+    fn reconcile(&mut self) -> Result<()>;
+
+    /// Whether `process` carries a mark of `tree` as registered now: proof that it is a member
+    /// of `tree` (see [`Tracker::marked_in`]). None where the marks are not in place or it has
+    /// none.
+    fn marked_in(&self, process: &Self::Process, tree: TreeId) -> Option<bool>;
+
     /// Whether the kernel has run some exit program for every exit so far (see
     /// [`crate::kernel::ProgramSkips::every_exit_seen`]).
     fn every_exit_seen(&self) -> bool;
@@ -115,6 +125,14 @@ impl KillTarget for Tracker {
 
     fn member(&self, pid: Pid) -> Option<Member> {
         TrackerView::member(self, pid)
+    }
+
+    fn reconcile(&mut self) -> Result<()> {
+        Tracker::reconcile(self).map(drop)
+    }
+
+    fn marked_in(&self, process: &Pidfd, tree: TreeId) -> Option<bool> {
+        Tracker::marked_in(self, process, tree)
     }
 
     fn every_exit_seen(&self) -> bool {

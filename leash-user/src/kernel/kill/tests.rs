@@ -90,6 +90,12 @@ struct Fake {
     exit_skipped: bool,
     /// Bursts held now (see [`KillTarget::burst`]).
     bursts: Rc<Cell<usize>>,
+    /// Whether the marks are in place (see [`KillTarget::marked_in`]).
+    marks: bool,
+    /// The marked processes (pid and start time) and the tree of their mark.
+    marked: BTreeMap<(Pid, u64), TreeId>,
+    /// Runs of the reconciling iterator.
+    reconciles: usize,
 }
 
 /// A burst held on the fake: counted while it lives.
@@ -118,7 +124,29 @@ impl Fake {
             proc_reads: Cell::new(0),
             exit_skipped: false,
             bursts: Rc::new(Cell::new(0)),
+            marks: false,
+            marked: BTreeMap::new(),
+            reconciles: 0,
         }
+    }
+
+    /// The marks in place, and every member there is now marked in its tree.
+    fn with_marks(mut self) -> Self {
+        self.marks = true;
+        for (&pid, member) in &self.members {
+            self.marked.insert((pid, member.start_ns), member.tree);
+        }
+        self
+    }
+
+    /// A marked child in `tree` whose fork the fork programs missed: not in the map until a
+    /// reconciling pass puts it there. Returns its pid.
+    fn fork_unseen(&mut self, tree: TreeId) -> Pid {
+        let child = self.next_pid;
+        self.next_pid += 1;
+        let start_ns = self.start(child);
+        self.marked.insert((child, start_ns), tree);
+        child
     }
 
     /// Boot-time ns now; never a whole number of clock ticks, as a start time the fork program
@@ -330,6 +358,41 @@ impl KillTarget for Fake {
 
     fn member(&self, pid: Pid) -> Option<Member> {
         Fake::member(self, pid)
+    }
+
+    fn reconcile(&mut self) -> Result<()> {
+        if !self.marks {
+            return Ok(());
+        }
+        self.reconciles += 1;
+        let running: Vec<(Pid, u64, TreeId)> = self
+            .processes
+            .get_mut()
+            .iter()
+            .filter(|p| p.state == State::Running)
+            .filter_map(|p| Some((p.pid, p.start_ns, *self.marked.get(&(p.pid, p.start_ns))?)))
+            .collect();
+        for (pid, start_ns, tree) in running {
+            if self.members.contains_key(&pid) {
+                continue;
+            }
+            let member = Member {
+                tree,
+                parent: 1,
+                start_ns,
+            };
+            self.members.insert(pid, member);
+            self.joined += u64::from(tree == TREE);
+        }
+        Ok(())
+    }
+
+    fn marked_in(&self, handle: &Handle, tree: TreeId) -> Option<bool> {
+        if !self.marks {
+            return None;
+        }
+        let mark = self.marked.get(&(handle.pid, handle.start_ns))?;
+        Some(*mark == tree)
     }
 
     fn every_exit_seen(&self) -> bool {
@@ -656,6 +719,94 @@ fn while_the_exit_programs_have_missed_no_exit_no_member_is_read_from_proc() {
     assert_eq!(report.killed, members.len());
     assert_eq!(fake.proc_reads.get(), 0, "the entries are proof enough");
     assert_eq!(fake.tree_members(TREE), 0);
+}
+
+#[test]
+fn a_fork_the_programs_missed_is_found_by_its_mark_and_killed() {
+    let mut fake = Fake::new();
+    let member = fake.add_member(TREE);
+    let mut fake = fake.with_marks();
+    let unseen = fake.fork_unseen(TREE);
+    let grandchild = fake.fork_unseen(TREE);
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    drive(&mut kill, &mut fake, |_| {}).unwrap();
+    for pid in [member, unseen, grandchild] {
+        assert_eq!(fake.signals(pid), [libc::SIGKILL], "{pid} killed");
+    }
+    assert_eq!(fake.tree_members(TREE), 0);
+}
+
+#[test]
+fn a_fork_that_lands_after_the_last_search_is_found_before_the_kill_reports() {
+    let mut fake = Fake::new();
+    let member = fake.add_member(TREE);
+    let mut fake = fake.with_marks();
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    // A fork that passed task_alloc before the doom shows up once the rounds have found the
+    // map empty: the check of "empty" reconciles first.
+    let mut late = None;
+    drive(&mut kill, &mut fake, |fake| {
+        if late.is_none() && fake.process(member).state != State::Running {
+            late = Some(fake.fork_unseen(TREE));
+        }
+    })
+    .unwrap();
+    let late = late.expect("the fork came");
+    assert_eq!(
+        fake.signals(late),
+        [libc::SIGKILL],
+        "the late child is killed"
+    );
+    assert!(fake.reconciles >= 2, "a pass at the search and at the end");
+}
+
+#[test]
+fn without_the_marks_a_fork_the_programs_missed_is_not_found() {
+    // What the marks are for: the same fork, with nothing to reconcile it.
+    let mut fake = Fake::new();
+    let member = fake.add_member(TREE);
+    let unseen = fake.fork_unseen(TREE);
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    drive(&mut kill, &mut fake, |_| {}).unwrap();
+    assert_eq!(fake.signals(member), [libc::SIGKILL]);
+    assert!(fake.signals(unseen).is_empty(), "it escapes the kill");
+    assert_eq!(fake.reconciles, 0);
+}
+
+#[test]
+fn a_marked_member_is_signalled_without_reading_proc_once_exits_were_skipped() {
+    let mut fake = Fake::new();
+    let members: Vec<Pid> = (0..10).map(|_| fake.add_member(TREE)).collect();
+    let mut fake = fake.with_marks();
+    fake.exit_skipped = true;
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let report = drive(&mut kill, &mut fake, |_| {}).unwrap();
+    assert_eq!(report.killed, members.len());
+    assert_eq!(fake.proc_reads.get(), 0, "each mark is proof enough");
+}
+
+#[test]
+fn a_recycled_pid_with_no_mark_is_never_signalled_where_the_marks_are() {
+    let mut fake = Fake::new();
+    let live = fake.add_member(TREE);
+    // A member died unseen by the exit programs (held by a preempted task): its entry stays,
+    // and its pid goes to an unrelated process, which has no mark.
+    let left = fake.add_member(TREE);
+    let mut fake = fake.with_marks();
+    fake.process(left).state = State::Reaped;
+    fake.exit_skipped = true;
+    fake.tick(Duration::from_millis(20));
+    fake.start(left);
+    let mut kill = Kill::new(TREE, Duration::ZERO);
+    let report = drive(&mut kill, &mut fake, |_| {}).unwrap();
+    assert!(
+        fake.signals(left).is_empty(),
+        "the unrelated process is left alone"
+    );
+    assert_eq!(fake.process(left).state, State::Running);
+    assert!(fake.member(left).is_none(), "the entry is taken out");
+    assert_eq!(fake.signals(live), [libc::SIGKILL]);
+    assert_eq!(report.killed, 1);
 }
 
 /// Other trees' members, many more than the tree killed has.

@@ -1,0 +1,252 @@
+//! Marks: membership the kernel never skips. From Linux 7.0 a tracepoint program is skipped
+//! on a CPU where a preempted task is inside it, and a fork the fork programs miss leaves a
+//! child outside its tree. LSM programs and iterators have no such guard.
+//!
+//! - `leash_task_alloc`, a BPF LSM program on `task_alloc` (the one hook of the fork path: it
+//!   runs in the forking task, before the child can run, and may fail the fork), gives a
+//!   member's child, process or thread, the member's mark in `MARKS`. A child that cannot be
+//!   marked is not made; a doomed tree's member makes nothing, so a kill converges as
+//!   cgroup.kill does.
+//! - `leash_reconcile`, a task iterator, puts every marked process that `MEMBERS` lacks into
+//!   it: `MEMBERS` stays the index the kill searches and the source of events, whole again.
+//!
+//! Task storage is freed with its task: a mark never outlives its process, and user space,
+//! which reads and writes marks by pidfd, never finds one on a recycled pid. A mark counts only
+//! while its generation is its tree's (tree ids are reused).
+//!
+//! Task storage needs Linux 5.11: these live in an object of their own (leash-ebpf-marks,
+//! everything else too), which user space loads where the kernel has it.
+
+use core::{ffi::c_void, ptr};
+
+use aya_ebpf::{
+    bindings::{BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE, bpf_map_type, task_struct},
+    helpers::{bpf_get_current_task_btf, bpf_task_storage_get},
+    macros::btf_map,
+    programs::FEntryContext,
+};
+use leash_common::{ALL_ACCOUNTS, EventKind, Mark, Member, Pid, TreeControl, TreeId, flags, stat};
+
+use crate::{
+    programs::{
+        BPF_NOEXIST, MEMBERS, TASK_START_OFFSET, TASK_TGID_OFFSET, TREE_CONTROL, TREE_COUNTERS,
+        add, add_to_account, count, current_tgid, emit, is_member, read_at, read_task,
+    },
+    whois::NAMESPACE_OFFSETS,
+};
+
+/// Byte offset of `task_struct.real_parent` (from the kernel's BTF), set by user space at
+/// load as the other offsets are (see programs.rs).
+#[unsafe(no_mangle)]
+static TASK_REAL_PARENT_OFFSET: u32 = 0;
+
+/// `BPF_MAP_TYPE_TASK_STORAGE` of [`Mark`], declared by hand: aya-ebpf 0.2 has no such type,
+/// and its `btf_map_def!` is private. The layout is what loaders read from BTF: the fields'
+/// pointee types carry the map's type, key, value, size and flags.
+#[repr(C)]
+pub(crate) struct TaskStorage<T> {
+    r#type: *const [i32; bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE as usize],
+    key: *const i32,
+    value: *const T,
+    max_entries: *const [i32; 0],
+    map_flags: *const [i32; BPF_F_NO_PREALLOC as usize],
+}
+
+// SAFETY: the fields are placeholders the loader reads from BTF; nothing dereferences them,
+// and the map's memory is the kernel's, reached only through helpers.
+unsafe impl<T> Sync for TaskStorage<T> {}
+
+impl<T> TaskStorage<T> {
+    const fn new() -> Self {
+        Self {
+            r#type: ptr::null(),
+            key: ptr::null(),
+            value: ptr::null(),
+            max_entries: ptr::null(),
+            map_flags: ptr::null(),
+        }
+    }
+
+    /// The value stored on `task`; with `create`, `create` is stored first if it has none.
+    /// Null if it has none (or could not be given one).
+    ///
+    /// # Safety
+    ///
+    /// `task` is a task pointer the verifier knows as one (a program's BTF-typed argument,
+    /// `bpf_get_current_task_btf`, an iterator's task).
+    unsafe fn get(&self, task: *mut task_struct, create: Option<&mut T>) -> *mut T {
+        let (value, flags) = match create {
+            Some(value) => (
+                ptr::from_mut(value).cast::<c_void>(),
+                u64::from(BPF_LOCAL_STORAGE_GET_F_CREATE),
+            ),
+            None => (ptr::null_mut(), 0),
+        };
+        let map = ptr::from_ref(self).cast_mut().cast::<c_void>();
+        // SAFETY: the caller's contract for `task`; `value` is null or a valid T on the stack.
+        unsafe { bpf_task_storage_get(map, task, value, flags) }.cast::<T>()
+    }
+}
+
+#[btf_map]
+static MARKS: TaskStorage<Mark> = TaskStorage::new();
+
+const EPERM: i64 = 1;
+const ENOMEM: i64 = 12;
+
+/// LSM `task_alloc(struct task_struct *task, unsigned long clone_flags)`: `task` is the child,
+/// made but not yet given its pid, which still reads as its parent's; the program runs in the
+/// forking task.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "lsm/task_alloc")]
+pub(crate) fn leash_task_alloc(ctx: *mut c_void) -> i64 {
+    let ctx = FEntryContext::new(ctx);
+    let child: *mut task_struct = ctx.arg(0);
+    let refusal = match forker_mark() {
+        None => 0,
+        Some((_, control)) if control.flags & flags::DOOMED != 0 => EPERM,
+        Some((mut mark, _)) => {
+            // SAFETY: `child` is the hook's BTF-typed argument.
+            let marked = unsafe { MARKS.get(child, Some(&mut mark)) };
+            if marked.is_null() { ENOMEM } else { 0 }
+        }
+    };
+    if refusal != 0 {
+        count(stat::FORKS_REFUSED);
+    }
+    lsm_answer(refusal)
+}
+
+/// The forking task's mark and its tree's control, if the forker is a member: its own mark, or,
+/// for a thread user space could not mark (it marks a process by pidfd, which names its main
+/// thread), its process's entry in `MEMBERS`, which user space put in.
+#[inline(always)]
+fn forker_mark() -> Option<(Mark, TreeControl)> {
+    // SAFETY: the helper takes nothing and returns the current task, which the verifier knows.
+    let current = unsafe { bpf_get_current_task_btf() };
+    // SAFETY: `current` is as the contract asks.
+    let own = unsafe { MARKS.get(current, None) };
+    if !own.is_null() {
+        // SAFETY: a non-null answer points at the task's value, aligned, which lives as long
+        // as the task (this one, running); copied at once.
+        let mark = unsafe { *own };
+        if let Some(control) = tree_of(&mark) {
+            return Some((mark, control));
+        }
+    }
+    let tgid = current_tgid();
+    // SAFETY: copied at once (see "Reading the hash maps" in programs.rs).
+    let entry = unsafe { MEMBERS.get(tgid) }.copied()?;
+    if !is_member(current as *const u8, &entry) {
+        return None;
+    }
+    // SAFETY: as above.
+    let control = unsafe { TREE_CONTROL.get(entry.tree) }.copied()?;
+    let mark = Mark {
+        tree: entry.tree,
+        generation: control.generation,
+    };
+    Some((mark, control))
+}
+
+/// The control of the tree `mark` names, if it is still that registration of it.
+#[inline(always)]
+fn tree_of(mark: &Mark) -> Option<TreeControl> {
+    // SAFETY: copied at once (see "Reading the hash maps" in programs.rs).
+    let control = unsafe { TREE_CONTROL.get(mark.tree) }.copied()?;
+    (control.generation == mark.generation).then_some(control)
+}
+
+/// An LSM program's answer, 0 or `-errno`, as every verifier can bound it: each a constant of
+/// its own branch, through the stack, and 64 bits wide (left to itself the compiler computes
+/// it in ways verifiers before 6.13 cannot bound, and they check all 64 bits).
+#[inline(always)]
+pub(crate) fn lsm_answer(errno: i64) -> i64 {
+    let mut answer: i64 = 0;
+    if errno != 0 {
+        // SAFETY: a write to a local.
+        unsafe { ptr::write_volatile(&mut answer, -errno) };
+    }
+    // SAFETY: a read of a local.
+    unsafe { ptr::read_volatile(&answer) }
+}
+
+/// Runs once per task (thread), and once more with no task at the end: a marked process
+/// (by its main thread) that `MEMBERS` has no entry for is put in, counted as joined, and
+/// reported as a fork. An entry already there, even a stale one of an earlier process by the
+/// pid, is left alone: user space takes stale entries out, and the next run puts this one in.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/task")]
+pub(crate) fn leash_reconcile(ctx: *mut c_void) -> i32 {
+    // SAFETY: the context of a task iterator is `struct bpf_iter__task { meta, task }`, two
+    // pointers: this reads the second, which the verifier checks as a context access.
+    let task = unsafe { *(ctx as *const *mut task_struct).add(1) };
+    if task.is_null() {
+        return 0;
+    }
+    // SAFETY: an iterator's task, checked for null.
+    let mark = unsafe { MARKS.get(task, None) };
+    if mark.is_null() {
+        return 0;
+    }
+    // SAFETY: as in forker_mark: the task's value, copied at once.
+    let mark = unsafe { *mark };
+    let Some(control) = tree_of(&mark) else {
+        return 0;
+    };
+    let task = task as *const u8;
+    let Some(tgid) = read_task::<u32>(task, &TASK_TGID_OFFSET) else {
+        return 0;
+    };
+    // The process once, by its main thread: its other threads carry the same mark.
+    if task_pid(task) != Some(tgid) {
+        return 0;
+    }
+    // SAFETY: one field read within the expression (see "Reading the hash maps").
+    if unsafe { MEMBERS.get(tgid) }.is_some() {
+        return 0;
+    }
+    let Some(start_ns) = read_task::<u64>(task, &TASK_START_OFFSET) else {
+        return 0;
+    };
+    let parent = parent_tgid(task).unwrap_or(0);
+    let member = Member {
+        tree: mark.tree,
+        parent,
+        start_ns,
+    };
+    if MEMBERS.insert(tgid, member, BPF_NOEXIST).is_err() {
+        return 0;
+    }
+    // As at fork: the event before the count.
+    count(stat::RECONCILED);
+    emit(EventKind::Fork, mark.tree, tgid, parent);
+    add_to_account(control.holder.account, 1);
+    add_to_account(ALL_ACCOUNTS, 1);
+    add_to_tree_joined(mark.tree);
+    0
+}
+
+/// The thread id of `task` (`task_struct.pid`).
+fn task_pid(task: *const u8) -> Option<u32> {
+    // SAFETY: a reference to a static is valid and aligned (volatile: see the globals in
+    // programs.rs).
+    let offsets = unsafe { ptr::read_volatile(&NAMESPACE_OFFSETS) };
+    read_at::<u32>(task, offsets.task_pid)
+}
+
+/// The thread group id of `task`'s parent (`real_parent`: the process that forked it, or its
+/// reaper since).
+fn parent_tgid(task: *const u8) -> Option<Pid> {
+    let parent = read_task::<*const u8>(task, &TASK_REAL_PARENT_OFFSET)?;
+    read_task::<u32>(parent, &TASK_TGID_OFFSET)
+}
+
+/// Counts one member more as joined in `tree` (one the reconciling iterator put in).
+fn add_to_tree_joined(tree: TreeId) {
+    if let Some(counters) = TREE_COUNTERS.get_ptr_mut(tree) {
+        // SAFETY: as in programs.rs's join: memory that lives as long as the map, only added
+        // to atomically.
+        unsafe { add(&raw mut (*counters).joined, 1) };
+    }
+}
