@@ -30,7 +30,7 @@ use leash_common::{ALL_ACCOUNTS, EventKind, Mark, Member, Pid, TreeControl, Tree
 use crate::{
     programs::{
         BPF_NOEXIST, MEMBERS, TASK_START_OFFSET, TASK_TGID_OFFSET, TREE_CONTROL, TREE_COUNTERS,
-        add, add_to_account, count, current_tgid, emit, is_member, read_at, read_task,
+        add, add_to_account, count, current_tgid, emit, group_dead, is_member, read_at, read_task,
     },
     whois::NAMESPACE_OFFSETS,
 };
@@ -206,6 +206,11 @@ pub(crate) fn leash_reconcile(ctx: *mut c_void) -> i32 {
     if unsafe { MEMBERS.get(tgid) }.is_some() {
         return 0;
     }
+    // A process whose threads have all exited has left (a zombie keeps its mark until it is
+    // reaped): put in now, it would never leave.
+    if group_dead(task) {
+        return 0;
+    }
     let Some(start_ns) = read_task::<u64>(task, &TASK_START_OFFSET) else {
         return 0;
     };
@@ -223,7 +228,14 @@ pub(crate) fn leash_reconcile(ctx: *mut c_void) -> i32 {
     emit(EventKind::Fork, mark.tree, tgid, parent);
     add_to_account(control.holder.account, 1);
     add_to_account(ALL_ACCOUNTS, 1);
-    add_to_tree_joined(mark.tree);
+    add_to_tree(mark.tree, Counter::Joined);
+    // Its last thread may have begun exiting since the check above, and the exit programs run
+    // before this insert: whoever takes the entry out counts the leave, they or this.
+    if group_dead(task) && MEMBERS.remove(tgid).is_ok() {
+        add_to_account(control.holder.account, u64::MAX);
+        add_to_account(ALL_ACCOUNTS, u64::MAX);
+        add_to_tree(mark.tree, Counter::Left);
+    }
     0
 }
 
@@ -242,11 +254,22 @@ fn parent_tgid(task: *const u8) -> Option<Pid> {
     read_task::<u32>(parent, &TASK_TGID_OFFSET)
 }
 
-/// Counts one member more as joined in `tree` (one the reconciling iterator put in).
-fn add_to_tree_joined(tree: TreeId) {
+/// A counter of a tree's members.
+enum Counter {
+    Joined,
+    Left,
+}
+
+/// Counts one member more as joined in `tree`, or as left.
+fn add_to_tree(tree: TreeId, counter: Counter) {
     if let Some(counters) = TREE_COUNTERS.get_ptr_mut(tree) {
         // SAFETY: as in programs.rs's join: memory that lives as long as the map, only added
         // to atomically.
-        unsafe { add(&raw mut (*counters).joined, 1) };
+        unsafe {
+            match counter {
+                Counter::Joined => add(&raw mut (*counters).joined, 1),
+                Counter::Left => add(&raw mut (*counters).left, 1),
+            }
+        }
     }
 }

@@ -294,7 +294,7 @@ pub(crate) fn current_tgid() -> u32 {
 /// group's live threads, is 0. do_exit counts the thread out of it before this tracepoint, on
 /// every kernel; 6.16's `group_dead` argument is the same test, which older kernels lack. Two
 /// threads ending at once may both see 0: the second finds the entry gone.
-fn group_dead(task: *const u8) -> bool {
+pub(crate) fn group_dead(task: *const u8) -> bool {
     let Some(signal) = read_task::<*const u8>(task, &TASK_SIGNAL_OFFSET) else {
         return false;
     };

@@ -161,6 +161,8 @@ impl Metrics {
 /// Everything one scrape shows, read at one time.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct Snapshot {
+    /// The membership guarantee in place (`kernel::Membership`'s name).
+    pub membership: &'static str,
     pub trees: u64,
     pub trees_registered: u64,
     pub trees_capacity: u64,
@@ -185,6 +187,9 @@ pub(super) struct KernelCounters {
     pub inserts_failed: u64,
     /// Each attached program's `recursion_misses` (see `kernel::ProgramSkips`).
     pub program_skips: Vec<(&'static str, u64)>,
+    /// See `kernel::Stats`.
+    pub reconciled: u64,
+    pub forks_refused: u64,
 }
 
 /// The `Content-Type` of [`encode`]'s text: the Prometheus text format, version 0.0.4.
@@ -214,6 +219,19 @@ impl Collector for Snapshot {
         )?;
         let version = env!("CARGO_PKG_VERSION");
         samples(family, "version", [(version, ConstGauge::new(1_u64))])?;
+        let family = out.encode_descriptor(
+            "leash_membership",
+            "The membership guarantee in place, as a label (the value is always 1): marks \
+             (exact: an LSM program the kernel never skips marks every member's child) or \
+             layered (the fork programs alone, which Linux 7.x can skip).",
+            None,
+            MetricType::Gauge,
+        )?;
+        samples(
+            family,
+            "guarantee",
+            [(self.membership, ConstGauge::new(1_u64))],
+        )?;
         single(
             out,
             ConstGauge::new(self.trees),
@@ -334,6 +352,20 @@ impl Collector for Snapshot {
                 "leash_member_inserts_failed",
                 "Children the kernel could not track because the member map was full (their \
                  trees are killed), since the programs were loaded.",
+            )?;
+            single(
+                out,
+                ConstCounter::new(kernel.reconciled),
+                "leash_members_reconciled",
+                "Marked processes put into the member map by the reconciling iterator: forks \
+                 the fork programs missed, since the programs were loaded.",
+            )?;
+            single(
+                out,
+                ConstCounter::new(kernel.forks_refused),
+                "leash_forks_refused",
+                "Forks the task_alloc program refused (a doomed tree's, or a child it could \
+                 not mark), since the programs were loaded.",
             )?;
             let family = out.encode_descriptor(
                 "leash_program_skips",

@@ -76,8 +76,11 @@ fn snapshot(daemon: &Daemon) -> Snapshot {
         events_dropped: stats.events_dropped,
         inserts_failed: stats.inserts_failed,
         program_skips: view.program_skips(),
+        reconciled: stats.reconciled,
+        forks_refused: stats.forks_refused,
     });
     Snapshot {
+        membership: daemon.membership.as_str(),
         trees: trees.len() as u64,
         trees_capacity: capacity.trees.into(),
         members,

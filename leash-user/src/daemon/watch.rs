@@ -73,6 +73,9 @@ pub(super) async fn sweep(owner: Rc<Owner>) {
     for sweep in 0_u32.. {
         every.tick().await;
         let check_roots = sweep.is_multiple_of(ROOT_CHECK_EVERY_SWEEPS);
+        if check_roots && let Err(e) = owner.tracker().reconcile_after_skips() {
+            tracing::warn!("{e:#}");
+        }
         for tree in owner.daemon.registry.live_trees() {
             let Ok(status) = owner.tracker().tree_status(tree) else {
                 continue;

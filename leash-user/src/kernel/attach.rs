@@ -177,9 +177,10 @@ pub(super) struct MarkLinks {
     pub(super) reconcile: FdLink,
 }
 
-/// Whether the kernel may have the marks: task storage came with Linux 5.11.
+/// Whether the kernel may have the marks: task storage came with Linux 5.11 (tried where the
+/// version cannot be read: a refusal falls back to the object without them).
 fn marks_possible() -> bool {
-    aya::util::KernelVersion::current().is_ok_and(|v| v >= aya::util::KernelVersion::new(5, 11, 0))
+    support::version().is_none_or(|version| version >= (5, 11))
 }
 
 /// Loads `object` (the maps made, the programs not yet) with the kernel's offsets and the

@@ -150,6 +150,7 @@ impl Tracker {
             next_tree: 1,
             next_generation: 0,
             marks,
+            fork_misses_seen: 0,
             pins,
             whois: whois.into(),
             guard,
@@ -228,6 +229,7 @@ impl Tracker {
             next_tree: 1,
             next_generation: 0,
             marks,
+            fork_misses_seen: 0,
             whois: Whois::new(
                 link_fd(&pins.open_link(program::WHOIS)?)?,
                 pins.open_map(map::WHOIS)?,

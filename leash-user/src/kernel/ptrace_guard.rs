@@ -266,7 +266,7 @@ fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<Vec<(&'static str, HeldLink)>> 
 /// Whether a classic tracepoint's link is a BPF link, which can be pinned (Linux 5.15); before,
 /// aya attaches through a perf event, which lives only as long as its descriptor.
 pub fn tracepoint_links_pin() -> bool {
-    aya::util::KernelVersion::current().is_ok_and(|v| v >= aya::util::KernelVersion::new(5, 15, 0))
+    super::support::version().is_some_and(|version| version >= (5, 15))
 }
 
 /// Classic tracepoints are found through tracefs, which some machines do not mount at boot.

@@ -110,6 +110,19 @@ impl ProgramSkips {
             .collect()
     }
 
+    /// How often the kernel skipped the fork programs, both together, so far (a count that can
+    /// not be read counts 0).
+    pub fn fork_misses(&self) -> u64 {
+        self.programs
+            .iter()
+            .filter(|(name, _)| *name == program::FORK || *name == program::FORK_AGAIN)
+            .filter_map(|&(_, id)| {
+                let program = sys::bpf_prog_fd_by_id(id).ok()?;
+                sys::bpf_prog_recursion_misses(program.as_fd()).ok()
+            })
+            .sum()
+    }
+
     /// Whether the kernel has run some exit program for every exit so far: then a member
     /// entry read before this call names its process, or one yet to be taken out. False once
     /// both exit programs have been skipped, for good; false too while their counts cannot be

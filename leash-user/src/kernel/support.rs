@@ -88,6 +88,29 @@ pub fn release() -> String {
     KernelVersion::current().map_or_else(|_| "unknown".to_owned(), |v| v.to_string())
 }
 
+/// The running kernel's version as (major, minor), from its release string (aya's reading
+/// fails on some, 7.3's release candidates among them); None if it cannot be read.
+pub fn version() -> Option<(u32, u32)> {
+    parse_version(&uname_release()?)
+}
+
+/// `major.minor` from the start of a kernel release string ("7.3.0-rc7-cloud-amd64",
+/// "7.3-cloud-amd64", "6.1.0-57-cloud-amd64").
+fn parse_version(release: &str) -> Option<(u32, u32)> {
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(str::parse::<u32>);
+    let major = numbers.next()?.ok()?;
+    let minor = numbers.next()?.ok()?;
+    Some((major, minor))
+}
+
+/// The running kernel's release string (`uname -r`), as /boot names its files after it.
+pub fn uname_release() -> Option<String> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    Some(release.trim().to_owned())
+}
+
 /// Whether the running kernel is [`KERNEL_FLOOR`] or later (None if its version cannot be
 /// read). Only a hint: a distribution kernel may have the features backported, and the probes
 /// decide.
@@ -208,6 +231,15 @@ fn helper(helper: BpfHelper) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_version_is_read_from_any_release_string() {
+        assert_eq!(parse_version("7.3-cloud-amd64"), Some((7, 3)));
+        assert_eq!(parse_version("7.3.0-rc7-cloud-amd64"), Some((7, 3)));
+        assert_eq!(parse_version("6.1.0-57-cloud-amd64"), Some((6, 1)));
+        assert_eq!(parse_version("5.10.0-46-cloud-amd64"), Some((5, 10)));
+        assert_eq!(parse_version("garbage"), None);
+    }
 
     #[test]
     fn the_error_names_each_missing_piece_and_the_floor() {

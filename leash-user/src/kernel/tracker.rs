@@ -35,6 +35,8 @@ pub struct Tracker {
     pub(super) next_generation: u32,
     /// The marks, where they are in place (see [`Membership`]).
     pub(super) marks: Option<Marks>,
+    /// The fork programs' skips when [`Tracker::reconcile_after_skips`] last looked.
+    pub(super) fork_misses_seen: u64,
     pub(super) pins: Option<Pins>,
     pub(super) whois: std::sync::Arc<Whois>,
     /// The ptrace guard in place (pinned, or held below).
@@ -95,6 +97,21 @@ impl Tracker {
             .reconcile()
             .map_err(|e| anyhow::anyhow!("running the reconciling iterator: {e}"))?;
         Ok(true)
+    }
+
+    /// Reconciles (see [`Tracker::reconcile`]) if the kernel skipped a fork program since the
+    /// last time this looked: a fork may have gone unseen, and its child is put in the map now,
+    /// where the events and `list` see it, not only when its tree is killed.
+    pub fn reconcile_after_skips(&mut self) -> Result<bool> {
+        if self.marks.is_none() {
+            return Ok(false);
+        }
+        let misses = self.view.fork_misses();
+        if misses == self.fork_misses_seen {
+            return Ok(false);
+        }
+        self.fork_misses_seen = misses;
+        self.reconcile()
     }
 
     /// Marks the process `process` names a member of `tree`, where the marks are in place: its

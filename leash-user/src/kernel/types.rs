@@ -89,6 +89,11 @@ pub struct Stats {
     pub exits: u64,
     pub inserts_failed: u64,
     pub events_dropped: u64,
+    /// Marked processes the reconciling iterator put into the member map: forks the fork
+    /// programs missed (0 where the marks are not in place).
+    pub reconciled: u64,
+    /// Forks `task_alloc` refused: doomed trees' members', or children it could not mark.
+    pub forks_refused: u64,
 }
 
 /// Where a pinned tracker's programs and maps came from.

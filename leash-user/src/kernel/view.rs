@@ -212,6 +212,12 @@ impl TrackerView {
         self.skips.counts()
     }
 
+    /// How often the kernel skipped the fork programs so far (see
+    /// [`ProgramSkips::fork_misses`]).
+    pub fn fork_misses(&self) -> u64 {
+        self.skips.fork_misses()
+    }
+
     /// See [`ProgramSkips::every_exit_seen`].
     pub(super) fn every_exit_seen(&self) -> bool {
         self.skips.every_exit_seen()
@@ -227,6 +233,8 @@ impl TrackerView {
             exits: sum(stat::EXITS)?,
             inserts_failed: sum(stat::INSERTS_FAILED)?,
             events_dropped: sum(stat::EVENTS_DROPPED)?,
+            reconciled: sum(stat::RECONCILED)?,
+            forks_refused: sum(stat::FORKS_REFUSED)?,
         })
     }
 

@@ -222,3 +222,74 @@ mod tests {
         assert_eq!(short("no comma"), "no comma");
     }
 }
+
+/// The membership guarantee this kernel allows, and the one the daemon (`daemon`, its
+/// `status`'s word, if it answered) has in place. Linux 7.0 runs tracing programs preemptibly
+/// and skips one on a CPU where a preempted task is inside it: there only marks by the BPF LSM
+/// (which needs task storage, 5.11) keep every fork seen.
+pub(super) fn membership_finding(daemon: Option<&str>) -> Finding {
+    let lsm_list = fs::read_to_string(LSM_LIST).ok();
+    let lsm_active = lsm_list
+        .as_deref()
+        .map(|list| list.trim().split(',').any(|lsm| lsm == "bpf"));
+    let version = support::version();
+    let marks_possible = version.is_some_and(|v| v >= (5, 11)) && lsm_active == Some(true);
+    let preemptible = version.is_some_and(|v| v >= (7, 0)) && preempt_rcu() != Some(false);
+    match (daemon, marks_possible) {
+        (Some("marks"), _) => Finding::ok(
+            "membership",
+            "exact: the daemon's marks are in place (a BPF LSM program on task_alloc, which the \
+             kernel never skips, marks every member's child before it runs)",
+        ),
+        (Some("layered"), true) if preemptible => Finding::new(
+            "membership",
+            Status::Warn,
+            "the BPF LSM is active, yet the daemon's membership is layered: its marks did not \
+             attach",
+        )
+        .with_fix("see the daemon's log at its start (journalctl -u leash): it says why"),
+        (None, true) => Finding::ok(
+            "membership",
+            "exact where the daemon attaches its marks: the BPF LSM is active",
+        ),
+        (_, _) if preemptible => {
+            let list = lsm_list.as_deref().map_or("", str::trim);
+            let wanted = if list.is_empty() {
+                "lockdown,capability,landlock,yama,apparmor,bpf".to_owned()
+            } else {
+                format!("{list},bpf")
+            };
+            Finding::new(
+                "membership",
+                Status::Warn,
+                format!(
+                    "layered: Linux {} runs tracing programs preemptibly and can skip the fork \
+                     programs, and without the BPF LSM (active LSMs: {}) nothing marks a \
+                     member's child: a member that forks while the programs are held on its \
+                     CPU can leave a child outside its tree",
+                    support::release(),
+                    if list.is_empty() { "unknown" } else { list }
+                ),
+            )
+            .with_fix(format!(
+                "add bpf to the kernel's lsm= boot parameter: in /etc/default/grub, \
+                 GRUB_CMDLINE_LINUX=\"... lsm={wanted}\", then update-grub and reboot"
+            ))
+        }
+        (_, _) => Finding::ok(
+            "membership",
+            "layered, and whole on this kernel: it runs the fork programs with preemption off, \
+             so it never skips them",
+        ),
+    }
+}
+
+/// The active LSMs, as securityfs lists them.
+const LSM_LIST: &str = "/sys/kernel/security/lsm";
+
+/// Whether the running kernel was built with CONFIG_PREEMPT_RCU (which 7.x's preemptible
+/// tracepoints need), from its config in /boot; None if that cannot be read.
+fn preempt_rcu() -> Option<bool> {
+    let config = fs::read_to_string(format!("/boot/config-{}", support::uname_release()?)).ok()?;
+    Some(config.lines().any(|line| line == "CONFIG_PREEMPT_RCU=y"))
+}

@@ -30,7 +30,7 @@ use clap::Args;
 use bounds::{TIMEOUT, bounded, is_root, timed_out};
 use daemon::{DaemonError, ask_daemon, daemon_finding, pid_namespace};
 use files::{DEFAULT_PIN_DIR, bpffs, pins, socket_dir};
-use kernel::kernel_findings;
+use kernel::{kernel_findings, membership_finding};
 use report::{Report, Status, text};
 
 #[derive(Args, Debug)]
@@ -63,6 +63,11 @@ pub(super) fn doctor(socket: &Path, args: DoctorArgs) -> Result<ExitCode> {
     );
     findings.push(pid_namespace(daemon.as_ref().ok()));
     findings.push(daemon_finding(socket, &daemon));
+    let membership = daemon
+        .as_ref()
+        .ok()
+        .and_then(|d| d.status.membership.clone());
+    findings.push(membership_finding(membership.as_deref()));
     let pinned_at = daemon.as_ref().ok().map(|d| d.status.pinned_at.clone());
     findings.push(
         bounded(TIMEOUT, {

@@ -110,10 +110,13 @@ fn gauges_and_kernel_counters() {
         members: 17,
         members_capacity: 131_072,
         leases: 3,
+        membership: "marks",
         kernel: Some(KernelCounters {
             events_dropped: 5,
             inserts_failed: 1,
             program_skips: vec![("leash_fork", 36), ("leash_exit", 0)],
+            reconciled: 7,
+            forks_refused: 2,
         }),
         ..Snapshot::default()
     };
@@ -127,6 +130,9 @@ fn gauges_and_kernel_counters() {
         ("leash_kernel_events_dropped_total", "5"),
         ("leash_member_inserts_failed_total", "1"),
         ("leash_program_skips_total{program=\"leash_fork\"}", "36"),
+        ("leash_members_reconciled_total", "7"),
+        ("leash_forks_refused_total", "2"),
+        ("leash_membership{guarantee=\"marks\"}", "1"),
         ("leash_program_skips_total{program=\"leash_exit\"}", "0"),
         ("leash_events_dropped_total", "0"),
         ("leash_kill_failures_total", "0"),
