@@ -5,8 +5,8 @@
 //! - `leash_task_alloc`, a BPF LSM program on `task_alloc` (the one hook of the fork path: it
 //!   runs in the forking task, before the child can run, and may fail the fork), gives a
 //!   member's child, process or thread, the member's mark in `MARKS`. A child that cannot be
-//!   marked is not made; a doomed tree's member makes nothing, so a kill converges as
-//!   cgroup.kill does.
+//!   marked is not made; a doomed tree's member makes nothing and dies as it forks, so a kill
+//!   converges as cgroup.kill does.
 //! - `leash_reconcile`, a task iterator, puts every marked process that `MEMBERS` lacks into
 //!   it: `MEMBERS` stays the index the kill searches and the source of events, whole again.
 //!
@@ -21,7 +21,7 @@ use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE, bpf_map_type, task_struct},
-    helpers::{bpf_get_current_task_btf, bpf_task_storage_get},
+    helpers::{bpf_get_current_task_btf, bpf_send_signal, bpf_task_storage_get},
     macros::btf_map,
     programs::FEntryContext,
 };
@@ -29,8 +29,9 @@ use leash_common::{ALL_ACCOUNTS, EventKind, Mark, Member, Pid, TreeControl, Tree
 
 use crate::{
     programs::{
-        BPF_NOEXIST, MEMBERS, TASK_START_OFFSET, TASK_TGID_OFFSET, TREE_CONTROL, TREE_COUNTERS,
-        add, add_to_account, count, current_tgid, emit, group_dead, is_member, read_at, read_task,
+        BPF_NOEXIST, MEMBERS, SIGKILL, TASK_START_OFFSET, TASK_TGID_OFFSET, TREE_CONTROL,
+        TREE_COUNTERS, add, add_to_account, count, current_tgid, emit, group_dead, is_member,
+        read_at, read_task,
     },
     whois::NAMESPACE_OFFSETS,
 };
@@ -104,7 +105,15 @@ pub(crate) fn leash_task_alloc(ctx: *mut c_void) -> i64 {
     let child: *mut task_struct = ctx.arg(0);
     let refusal = match forker_mark() {
         None => 0,
-        Some((_, control)) if control.flags & flags::DOOMED != 0 => EPERM,
+        Some((mark, control)) if control.flags & flags::DOOMED != 0 => {
+            // The forker dies as it forks, as at the fork programs: a doomed tree makes
+            // nothing, and its members' own cleanup may not start anything new.
+            // SAFETY: the helper takes a signal number, signals the current task and touches
+            // no memory of ours.
+            let _ = unsafe { bpf_send_signal(SIGKILL) };
+            emit(EventKind::ForkKilled, mark.tree, current_tgid(), 0);
+            EPERM
+        }
         Some((mut mark, _)) => {
             // SAFETY: `child` is the hook's BTF-typed argument.
             let marked = unsafe { MARKS.get(child, Some(&mut mark)) };

@@ -109,11 +109,13 @@ fn on_fork(ctx: &BtfTracePointContext) -> i32 {
         diagnose(Diagnostic::StartUnread, tree, child_tgid);
         0
     });
-    // The other fork program's work (an entry left by an earlier process by this pid has
-    // another start time, or another parent: the insert below fails on it).
+    // The other fork program's work, or the reconciling iterator's, which takes the parent
+    // as it is then (the forker may have died since, and the child been reparented): the same
+    // exact start time is the same process. An entry left by an earlier process by this pid
+    // has another start time: the insert below fails on it.
     // SAFETY: copied at once (see "Reading the hash maps").
-    let done = unsafe { MEMBERS.get(child_tgid) }
-        .is_some_and(|&joined| joined.parent == parent && joined.start_ns == start_ns);
+    let done =
+        unsafe { MEMBERS.get(child_tgid) }.is_some_and(|&joined| joined.start_ns == start_ns);
     if done {
         return 0;
     }

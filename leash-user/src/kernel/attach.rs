@@ -245,7 +245,7 @@ fn attach_marks(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Option<MarkLinks> {
             tracing::info!(
                 "the BPF LSM is not active (no bpf in {}): membership rests on the fork \
                  programs alone, which a kernel that runs them preemptibly (7.x) may skip",
-                raw::LSM_LIST
+                support::LSM_LIST
             );
             return None;
         }

@@ -27,7 +27,8 @@ use leash_common::program;
 
 use super::{
     programs::{self, program_mut},
-    raw::{self, LSM_LIST, bpf_lsm_active},
+    raw::{self, bpf_lsm_active},
+    support::LSM_LIST,
 };
 use crate::sys;
 

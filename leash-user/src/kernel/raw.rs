@@ -10,10 +10,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use aya::{Ebpf, maps::Map};
 
+use super::support::{self, LSM_LIST};
 use crate::sys;
-
-/// The active LSMs, as securityfs lists them.
-pub(super) const LSM_LIST: &str = "/sys/kernel/security/lsm";
 
 /// Whether the BPF LSM is active: only then does the kernel call its hooks. securityfs is
 /// mounted first if it is not (systemd mounts it at boot).
@@ -24,8 +22,8 @@ pub(super) fn bpf_lsm_active() -> Result<bool> {
             .with_context(|| format!("mounting securityfs at {}", securityfs.display()))?;
         tracing::info!(path = %securityfs.display(), "mounted securityfs");
     }
-    let list = std::fs::read_to_string(LSM_LIST).with_context(|| format!("reading {LSM_LIST}"))?;
-    Ok(list.trim().split(',').any(|lsm| lsm == "bpf"))
+    let list = support::active_lsms().with_context(|| format!("reading {LSM_LIST}"))?;
+    Ok(support::lists_bpf(&list))
 }
 
 /// Relocates the program `name` of `object` (the object `ebpf` was loaded from) against the

@@ -105,6 +105,20 @@ fn parse_version(release: &str) -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
+/// Where securityfs lists the active LSMs.
+pub const LSM_LIST: &str = "/sys/kernel/security/lsm";
+
+/// The active LSMs, as securityfs lists them (None if it cannot be read: securityfs not
+/// mounted, say).
+pub fn active_lsms() -> Option<String> {
+    std::fs::read_to_string(LSM_LIST).ok()
+}
+
+/// Whether a list of active LSMs has the BPF LSM: only then does the kernel run LSM programs.
+pub fn lists_bpf(list: &str) -> bool {
+    list.trim().split(',').any(|lsm| lsm == "bpf")
+}
+
 /// The running kernel's release string (`uname -r`), as /boot names its files after it.
 pub fn uname_release() -> Option<String> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;

@@ -100,6 +100,8 @@ pub(super) fn setup_script(what: &str, workdir: &Path, held: &[Held]) -> String 
 {BUSYBOX_DIR}/busybox --install -s {BUSYBOX_DIR}
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:{BUSYBOX_DIR}
 export HOME=/root LANG=C.UTF-8 RUST_BACKTRACE=1
+# The tests that size themselves for CI's minutes in a guest (hostile_storm) know they are in one.
+export LEASH_VMTEST=1
 # The tests of the daemon under its unit's restrictions run without the system call filter:
 # the guests have no systemd-analyze to expand it.
 export LEASH_TEST_SKIP_SYSTEMD=1
@@ -137,6 +139,8 @@ mount -t tracefs tracefs $T 2>/dev/null &&
     echo 'sig == 9' > $T/events/signal/signal_generate/filter &&
     echo 1 > $T/events/signal/signal_generate/enable
 echo "{MARKER} kernel $(uname -r)"
+# Whether the BPF LSM is active (its kernel's CONFIG_LSM, or an lsm= the host gave).
+echo "active LSMs: $(cat /sys/kernel/security/lsm 2>/dev/null)"
 cd {workdir}
 "#,
         workdir = quote(&workdir.to_string_lossy()),

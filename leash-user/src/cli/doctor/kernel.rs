@@ -209,29 +209,13 @@ fn effective_capabilities() -> Option<String> {
         .map(|caps| caps.trim().to_owned())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_requirement_is_shortened_to_what_and_when() {
-        assert_eq!(
-            short("BPF ring buffers (Linux 5.8), which carry the events"),
-            "BPF ring buffers (Linux 5.8)"
-        );
-        assert_eq!(short("no comma"), "no comma");
-    }
-}
-
 /// The membership guarantee this kernel allows, and the one the daemon (`daemon`, its
 /// `status`'s word, if it answered) has in place. Linux 7.0 runs tracing programs preemptibly
 /// and skips one on a CPU where a preempted task is inside it: there only marks by the BPF LSM
 /// (which needs task storage, 5.11) keep every fork seen.
 pub(super) fn membership_finding(daemon: Option<&str>) -> Finding {
-    let lsm_list = fs::read_to_string(LSM_LIST).ok();
-    let lsm_active = lsm_list
-        .as_deref()
-        .map(|list| list.trim().split(',').any(|lsm| lsm == "bpf"));
+    let lsm_list = support::active_lsms();
+    let lsm_active = lsm_list.as_deref().map(support::lists_bpf);
     let version = support::version();
     let marks_possible = version.is_some_and(|v| v >= (5, 11)) && lsm_active == Some(true);
     let preemptible = version.is_some_and(|v| v >= (7, 0)) && preempt_rcu() != Some(false);
@@ -284,12 +268,23 @@ pub(super) fn membership_finding(daemon: Option<&str>) -> Finding {
     }
 }
 
-/// The active LSMs, as securityfs lists them.
-const LSM_LIST: &str = "/sys/kernel/security/lsm";
-
 /// Whether the running kernel was built with CONFIG_PREEMPT_RCU (which 7.x's preemptible
 /// tracepoints need), from its config in /boot; None if that cannot be read.
 fn preempt_rcu() -> Option<bool> {
     let config = fs::read_to_string(format!("/boot/config-{}", support::uname_release()?)).ok()?;
     Some(config.lines().any(|line| line == "CONFIG_PREEMPT_RCU=y"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_requirement_is_shortened_to_what_and_when() {
+        assert_eq!(
+            short("BPF ring buffers (Linux 5.8), which carry the events"),
+            "BPF ring buffers (Linux 5.8)"
+        );
+        assert_eq!(short("no comma"), "no comma");
+    }
 }
