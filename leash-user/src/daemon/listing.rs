@@ -21,7 +21,10 @@ use super::{
     registry::TreeEntry,
     shared::Daemon,
 };
-use crate::proc;
+use crate::{
+    kernel::{self, Layer, Program},
+    proc,
+};
 
 /// The trees the client may see, with their members (and, `with_leases`, the leases that hold
 /// or held them). The member map is read once, and /proc once per listed member, by a blocking
@@ -125,11 +128,10 @@ pub(super) fn status(daemon: &Daemon, peer: &Peer) -> Result<Reply, Refusal> {
     Ok(Reply::Status(StatusInfo {
         daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
         protocol: PROTOCOL_VERSION,
-        programs: crate::kernel::PROGRAMS_ATTACHED
-            .iter()
+        programs: kernel::programs::of_layer(Layer::Tracking)
             .chain(daemon.membership.programs())
             .chain(daemon.ptrace_guard.programs())
-            .map(|(name, at)| format!("{name} ({at})"))
+            .map(Program::describe)
             .collect(),
         member_capacity: capacity.members,
         members,

@@ -1,37 +1,48 @@
-//! Attaching: the programs loaded with the kernel's offsets and attached to their tracepoints,
-//! the whois iterator and the ptrace guard; and pinned, to outlive the daemon.
+//! Attaching: the programs loaded with the kernel's offsets and attached where the list of
+//! programs says (programs.rs): the tracking layer, the whois iterator, the marks where the
+//! kernel takes them, and the ptrace guard; and pinned, to outlive the daemon.
 
 use std::os::fd::OwnedFd;
 
-use anyhow::{Context, Result};
-use aya::{
-    Ebpf, EbpfLoader,
-    programs::{BtfTracePoint, Iter, links::FdLink},
-};
+use anyhow::{Context, Result, bail};
+use aya::{Ebpf, EbpfLoader};
 use leash_common::{MEMBER_RESERVE, NO_LIMIT, global, map, program};
 
 use super::{
     btf,
+    link::{self, Attachment, HeldLink},
+    marks::Membership,
     pins::Pins,
-    programs::{self, PROGRAMS_ATTACHED, link_fd, program_mut},
+    programs::{self, Layer, link_fd},
     ptrace_guard::{self, Guard},
     raw, support,
     types::Capacity,
 };
-use crate::{proc, sys};
-
-/// The ptrace guard attached, and the links of it this process must hold (those not pinned).
-pub(super) type GuardInPlace = (Guard, Vec<ptrace_guard::HeldLink>);
+use crate::proc;
 
 /// The programs, loaded with the kernel's offsets and attached.
 pub(super) struct Attached {
+    ebpf: Ebpf,
+    /// Every program attached, with its link.
+    attachments: Vec<Attachment>,
+    guard: Guard,
+    membership: Membership,
+}
+
+/// What a tracker is made of, once attached (and pinned, or not).
+pub(super) struct Loaded {
+    /// The programs, which hold the maps.
     pub(super) ebpf: Ebpf,
-    pub(super) links: Vec<(&'static str, aya::programs::tp_btf::BtfTracePointLinkId)>,
-    pub(super) whois: FdLink,
-    /// The marks' links, `task_alloc`'s and the reconciling iterator's, where both attached.
-    pub(super) marks: Option<MarkLinks>,
+    /// The links this process must hold: all of them unpinned; pinned, those the kernel cannot
+    /// pin (classic tracepoints before Linux 5.15).
+    pub(super) held: Vec<HeldLink>,
+    /// Descriptors of the whois and reconciling iterators' links, to make iterators of.
+    pub(super) whois: OwnedFd,
+    pub(super) reconcile: Option<OwnedFd>,
+    /// Each attached program's name and id, of the layers whose skips are counted.
+    pub(super) counted: Vec<(&'static str, u32)>,
     pub(super) guard: Guard,
-    pub(super) guard_links: Vec<(&'static str, ptrace_guard::HeldLink)>,
+    pub(super) membership: Membership,
 }
 
 impl Attached {
@@ -68,113 +79,109 @@ impl Attached {
             load(programs::object_for(false))?
         };
 
-        let mut links = Vec::new();
-        for (name, attach_to) in PROGRAMS_ATTACHED {
-            let tracepoint = attach_to
-                .strip_prefix("tp_btf/")
-                .context("only tp_btf programs are attached")?;
-            let program: &mut BtfTracePoint = program_mut(&mut ebpf, name)?.try_into()?;
-            program
-                .load(tracepoint, &kernel_btf)
-                .with_context(|| format!("loading {name} for {tracepoint}"))?;
-            let link = program
-                .attach()
-                .with_context(|| format!("attaching {name} to {tracepoint}"))?;
-            links.push((name, link));
+        let mut attachments = Vec::new();
+        for program in programs::of_layer(Layer::Tracking).chain(programs::of_layer(Layer::Whois)) {
+            attachments.push(link::attach(&mut ebpf, &kernel_btf, program)?);
         }
-        let whois = attach_whois(&mut ebpf, &kernel_btf)?;
         let marks = attach_marks(&mut ebpf, &kernel_btf);
+        let membership = if marks.is_empty() {
+            Membership::Layered
+        } else {
+            Membership::Marks
+        };
+        attachments.extend(marks);
         // After the trackers: a guard is worth nothing without the membership it reads.
         let (guard, guard_links) =
             ptrace_guard::attach(&mut ebpf, &kernel_btf, capacity.ptrace_guard);
+        attachments.extend(guard_links);
         Ok(Self {
             ebpf,
-            links,
-            whois,
-            marks,
+            attachments,
             guard,
-            guard_links,
+            membership,
         })
     }
 
-    /// Pins the links (taken out of their programs, they then outlive this process) and the
-    /// maps; returns the programs, which hold the maps, the whois link, and the guard with the
-    /// links of it that the kernel cannot pin.
-    pub(super) fn pin(
-        self,
-        pins: &mut Pins,
-    ) -> Result<(Ebpf, OwnedFd, Option<OwnedFd>, GuardInPlace)> {
-        let Self {
-            mut ebpf,
-            links,
+    /// Every link held by this process, for as long as it lives: nothing pinned.
+    pub(super) fn hold(self) -> Result<Loaded> {
+        let (whois, reconcile, counted) = self.fds_and_ids()?;
+        Ok(Loaded {
+            ebpf: self.ebpf,
+            held: self.attachments.into_iter().map(|a| a.link).collect(),
             whois,
-            marks,
+            reconcile,
+            counted,
+            guard: self.guard,
+            membership: self.membership,
+        })
+    }
+
+    /// Pins the links (they then outlive this process) and the maps; holds what the kernel
+    /// cannot pin.
+    pub(super) fn pin(self, pins: &mut Pins) -> Result<Loaded> {
+        let (whois, reconcile, counted) = self.fds_and_ids()?;
+        let Self {
+            ebpf,
+            attachments,
             guard,
-            guard_links,
+            membership,
         } = self;
-        for (name, link) in links {
-            let program: &mut BtfTracePoint = program_mut(&mut ebpf, name)?.try_into()?;
-            pins.pin_link(name, FdLink::from(program.take_link(link)?))?;
+        let mut held = Vec::new();
+        // The marks' links come before their map (see `Pins::complete`).
+        for Attachment { program, link, .. } in attachments {
+            held.extend(pins.pin_held(program.name, link)?);
         }
-        let whois_link = link_fd(&whois)?;
-        pins.pin_link(program::WHOIS, whois)?;
-        let mut unpinned = Vec::new();
-        for (name, link) in guard_links {
-            match link {
-                ptrace_guard::HeldLink::Raw(fd) => pins.pin_raw_link(name, fd)?,
-                ptrace_guard::HeldLink::TracePoint(link)
-                    if ptrace_guard::tracepoint_links_pin() =>
-                {
-                    pins.pin_link(name, FdLink::try_from(link)?)?
-                }
-                held @ ptrace_guard::HeldLink::TracePoint(_) => {
-                    tracing::warn!(
-                        program = name,
-                        "the fallback ptrace guard cannot be pinned on this kernel (classic \
-                         tracepoint links are pinnable from Linux 5.15): it ends with this \
-                         daemon, and a daemon that takes over the pins has none"
-                    );
-                    unpinned.push(held);
-                }
-            }
-        }
-        // The marks' map and links last: pins that have the map have the links (see
-        // `Pins::complete`).
-        let reconcile = match marks {
-            Some(MarkLinks {
-                task_alloc,
-                reconcile,
-            }) => {
-                let reconcile_link = link_fd(&reconcile)?;
-                pins.pin_raw_link(program::TASK_ALLOC, task_alloc)?;
-                pins.pin_link(program::RECONCILE, reconcile)?;
-                Some(reconcile_link)
-            }
-            None => None,
-        };
-        let marks_map = reconcile.is_some().then_some(map::MARKS);
+        let marks_map = (membership == Membership::Marks).then_some(map::MARKS);
         for name in map::ALL.into_iter().chain(marks_map) {
             let map = ebpf.map(name).context("a map missing from the object")?;
             pins.pin_map(name, map)?;
         }
-        Ok((ebpf, whois_link, reconcile, (guard, unpinned)))
+        Ok(Loaded {
+            ebpf,
+            held,
+            whois,
+            reconcile,
+            counted,
+            guard,
+            membership,
+        })
+    }
+
+    /// Descriptors of the iterators' links, and the ids of the programs whose skips are
+    /// counted (the tracking layer's and the guard's).
+    #[expect(
+        clippy::type_complexity,
+        reason = "three values, named where they are used"
+    )]
+    fn fds_and_ids(&self) -> Result<(OwnedFd, Option<OwnedFd>, Vec<(&'static str, u32)>)> {
+        let link_of = |name: &str| -> Result<OwnedFd> {
+            match self.attachments.iter().find(|a| a.program.name == name) {
+                Some(Attachment {
+                    link: HeldLink::Fd(link),
+                    ..
+                }) => link_fd(link),
+                _ => bail!("no link of {name}"),
+            }
+        };
+        let whois = link_of(program::WHOIS)?;
+        let reconcile = match self.membership {
+            Membership::Marks => Some(link_of(program::RECONCILE)?),
+            Membership::Layered => None,
+        };
+        let counted = self
+            .attachments
+            .iter()
+            .filter(|a| counts_skips(a.program.layer))
+            .map(|a| (a.program.name, a.id))
+            .collect();
+        Ok((whois, reconcile, counted))
     }
 }
 
-/// Loads and attaches the whois iterator.
-fn attach_whois(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Result<FdLink> {
-    let program: &mut Iter = program_mut(ebpf, program::WHOIS)?.try_into()?;
-    program
-        .load("task", kernel_btf)
-        .context("loading the whois task iterator (task iterators need Linux 5.8)")?;
-    let link = program.attach().context("attaching the whois iterator")?;
-    Ok(FdLink::try_from(program.take_link(link)?)?)
-}
-
-/// The marks' links: `task_alloc`'s (raw, an LSM program) and the reconciling iterator's.
-pub(super) struct MarkLinks {
-    pub(super) task_alloc: OwnedFd,
-    pub(super) reconcile: FdLink,
+/// Whether the skips of a layer's programs are counted (`leash_program_skips_total`): the
+/// tracking layer's and the guard's. The kernel never skips an LSM program or an iterator.
+pub(super) fn counts_skips(layer: Layer) -> bool {
+    !matches!(layer, Layer::Whois | Layer::Marks)
 }
 
 /// Whether the kernel may have the marks: task storage came with Linux 5.11 (tried where the
@@ -237,8 +244,10 @@ fn load_object(
 /// LSM program and the reconciling iterator, both or neither (marks the kill cannot find are
 /// no guarantee). Never fails: the daemon runs with the fork programs alone rather than not at
 /// all, and says why.
-fn attach_marks(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Option<MarkLinks> {
-    ebpf.map(map::MARKS)?;
+fn attach_marks(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Vec<Attachment> {
+    if ebpf.map(map::MARKS).is_none() {
+        return Vec::new();
+    }
     match raw::bpf_lsm_active() {
         Ok(true) => {}
         Ok(false) => {
@@ -247,42 +256,20 @@ fn attach_marks(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Option<MarkLinks> {
                  programs alone, which a kernel that runs them preemptibly (7.x) may skip",
                 support::LSM_LIST
             );
-            return None;
+            return Vec::new();
         }
         Err(e) => {
             tracing::warn!("cannot tell whether the BPF LSM is active ({e:#}): no marks");
-            return None;
+            return Vec::new();
         }
     }
-    let attached = (|| -> Result<MarkLinks> {
-        let task_alloc = raw::attach_by_btf_id(
-            ebpf,
-            programs::object(ebpf),
-            kernel_btf,
-            program::TASK_ALLOC,
-            sys::AttachKind::Lsm,
-            "bpf_lsm_task_alloc",
-        )?;
-        let program: &mut Iter = program_mut(ebpf, program::RECONCILE)?.try_into()?;
-        program
-            .load("task", kernel_btf)
-            .context("loading the reconciling task iterator")?;
-        let link = program
-            .attach()
-            .context("attaching the reconciling iterator")?;
-        let reconcile = FdLink::try_from(program.take_link(link)?)?;
-        Ok(MarkLinks {
-            task_alloc,
-            reconcile,
-        })
-    })();
-    match attached {
-        Ok(links) => Some(links),
-        Err(e) => {
-            tracing::warn!(
-                "the marks cannot attach ({e:#}): membership rests on the fork programs alone"
-            );
-            None
-        }
-    }
+    let attached: Result<Vec<Attachment>> = programs::of_layer(Layer::Marks)
+        .map(|program| link::attach(ebpf, kernel_btf, program))
+        .collect();
+    attached.unwrap_or_else(|e| {
+        tracing::warn!(
+            "the marks cannot attach ({e:#}): membership rests on the fork programs alone"
+        );
+        Vec::new()
+    })
 }

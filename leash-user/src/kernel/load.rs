@@ -1,17 +1,12 @@
 //! Loading: the programs loaded and attached afresh (pinned, or not), or taken over from the
 //! pins a previous daemon left.
 
-use std::os::fd::OwnedFd;
-
 use anyhow::{Context, Result, bail};
-use aya::{
-    Ebpf,
-    maps::{HashMap, Map, MapData, RingBuf},
-};
+use aya::maps::{HashMap, Map, MapData, RingBuf};
 use leash_common::{ALL_ACCOUNTS, MEMBER_RESERVE, map, program};
 
 use super::{
-    attach::{Attached, GuardInPlace},
+    attach::{Attached, Loaded},
     maps::BPF_NOEXIST,
     marks::Marks,
     pins::Pins,
@@ -28,22 +23,7 @@ impl Tracker {
     /// Loads the programs with the kernel's offsets and attaches them. Needs root (or
     /// CAP_BPF + CAP_PERFMON) and a kernel with BTF.
     pub fn load(capacity: Capacity) -> Result<Self> {
-        let attached = Attached::load(capacity)?;
-        let whois = link_fd(&attached.whois)?;
-        // Unpinned, the task_alloc link is held for as long as the tracker lives.
-        let marks = match attached.marks {
-            Some(links) => Some((link_fd(&links.reconcile)?, Some(links.task_alloc))),
-            None => None,
-        };
-        let guard_links = attached.guard_links.into_iter().map(|(_, link)| link);
-        Self::from_programs(
-            attached.ebpf,
-            whois,
-            marks,
-            capacity,
-            None,
-            (attached.guard, guard_links.collect()),
-        )
+        Self::from_programs(Attached::load(capacity)?.hold()?, capacity, None)
     }
 
     /// Like [`Tracker::load`], with the links and maps pinned under `root`, so tracking goes on
@@ -84,7 +64,7 @@ impl Tracker {
             pins.remove()?;
             pins = Pins::at(root)?;
         }
-        let (ebpf, whois_link, reconcile, guard) = match Attached::load(capacity)?.pin(&mut pins) {
+        let loaded = match Attached::load(capacity)?.pin(&mut pins) {
             Ok(pinned) => pinned,
             Err(e) => {
                 // Half-pinned programs would go on running with nobody to read their maps.
@@ -94,46 +74,32 @@ impl Tracker {
         };
         tracing::info!(dir = %pins.dir().display(), "programs and maps pinned");
         Ok((
-            Self::from_programs(
-                ebpf,
-                whois_link,
-                reconcile.map(|link| (link, None)),
-                capacity,
-                Some(pins),
-                guard,
-            )?,
+            Self::from_programs(loaded, capacity, Some(pins))?,
             Origin::Loaded,
         ))
     }
 
-    /// `marks`: the reconciling iterator's link, and the task_alloc link to hold (None when
-    /// pinned), where the marks are in place.
-    fn from_programs(
-        mut ebpf: Ebpf,
-        whois_link: OwnedFd,
-        marks: Option<(OwnedFd, Option<OwnedFd>)>,
-        capacity: Capacity,
-        pins: Option<Pins>,
-        (guard, guard_links): GuardInPlace,
-    ) -> Result<Self> {
+    fn from_programs(loaded: Loaded, capacity: Capacity, pins: Option<Pins>) -> Result<Self> {
+        let Loaded {
+            mut ebpf,
+            held,
+            whois,
+            reconcile,
+            counted,
+            guard,
+            membership,
+        } = loaded;
         tracing::info!(guard = guard.as_str(), "{}", guard.describe());
-        let whois = Whois::new(whois_link, take_map(&mut ebpf, map::WHOIS)?)?;
-        let mut skips = ProgramSkips::of_loaded(&ebpf)?;
-        skips.add_guard(guard, pins.as_ref(), &guard_links);
-        let marks = match marks {
-            Some((reconcile, held)) => Some(Marks::new(
-                take_map(&mut ebpf, map::MARKS)?,
-                reconcile,
-                held,
-            )?),
-            None => None,
-        };
-        let membership = Marks::membership(marks.as_ref());
         tracing::info!(
             membership = membership.as_str(),
             "{}",
             membership.describe()
         );
+        let whois = Whois::new(whois, take_map(&mut ebpf, map::WHOIS)?)?;
+        let marks = match reconcile {
+            Some(reconcile) => Some(Marks::new(take_map(&mut ebpf, map::MARKS)?, reconcile)?),
+            None => None,
+        };
         let mut tracker = Self {
             view: TrackerView::new(
                 take_map(&mut ebpf, map::MEMBERS)?,
@@ -141,7 +107,7 @@ impl Tracker {
                 take_map(&mut ebpf, map::TREE_CONTROL)?,
                 take_map(&mut ebpf, map::STATS)?,
                 capacity,
-                skips.into(),
+                ProgramSkips::new(counted)?.into(),
             )?,
             events: RingBuf::try_from(take_map(&mut ebpf, map::EVENTS)?)?,
             account_joined: HashMap::try_from(take_map(&mut ebpf, map::ACCOUNT_JOINED)?)?,
@@ -154,7 +120,7 @@ impl Tracker {
             pins,
             whois: whois.into(),
             guard,
-            _guard_links: guard_links,
+            _links: held,
             _programs: Some(ebpf),
         };
         // Every member counts here: the programs only ever add to an existing entry.
@@ -198,7 +164,6 @@ impl Tracker {
             Some(Marks::new(
                 pins.open_map(map::MARKS)?,
                 link_fd(&pins.open_link(program::RECONCILE)?)?,
-                None,
             )?)
         } else {
             None
@@ -216,11 +181,7 @@ impl Tracker {
                 control,
                 pins.open_map(map::STATS)?,
                 capacity,
-                {
-                    let mut skips = ProgramSkips::of_pinned(&pins)?;
-                    skips.add_guard(guard, Some(&pins), &[]);
-                    skips.into()
-                },
+                ProgramSkips::of_pinned(&pins, guard)?.into(),
             )?,
             events: RingBuf::try_from(events)?,
             account_joined: HashMap::try_from(pins.open_map(map::ACCOUNT_JOINED)?)?,
@@ -237,7 +198,7 @@ impl Tracker {
             .into(),
             pins: Some(pins),
             guard,
-            _guard_links: Vec::new(),
+            _links: Vec::new(),
             _programs: None,
         };
         tracker.next_tree = tracker.trees().last().map_or(1, |&last| last + 1);

@@ -13,15 +13,11 @@ use std::{
 };
 
 use aya::maps::{Map, MapData};
-use leash_common::{Mark, program};
+use leash_common::Mark;
+
+use super::programs::{self, Layer, Program};
 
 use crate::sys::{self, Pidfd};
-
-/// The marks' programs and where they attach.
-pub(super) const MARK_PROGRAMS: [(&str, &str); 2] = [
-    (program::TASK_ALLOC, "lsm/task_alloc"),
-    (program::RECONCILE, "iter/task"),
-];
 
 /// The membership guarantee in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,12 +39,9 @@ impl Membership {
         }
     }
 
-    /// The programs it adds to the fork programs, and where each attaches.
-    pub fn programs(self) -> &'static [(&'static str, &'static str)] {
-        match self {
-            Self::Marks => &MARK_PROGRAMS,
-            Self::Layered => &[],
-        }
+    /// The programs it adds to the tracking layer's.
+    pub fn programs(self) -> impl Iterator<Item = &'static Program> {
+        programs::of_layer(Layer::Marks).filter(move |_| self == Self::Marks)
     }
 
     /// What it promises, for the log and `leash status`.
@@ -75,24 +68,14 @@ pub(super) struct Marks {
     /// The reconciling iterator's link: each new iterator of it runs the program over every
     /// task.
     reconcile: OwnedFd,
-    /// The task_alloc program's link, where this process holds it (unpinned).
-    _task_alloc: Option<OwnedFd>,
 }
 
 impl Marks {
-    pub(super) fn new(
-        map: Map,
-        reconcile: OwnedFd,
-        task_alloc: Option<OwnedFd>,
-    ) -> anyhow::Result<Self> {
+    pub(super) fn new(map: Map, reconcile: OwnedFd) -> anyhow::Result<Self> {
         let Map::Unsupported(map) = map else {
             anyhow::bail!("the marks' map is not a task storage map");
         };
-        Ok(Self {
-            map,
-            reconcile,
-            _task_alloc: task_alloc,
-        })
+        Ok(Self { map, reconcile })
     }
 
     /// The guarantee `marks` (those in place, if any) give.

@@ -17,9 +17,13 @@ use aya::{
     maps::{Map, MapData},
     programs::links::{FdLink, PinnedLink},
 };
-use leash_common::{ABI_VERSION, map, program};
+use leash_common::{ABI_VERSION, map};
 
-use super::{programs::PROGRAMS_ATTACHED, ptrace_guard::Guard};
+use super::{
+    link::{HeldLink, tracepoint_links_pin},
+    programs::{self, Layer},
+    ptrace_guard::Guard,
+};
 use crate::{sys, trusted_dir};
 
 /// Where bpffs is mounted by convention; mounted there if nothing is.
@@ -105,12 +109,11 @@ impl Pins {
         self.marks_pins().iter().all(|path| path.exists())
     }
 
-    fn marks_pins(&self) -> [PathBuf; 3] {
-        [
-            self.map_path(map::MARKS),
-            self.link_path(program::TASK_ALLOC),
-            self.link_path(program::RECONCILE),
-        ]
+    fn marks_pins(&self) -> Vec<PathBuf> {
+        programs::of_layer(Layer::Marks)
+            .map(|program| self.link_path(program.name))
+            .chain([self.map_path(map::MARKS)])
+            .collect()
     }
 
     pub fn pin_map(&self, name: &str, map: &Map) -> Result<()> {
@@ -130,8 +133,31 @@ impl Pins {
         Ok(())
     }
 
-    /// Pins a link made by raw `bpf()` (the fmod_ret guard's), and holds it as the others.
-    pub fn pin_raw_link(&mut self, program: &str, link: std::os::fd::OwnedFd) -> Result<()> {
+    /// Pins the link of `program`; returns it if the kernel cannot pin it (a classic
+    /// tracepoint's before Linux 5.15), for this process to hold.
+    pub(super) fn pin_held(&mut self, program: &str, link: HeldLink) -> Result<Option<HeldLink>> {
+        match link {
+            HeldLink::Fd(link) => self.pin_link(program, link)?,
+            HeldLink::Raw(link) => self.pin_raw_link(program, link)?,
+            HeldLink::TracePoint(link) if tracepoint_links_pin() => {
+                self.pin_link(program, FdLink::try_from(link)?)?
+            }
+            held @ HeldLink::TracePoint(_) => {
+                tracing::warn!(
+                    program,
+                    "the fallback ptrace guard cannot be pinned on this kernel (classic \
+                     tracepoint links are pinnable from Linux 5.15): it ends with this \
+                     daemon, and a daemon that takes over the pins has none"
+                );
+                return Ok(Some(held));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Pins a link made by raw `bpf()` (an LSM or fmod_ret program's), and holds it as the
+    /// others.
+    fn pin_raw_link(&mut self, program: &str, link: std::os::fd::OwnedFd) -> Result<()> {
         use std::os::fd::AsFd;
         let path = self.link_path(program);
         fs::create_dir_all(path.parent().unwrap_or(&self.dir))?;
@@ -158,13 +184,10 @@ impl Pins {
     /// Opens the links a previous daemon pinned, to unpin them at a clean shutdown. Their
     /// programs have been attached all along.
     pub fn open_links(&mut self) -> Result<()> {
-        let guard = self.guard().programs().iter().map(|(program, _)| *program);
-        let marks = if self.marks() {
-            &[program::TASK_ALLOC, program::RECONCILE][..]
-        } else {
-            &[]
-        };
-        for program in pinned_links().chain(guard).chain(marks.iter().copied()) {
+        let guard = self.guard().programs();
+        let has_marks = self.marks();
+        let marks = programs::of_layer(Layer::Marks).filter(|_| has_marks);
+        for program in pinned_links().chain(guard.chain(marks).map(|program| program.name)) {
             let link = self.open_pinned(program)?;
             self.links.push(link);
         }
@@ -210,12 +233,12 @@ impl Pins {
     }
 }
 
-/// The programs whose links are pinned: the tracepoints', and the whois iterator's.
+/// The programs whose links are pinned wherever the daemon pins: the tracking layer's, and the
+/// whois iterator's. (The guard's and the marks' are there where the kernel took them.)
 fn pinned_links() -> impl Iterator<Item = &'static str> {
-    PROGRAMS_ATTACHED
-        .iter()
-        .map(|(program, _)| *program)
-        .chain([leash_common::program::WHOIS])
+    programs::of_layer(Layer::Tracking)
+        .chain(programs::of_layer(Layer::Whois))
+        .map(|program| program.name)
 }
 
 /// `v` and a number: the directory of one ABI version's pins.

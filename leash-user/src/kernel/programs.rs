@@ -1,6 +1,6 @@
 //! The compiled programs, embedded, and handles into them.
 
-use std::os::fd::OwnedFd;
+use std::{fmt, os::fd::OwnedFd};
 
 use anyhow::{Context, Result};
 use aya::{Ebpf, programs::links::FdLink};
@@ -9,16 +9,16 @@ use leash_common::program;
 use crate::sys;
 
 /// The compiled programs, embedded at build time by build.rs.
-static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf"));
 
 /// The same programs with the marks' map and programs (leash-ebpf's marks.rs), for kernels
 /// with task storage (Linux 5.11): a kernel without refuses the whole object for its one map.
-static PROGRAMS_WITH_MARKS: &[u8] =
+static OBJECT_WITH_MARKS: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf-marks"));
 
 /// The object to load: with the marks where `marks` says the kernel can have them.
 pub(super) fn object_for(marks: bool) -> &'static [u8] {
-    if marks { PROGRAMS_WITH_MARKS } else { PROGRAMS }
+    if marks { OBJECT_WITH_MARKS } else { OBJECT }
 }
 
 /// The object `ebpf` was loaded from (the one with the marks has their map).
@@ -26,17 +26,128 @@ pub(super) fn object(ebpf: &Ebpf) -> &'static [u8] {
     object_for(ebpf.map(leash_common::map::MARKS).is_some())
 }
 
-/// The programs `Tracker::load` attaches, and where: each to a BTF-typed tracepoint (tp_btf).
-/// The fork and exit programs twice (see [`program::FORK_AGAIN`]), in this order.
-pub const PROGRAMS_ATTACHED: [(&str, &str); 7] = [
-    (program::FORK, "tp_btf/sched_process_fork"),
-    (program::FORK_AGAIN, "tp_btf/sched_process_fork"),
-    (program::EXIT, "tp_btf/sched_process_exit"),
-    (program::EXIT_AGAIN, "tp_btf/sched_process_exit"),
-    (program::EXEC, "tp_btf/sched_process_exec"),
-    (program::HOST_KILL, "tp_btf/signal_generate"),
-    (program::HOST_CRASH, "tp_btf/signal_deliver"),
-];
+/// Where a program attaches, and so which loader and link it takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachPoint {
+    /// A BTF-typed tracepoint (tp_btf), by its name: aya's `BtfTracePoint`, pinnable from 5.7.
+    TpBtf(&'static str),
+    /// A BPF LSM hook, by its name (the program attaches to the hook's `bpf_lsm_` stub): the
+    /// raw loader (raw.rs), where the BPF LSM is active.
+    Lsm(&'static str),
+    /// fmod_ret on a kernel function: the raw loader.
+    FmodRet(&'static str),
+    /// A classic tracepoint, by category and name: aya's `TracePoint`, a pinnable link from
+    /// 5.15 (a perf event before).
+    TracePoint(&'static str, &'static str),
+    /// An iterator over the kernel's objects of a kind (`task`): aya's `Iter`.
+    Iter(&'static str),
+}
+
+impl fmt::Display for AttachPoint {
+    /// As `leash status` and the docs name it: `tp_btf/sched_process_fork`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::TpBtf(name) => write!(f, "tp_btf/{name}"),
+            Self::Lsm(hook) => write!(f, "lsm/{hook}"),
+            Self::FmodRet(function) => write!(f, "fmod_ret/{function}"),
+            Self::TracePoint(category, name) => write!(f, "tracepoint/{category}/{name}"),
+            Self::Iter(kind) => write!(f, "iter/{kind}"),
+        }
+    }
+}
+
+/// What a program is there for. The tracking layer and whois are always attached; the marks
+/// where the BPF LSM is active; one of the ptrace guard's three ways, as the kernel allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layer {
+    /// Following forks, exits, execs and hosts' deaths into the maps.
+    Tracking,
+    /// Answering the daemon's questions about a client.
+    Whois,
+    /// Membership the kernel never skips (see `kernel::marks`).
+    Marks,
+    /// The ptrace guard as an LSM program.
+    GuardLsm,
+    /// The ptrace guard as fmod_ret.
+    GuardFmodRet,
+    /// The ptrace guard's fallback, syscall tracepoints.
+    GuardTracepoints,
+}
+
+/// One program of the object: its name, where it attaches, and its layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Program {
+    pub name: &'static str,
+    pub at: AttachPoint,
+    pub layer: Layer,
+}
+
+impl Program {
+    /// As `leash status` lists it: `leash_fork (tp_btf/sched_process_fork)`.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.name, self.at)
+    }
+}
+
+const fn listed(name: &'static str, at: AttachPoint, layer: Layer) -> Program {
+    Program { name, at, layer }
+}
+
+/// Every program, where it attaches and its layer: what attaches, pins, counts skips and
+/// lists in `status` reads. The tracking layer in the order it is attached: the fork and exit
+/// programs twice (see [`program::FORK_AGAIN`]).
+pub const PROGRAMS: [Program; 15] = {
+    use AttachPoint::*;
+    use Layer::*;
+    [
+        listed(program::FORK, TpBtf("sched_process_fork"), Tracking),
+        listed(program::FORK_AGAIN, TpBtf("sched_process_fork"), Tracking),
+        listed(program::EXIT, TpBtf("sched_process_exit"), Tracking),
+        listed(program::EXIT_AGAIN, TpBtf("sched_process_exit"), Tracking),
+        listed(program::EXEC, TpBtf("sched_process_exec"), Tracking),
+        listed(program::HOST_KILL, TpBtf("signal_generate"), Tracking),
+        listed(program::HOST_CRASH, TpBtf("signal_deliver"), Tracking),
+        listed(program::WHOIS, Iter("task"), Whois),
+        listed(program::TASK_ALLOC, Lsm("task_alloc"), Marks),
+        listed(program::RECONCILE, Iter("task"), Marks),
+        listed(
+            program::PTRACE_GUARD_LSM,
+            Lsm("ptrace_access_check"),
+            GuardLsm,
+        ),
+        listed(
+            program::PTRACE_GUARD,
+            FmodRet("security_ptrace_access_check"),
+            GuardFmodRet,
+        ),
+        listed(
+            program::PTRACE_ATTACH_TP,
+            TracePoint("syscalls", "sys_enter_ptrace"),
+            GuardTracepoints,
+        ),
+        listed(
+            program::PIDFD_GETFD_TP,
+            TracePoint("syscalls", "sys_enter_pidfd_getfd"),
+            GuardTracepoints,
+        ),
+        listed(
+            program::VM_WRITEV_TP,
+            TracePoint("syscalls", "sys_enter_process_vm_writev"),
+            GuardTracepoints,
+        ),
+    ]
+};
+
+/// The programs of `layer`, in the list's order.
+pub fn of_layer(layer: Layer) -> impl Iterator<Item = &'static Program> {
+    PROGRAMS.iter().filter(move |p| p.layer == layer)
+}
+
+/// The program named `name` (one of [`program`]'s).
+#[cfg(test)]
+pub(super) fn named(name: &str) -> Option<&'static Program> {
+    PROGRAMS.iter().find(|p| p.name == name)
+}
 
 /// A descriptor of `link` of its own (aya's handles lend none), which holds the link whatever
 /// becomes of the handle.

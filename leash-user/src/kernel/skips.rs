@@ -18,13 +18,12 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use aya::Ebpf;
 use leash_common::program;
 
 use super::{
     pins::Pins,
-    programs::PROGRAMS_ATTACHED,
-    ptrace_guard::{Guard, HeldLink},
+    programs::{self, Layer},
+    ptrace_guard::Guard,
 };
 use crate::sys;
 
@@ -41,49 +40,27 @@ pub struct ProgramSkips {
 }
 
 impl ProgramSkips {
-    /// Of the programs loaded in `ebpf`.
-    pub(super) fn of_loaded(ebpf: &Ebpf) -> Result<Self> {
-        let programs = PROGRAMS_ATTACHED.iter().map(|&(name, _)| {
-            let program = ebpf
-                .program(name)
-                .with_context(|| format!("program {name} missing from the object"))?;
-            Ok((name, program.info()?.id()))
-        });
-        Self::new(programs.collect::<Result<_>>()?)
-    }
-
-    /// Of the programs a previous daemon pinned the links of.
-    pub(super) fn of_pinned(pins: &Pins) -> Result<Self> {
-        let programs = PROGRAMS_ATTACHED
-            .iter()
-            .map(|&(name, _)| Ok((name, pins.open_link(name)?.info()?.program_id())));
-        Self::new(programs.collect::<Result<_>>()?)
-    }
-
-    /// Counts the programs of `guard` too: through their pins, or the link this process holds
-    /// (`held`, unpinned: the LSM or fmod_ret program's). Best effort: a guard program whose
-    /// id cannot be had is left out, and the log says why.
-    pub(super) fn add_guard(&mut self, guard: Guard, pins: Option<&Pins>, held: &[HeldLink]) {
-        let raw = held.iter().find_map(|link| match link {
-            HeldLink::Raw(fd) => Some(fd.as_fd()),
-            HeldLink::TracePoint(_) => None,
-        });
-        for &(name, _) in guard.programs() {
-            let id = match (pins, raw) {
-                (Some(pins), _) => pins
-                    .open_link(name)
-                    .and_then(|link| Ok(link.info()?.program_id())),
-                (None, Some(link)) => sys::bpf_link_program_id(link).map_err(anyhow::Error::from),
-                (None, None) => continue,
-            };
-            match id {
-                Ok(id) => self.programs.push((name, id)),
-                Err(e) => tracing::debug!(program = name, "its skips are not counted: {e:#}"),
+    /// Of the programs a previous daemon pinned the links of: the tracking layer's, and
+    /// `guard`'s. Best effort for the guard: a program of it whose id cannot be had is left
+    /// out, and the log says why.
+    pub(super) fn of_pinned(pins: &Pins, guard: Guard) -> Result<Self> {
+        let id = |name: &str| -> Result<u32> { Ok(pins.open_link(name)?.info()?.program_id()) };
+        let mut programs = programs::of_layer(Layer::Tracking)
+            .map(|program| Ok((program.name, id(program.name)?)))
+            .collect::<Result<Vec<_>>>()?;
+        for program in guard.programs() {
+            match id(program.name) {
+                Ok(id) => programs.push((program.name, id)),
+                Err(e) => {
+                    tracing::debug!(program = program.name, "its skips are not counted: {e:#}")
+                }
             }
         }
+        Self::new(programs)
     }
 
-    fn new(programs: Vec<(&'static str, u32)>) -> Result<Self> {
+    /// Of the programs named, with their ids.
+    pub(super) fn new(programs: Vec<(&'static str, u32)>) -> Result<Self> {
         let exits = programs
             .iter()
             .filter(|(name, _)| *name == program::EXIT || *name == program::EXIT_AGAIN)

@@ -11,9 +11,10 @@ use aya::{
 use leash_common::{Account, Member, Pid, TreeId};
 
 use super::{
+    link::HeldLink,
     marks::{Marks, Membership},
     pins::Pins,
-    ptrace_guard::{self, Guard},
+    ptrace_guard::Guard,
     record::TreeEvent,
     view::TrackerView,
     whois::Whois,
@@ -41,9 +42,9 @@ pub struct Tracker {
     pub(super) whois: std::sync::Arc<Whois>,
     /// The ptrace guard in place (pinned, or held below).
     pub(super) guard: Guard,
-    /// The guard's links this process holds: all of them unpinned, or those the kernel cannot
-    /// pin (classic tracepoints before Linux 5.15).
-    pub(super) _guard_links: Vec<ptrace_guard::HeldLink>,
+    /// The links this process holds: all of them unpinned, or those the kernel cannot pin
+    /// (classic tracepoints before Linux 5.15).
+    pub(super) _links: Vec<HeldLink>,
     // Holds the programs and (unpinned) their links. None when taken over from pins: the
     // pinned links hold the programs then.
     pub(super) _programs: Option<Ebpf>,
