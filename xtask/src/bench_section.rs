@@ -1,11 +1,20 @@
 //! BENCHMARKS.md's section "Overhead on arm64 (emulated)": made from the overhead section that
-//! leash-bench writes in an arm64 guest (`cargo xtask bench --arch arm64`), its ratios only,
-//! and kept across runs of the x86 benchmarks, which write the rest of the report.
+//! leash-bench writes in an arm64 guest (`cargo xtask bench --arch arm64`), its ratios and the
+//! programs' costs beside each other (no absolute time), and kept across runs of the x86
+//! benchmarks, which write the rest of the report.
 
 use anyhow::{Context, Result};
 
 /// The section's title (its heading is `## TITLE`).
 pub(crate) const TITLE: &str = "Overhead on arm64 (emulated)";
+
+/// The title of the section on membership under Linux 7.x, the hostile scenario's escapes per
+/// kernel line in the vmtest guests (`cargo xtask vmtest ... --test hostile_storm`): written by
+/// hand from those runs, and kept across runs of the benchmarks as the arm64 section is.
+pub(crate) const MEMBERSHIP_TITLE: &str = "Membership on Linux 7.x (emulated)";
+
+/// The sections the x86 benchmarks cannot measure, which a run of them keeps.
+pub(crate) const KEPT: [&str; 2] = [TITLE, MEMBERSHIP_TITLE];
 
 /// The heading of leash-bench's overhead section, whose table the guest's report holds.
 const OVERHEAD_HEADING: &str = "## 1. Overhead";
@@ -17,6 +26,9 @@ pub(crate) struct Ratios {
     pub rows: Vec<[String; 3]>,
     /// The ptrace guard's programs the daemon reported in the guest.
     pub guard: Option<String>,
+    /// Each program's runs and ns per run, from the kernel's BPF statistics in the guest (the
+    /// overhead section's second table), if it has them.
+    pub costs: Vec<[String; 3]>,
 }
 
 /// The ratios of the overhead section of `report` (a BENCHMARKS.md leash-bench wrote): its
@@ -31,27 +43,43 @@ pub(crate) fn ratios(report: &str) -> Result<Ratios> {
         let guard = line.split_once("Ptrace guard in place: ")?.1.trim_end();
         Some(guard.strip_suffix('.').unwrap_or(guard).to_owned())
     });
-    let mut lines = section
-        .lines()
-        .skip_while(|line| !line.starts_with("| loop |"));
-    let header = cells(lines.next().context("the overhead section has no table")?);
+    let rows = columns(section, "| loop |", ["loop", "b/a", "c/a"])?
+        .context("the overhead section has no table")?;
+    if rows.is_empty() {
+        anyhow::bail!("the overhead table has no rows");
+    }
+    let costs =
+        columns(section, "| program |", ["program", "runs", "ns per run"])?.unwrap_or_default();
+    Ok(Ratios { rows, guard, costs })
+}
+
+/// The cells of columns `names` of each row of the first table in `section` whose header line
+/// starts with `header`; None if there is no such table.
+fn columns(section: &str, header: &str, names: [&str; 3]) -> Result<Option<Vec<[String; 3]>>> {
+    let mut lines = section.lines().skip_while(|line| !line.starts_with(header));
+    let Some(header) = lines.next().map(cells) else {
+        return Ok(None);
+    };
     let column = |name: &str| {
         header
             .iter()
             .position(|cell| cell == name)
-            .with_context(|| format!("the overhead table has no column {name:?}: {header:?}"))
+            .with_context(|| format!("a table has no column {name:?}: {header:?}"))
     };
-    let (name, ba, ca) = (column("loop")?, column("b/a")?, column("c/a")?);
-    let rows: Vec<[String; 3]> = lines
-        .take_while(|line| line.starts_with('|'))
-        .filter(|line| !line.starts_with("|---"))
-        .map(cells)
-        .filter_map(|row| Some([row.get(name)?, row.get(ba)?, row.get(ca)?].map(String::clone)))
-        .collect();
-    if rows.is_empty() {
-        anyhow::bail!("the overhead table has no rows");
-    }
-    Ok(Ratios { rows, guard })
+    let at = [column(names[0])?, column(names[1])?, column(names[2])?];
+    Ok(Some(
+        lines
+            .take_while(|line| line.starts_with('|'))
+            .filter(|line| !line.starts_with("|---"))
+            .map(cells)
+            .filter_map(|row| {
+                Some(
+                    at.map(|i| row.get(i).cloned())
+                        .map(Option::unwrap_or_default),
+                )
+            })
+            .collect(),
+    ))
 }
 
 /// The cells of a markdown table's row.
@@ -85,6 +113,20 @@ pub(crate) fn section(ratios: &Ratios, about: &str) -> String {
         text.push_str(&format!("| {name} | {ba} | {ca} |\n"));
     }
     text.push('\n');
+    if !ratios.costs.is_empty() {
+        text.push_str(
+            "Each program's cost per run in the same guest, from the kernel's BPF run-time \
+             statistics over one tracked and one untracked run of the exec and ps loops: \
+             emulated instructions, many times arm64's own cost, so only the programs' costs \
+             beside each other say anything (`leash_task_alloc`, the marks' LSM program, runs \
+             at every fork of the machine, beside `leash_fork`).\n\n\
+             | program | runs | ns per run (emulated) |\n|---|---|---|\n",
+        );
+        for [program, runs, per_run] in &ratios.costs {
+            text.push_str(&format!("| {program} | {runs} | {per_run} |\n"));
+        }
+        text.push('\n');
+    }
     text
 }
 
@@ -94,10 +136,10 @@ fn without_verdict(cell: &str) -> &str {
     cell.split_once(" (").map_or(cell, |(ratio, _)| ratio)
 }
 
-/// The arm64 section `report` holds, if it holds one: from its heading to the next section or
-/// the report's closing line.
-pub(crate) fn existing(report: &str) -> Option<&str> {
-    let start = report.find(&format!("## {TITLE}\n"))?;
+/// The section titled `title` that `report` holds, if it holds one: from its heading to the
+/// next section or the report's closing line.
+pub(crate) fn existing<'a>(report: &'a str, title: &str) -> Option<&'a str> {
+    let start = report.find(&format!("## {title}\n"))?;
     let rest = &report[start..];
     Some(&rest[..section_end(rest)])
 }
@@ -114,10 +156,10 @@ fn section_end(text: &str) -> usize {
     text.len()
 }
 
-/// `report` with `section` in place of its arm64 section, or, without one, after its overhead
-/// section (before its closing line, or at its end, without that).
-pub(crate) fn splice(report: &str, section: &str) -> String {
-    if let Some(old) = existing(report) {
+/// `report` with `section` (titled `title`) in place of the one it holds, or, without one,
+/// after its overhead section (before its closing line, or at its end, without that).
+pub(crate) fn splice(report: &str, title: &str, section: &str) -> String {
+    if let Some(old) = existing(report, title) {
         return report.replacen(old, section, 1);
     }
     let at = report
@@ -176,7 +218,13 @@ mod tests {
         assert!(text.contains("| fork+exit+wait | 1.011 | 1.055 |\n"));
         assert!(!text.contains("goal met") && !text.contains("goal missed"));
         assert!(text.contains("On trixie-6.12."));
-        assert!(!text.contains("900.0") && !text.contains("ns per run"));
+        assert!(!text.contains("900.0"));
+        // The programs' costs, beside each other.
+        assert_eq!(
+            ratios.costs,
+            [["leash_fork", "10", "300.0"].map(String::from)]
+        );
+        assert!(text.contains("| leash_fork | 10 | 300.0 |\n"), "{text}");
     }
 
     #[test]
@@ -189,7 +237,7 @@ mod tests {
     fn the_section_goes_after_the_overhead_section_and_replaces_itself_later() {
         let host = "# leash benchmarks\n\n## 1. Overhead on fork-heavy work\n\nx\n\n\
                     ## 2. Kill latency\n\ny\n\n---\nThe whole run took 1 s.\n";
-        let first = splice(host, "## Overhead on arm64 (emulated)\n\nold\n\n");
+        let first = splice(host, TITLE, "## Overhead on arm64 (emulated)\n\nold\n\n");
         assert_eq!(
             first,
             "# leash benchmarks\n\n## 1. Overhead on fork-heavy work\n\nx\n\n\
@@ -197,19 +245,19 @@ mod tests {
              ## 2. Kill latency\n\ny\n\n---\nThe whole run took 1 s.\n"
         );
         assert_eq!(
-            existing(&first),
+            existing(&first, TITLE),
             Some("## Overhead on arm64 (emulated)\n\nold\n\n")
         );
-        let second = splice(&first, "## Overhead on arm64 (emulated)\n\nnew\n\n");
+        let second = splice(&first, TITLE, "## Overhead on arm64 (emulated)\n\nnew\n\n");
         assert_eq!(second, first.replace("old", "new"));
         // A report of other sections only: before its closing line; no report: alone.
         let other = "# leash benchmarks\n\n## 2. Kill latency\n\ny\n\n---\nThe end.\n";
         assert_eq!(
-            splice(other, "## Overhead on arm64 (emulated)\n\nz\n\n"),
+            splice(other, TITLE, "## Overhead on arm64 (emulated)\n\nz\n\n"),
             "# leash benchmarks\n\n## 2. Kill latency\n\ny\n\n\
              ## Overhead on arm64 (emulated)\n\nz\n\n---\nThe end.\n"
         );
-        assert_eq!(splice("", "## A\n\nz\n\n"), "## A\n\nz\n\n");
-        assert_eq!(existing(other), None);
+        assert_eq!(splice("", "A", "## A\n\nz\n\n"), "## A\n\nz\n\n");
+        assert_eq!(existing(other, TITLE), None);
     }
 }

@@ -338,22 +338,26 @@ fn bench(quick: bool) -> Result<()> {
     ])?;
     let root = workspace_root();
     let report = root.join("BENCHMARKS.md");
-    // leash-bench writes the report whole: the arm64 section, which it cannot measure here,
-    // is put back as it was.
-    let arm64 = std::fs::read_to_string(&report)
-        .ok()
-        .and_then(|old| bench_section::existing(&old).map(str::to_owned));
+    // leash-bench writes the report whole: the sections it cannot measure here (arm64's, and
+    // the emulated 7.x guests') are put back as they were.
+    let old = std::fs::read_to_string(&report).unwrap_or_default();
+    let kept: Vec<(&str, String)> = bench_section::KEPT
+        .into_iter()
+        .filter_map(|title| Some((title, bench_section::existing(&old, title)?.to_owned())))
+        .collect();
     let mut bench = Command::new(root.join("target/release/leash-bench"));
     bench.arg("--out").arg(&report);
     if quick {
         bench.arg("--quick");
     }
     let ran = status(&mut bench);
-    if let Some(arm64) = arm64
-        && let Ok(new) = std::fs::read_to_string(&report)
+    if !kept.is_empty()
+        && let Ok(mut new) = std::fs::read_to_string(&report)
     {
-        std::fs::write(&report, bench_section::splice(&new, &arm64))
-            .with_context(|| format!("writing {}", report.display()))?;
+        for (title, section) in &kept {
+            new = bench_section::splice(&new, title, section);
+        }
+        std::fs::write(&report, new).with_context(|| format!("writing {}", report.display()))?;
     }
     ran
 }

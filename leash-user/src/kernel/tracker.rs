@@ -115,35 +115,30 @@ impl Tracker {
         self.reconcile()
     }
 
-    /// Marks the process `process` names a member of `tree`, where the marks are in place: its
-    /// children are then marked in the kernel as they are made. A process gone meanwhile is
-    /// not an error (its entry is settled where it was made).
-    pub(super) fn mark(&self, process: &crate::sys::Pidfd, tree: TreeId) -> Result<()> {
+    /// Marks the process `pid`, which started at `start_ticks` (/proc's), a member of `tree`,
+    /// where the marks are in place: its children are then marked in the kernel as they are
+    /// made. A pidfd is opened first and the start time checked after, so a recycled pid is
+    /// never marked. Best effort: a process user space put in and could not mark is still in
+    /// the member map, whence `task_alloc` takes its children's mark, and a kill checks it
+    /// against /proc instead; a process gone meanwhile is settled where its entry was made.
+    pub(super) fn mark_pid(&self, pid: Pid, start_ticks: u64, tree: TreeId) -> Result<()> {
         let Some(marks) = &self.marks else {
             return Ok(());
         };
-        let generation = self.view.control.get(&tree, 0)?.generation;
-        match marks.set(process, leash_common::Mark { tree, generation }) {
-            Ok(()) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
-            Err(e) => Err(anyhow::anyhow!("marking a member of tree {tree}: {e}")),
-        }
-    }
-
-    /// Marks the process `pid`, which started at `start_ticks` (/proc's), a member of `tree`
-    /// (see [`Tracker::mark`]): a pidfd is opened first and the start time checked after, so
-    /// a recycled pid is never marked.
-    pub(super) fn mark_pid(&self, pid: Pid, start_ticks: u64, tree: TreeId) -> Result<()> {
-        if self.marks.is_none() {
-            return Ok(());
-        }
         let Ok(process) = crate::sys::Pidfd::open(pid) else {
             return Ok(());
         };
         if crate::proc::alive_start(pid) != Some(start_ticks) {
             return Ok(());
         }
-        self.mark(&process, tree)
+        let generation = self.view.control.get(&tree, 0)?.generation;
+        match marks.set(&process, leash_common::Mark { tree, generation }) {
+            Err(e) if e.raw_os_error() != Some(libc::ESRCH) => {
+                tracing::warn!(pid, tree, "cannot mark a member: {e}");
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// Whether the process `process` names carries a mark of `tree` as registered now; None

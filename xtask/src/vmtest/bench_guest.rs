@@ -93,8 +93,11 @@ pub(crate) fn bench(kernel: &str, quick: bool, report: &Path) -> Result<()> {
     );
     let section = bench_section::section(&ratios, &about);
     let old = fs::read_to_string(report).unwrap_or_default();
-    fs::write(report, bench_section::splice(&old, &section))
-        .with_context(|| format!("writing {}", report.display()))?;
+    fs::write(
+        report,
+        bench_section::splice(&old, bench_section::TITLE, &section),
+    )
+    .with_context(|| format!("writing {}", report.display()))?;
     print!("{section}");
     eprintln!(
         "xtask: wrote the arm64 section into {} ({:.0} s in all, the guest {:.0} s)",
