@@ -82,6 +82,13 @@ pub mod program {
     /// second program has a guard of its own: an event goes unseen only if both are held at
     /// once on its CPU. Whichever runs second finds the work done.
     pub const FORK_AGAIN: &str = "leash_fork2";
+    /// A kprobe on `wake_up_new_task`, which the forker calls after `sched_process_fork` and
+    /// before the child first runs: the fork programs' work a third time, where the marks are
+    /// not in place (no BPF LSM). Kprobes run with preemption off and are skipped only while the
+    /// CPU's `bpf_prog_active` is held (another kprobe or perf program, or a `bpf()` map call
+    /// preempted inside it), a condition apart from the tracepoints': a fork goes unseen only
+    /// when all three miss it.
+    pub const FORK_KPROBE: &str = "leash_fork_kp";
     /// [`EXIT`], attached again (see [`FORK_AGAIN`]).
     pub const EXIT_AGAIN: &str = "leash_exit2";
     /// tp_btf on `sched_process_exec`: tells what a member runs now (an event only).

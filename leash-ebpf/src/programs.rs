@@ -5,12 +5,12 @@ use core::{
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_boot_ns,
-        bpf_probe_read_kernel, bpf_send_signal,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_ktime_get_boot_ns, bpf_probe_read_kernel, bpf_send_signal,
     },
-    macros::{btf_tracepoint, map},
+    macros::{btf_tracepoint, kprobe, map},
     maps::{HashMap, PerCpuArray, RingBuf},
-    programs::BtfTracePointContext,
+    programs::{BtfTracePointContext, ProbeContext},
 };
 use leash_common::{
     ALL_ACCOUNTS, Account, Diagnostic, Event, EventKind, Member, NO_LIMIT, Pid, TreeControl,
@@ -70,27 +70,43 @@ const BPF_RB_FORCE_WAKEUP: u64 = 2;
 /// a child that joins here is a member before it runs one instruction.
 #[btf_tracepoint(function = "sched_process_fork")]
 pub(crate) fn leash_fork(ctx: BtfTracePointContext) -> i32 {
-    on_fork(&ctx)
+    on_fork(ctx.arg(0), ctx.arg(1))
 }
 
 /// [`leash_fork`] again, for the forks the kernel skips it for (see `program::FORK_AGAIN`).
 #[btf_tracepoint(function = "sched_process_fork")]
 pub(crate) fn leash_fork2(ctx: BtfTracePointContext) -> i32 {
-    on_fork(&ctx)
+    on_fork(ctx.arg(0), ctx.arg(1))
 }
 
-/// What each fork program does. Both run at every fork, one after the other, and one of them may
-/// have been skipped: the second finds the child's entry that the first made, and does nothing.
+/// The fork programs' work a third time, from a kprobe on `wake_up_new_task(struct task_struct
+/// *p)`, which the forker calls after `sched_process_fork` and before the child first runs
+/// (see `program::FORK_KPROBE`). A kprobe runs with preemption off, and is skipped only while
+/// another kprobe or perf program, or a `bpf()` map call, holds the CPU's `bpf_prog_active`: a
+/// condition apart from the tracepoints'.
+#[kprobe(function = "wake_up_new_task")]
+pub(crate) fn leash_fork_kp(ctx: ProbeContext) -> u32 {
+    let Some(child) = ctx.arg::<*const u8>(0) else {
+        return 0;
+    };
+    // SAFETY: the helper returns the current task's address; it is only read through
+    // bpf_probe_read_kernel.
+    let forker = unsafe { bpf_get_current_task() } as *const u8;
+    on_fork(forker, child);
+    0
+}
+
+/// What each fork program does, for the forking task `forker` and its new task `child`. All
+/// run at every fork, one after the other, and any of them may have been skipped: a later one
+/// finds the child's entry that an earlier one made, and does nothing.
 #[inline(always)]
-fn on_fork(ctx: &BtfTracePointContext) -> i32 {
+fn on_fork(forker: *const u8, child: *const u8) -> i32 {
     let parent = current_tgid();
     // The hot path for every fork on the machine: one lookup, and out for non-members.
     // SAFETY: copied at once (see "Reading the hash maps").
     let Some(entry) = (unsafe { MEMBERS.get(parent) }).copied() else {
         return 0;
     };
-    let forker: *const u8 = ctx.arg(0);
-    let child: *const u8 = ctx.arg(1);
     let Some(child_tgid) = read_task::<u32>(child, &TASK_TGID_OFFSET) else {
         diagnose(Diagnostic::ChildUnread, entry.tree, parent);
         return 0;

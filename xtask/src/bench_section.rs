@@ -72,12 +72,7 @@ fn columns(section: &str, header: &str, names: [&str; 3]) -> Result<Option<Vec<[
             .take_while(|line| line.starts_with('|'))
             .filter(|line| !line.starts_with("|---"))
             .map(cells)
-            .filter_map(|row| {
-                Some(
-                    at.map(|i| row.get(i).cloned())
-                        .map(Option::unwrap_or_default),
-                )
-            })
+            .map(|row| at.map(|i| row.get(i).cloned().unwrap_or_default()))
             .collect(),
     ))
 }

@@ -21,10 +21,7 @@ use super::{
     registry::TreeEntry,
     shared::Daemon,
 };
-use crate::{
-    kernel::{self, Layer, Program},
-    proc,
-};
+use crate::proc;
 
 /// The trees the client may see, with their members (and, `with_leases`, the leases that hold
 /// or held them). The member map is read once, and /proc once per listed member, by a blocking
@@ -128,11 +125,7 @@ pub(super) fn status(daemon: &Daemon, peer: &Peer) -> Result<Reply, Refusal> {
     Ok(Reply::Status(StatusInfo {
         daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
         protocol: PROTOCOL_VERSION,
-        programs: kernel::programs::of_layer(Layer::Tracking)
-            .chain(daemon.membership.programs())
-            .chain(daemon.ptrace_guard.programs())
-            .map(Program::describe)
-            .collect(),
+        programs: daemon.programs.iter().map(|p| p.describe()).collect(),
         member_capacity: capacity.members,
         members,
         tree_capacity: capacity.trees,

@@ -143,7 +143,7 @@ pub async fn run(config: Config) -> Result<()> {
         view,
         jobs,
         tracker.pin_dir().map(Path::to_path_buf),
-        (tracker.ptrace_guard(), tracker.membership()),
+        (tracker.programs(), tracker.membership()),
         tracker.whois(),
         pid_namespace,
     ));

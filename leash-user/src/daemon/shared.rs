@@ -22,7 +22,7 @@ use super::{
     stopping::Stopping,
     subscribers::{Audience, Subscribers},
 };
-use crate::kernel::{Guard, Membership, TrackerView, Whois};
+use crate::kernel::{Membership, Program, TrackerView, Whois};
 
 /// Shared by every task of the daemon. The tracker itself is the owner thread's alone (see
 /// `owner`); everyone else reads the maps through `view` and hands changes to `jobs`.
@@ -34,8 +34,8 @@ pub(super) struct Daemon {
     pub limits: Arc<Limits>,
     /// Where the pins are, if pinned.
     pub pinned_at: Option<PathBuf>,
-    /// The ptrace guard in place, for `status`.
-    pub ptrace_guard: Guard,
+    /// The programs attached, for `status`.
+    pub programs: Vec<&'static Program>,
     /// The membership guarantee in place, for `status` and the metrics.
     pub membership: Membership,
     /// Set when a connection ends or heavy work is done: the allocator's free memory is then
@@ -64,7 +64,7 @@ impl Daemon {
         view: TrackerView,
         jobs: Jobs,
         pinned_at: Option<PathBuf>,
-        (ptrace_guard, membership): (Guard, Membership),
+        (programs, membership): (Vec<&'static Program>, Membership),
         whois: Arc<Whois>,
         pid_namespace: u32,
     ) -> Self {
@@ -75,7 +75,7 @@ impl Daemon {
             subscribers: Subscribers::default(),
             limits: Limits::new(config.uid_limits),
             pinned_at,
-            ptrace_guard,
+            programs,
             membership,
             memory_freed: AtomicBool::new(false),
             setup_failures: Mutex::default(),

@@ -13,7 +13,7 @@ use super::{
     link::{self, Attachment, HeldLink},
     marks::Membership,
     pins::Pins,
-    programs::{self, Layer, link_fd},
+    programs::{self, Layer, Program, link_fd},
     ptrace_guard::{self, Guard},
     raw, support,
     types::Capacity,
@@ -41,6 +41,8 @@ pub(super) struct Loaded {
     pub(super) reconcile: Option<OwnedFd>,
     /// Each attached program's name and id, of the layers whose skips are counted.
     pub(super) counted: Vec<(&'static str, u32)>,
+    /// The programs attached, for `status` (the whois iterator, no tracker, left out).
+    pub(super) programs: Vec<&'static Program>,
     pub(super) guard: Guard,
     pub(super) membership: Membership,
 }
@@ -85,6 +87,8 @@ impl Attached {
         }
         let marks = attach_marks(&mut ebpf, &kernel_btf);
         let membership = if marks.is_empty() {
+            // The best the kernel allows without the marks: a third fork program.
+            attachments.extend(attach_fork_kprobe(&mut ebpf, &kernel_btf));
             Membership::Layered
         } else {
             Membership::Marks
@@ -105,12 +109,14 @@ impl Attached {
     /// Every link held by this process, for as long as it lives: nothing pinned.
     pub(super) fn hold(self) -> Result<Loaded> {
         let (whois, reconcile, counted) = self.fds_and_ids()?;
+        let programs = self.listed();
         Ok(Loaded {
             ebpf: self.ebpf,
             held: self.attachments.into_iter().map(|a| a.link).collect(),
             whois,
             reconcile,
             counted,
+            programs,
             guard: self.guard,
             membership: self.membership,
         })
@@ -120,6 +126,7 @@ impl Attached {
     /// cannot pin.
     pub(super) fn pin(self, pins: &mut Pins) -> Result<Loaded> {
         let (whois, reconcile, counted) = self.fds_and_ids()?;
+        let programs = self.listed();
         let Self {
             ebpf,
             attachments,
@@ -142,9 +149,15 @@ impl Attached {
             whois,
             reconcile,
             counted,
+            programs,
             guard,
             membership,
         })
+    }
+
+    /// The programs attached, as `status` lists them.
+    fn listed(&self) -> Vec<&'static Program> {
+        listed(self.attachments.iter().map(|a| a.program))
     }
 
     /// Descriptors of the iterators' links, and the ids of the programs whose skips are
@@ -176,6 +189,17 @@ impl Attached {
             .collect();
         Ok((whois, reconcile, counted))
     }
+}
+
+/// The programs of `attached` that `status` lists: all but the whois iterator, which tracks
+/// nothing.
+pub(super) fn listed(
+    attached: impl IntoIterator<Item = &'static Program>,
+) -> Vec<&'static Program> {
+    attached
+        .into_iter()
+        .filter(|program| program.layer != Layer::Whois)
+        .collect()
 }
 
 /// Whether the skips of a layer's programs are counted (`leash_program_skips_total`): the
@@ -238,6 +262,18 @@ fn load_object(
         .map_max_entries(map::HOSTS, capacity.trees)
         .load(object)
         .context("loading the leash eBPF object (are you root?)")
+}
+
+/// Attaches the fork kprobe (see `program::FORK_KPROBE`). Never fails: the fork programs go
+/// on without it, and the log says why.
+fn attach_fork_kprobe(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Vec<Attachment> {
+    let attached: Result<Vec<Attachment>> = programs::of_layer(Layer::ForkKprobe)
+        .map(|program| link::attach(ebpf, kernel_btf, program))
+        .collect();
+    attached.unwrap_or_else(|e| {
+        tracing::warn!("the fork kprobe cannot attach ({e:#}): the fork programs go on without it");
+        Vec::new()
+    })
 }
 
 /// Attaches the marks, where the object has them and the BPF LSM is active: the `task_alloc`

@@ -7,7 +7,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use anyhow::{Context, Result};
 use aya::{
     Ebpf,
-    programs::{BtfTracePoint, Iter, TracePoint, links::FdLink, trace_point::TracePointLink},
+    programs::{
+        BtfTracePoint, Iter, KProbe, TracePoint, kprobe::KProbeLink, links::FdLink,
+        trace_point::TracePointLink,
+    },
 };
 
 use super::{
@@ -24,8 +27,10 @@ pub(super) enum HeldLink {
     /// A BPF link made by raw `bpf()` (LSM, fmod_ret).
     Raw(OwnedFd),
     /// A classic tracepoint's link, taken out of its program: a BPF link from Linux 5.15, a
-    /// perf event before (see [`tracepoint_links_pin`]).
+    /// perf event before (see [`perf_links_pin`]).
     TracePoint(TracePointLink),
+    /// A kprobe's link, taken out of its program: as a tracepoint's.
+    KProbe(KProbeLink),
 }
 
 /// A program attached: which one, its id (its skips are read by it), and its link.
@@ -69,6 +74,13 @@ pub(super) fn attach(
             AttachPoint::FmodRet(function) => {
                 raw_attached(ebpf, kernel_btf, name, sys::AttachKind::FmodRet, function)?
             }
+            AttachPoint::KProbe(function) => {
+                let loaded: &mut KProbe = program_mut(ebpf, name)?.try_into()?;
+                loaded.load()?;
+                let link = loaded.attach(function, 0)?;
+                let link = loaded.take_link(link)?;
+                (loaded.info()?.id(), HeldLink::KProbe(link))
+            }
             AttachPoint::TracePoint(category, event) => {
                 ensure_tracefs();
                 let loaded: &mut TracePoint = program_mut(ebpf, name)?.try_into()?;
@@ -98,9 +110,10 @@ fn raw_attached(
     Ok((id, HeldLink::Raw(link)))
 }
 
-/// Whether a classic tracepoint's link is a BPF link, which can be pinned (Linux 5.15); before,
-/// aya attaches through a perf event, which lives only as long as its descriptor.
-pub(super) fn tracepoint_links_pin() -> bool {
+/// Whether a classic tracepoint's or a kprobe's link is a BPF link, which can be pinned (Linux
+/// 5.15); before, aya attaches through a perf event, which lives only as long as its
+/// descriptor.
+pub(super) fn perf_links_pin() -> bool {
     support::version().is_some_and(|version| version >= (5, 15))
 }
 

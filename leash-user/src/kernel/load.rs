@@ -6,7 +6,7 @@ use aya::maps::{HashMap, Map, MapData, RingBuf};
 use leash_common::{ALL_ACCOUNTS, MEMBER_RESERVE, map, program};
 
 use super::{
-    attach::{Attached, Loaded},
+    attach::{Attached, Loaded, listed},
     maps::BPF_NOEXIST,
     marks::Marks,
     pins::Pins,
@@ -86,6 +86,7 @@ impl Tracker {
             whois,
             reconcile,
             counted,
+            programs,
             guard,
             membership,
         } = loaded;
@@ -120,6 +121,7 @@ impl Tracker {
             pins,
             whois: whois.into(),
             guard,
+            programs,
             _links: held,
             _programs: Some(ebpf),
         };
@@ -181,7 +183,7 @@ impl Tracker {
                 control,
                 pins.open_map(map::STATS)?,
                 capacity,
-                ProgramSkips::of_pinned(&pins, guard)?.into(),
+                ProgramSkips::of_pinned(&pins)?.into(),
             )?,
             events: RingBuf::try_from(events)?,
             account_joined: HashMap::try_from(pins.open_map(map::ACCOUNT_JOINED)?)?,
@@ -196,6 +198,7 @@ impl Tracker {
                 pins.open_map(map::WHOIS)?,
             )?
             .into(),
+            programs: listed(pins.pinned_programs()),
             pins: Some(pins),
             guard,
             _links: Vec::new(),

@@ -15,8 +15,6 @@ use std::{
 use aya::maps::{Map, MapData};
 use leash_common::Mark;
 
-use super::programs::{self, Layer, Program};
-
 use crate::sys::{self, Pidfd};
 
 /// The membership guarantee in place.
@@ -37,11 +35,6 @@ impl Membership {
             Self::Marks => "marks",
             Self::Layered => "layered",
         }
-    }
-
-    /// The programs it adds to the tracking layer's.
-    pub fn programs(self) -> impl Iterator<Item = &'static Program> {
-        programs::of_layer(Layer::Marks).filter(move |_| self == Self::Marks)
     }
 
     /// What it promises, for the log and `leash status`.

@@ -20,8 +20,8 @@ use aya::{
 use leash_common::{ABI_VERSION, map};
 
 use super::{
-    link::{HeldLink, tracepoint_links_pin},
-    programs::{self, Layer},
+    link::{HeldLink, perf_links_pin},
+    programs::{self, Layer, Program},
     ptrace_guard::Guard,
 };
 use crate::{sys, trusted_dir};
@@ -60,8 +60,8 @@ impl Pins {
 
     /// What a complete set of pins lacks here: each missing link's and map's path.
     pub fn missing(&self) -> Vec<PathBuf> {
-        pinned_links()
-            .map(|program| self.link_path(program))
+        always_pinned()
+            .map(|program| self.link_path(program.name))
             .chain(map::ALL.iter().map(|m| self.map_path(m)))
             .filter(|path| !path.exists())
             .collect()
@@ -99,7 +99,7 @@ impl Pins {
     /// if it pinned any of them (a kernel without the BPF LSM has none, and that is whole).
     pub fn complete(&self) -> bool {
         let marks = self.marks_pins();
-        pinned_links().all(|program| self.link_path(program).exists())
+        always_pinned().all(|program| self.link_path(program.name).exists())
             && map::ALL.iter().all(|m| self.map_path(m).exists())
             && (marks.iter().all(|path| path.exists()) || marks.iter().all(|path| !path.exists()))
     }
@@ -139,15 +139,18 @@ impl Pins {
         match link {
             HeldLink::Fd(link) => self.pin_link(program, link)?,
             HeldLink::Raw(link) => self.pin_raw_link(program, link)?,
-            HeldLink::TracePoint(link) if tracepoint_links_pin() => {
+            HeldLink::TracePoint(link) if perf_links_pin() => {
                 self.pin_link(program, FdLink::try_from(link)?)?
             }
-            held @ HeldLink::TracePoint(_) => {
+            HeldLink::KProbe(link) if perf_links_pin() => {
+                self.pin_link(program, FdLink::try_from(link)?)?
+            }
+            held => {
                 tracing::warn!(
                     program,
-                    "the fallback ptrace guard cannot be pinned on this kernel (classic \
-                     tracepoint links are pinnable from Linux 5.15): it ends with this \
-                     daemon, and a daemon that takes over the pins has none"
+                    "cannot be pinned on this kernel (classic tracepoints' and kprobes' links \
+                     are pinnable from Linux 5.15): it ends with this daemon, and a daemon that \
+                     takes over the pins has none"
                 );
                 return Ok(Some(held));
             }
@@ -181,14 +184,24 @@ impl Pins {
         Ok(Map::from_map_data(data)?)
     }
 
+    /// The programs a previous daemon left pinned here: those pinned wherever a daemon pins,
+    /// and those of the layers it attached (the fork kprobe, the marks, its ptrace guard).
+    pub(super) fn pinned_programs(&self) -> Vec<&'static Program> {
+        let kprobe = programs::of_layer(Layer::ForkKprobe)
+            .filter(|program| self.link_path(program.name).exists());
+        let marks = programs::of_layer(Layer::Marks).filter(|_| self.marks());
+        always_pinned()
+            .chain(kprobe)
+            .chain(marks)
+            .chain(self.guard().programs())
+            .collect()
+    }
+
     /// Opens the links a previous daemon pinned, to unpin them at a clean shutdown. Their
     /// programs have been attached all along.
     pub fn open_links(&mut self) -> Result<()> {
-        let guard = self.guard().programs();
-        let has_marks = self.marks();
-        let marks = programs::of_layer(Layer::Marks).filter(|_| has_marks);
-        for program in pinned_links().chain(guard.chain(marks).map(|program| program.name)) {
-            let link = self.open_pinned(program)?;
+        for program in self.pinned_programs() {
+            let link = self.open_pinned(program.name)?;
             self.links.push(link);
         }
         Ok(())
@@ -234,11 +247,9 @@ impl Pins {
 }
 
 /// The programs whose links are pinned wherever the daemon pins: the tracking layer's, and the
-/// whois iterator's. (The guard's and the marks' are there where the kernel took them.)
-fn pinned_links() -> impl Iterator<Item = &'static str> {
-    programs::of_layer(Layer::Tracking)
-        .chain(programs::of_layer(Layer::Whois))
-        .map(|program| program.name)
+/// whois iterator's. (The other layers' are there where the kernel took them.)
+fn always_pinned() -> impl Iterator<Item = &'static Program> {
+    programs::of_layer(Layer::Tracking).chain(programs::of_layer(Layer::Whois))
 }
 
 /// `v` and a number: the directory of one ABI version's pins.

@@ -41,6 +41,9 @@ pub enum AttachPoint {
     TracePoint(&'static str, &'static str),
     /// An iterator over the kernel's objects of a kind (`task`): aya's `Iter`.
     Iter(&'static str),
+    /// A kprobe on a kernel function: aya's `KProbe`, a pinnable link from 5.15 (a perf event
+    /// before).
+    KProbe(&'static str),
 }
 
 impl fmt::Display for AttachPoint {
@@ -52,6 +55,7 @@ impl fmt::Display for AttachPoint {
             Self::FmodRet(function) => write!(f, "fmod_ret/{function}"),
             Self::TracePoint(category, name) => write!(f, "tracepoint/{category}/{name}"),
             Self::Iter(kind) => write!(f, "iter/{kind}"),
+            Self::KProbe(function) => write!(f, "kprobe/{function}"),
         }
     }
 }
@@ -62,6 +66,9 @@ impl fmt::Display for AttachPoint {
 pub enum Layer {
     /// Following forks, exits, execs and hosts' deaths into the maps.
     Tracking,
+    /// The fork programs' work a third time, from a kprobe, where the marks are not in place:
+    /// a skip condition apart from the tracepoints'. Pinned where the kernel can pin it.
+    ForkKprobe,
     /// Answering the daemon's questions about a client.
     Whois,
     /// Membership the kernel never skips (see `kernel::marks`).
@@ -96,7 +103,7 @@ const fn listed(name: &'static str, at: AttachPoint, layer: Layer) -> Program {
 /// Every program, where it attaches and its layer: what attaches, pins, counts skips and
 /// lists in `status` reads. The tracking layer in the order it is attached: the fork and exit
 /// programs twice (see [`program::FORK_AGAIN`]).
-pub const PROGRAMS: [Program; 15] = {
+pub const PROGRAMS: [Program; 16] = {
     use AttachPoint::*;
     use Layer::*;
     [
@@ -107,6 +114,7 @@ pub const PROGRAMS: [Program; 15] = {
         listed(program::EXEC, TpBtf("sched_process_exec"), Tracking),
         listed(program::HOST_KILL, TpBtf("signal_generate"), Tracking),
         listed(program::HOST_CRASH, TpBtf("signal_deliver"), Tracking),
+        listed(program::FORK_KPROBE, KProbe("wake_up_new_task"), ForkKprobe),
         listed(program::WHOIS, Iter("task"), Whois),
         listed(program::TASK_ALLOC, Lsm("task_alloc"), Marks),
         listed(program::RECONCILE, Iter("task"), Marks),

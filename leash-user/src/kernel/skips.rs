@@ -20,11 +20,7 @@ use std::{
 use anyhow::{Context, Result};
 use leash_common::program;
 
-use super::{
-    pins::Pins,
-    programs::{self, Layer},
-    ptrace_guard::Guard,
-};
+use super::{attach::counts_skips, pins::Pins, programs::Layer};
 use crate::sys;
 
 /// The attached programs, to read their counts from: by id, opened at each read (the daemon's
@@ -40,17 +36,21 @@ pub struct ProgramSkips {
 }
 
 impl ProgramSkips {
-    /// Of the programs a previous daemon pinned the links of: the tracking layer's, and
-    /// `guard`'s. Best effort for the guard: a program of it whose id cannot be had is left
-    /// out, and the log says why.
-    pub(super) fn of_pinned(pins: &Pins, guard: Guard) -> Result<Self> {
-        let id = |name: &str| -> Result<u32> { Ok(pins.open_link(name)?.info()?.program_id()) };
-        let mut programs = programs::of_layer(Layer::Tracking)
-            .map(|program| Ok((program.name, id(program.name)?)))
-            .collect::<Result<Vec<_>>>()?;
-        for program in guard.programs() {
-            match id(program.name) {
+    /// Of the programs a previous daemon pinned the links of, of the layers whose skips are
+    /// counted. Best effort but for the tracking layer: a program whose id cannot be had is
+    /// left out, and the log says why.
+    pub(super) fn of_pinned(pins: &Pins) -> Result<Self> {
+        let mut programs = Vec::new();
+        for program in pins.pinned_programs() {
+            if !counts_skips(program.layer) {
+                continue;
+            }
+            let id = pins
+                .open_link(program.name)
+                .and_then(|link| Ok(link.info()?.program_id()));
+            match id {
                 Ok(id) => programs.push((program.name, id)),
+                Err(e) if program.layer == Layer::Tracking => return Err(e),
                 Err(e) => {
                     tracing::debug!(program = program.name, "its skips are not counted: {e:#}")
                 }

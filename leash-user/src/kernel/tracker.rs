@@ -14,6 +14,7 @@ use super::{
     link::HeldLink,
     marks::{Marks, Membership},
     pins::Pins,
+    programs::Program,
     ptrace_guard::Guard,
     record::TreeEvent,
     view::TrackerView,
@@ -42,6 +43,8 @@ pub struct Tracker {
     pub(super) whois: std::sync::Arc<Whois>,
     /// The ptrace guard in place (pinned, or held below).
     pub(super) guard: Guard,
+    /// The programs attached (see [`Tracker::programs`]).
+    pub(super) programs: Vec<&'static Program>,
     /// The links this process holds: all of them unpinned, or those the kernel cannot pin
     /// (classic tracepoints before Linux 5.15).
     pub(super) _links: Vec<HeldLink>,
@@ -81,6 +84,12 @@ impl Tracker {
     /// The ptrace guard in place.
     pub fn ptrace_guard(&self) -> Guard {
         self.guard
+    }
+
+    /// The programs attached, as `status` lists them: every tracker and guard, the whois
+    /// iterator left out.
+    pub fn programs(&self) -> Vec<&'static Program> {
+        self.programs.clone()
     }
 
     /// The membership guarantee in place.
