@@ -31,7 +31,7 @@ use crate::{
     programs::{
         BPF_NOEXIST, MEMBERS, SIGKILL, TASK_START_OFFSET, TASK_TGID_OFFSET, TREE_CONTROL,
         TREE_COUNTERS, add, add_to_account, count, current_tgid, emit, group_dead, is_member,
-        read_at, read_task,
+        lsm_refusal, read_at, read_task,
     },
     whois::NAMESPACE_OFFSETS,
 };
@@ -103,7 +103,7 @@ const ENOMEM: i64 = 12;
 pub(crate) fn leash_task_alloc(ctx: *mut c_void) -> i64 {
     let ctx = FEntryContext::new(ctx);
     let child: *mut task_struct = ctx.arg(0);
-    let refusal = match forker_mark() {
+    match forker_mark() {
         None => 0,
         Some((mark, control)) if control.flags & flags::DOOMED != 0 => {
             // The forker dies as it forks, as at the fork programs: a doomed tree makes
@@ -112,18 +112,20 @@ pub(crate) fn leash_task_alloc(ctx: *mut c_void) -> i64 {
             // no memory of ours.
             let _ = unsafe { bpf_send_signal(SIGKILL) };
             emit(EventKind::ForkKilled, mark.tree, current_tgid(), 0);
-            EPERM
+            count(stat::FORKS_REFUSED);
+            lsm_refusal::<EPERM>()
         }
         Some((mut mark, _)) => {
             // SAFETY: `child` is the hook's BTF-typed argument.
             let marked = unsafe { MARKS.get(child, Some(&mut mark)) };
-            if marked.is_null() { ENOMEM } else { 0 }
+            if marked.is_null() {
+                count(stat::FORKS_REFUSED);
+                lsm_refusal::<ENOMEM>()
+            } else {
+                0
+            }
         }
-    };
-    if refusal != 0 {
-        count(stat::FORKS_REFUSED);
     }
-    lsm_answer(refusal)
 }
 
 /// The forking task's mark and its tree's control, if the forker is a member: its own mark, or,
@@ -164,20 +166,6 @@ fn tree_of(mark: &Mark) -> Option<TreeControl> {
     // SAFETY: copied at once (see "Reading the hash maps" in programs.rs).
     let control = unsafe { TREE_CONTROL.get(mark.tree) }.copied()?;
     (control.generation == mark.generation).then_some(control)
-}
-
-/// An LSM program's answer, 0 or `-errno`, as every verifier can bound it: each a constant of
-/// its own branch, through the stack, and 64 bits wide (left to itself the compiler computes
-/// it in ways verifiers before 6.13 cannot bound, and they check all 64 bits).
-#[inline(always)]
-pub(crate) fn lsm_answer(errno: i64) -> i64 {
-    let mut answer: i64 = 0;
-    if errno != 0 {
-        // SAFETY: a write to a local.
-        unsafe { ptr::write_volatile(&mut answer, -errno) };
-    }
-    // SAFETY: a read of a local.
-    unsafe { ptr::read_volatile(&answer) }
 }
 
 /// Runs once per task (thread), and once more with no task at the end: a marked process

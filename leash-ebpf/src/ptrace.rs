@@ -24,10 +24,11 @@ use aya_ebpf::{
 use leash_common::{MAX_TREE_NESTING, Member, TreeId};
 
 use crate::programs::{
-    MEMBERS, SIGKILL, TASK_TGID_OFFSET, TREE_CONTROL, current_tgid, is_member, read_task,
+    MEMBERS, SIGKILL, TASK_TGID_OFFSET, TREE_CONTROL, current_tgid, is_member, lsm_refusal,
+    read_task,
 };
 
-const EPERM: i32 = 1;
+const EPERM: i64 = 1;
 /// `PTRACE_MODE_ATTACH` in the `mode` argument of `security_ptrace_access_check`.
 const PTRACE_MODE_ATTACH: u64 = 0x02;
 /// ptrace(2) requests that attach a tracer.
@@ -51,7 +52,7 @@ pub(crate) fn leash_ptrace_guard(ctx: *mut c_void) -> i32 {
         return previous;
     }
     if refuses(ctx.arg(0), ctx.arg(1)) {
-        -EPERM
+        -(EPERM as i32)
     } else {
         0
     }
@@ -66,16 +67,8 @@ pub(crate) fn leash_ptrace_guard(ctx: *mut c_void) -> i32 {
 #[unsafe(link_section = "lsm/ptrace_access_check")]
 pub(crate) fn leash_ptrace_lsm(ctx: *mut c_void) -> i64 {
     let ctx = FEntryContext::new(ctx);
-    // Each answer a constant of its own branch, through the stack, and 64 bits wide: left to
-    // itself the compiler computes -EPERM as the negated bool, which verifiers before 6.13
-    // cannot bound, and they check all 64 bits of the answer.
-    let mut answer: i64 = 0;
-    if refuses(ctx.arg(0), ctx.arg(1)) {
-        // SAFETY: a write to a local.
-        unsafe { core::ptr::write_volatile(&mut answer, -i64::from(EPERM)) };
-    }
-    // SAFETY: a read of a local.
-    unsafe { core::ptr::read_volatile(&answer) }
+    let refused = refuses(ctx.arg(0), ctx.arg(1));
+    if refused { lsm_refusal::<EPERM>() } else { 0 }
 }
 
 /// Whether a check of `child` in `mode` is a member's attach-mode access to a process outside

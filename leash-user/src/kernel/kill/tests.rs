@@ -689,11 +689,24 @@ fn an_entry_whose_exit_the_kernel_skipped_is_taken_out_at_the_next_walk() {
 
 #[test]
 fn the_recycled_pid_of_an_entry_left_behind_is_never_signalled() {
+    recycled_pid_of_an_entry_left_behind(false);
+}
+
+#[test]
+fn a_recycled_pid_with_no_mark_is_never_signalled_where_the_marks_are() {
+    recycled_pid_of_an_entry_left_behind(true);
+}
+
+/// A member the fork program put in (its start exact) died unseen by the exit programs (held by
+/// a preempted task): its entry stays, and its pid goes to an unrelated process, which has no
+/// mark where `marks` puts them in place. It is left alone, and the entry taken out.
+fn recycled_pid_of_an_entry_left_behind(marks: bool) {
     let mut fake = Fake::new();
     let live = fake.add_member(TREE);
-    // A member the fork program put in (its start exact) died unseen by the exit programs: its
-    // entry stays, and its pid goes to an unrelated process.
     let left = fake.add_member(TREE);
+    if marks {
+        fake = fake.with_marks();
+    }
     fake.process(left).state = State::Reaped;
     fake.exit_skipped = true;
     fake.tick(Duration::from_millis(20));
@@ -783,30 +796,6 @@ fn a_marked_member_is_signalled_without_reading_proc_once_exits_were_skipped() {
     let report = drive(&mut kill, &mut fake, |_| {}).unwrap();
     assert_eq!(report.killed, members.len());
     assert_eq!(fake.proc_reads.get(), 0, "each mark is proof enough");
-}
-
-#[test]
-fn a_recycled_pid_with_no_mark_is_never_signalled_where_the_marks_are() {
-    let mut fake = Fake::new();
-    let live = fake.add_member(TREE);
-    // A member died unseen by the exit programs (held by a preempted task): its entry stays,
-    // and its pid goes to an unrelated process, which has no mark.
-    let left = fake.add_member(TREE);
-    let mut fake = fake.with_marks();
-    fake.process(left).state = State::Reaped;
-    fake.exit_skipped = true;
-    fake.tick(Duration::from_millis(20));
-    fake.start(left);
-    let mut kill = Kill::new(TREE, Duration::ZERO);
-    let report = drive(&mut kill, &mut fake, |_| {}).unwrap();
-    assert!(
-        fake.signals(left).is_empty(),
-        "the unrelated process is left alone"
-    );
-    assert_eq!(fake.process(left).state, State::Running);
-    assert!(fake.member(left).is_none(), "the entry is taken out");
-    assert_eq!(fake.signals(live), [libc::SIGKILL]);
-    assert_eq!(report.killed, 1);
 }
 
 /// Other trees' members, many more than the tree killed has.
