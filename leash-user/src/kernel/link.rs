@@ -27,9 +27,9 @@ pub(super) enum HeldLink {
     /// A BPF link made by raw `bpf()` (LSM, fmod_ret).
     Raw(OwnedFd),
     /// A classic tracepoint's link, taken out of its program: a BPF link from Linux 5.15, a
-    /// perf event before (see [`perf_links_pin`]).
+    /// perf event before (see [`tracepoint_links_pin`]).
     TracePoint(TracePointLink),
-    /// A kprobe's link, taken out of its program: as a tracepoint's.
+    /// A kprobe's link, taken out of its program (see [`kprobe_links_pin`]).
     KProbe(KProbeLink),
 }
 
@@ -110,11 +110,17 @@ fn raw_attached(
     Ok((id, HeldLink::Raw(link)))
 }
 
-/// Whether a classic tracepoint's or a kprobe's link is a BPF link, which can be pinned (Linux
-/// 5.15); before, aya attaches through a perf event, which lives only as long as its
-/// descriptor.
-pub(super) fn perf_links_pin() -> bool {
+/// Whether a classic tracepoint's link is a BPF link, which can be pinned (Linux 5.15);
+/// before, aya attaches through a perf event, which lives only as long as its descriptor.
+pub(super) fn tracepoint_links_pin() -> bool {
     support::version().is_some_and(|version| version >= (5, 15))
+}
+
+/// Whether a kprobe's link is a BPF link, which can be pinned: as a tracepoint's, but aya makes
+/// one only where it can read the kernel's version (it cannot read 7.3's release candidates'),
+/// and attaches through tracefs's kprobe_events otherwise.
+pub(super) fn kprobe_links_pin() -> bool {
+    tracepoint_links_pin() && aya::util::KernelVersion::current().is_ok()
 }
 
 /// Classic tracepoints are found through tracefs, which some machines do not mount at boot.

@@ -20,7 +20,7 @@ use aya::{
 use leash_common::{ABI_VERSION, map};
 
 use super::{
-    link::{HeldLink, perf_links_pin},
+    link::{HeldLink, kprobe_links_pin, tracepoint_links_pin},
     programs::{self, Layer, Program},
     ptrace_guard::Guard,
 };
@@ -139,18 +139,19 @@ impl Pins {
         match link {
             HeldLink::Fd(link) => self.pin_link(program, link)?,
             HeldLink::Raw(link) => self.pin_raw_link(program, link)?,
-            HeldLink::TracePoint(link) if perf_links_pin() => {
+            HeldLink::TracePoint(link) if tracepoint_links_pin() => {
                 self.pin_link(program, FdLink::try_from(link)?)?
             }
-            HeldLink::KProbe(link) if perf_links_pin() => {
+            HeldLink::KProbe(link) if kprobe_links_pin() => {
                 self.pin_link(program, FdLink::try_from(link)?)?
             }
             held => {
                 tracing::warn!(
                     program,
                     "cannot be pinned on this kernel (classic tracepoints' and kprobes' links \
-                     are pinnable from Linux 5.15): it ends with this daemon, and a daemon that \
-                     takes over the pins has none"
+                     are pinnable from Linux 5.15, and kprobes' only where aya reads the \
+                     kernel's version): it ends with this daemon, and a daemon that takes over \
+                     the pins has none"
                 );
                 return Ok(Some(held));
             }
