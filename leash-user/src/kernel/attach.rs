@@ -271,7 +271,17 @@ fn attach_fork_kprobe(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Vec<Attachment>
         .map(|program| link::attach(ebpf, kernel_btf, program))
         .collect();
     attached.unwrap_or_else(|e| {
-        tracing::warn!("the fork kprobe cannot attach ({e:#}): the fork programs go on without it");
+        // It matters where the kernel may skip the tracepoint programs (7.x).
+        if support::version().is_some_and(|version| version >= (7, 0)) {
+            tracing::warn!(
+                "the fork kprobe cannot attach ({e:#}): the fork programs go on without it"
+            );
+        } else {
+            tracing::info!(
+                "the fork kprobe cannot attach ({e:#}); this kernel never skips the fork \
+                 programs, which go on without it"
+            );
+        }
         Vec::new()
     })
 }

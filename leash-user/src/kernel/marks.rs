@@ -45,9 +45,10 @@ impl Membership {
                  before it runs, and the kernel never skips it; a doomed tree forks nothing"
             }
             Self::Layered => {
-                "membership: layered. The fork programs (tracepoints, attached twice) follow \
-                 forks; a kernel that runs them preemptibly (Linux 7.x) can skip both, and a \
-                 member's child then goes unseen. Exact membership needs the BPF LSM: add bpf \
+                "membership: layered. The fork programs (a tracepoint program attached twice, \
+                 and a kprobe where the kernel has kprobes) follow forks; a kernel that runs \
+                 tracepoint programs preemptibly (Linux 7.x) can skip them, and a member's \
+                 child goes unseen when all miss its fork. Exact membership needs the BPF LSM: add bpf \
                  to the kernel's lsm= boot parameter (leash doctor shows the line)"
             }
         }
