@@ -31,7 +31,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use leash_tests::{Cgroup, Removed, comm, daemon::Daemon, daemon::path_str, read_lines, wait_for};
+use leash_client::TreeOptions;
+use leash_tests::{
+    Cgroup, Removed, comm,
+    daemon::{Daemon, LeashedTree, path_str},
+    read_lines, wait_for,
+};
 
 const TRIALS_VAR: &str = "LEASH_TEST_STORM_TRIALS";
 const SECONDS_VAR: &str = "LEASH_TEST_STORM_SECONDS";
@@ -237,4 +242,73 @@ fn fork_program_skips(metrics: &Path) -> (String, String) {
         skips.join(", ")
     };
     (skips, reconciled)
+}
+
+/// A kill asked for while the agent storms starts at once and leaves nothing: the request is
+/// not queued behind the storm's events, and the tree's members fork nothing once it is doomed.
+/// The times are printed (timing is the benchmarks' to judge); the cgroup is the referee.
+#[test]
+fn a_kill_asked_for_during_the_storm_starts_at_once_and_leaves_nothing() {
+    let skipping_kernel = leash::kernel::support::version().is_some_and(|v| v >= (7, 0));
+    let in_guest = std::env::var("LEASH_VMTEST").is_ok_and(|v| v == "1");
+    let trials = if in_guest && !skipping_kernel { 1 } else { 3 };
+    let storm = Duration::from_secs_f64(from_env(SECONDS_VAR, 2.0));
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let membership = daemon.client().status().unwrap().membership;
+    let must_hold = membership.as_deref() == Some("marks") || !skipping_kernel;
+    let mut host = daemon.client();
+    let workers = WORKERS.to_string();
+    let mut left = Vec::new();
+    let mut waits = Vec::new();
+    for trial in 0..trials {
+        let tree = LeashedTree::spawn(
+            &mut host,
+            "hostile-storm-kill",
+            "sh",
+            &["-c", AGENT, "agent", &workers],
+            &TreeOptions::default(),
+        );
+        assert!(
+            wait_for(PATIENCE, || tree.cgroup.procs().len() > 2 * WORKERS + 1),
+            "trial {trial}: the storm did not start"
+        );
+        // The storm's length is the scenario, not a wait for a condition.
+        thread::sleep(storm);
+        let asked = Instant::now();
+        let summary = daemon.client().kill(tree.tree, Some(Duration::ZERO));
+        let answered = asked.elapsed();
+        let emptied = tree.cgroup.wait_empty(DEADLINE).map(|_| asked.elapsed());
+        // The kill's own figure runs from its start to the empty tree: what came before it,
+        // the request's wait for the kill to start (and the reply's way back).
+        let began = summary
+            .as_ref()
+            .ok()
+            .map(|summary| answered.saturating_sub(Duration::from_millis(summary.elapsed_ms)));
+        eprintln!(
+            "trial {trial}: kill asked for during the storm: started within {began:?}, answered \
+             after {answered:?}, empty after {emptied:?}",
+        );
+        assert!(
+            summary.is_ok(),
+            "trial {trial}: the kill failed: {summary:?}"
+        );
+        waits.extend(began);
+        if emptied.is_none() {
+            left.push((trial, tree.cgroup.procs().len()));
+            tree.cgroup.kill_all();
+        }
+    }
+    waits.sort();
+    eprintln!(
+        "hostile storm, kill asked for: {} of {trials} trials left processes; membership {}; \
+         the longest wait for the kill to start {:?}",
+        left.len(),
+        membership.as_deref().unwrap_or("unknown"),
+        waits.last()
+    );
+    if must_hold {
+        assert!(left.is_empty(), "left running: {left:?}");
+    }
 }
