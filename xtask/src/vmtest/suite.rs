@@ -69,9 +69,10 @@ pub(super) const LEFT_OUT: &[(&str, &str)] = &[
 /// arm64 guests are emulated instruction by instruction, and CI has 8 minutes for them, cross
 /// build included (this subset on trixie-6.12: 4 to 5 minutes on 2 cores, the build from clean
 /// 2.4 to 3.4 of them, the guest 100 s). The seed scenarios of tracking and enforcement, threads, a kill, the daemon's
-/// restart and take-over, unprivileged users, and the ptrace guard, whose LSM and fmod_ret
-/// programs need BPF trampolines, which arm64 implements apart from x86's and attaches to kernel
-/// functions only since 6.4 (bookworm-6.1 takes the syscall-tracepoint fallback).
+/// restart and take-over, unprivileged users, and the ptrace guard and the marks, whose LSM and
+/// fmod_ret programs need BPF trampolines, which arm64 implements apart from x86's and attaches
+/// to kernel functions only since 6.4 (bookworm-6.1 takes the syscall-tracepoint fallback, and
+/// layered membership).
 pub(super) const ARM64_SUBSET: &[&str] = &[
     "agent_dies",
     "host_dies",
@@ -85,6 +86,7 @@ pub(super) const ARM64_SUBSET: &[&str] = &[
     "daemon_restart",
     "unprivileged",
     "ptrace_guard",
+    "membership",
 ];
 
 /// What the guests run.
