@@ -125,17 +125,40 @@ fn on_fork(forker: *const u8, child: *const u8) -> i32 {
         diagnose(Diagnostic::StartUnread, tree, child_tgid);
         0
     });
-    // The other fork program's work, or the reconciling iterator's, which takes the parent
-    // as it is then (the forker may have died since, and the child been reparented): the same
-    // exact start time is the same process. An entry left by an earlier process by this pid
-    // has another start time: the insert below fails on it.
     // SAFETY: copied at once (see "Reading the hash maps").
-    let done =
-        unsafe { MEMBERS.get(child_tgid) }.is_some_and(|&joined| joined.start_ns == start_ns);
-    if done {
-        return 0;
+    if let Some(existing) = unsafe { MEMBERS.get(child_tgid) }.copied() {
+        // Another fork program's work, or the reconciling iterator's (which takes the parent
+        // as it is then: the forker may have died since, and the child been reparented).
+        if same_start(existing.start_ns, start_ns) {
+            return 0;
+        }
+        // An earlier process's entry by this pid, whose exit the exit programs missed (7.x
+        // skips them on a CPU where a preempted task is inside them): the pid is this child's
+        // now, so that process is gone. Left in, the child could not join, and its tree would
+        // be killed as untrackable.
+        take_out_stale(child_tgid, &existing);
     }
     join(tree, child_tgid, parent, start_ns)
+}
+
+/// Takes out `pid`'s entry `stale`, whose process is gone, and counts it out of its tree as a
+/// member that left (whoever takes it out counts it: this, or user space).
+#[inline(always)]
+fn take_out_stale(pid: Pid, stale: &Member) {
+    if MEMBERS.remove(pid).is_err() {
+        return;
+    }
+    count(stat::EXITS);
+    // SAFETY: one field read within the expression (see "Reading the hash maps").
+    let account =
+        unsafe { TREE_CONTROL.get(stale.tree) }.map_or(0, |control| control.holder.account);
+    add_to_account(account, u64::MAX);
+    add_to_account(ALL_ACCOUNTS, u64::MAX);
+    emit(EventKind::Exit, stale.tree, pid, 0);
+    if let Some(counters) = TREE_COUNTERS.get_ptr_mut(stale.tree) {
+        // SAFETY: as in join: memory that lives as long as the map, only added to atomically.
+        unsafe { add(&raw mut (*counters).left, 1) };
+    }
 }
 
 /// The child `child_tgid` of member `parent`, which started at `start_ns`, joins `tree`; the
@@ -157,6 +180,15 @@ fn join(tree: TreeId, child_tgid: Pid, parent: Pid, start_ns: u64) -> i32 {
     // Over the quota or the capacity, the child is still tracked (so it dies with its tree:
     // past the capacity, in the map's reserve), and the tree makes no more.
     let joined = MEMBERS.insert(child_tgid, member, BPF_NOEXIST).is_ok();
+    // Another program put the child in meanwhile (the reconciling iterator, on another CPU):
+    // its work, counted by it.
+    // SAFETY: one field read within the expression (see "Reading the hash maps").
+    if !joined
+        && unsafe { MEMBERS.get(child_tgid) }
+            .is_some_and(|entry| same_start(entry.start_ns, start_ns))
+    {
+        return 0;
+    }
     // As at exit: the event before the count.
     if joined {
         count(stat::JOINS);
@@ -348,10 +380,16 @@ pub(crate) fn started_at(task: *const u8, start_ns: u64) -> bool {
     let Some(start) = read_task::<u64>(leader, &TASK_START_OFFSET) else {
         return false;
     };
+    same_start(start, start_ns)
+}
+
+/// Whether two start times are one process's: the same, or the same clock tick where one of
+/// them is /proc's (user space's entries).
+fn same_start(a: u64, b: u64) -> bool {
     // SAFETY: a reference to a static is valid and aligned for the read (volatile only so
     // that the value user space set at load is read, not the placeholder: see the globals).
     let tick = unsafe { read_volatile(&NS_PER_TICK) }.max(1);
-    start == start_ns || start / tick == start_ns / tick
+    a == b || a / tick == b / tick
 }
 
 /// Whether `account` has all the members its quota allows (root has no quota).

@@ -144,21 +144,38 @@ impl Tracker {
     /// Takes out `pid`'s entry if it is still `stale`, an entry whose process is gone, and
     /// counts it out of its tree (as a member user space took out, whoever put it in). Such an
     /// entry is one user space put in after its process had exited, or one whose exit the
-    /// kernel skipped the exit programs for (see `program::FORK_AGAIN`). While it is there, no
-    /// fork can insert a new entry for the same pid, so the check and the removal see the same
-    /// entry.
+    /// kernel skipped the exit programs for (see `program::FORK_AGAIN`).
+    ///
+    /// The fork programs take out such an entry themselves when its pid comes back as a
+    /// member's child, and put the child's in: the entry taken out here is checked to be the
+    /// stale one as it is taken (in one step, from 5.14), and another is put back. Before 5.14
+    /// the kernel never skips the exit programs, and no fork program takes an entry out.
     pub(super) fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()> {
         if self.member(pid) != Some(stale) {
             return Ok(());
         }
-        if self.view.members.remove(&pid).is_ok() {
-            tracing::warn!(
-                pid,
-                tree = stale.tree,
-                "took out a member whose process is gone"
-            );
-            self.add_seeded(stale.tree, -1)?;
-            self.view.index.remove(stale.tree, pid);
+        let removed = match self.view.take_member(pid) {
+            Ok(removed) => removed,
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                self.view.members.remove(&pid).is_ok().then_some(stale)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match removed {
+            Some(removed) if removed == stale => {
+                tracing::warn!(
+                    pid,
+                    tree = stale.tree,
+                    "took out a member whose process is gone"
+                );
+                self.add_seeded(stale.tree, -1)?;
+                self.view.index.remove(stale.tree, pid);
+            }
+            // A child's entry, put in since the check: it goes back.
+            Some(other) => {
+                let _ = self.view.members.insert(pid, other, BPF_NOEXIST);
+            }
+            None => {}
         }
         Ok(())
     }

@@ -124,6 +124,12 @@ impl TrackerView {
     }
 
     /// Every entry of the member map now. A member that exits during the walk is left out.
+    /// Takes `pid`'s entry out and returns it, in one step (see
+    /// [`sys::HashMapReader::take`]).
+    pub(super) fn take_member(&self, pid: Pid) -> std::io::Result<Option<Member>> {
+        self.member_reader.take(&pid)
+    }
+
     pub fn member_entries(&self) -> Result<Vec<(Pid, Member)>> {
         match self.member_reader.entries() {
             Ok(entries) => return Ok(entries),

@@ -68,6 +68,43 @@ impl<K: aya::Pod, V: aya::Pod> HashMapReader<K, V> {
     }
 }
 
+impl<K: aya::Pod, V: aya::Pod> HashMapReader<K, V> {
+    /// Takes `key`'s entry out and returns it, in one step (BPF_MAP_LOOKUP_AND_DELETE_ELEM,
+    /// for hash maps from Linux 5.14): what was removed is what is returned, whoever wrote the
+    /// entry since it was last read. None if there was none; `Unsupported` before 5.14.
+    pub fn take(&self, key: &K) -> io::Result<Option<V>> {
+        #[repr(C)]
+        struct ElemAttr {
+            map_fd: u32,
+            _pad: u32,
+            key: u64,
+            value: u64,
+            flags: u64,
+        }
+        const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+        let mut value = std::mem::MaybeUninit::<V>::zeroed();
+        let mut attr = ElemAttr {
+            map_fd: self.fd.as_raw_fd() as u32,
+            _pad: 0,
+            key: key as *const K as u64,
+            value: value.as_mut_ptr() as u64,
+            flags: 0,
+        };
+        // SAFETY: attr is the bpf_attr prefix of this command; key and value are the map's
+        // key and value sizes (checked in `new`) and outlive the call.
+        match unsafe { bpf(BPF_MAP_LOOKUP_AND_DELETE_ELEM, &mut attr) } {
+            // SAFETY: zeroed, then written by the kernel; a Pod is valid for any bytes.
+            Ok(_) => Ok(Some(unsafe { value.assume_init() })),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            // The kernel's own ENOTSUPP (524), which no libc names.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | 524)) => {
+                Err(io::Error::new(io::ErrorKind::Unsupported, e))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// Every entry of the hash map `fd` holds, read in batches, each read by `call` (the bpf(2)
 /// system call, or a fake in the tests).
 ///
