@@ -41,6 +41,9 @@ use leash_tests::{
 const TRIALS_VAR: &str = "LEASH_TEST_STORM_TRIALS";
 const SECONDS_VAR: &str = "LEASH_TEST_STORM_SECONDS";
 const WORKERS: usize = 8;
+/// Held by each test of this file for its whole run: two storms at once would each be the
+/// other's load, and the times they print would say nothing.
+static ONE_STORM_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// How long the cgroup may take to empty once the host is dead.
 const DEADLINE: Duration = Duration::from_secs(30);
 /// How long the agent may take to start, and its storm to begin (emulated guests are slow).
@@ -64,6 +67,9 @@ wait"#;
 
 #[test]
 fn a_hostile_agent_forking_on_every_cpu_leaves_nothing_after_its_host_dies() {
+    let _alone = ONE_STORM_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let skipping_kernel = leash::kernel::support::version().is_some_and(|v| v >= (7, 0));
     let in_guest = std::env::var("LEASH_VMTEST").is_ok_and(|v| v == "1");
     let trials: usize = from_env(
@@ -249,6 +255,9 @@ fn fork_program_skips(metrics: &Path) -> (String, String) {
 /// The times are printed (timing is the benchmarks' to judge); the cgroup is the referee.
 #[test]
 fn a_kill_asked_for_during_the_storm_starts_at_once_and_leaves_nothing() {
+    let _alone = ONE_STORM_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let skipping_kernel = leash::kernel::support::version().is_some_and(|v| v >= (7, 0));
     let in_guest = std::env::var("LEASH_VMTEST").is_ok_and(|v| v == "1");
     let trials = if in_guest && !skipping_kernel { 1 } else { 3 };
