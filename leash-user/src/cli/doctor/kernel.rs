@@ -232,9 +232,9 @@ pub(super) fn membership_finding(daemon: Option<&str>) -> Finding {
              attach",
         )
         .with_fix("see the daemon's log at its start (journalctl -u leash): it says why"),
-        (None, true) => Finding::ok(
+        (None, true) if preemptible => Finding::ok(
             "membership",
-            "exact where the daemon attaches its marks: the BPF LSM is active",
+            "exact once the daemon attaches its marks: the BPF LSM is active",
         ),
         (_, _) if preemptible => {
             let list = lsm_list.as_deref().map_or("", str::trim);
