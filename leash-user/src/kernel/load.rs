@@ -205,9 +205,7 @@ impl Tracker {
             _programs: None,
         };
         tracker.next_tree = tracker.trees().last().map_or(1, |&last| last + 1);
-        // Generations go on from the highest in use: a tree released by the previous daemon
-        // under a reused id and a higher generation has no members left to confuse (its marks
-        // name a generation no control entry has, and release took out its entries).
+        // Generations go on from the highest in use, and the clock (see `new_generation`).
         tracker.next_generation = tracker.highest_generation();
         tracing::info!(
             trees = tracker.trees().len(),

@@ -159,9 +159,15 @@ impl Tracker {
         Some(mark.tree == tree && mark.generation == generation)
     }
 
-    /// A generation for a tree registered now: never one in use, nor 0.
+    /// A generation for a tree registered now: never one in use, nor 0, nor (but after
+    /// bursts of more than 64 registrations a second, or 776 days of uptime) one an earlier
+    /// daemon gave out. A released tree's processes live on with their marks, and a daemon
+    /// that takes over sees only the live trees' generations: were a new tree under a released
+    /// one's id to get that tree's generation too, those processes would be its members. So
+    /// generations follow the boot clock, in 64ths of a second, and the last one given out.
     pub(super) fn new_generation(&mut self) -> u32 {
-        self.next_generation = self.next_generation.wrapping_add(1).max(1);
+        let clock = (crate::sys::boottime_ns() / (1_000_000_000 / 64)) as u32;
+        self.next_generation = self.next_generation.wrapping_add(1).max(clock).max(1);
         self.next_generation
     }
 
