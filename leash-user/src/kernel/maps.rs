@@ -81,9 +81,12 @@ impl Tracker {
     }
 
     /// Moves every member of `tree` into `enclosing`. A member that forks meanwhile may make a
-    /// child in `tree` after the walk passed: walk again until none is left.
+    /// child in `tree` after the walk passed: walk again until none is left. Each walk comes
+    /// after a reconciling pass, where the marks are in place: a member the fork programs
+    /// missed is marked with `tree` alone, a mark that counts for nothing once `tree` is gone.
     fn hand_back(&mut self, tree: TreeId, enclosing: TreeId) -> Result<()> {
         for _ in 0..64 {
+            self.reconcile()?;
             let members: Vec<(Pid, Member)> = self
                 .member_entries()?
                 .into_iter()
