@@ -182,12 +182,12 @@ fn join(tree: TreeId, child_tgid: Pid, parent: Pid, start_ns: u64) -> i32 {
     let joined = MEMBERS.insert(child_tgid, member, BPF_NOEXIST).is_ok();
     // Another program put the child in meanwhile (the reconciling iterator, on another CPU):
     // its work, counted by it.
-    // SAFETY: one field read within the expression (see "Reading the hash maps").
-    if !joined
-        && unsafe { MEMBERS.get(child_tgid) }
-            .is_some_and(|entry| same_start(entry.start_ns, start_ns))
-    {
-        return 0;
+    if !joined {
+        // SAFETY: copied at once (see "Reading the hash maps").
+        let entry = unsafe { MEMBERS.get(child_tgid) }.copied();
+        if entry.is_some_and(|entry| same_start(entry.start_ns, start_ns)) {
+            return 0;
+        }
     }
     // As at exit: the event before the count.
     if joined {
