@@ -67,15 +67,9 @@ wait"#;
 
 #[test]
 fn a_hostile_agent_forking_on_every_cpu_leaves_nothing_after_its_host_dies() {
-    let _alone = ONE_STORM_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let skipping_kernel = leash::kernel::support::version().is_some_and(|v| v >= (7, 0));
-    let in_guest = std::env::var("LEASH_VMTEST").is_ok_and(|v| v == "1");
-    let trials: usize = from_env(
-        TRIALS_VAR,
-        if in_guest && !skipping_kernel { 2 } else { 10 },
-    );
+    let _alone = one_storm_at_a_time();
+    let skipping_kernel = kernel_skips_fork_programs();
+    let trials: usize = from_env(TRIALS_VAR, trials_here(10, 2));
     let storm = Duration::from_secs_f64(from_env(SECONDS_VAR, 2.0));
     // Declared before the daemon: removed after it has stopped.
     let metrics_dir = Removed(PathBuf::from(format!(
@@ -198,6 +192,30 @@ fn a_hostile_agent_forking_on_every_cpu_leaves_nothing_after_its_host_dies() {
     );
 }
 
+/// Held for a test's whole run (see [`ONE_STORM_AT_A_TIME`]).
+fn one_storm_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_STORM_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether this kernel may skip the fork programs (7.0 and later): where it may not, nothing
+/// can escape even without the marks.
+fn kernel_skips_fork_programs() -> bool {
+    leash::kernel::support::version().is_some_and(|v| v >= (7, 0))
+}
+
+/// How many trials to run: `full`, but `few` in a vmtest guest of a kernel that never skips the
+/// fork programs, where the scenario is a regression check in CI's minutes.
+fn trials_here(full: usize, few: usize) -> usize {
+    let in_guest = std::env::var("LEASH_VMTEST").is_ok_and(|v| v == "1");
+    if in_guest && !kernel_skips_fork_programs() {
+        few
+    } else {
+        full
+    }
+}
+
 /// `var` parsed, or `default` when it is unset.
 fn from_env<T: std::str::FromStr>(var: &str, default: T) -> T {
     match std::env::var(var) {
@@ -255,12 +273,9 @@ fn fork_program_skips(metrics: &Path) -> (String, String) {
 /// The times are printed (timing is the benchmarks' to judge); the cgroup is the referee.
 #[test]
 fn a_kill_asked_for_during_the_storm_starts_at_once_and_leaves_nothing() {
-    let _alone = ONE_STORM_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let skipping_kernel = leash::kernel::support::version().is_some_and(|v| v >= (7, 0));
-    let in_guest = std::env::var("LEASH_VMTEST").is_ok_and(|v| v == "1");
-    let trials = if in_guest && !skipping_kernel { 1 } else { 3 };
+    let _alone = one_storm_at_a_time();
+    let skipping_kernel = kernel_skips_fork_programs();
+    let trials = trials_here(3, 1);
     let storm = Duration::from_secs_f64(from_env(SECONDS_VAR, 2.0));
     let Some(daemon) = Daemon::start(&[]) else {
         return;
