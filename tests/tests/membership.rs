@@ -11,7 +11,13 @@
 //! Where the guests ask for the kernel's own guards (LEASH_TEST_REQUIRE_KERNEL_GUARD=1, Debian's
 //! kernels from 6.1, which have the BPF LSM active) the marks must be in place.
 
-use std::{fs, path::Path, time::Duration};
+use std::{
+    fs,
+    io::{BufRead, BufReader, Write},
+    path::Path,
+    process::Stdio,
+    time::Duration,
+};
 
 use aya::maps::{HashMap, Map, MapData};
 use leash_client::TreeOptions;
@@ -104,3 +110,97 @@ fn a_child_the_fork_programs_missed_dies_with_its_tree_where_the_marks_are() {
         eprintln!("layered: the missed child escaped its tree's kill, as expected without marks");
     }
 }
+
+/// What an exit both exit programs missed leaves (7.x skips them on a CPU where a preempted
+/// task is inside them): an entry for `pid` in `tree` whose process is gone, counted as a
+/// member that joined.
+fn leave_stale_entry(pins: &Path, tree: TreeId, pid: Pid) {
+    let mut members: HashMap<_, Pid, Member> =
+        HashMap::try_from(pinned_map(pins, map::MEMBERS)).unwrap();
+    let stale = Member {
+        tree,
+        parent: 1,
+        // Long before anything now running started, and a whole clock tick, as an entry user
+        // space made from /proc: a kill checks such an entry against /proc before it signals
+        // (an entry the fork programs made is trusted while no exit was skipped, which on a
+        // kernel that skips none would make this one another process's death sentence).
+        start_ns: leash::proc::ticks_to_ns(1),
+    };
+    members.insert(pid, stale, 0).unwrap();
+    let mut counters: HashMap<_, TreeId, TreeCounters> =
+        HashMap::try_from(pinned_map(pins, map::TREE_COUNTERS)).unwrap();
+    let mut count = counters.get(&tree, 0).unwrap();
+    count.joined += 1;
+    counters.insert(tree, count, 0).unwrap();
+}
+
+/// A stale entry whose pid comes back as a member's child: the fork programs take it out and
+/// put the child in. It used to fail the child's insert, and its whole tree was killed as
+/// untrackable ("the member map was full").
+#[test]
+fn a_stale_entry_whose_pid_comes_back_as_a_members_child_is_replaced() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let mut host = daemon.client();
+    let cgroup = Cgroup::new("membership-stale");
+    // Forks a sleep for every line it reads, and says its pid.
+    let mut command = cgroup.command(
+        "sh",
+        &["-c", "while read line; do sleep 600 & echo $!; done"],
+    );
+    command.stdin(Stdio::piped()).stdout(Stdio::piped());
+    let (tree, mut root) = host.spawn(&mut command, &TreeOptions::default()).unwrap();
+    let mut stdin = root.stdin.take().unwrap();
+    let mut lines = BufReader::new(root.stdout.take().unwrap()).lines();
+    let mut reused = None;
+    for _ in 0..50 {
+        // A pid to come back: the next one the kernel hands out, unless another process's fork
+        // takes it first (then try again; the stale entries left behind are the kill's to
+        // take out, as it takes out any).
+        let next = fs::read_to_string(NS_LAST_PID)
+            .unwrap()
+            .trim()
+            .parse::<Pid>()
+            .unwrap()
+            + 1;
+        leave_stale_entry(&daemon.pins, tree, next);
+        fs::write(NS_LAST_PID, (next - 1).to_string()).expect("writing ns_last_pid (needs root)");
+        writeln!(stdin, "fork").unwrap();
+        let said = lines
+            .next()
+            .expect("the root died: its tree was killed as untrackable?");
+        let child: Pid = said.unwrap().trim().parse().unwrap();
+        if child == next {
+            reused = Some(child);
+            break;
+        }
+    }
+    let child = reused.expect("no member's child got the stale entry's pid");
+    let status = host.status().unwrap();
+    let listed = host
+        .list()
+        .unwrap()
+        .into_iter()
+        .find(|t| t.tree == tree)
+        .map(|t| t.members.iter().any(|m| m.pid == child));
+    assert_eq!(
+        listed,
+        Some(true),
+        "the child with the stale entry's pid is a member of its live tree (inserts failed: {}); \
+         daemon log:\n{}",
+        status.inserts_failed,
+        daemon.log()
+    );
+    assert_eq!(status.inserts_failed, 0, "no insert failed");
+    host.kill(tree, Some(Duration::ZERO)).unwrap();
+    drop(stdin);
+    let _ = root.wait();
+    assert!(
+        cgroup.wait_empty(Duration::from_secs(10)).is_some(),
+        "the tree's kill left {:?}",
+        cgroup.procs()
+    );
+}
+
+const NS_LAST_PID: &str = "/proc/sys/kernel/ns_last_pid";
