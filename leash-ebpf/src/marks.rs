@@ -31,7 +31,7 @@ use crate::{
     programs::{
         BPF_NOEXIST, MEMBERS, SIGKILL, TASK_START_OFFSET, TASK_TGID_OFFSET, TREE_CONTROL,
         TREE_COUNTERS, add, add_to_account, count, current_tgid, emit, group_dead, is_member,
-        lsm_refusal, read_at, read_task,
+        lsm_refusal, read_at, read_task, same_start, take_out_stale,
     },
     whois::NAMESPACE_OFFSETS,
 };
@@ -170,8 +170,8 @@ fn tree_of(mark: &Mark) -> Option<TreeControl> {
 
 /// Runs once per task (thread), and once more with no task at the end: a marked process
 /// (by its main thread) that `MEMBERS` has no entry for is put in, counted as joined, and
-/// reported as a fork. An entry already there, even a stale one of an earlier process by the
-/// pid, is left alone: user space takes stale entries out, and the next run puts this one in.
+/// reported as a fork. A stale entry of an earlier process by the pid (the pid is this
+/// process's, so that one is gone) is taken out first, as the fork programs take it out.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/task")]
 pub(crate) fn leash_reconcile(ctx: *mut c_void) -> i32 {
@@ -199,10 +199,6 @@ pub(crate) fn leash_reconcile(ctx: *mut c_void) -> i32 {
     if task_pid(task) != Some(tgid) {
         return 0;
     }
-    // SAFETY: one field read within the expression (see "Reading the hash maps").
-    if unsafe { MEMBERS.get(tgid) }.is_some() {
-        return 0;
-    }
     // A process whose threads have all exited has left (a zombie keeps its mark until it is
     // reaped): put in now, it would never leave.
     if group_dead(task) {
@@ -211,6 +207,15 @@ pub(crate) fn leash_reconcile(ctx: *mut c_void) -> i32 {
     let Some(start_ns) = read_task::<u64>(task, &TASK_START_OFFSET) else {
         return 0;
     };
+    // SAFETY: copied at once (see "Reading the hash maps" in programs.rs).
+    if let Some(existing) = unsafe { MEMBERS.get(tgid) }.copied() {
+        if same_start(existing.start_ns, start_ns) {
+            return 0;
+        }
+        // An earlier process's entry by this pid, whose exit the exit programs missed: as the
+        // fork programs do, which the kernel may have skipped for this very fork.
+        take_out_stale(tgid, &existing);
+    }
     let parent = parent_tgid(task).unwrap_or(0);
     let member = Member {
         tree: mark.tree,

@@ -144,7 +144,7 @@ fn on_fork(forker: *const u8, child: *const u8) -> i32 {
 /// Takes out `pid`'s entry `stale`, whose process is gone, and counts it out of its tree as a
 /// member that left (whoever takes it out counts it: this, or user space).
 #[inline(always)]
-fn take_out_stale(pid: Pid, stale: &Member) {
+pub(crate) fn take_out_stale(pid: Pid, stale: &Member) {
     if MEMBERS.remove(pid).is_err() {
         return;
     }
@@ -385,7 +385,7 @@ pub(crate) fn started_at(task: *const u8, start_ns: u64) -> bool {
 
 /// Whether two start times are one process's: the same, or the same clock tick where one of
 /// them is /proc's (user space's entries).
-fn same_start(a: u64, b: u64) -> bool {
+pub(crate) fn same_start(a: u64, b: u64) -> bool {
     // SAFETY: a reference to a static is valid and aligned for the read (volatile only so
     // that the value user space set at load is read, not the placeholder: see the globals).
     let tick = unsafe { read_volatile(&NS_PER_TICK) }.max(1);
