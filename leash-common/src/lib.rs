@@ -51,6 +51,11 @@ pub mod map {
     /// and what it puts in. Freed with the task, so a mark never outlives its process nor lands
     /// on a recycled pid. Only in the object with marks (Linux 5.11): not in [`ALL`].
     pub const MARKS: &str = "MARKS";
+    /// `HashMap<u32, Descent>`, keyed by the thread id of the thread that reads a descent
+    /// iterator: what that reading asks (see [`super::Descent`]). Written by user space before
+    /// it makes the iterator, taken out after; the descent program writes back how it ended.
+    /// Pinned where the descent iterator's link is: not in [`ALL`].
+    pub const DESCENTS: &str = "DESCENTS";
     /// Every map of both objects, as pinned.
     pub const ALL: [&str; 9] = [
         MEMBERS,
@@ -113,6 +118,13 @@ pub mod program {
     /// fork programs were skipped for) is put into it, and counted as joined. Run before each
     /// kill's searches, and when the fork programs' skips rise.
     pub const RECONCILE: &str = "leash_reconcile";
+    /// A task iterator (`iter/task`) that finds processes by their ancestry, as the reading
+    /// thread's entry in `DESCENTS` asks: an adoption's descendants of a root, put into its
+    /// tree (or moved down into it from the tree it is nested in); or, where there are no
+    /// marks, every process whose nearest tracked ancestor is a member while it is not (a fork
+    /// every fork program was skipped for), put into that member's tree. It writes one
+    /// [`super::Descended`] to the iterator for each.
+    pub const DESCEND: &str = "leash_descend";
     /// A task iterator (`iter/task`): fills `WHOIS` for the process it names.
     pub const WHOIS: &str = "leash_whois";
     /// fmod_ret on `security_ptrace_access_check`: refuses a member attach-mode access to any
@@ -246,6 +258,82 @@ impl Whois {
     }
 }
 
+/// What one reading of the descent iterator asks (`DESCENTS`' value; see
+/// [`program::DESCEND`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Descent {
+    /// [`Descent::ADOPT`] or [`Descent::RECONCILE`].
+    pub mode: u32,
+    /// ADOPT: the tree being adopted, whose root is its member already.
+    pub tree: TreeId,
+    /// ADOPT: the tree it is nested in (0: none), whose members under the root come down.
+    pub enclosing: TreeId,
+    /// Written by the program: [`Descent::FULL`] or [`Descent::DOOMED`] if it stopped early.
+    pub stopped: u32,
+    /// Written by the program: 1 once it has run for this entry. 0 after a reading means the
+    /// program never found it: the reader's thread id is not the kernel's (a pid namespace).
+    pub seen: u32,
+    /// Written by the program: processes it put in that no tree held, in this reading.
+    pub added: u32,
+    /// Written by the program: ADOPT: members of `enclosing` it moved down into `tree`.
+    pub moved: u32,
+    pub _reserved: u32,
+}
+
+impl Descent {
+    /// Every process whose nearest tracked ancestor is a member of `tree`, or of `enclosing`
+    /// on the way to one, and which is not a member of `tree` already, is put in.
+    pub const ADOPT: u32 = 1;
+    /// Every process no tree holds whose nearest tracked ancestor is a member joins that
+    /// member's tree.
+    pub const RECONCILE: u32 = 2;
+    /// Stopped: the member map is at its capacity.
+    pub const FULL: u32 = 1;
+    /// Stopped: the tree being adopted is doomed.
+    pub const DOOMED: u32 = 2;
+
+    pub const fn adopting(tree: TreeId, enclosing: Option<TreeId>) -> Self {
+        Self {
+            mode: Self::ADOPT,
+            tree,
+            enclosing: match enclosing {
+                Some(tree) => tree,
+                None => 0,
+            },
+            stopped: 0,
+            seen: 0,
+            added: 0,
+            moved: 0,
+            _reserved: 0,
+        }
+    }
+
+    pub const fn reconciling() -> Self {
+        Self {
+            mode: Self::RECONCILE,
+            tree: 0,
+            enclosing: 0,
+            stopped: 0,
+            seen: 0,
+            added: 0,
+            moved: 0,
+            _reserved: 0,
+        }
+    }
+}
+
+/// One process the descent iterator put into a tree, as it writes it to the iterator.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Descended {
+    pub pid: Pid,
+    /// The tree it is now a member of.
+    pub tree: TreeId,
+    /// The tree it was moved from (the enclosing tree of an adoption); 0: it was in none.
+    pub from: TreeId,
+}
+
 /// The key of `ACCOUNT_JOINED` and `ACCOUNT_SEEDED` that counts every member, whoever owns it:
 /// how the fork program knows the member map is at its capacity. No account has it.
 pub const ALL_ACCOUNTS: Account = u64::MAX;
@@ -305,7 +393,8 @@ pub struct Mark {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TreeCounters {
-    /// Children that joined at fork.
+    /// Children that joined at fork (or that a reconciling iterator put in: see
+    /// `program::RECONCILE` and `program::DESCEND`).
     pub joined: u64,
     /// Members that left (their thread group died).
     pub left: u64,
@@ -478,6 +567,8 @@ const _: () = {
     assert!(size_of::<Event>() == 4 * 4 + 8 + 16);
     assert!(size_of::<NamespaceOffsets>() == 12 * 4);
     assert!(size_of::<Whois>() == (5 + PID_NS_LEVELS) * 4);
+    assert!(size_of::<Descent>() == 8 * 4);
+    assert!(size_of::<Descended>() == 3 * 4);
 };
 
 #[cfg(feature = "user")]
@@ -502,4 +593,8 @@ mod pod {
     unsafe impl aya::Pod for super::NamespaceOffsets {}
     // SAFETY: see above; u32s and a [u32; PID_NS_LEVELS].
     unsafe impl aya::Pod for super::Whois {}
+    // SAFETY: see above; eight u32s.
+    unsafe impl aya::Pod for super::Descent {}
+    // SAFETY: see above; three u32s.
+    unsafe impl aya::Pod for super::Descended {}
 }

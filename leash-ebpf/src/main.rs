@@ -22,7 +22,9 @@
 //! `signal_deliver`, so its trees' kill begins before the kernel has torn the host down.
 //!
 //! Beside them, a task iterator (`whois`) answers user space's questions about a client process
-//! that only the kernel can: the owner of its user namespace, its pid namespaces.
+//! that only the kernel can: the owner of its user namespace, its pid namespaces. Another
+//! (`descent`) finds processes by their ancestry: an adoption's descendants, and where there
+//! are no marks, the children every fork program was skipped for.
 //!
 //! The ptrace guard (ptrace.rs) refuses a member attach-mode access to processes outside its
 //! tree.
@@ -37,6 +39,8 @@
     )
 )]
 
+#[cfg(target_arch = "bpf")]
+mod descent;
 #[cfg(target_arch = "bpf")]
 mod hosts;
 #[cfg(target_arch = "bpf")]

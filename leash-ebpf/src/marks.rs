@@ -25,21 +25,13 @@ use aya_ebpf::{
     macros::btf_map,
     programs::FEntryContext,
 };
-use leash_common::{ALL_ACCOUNTS, EventKind, Mark, Member, Pid, TreeControl, TreeId, flags, stat};
+use leash_common::{ALL_ACCOUNTS, EventKind, Mark, Member, TreeControl, flags, stat};
 
-use crate::{
-    programs::{
-        BPF_NOEXIST, MEMBERS, SIGKILL, TASK_START_OFFSET, TASK_TGID_OFFSET, TREE_CONTROL,
-        TREE_COUNTERS, add, add_to_account, count, current_tgid, emit, group_dead, is_member,
-        lsm_refusal, read_at, read_task, same_start, take_out_stale,
-    },
-    whois::NAMESPACE_OFFSETS,
+use crate::programs::{
+    BPF_NOEXIST, Counter, MEMBERS, SIGKILL, TASK_START_OFFSET, TASK_TGID_OFFSET, TREE_CONTROL,
+    add_to_account, add_to_tree, count, current_tgid, emit, group_dead, is_member, lsm_refusal,
+    parent_tgid, read_task, same_start, take_out_stale, task_pid,
 };
-
-/// Byte offset of `task_struct.real_parent` (from the kernel's BTF), set by user space at
-/// load as the other offsets are (see programs.rs).
-#[unsafe(no_mangle)]
-static TASK_REAL_PARENT_OFFSET: u32 = 0;
 
 /// `BPF_MAP_TYPE_TASK_STORAGE` of [`Mark`], declared by hand: aya-ebpf 0.2 has no such type,
 /// and its `btf_map_def!` is private. The layout is what loaders read from BTF: the fields'
@@ -168,10 +160,15 @@ fn tree_of(mark: &Mark) -> Option<TreeControl> {
     (control.generation == mark.generation).then_some(control)
 }
 
-/// Runs once per task (thread), and once more with no task at the end: a marked process
-/// (by its main thread) that `MEMBERS` has no entry for is put in, counted as joined, and
-/// reported as a fork. A stale entry of an earlier process by the pid (the pid is this
-/// process's, so that one is gone) is taken out first, as the fork programs take it out.
+/// Runs once per task (thread), and once more with no task at the end.
+///
+/// - A task whose process has an entry in `MEMBERS` carries that entry's mark: the member map
+///   says where a process user space put in or moved belongs (an adoption, a nested tree, a
+///   hand-back), and its threads and its children, marked in the kernel, follow.
+/// - A marked process (by its main thread) that `MEMBERS` has no entry for is put in, counted
+///   as joined, and reported as a fork. A stale entry of an earlier process by the pid (the pid
+///   is this process's, so that one is gone) is taken out first, as the fork programs take it
+///   out.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/task")]
 pub(crate) fn leash_reconcile(ctx: *mut c_void) -> i32 {
@@ -179,6 +176,9 @@ pub(crate) fn leash_reconcile(ctx: *mut c_void) -> i32 {
     // pointers: this reads the second, which the verifier checks as a context access.
     let task = unsafe { *(ctx as *const *mut task_struct).add(1) };
     if task.is_null() {
+        return 0;
+    }
+    if mark_as_member(task) {
         return 0;
     }
     // SAFETY: an iterator's task, checked for null.
@@ -241,37 +241,35 @@ pub(crate) fn leash_reconcile(ctx: *mut c_void) -> i32 {
     0
 }
 
-/// The thread id of `task` (`task_struct.pid`).
-fn task_pid(task: *const u8) -> Option<u32> {
-    // SAFETY: a reference to a static is valid and aligned (volatile: see the globals in
-    // programs.rs).
-    let offsets = unsafe { ptr::read_volatile(&NAMESPACE_OFFSETS) };
-    read_at::<u32>(task, offsets.task_pid)
-}
-
-/// The thread group id of `task`'s parent (`real_parent`: the process that forked it, or its
-/// reaper since).
-fn parent_tgid(task: *const u8) -> Option<Pid> {
-    let parent = read_task::<*const u8>(task, &TASK_REAL_PARENT_OFFSET)?;
-    read_task::<u32>(parent, &TASK_TGID_OFFSET)
-}
-
-/// A counter of a tree's members.
-enum Counter {
-    Joined,
-    Left,
-}
-
-/// Counts one member more as joined in `tree`, or as left.
-fn add_to_tree(tree: TreeId, counter: Counter) {
-    if let Some(counters) = TREE_COUNTERS.get_ptr_mut(tree) {
-        // SAFETY: as in programs.rs's join: memory that lives as long as the map, only added
-        // to atomically.
-        unsafe {
-            match counter {
-                Counter::Joined => add(&raw mut (*counters).joined, 1),
-                Counter::Left => add(&raw mut (*counters).left, 1),
-            }
-        }
+/// Gives `task` its process's mark as `MEMBERS` has it, if it has a live entry there. Returns
+/// whether it has one.
+#[inline(always)]
+fn mark_as_member(task: *mut task_struct) -> bool {
+    let Some(tgid) = read_task::<u32>(task as *const u8, &TASK_TGID_OFFSET) else {
+        return false;
+    };
+    // SAFETY: copied at once (see "Reading the hash maps" in programs.rs).
+    let Some(entry) = (unsafe { MEMBERS.get(tgid) }).copied() else {
+        return false;
+    };
+    if !is_member(task as *const u8, &entry) {
+        return false;
     }
+    // SAFETY: copied at once (see "Reading the hash maps" in programs.rs).
+    let Some(control) = (unsafe { TREE_CONTROL.get(entry.tree) }).copied() else {
+        return true;
+    };
+    let mut wanted = Mark {
+        tree: entry.tree,
+        generation: control.generation,
+    };
+    // SAFETY: an iterator's task (the caller's, checked for null); `wanted` is on the stack.
+    let mark = unsafe { MARKS.get(task, Some(&mut wanted)) };
+    if !mark.is_null() {
+        // SAFETY: a non-null answer points at the task's value, aligned, which lives as long
+        // as the task (held by the iterator); only iterators and user space write a mark
+        // that exists, and a torn mark is one of two trees the process was in.
+        unsafe { *mark = wanted };
+    }
+    true
 }

@@ -17,6 +17,8 @@ use leash_common::{
     TreeCounters, TreeId, flags, stat,
 };
 
+use crate::whois::NAMESPACE_OFFSETS;
+
 // Capacities here are placeholders: user space sets the real ones at load time.
 #[map]
 pub(crate) static MEMBERS: HashMap<Pid, Member> = HashMap::with_max_entries(1, 0);
@@ -50,6 +52,8 @@ pub(crate) static TASK_TGID_OFFSET: u32 = 0;
 pub(crate) static TASK_START_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TASK_GROUP_LEADER_OFFSET: u32 = 0;
+#[unsafe(no_mangle)]
+static TASK_REAL_PARENT_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 pub(crate) static TASK_SIGNAL_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
@@ -404,7 +408,7 @@ fn over_quota(account: Account) -> bool {
 
 /// Whether the trees have all the members the capacity allows, over all of them (user space's
 /// entries and the programs' together).
-fn over_capacity() -> bool {
+pub(crate) fn over_capacity() -> bool {
     // SAFETY: as for NS_PER_TICK in is_member.
     let capacity = unsafe { read_volatile(&MEMBER_CAPACITY) };
     if capacity == NO_LIMIT {
@@ -498,6 +502,44 @@ pub(crate) fn emit_at(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid, time
     };
     if EVENTS.output::<Event>(&event, wakeup).is_err() {
         count(stat::EVENTS_DROPPED);
+    }
+}
+
+/// The thread id of `task` (`task_struct.pid`).
+pub(crate) fn task_pid(task: *const u8) -> Option<u32> {
+    // SAFETY: a reference to a static is valid and aligned (volatile: see the globals).
+    let offsets = unsafe { read_volatile(&NAMESPACE_OFFSETS) };
+    read_at::<u32>(task, offsets.task_pid)
+}
+
+/// The thread group id of `task`'s parent (`real_parent`: the process that forked it, or its
+/// reaper since).
+pub(crate) fn parent_tgid(task: *const u8) -> Option<Pid> {
+    read_task::<u32>(real_parent(task)?, &TASK_TGID_OFFSET)
+}
+
+/// `task`'s `real_parent`: the task that forked it, or its reaper since. Null for the idle
+/// task's parent's parent: never followed far.
+pub(crate) fn real_parent(task: *const u8) -> Option<*const u8> {
+    read_task::<*const u8>(task, &TASK_REAL_PARENT_OFFSET).filter(|parent| !parent.is_null())
+}
+
+/// A counter of a tree's members.
+pub(crate) enum Counter {
+    Joined,
+    Left,
+}
+
+/// Counts one member more as joined in `tree`, or as left.
+pub(crate) fn add_to_tree(tree: TreeId, counter: Counter) {
+    if let Some(counters) = TREE_COUNTERS.get_ptr_mut(tree) {
+        // SAFETY: as in join: memory that lives as long as the map, only added to atomically.
+        unsafe {
+            match counter {
+                Counter::Joined => add(&raw mut (*counters).joined, 1),
+                Counter::Left => add(&raw mut (*counters).left, 1),
+            }
+        }
     }
 }
 

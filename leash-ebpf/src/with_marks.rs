@@ -13,6 +13,8 @@
 )]
 
 #[cfg(target_arch = "bpf")]
+mod descent;
+#[cfg(target_arch = "bpf")]
 mod hosts;
 #[cfg(target_arch = "bpf")]
 mod marks;

@@ -3,10 +3,12 @@
 //! missed still dies with its tree.
 //!
 //! A missed fork is made here by hand: the child's entry is taken out of the pinned member map
-//! and counted as gone, which is what a fork the kernel skipped both fork programs for leaves
+//! and counted as gone, which is what a fork the kernel skipped every fork program for leaves
 //! (Linux 7.x skips them on a CPU where a preempted task is inside them: KERNEL-7X.md). Where
-//! the marks are in place the kill finds the child by its mark; where they are not, it escapes,
-//! and the test checks that too, so it fails on either side without the mechanism.
+//! the marks are in place the kill finds the child by its mark, whatever became of its parent;
+//! where they are not, the kill's reconciling finds it by its ancestry while its parent is a
+//! member, and a child reparented away escapes. The test checks each, so it fails on either
+//! side without the mechanism.
 //!
 //! Where the guests ask for the kernel's own guards (LEASH_TEST_REQUIRE_KERNEL_GUARD=1, Debian's
 //! kernels from 6.1, which have the BPF LSM active) the marks must be in place.
@@ -67,16 +69,23 @@ fn a_child_the_fork_programs_missed_dies_with_its_tree_where_the_marks_are() {
     }
     let marks = membership.as_deref() == Some("marks");
 
+    // Two children the fork programs will have missed: one still the root's child, one whose
+    // parent has exited (a double fork: it was reparented away, and its ancestry is lost).
     let cgroup = Cgroup::new("membership");
     let (tree, mut root) = host
         .spawn(
-            &mut cgroup.command("sh", &["-c", "setsid sleep 600 & wait"]),
+            &mut cgroup.command(
+                "sh",
+                &["-c", "setsid sleep 600 & (setsid sleep 601 &); wait"],
+            ),
             &TreeOptions::default(),
         )
         .unwrap();
-    let procs = cgroup.settle_exactly(&["sh", "sleep"]);
-    let child = *procs.iter().find(|&&p| p != root.id()).unwrap();
+    cgroup.settle_exactly(&["sh", "sleep", "sleep"]);
+    let child = sleeping(&cgroup, "600");
+    let orphan = sleeping(&cgroup, "601");
     forget_member(&daemon.pins, tree, child);
+    forget_member(&daemon.pins, tree, orphan);
 
     // The kill reports once the kernel says the tree has no members left.
     host.kill(tree, Some(Duration::ZERO)).unwrap();
@@ -84,7 +93,7 @@ fn a_child_the_fork_programs_missed_dies_with_its_tree_where_the_marks_are() {
     if marks {
         assert!(
             cgroup.wait_empty(Duration::from_secs(10)).is_some(),
-            "the child the fork programs missed outlived its tree: {:?}\n{}",
+            "a child the fork programs missed outlived its tree: {:?}\n{}",
             cgroup.procs(),
             daemon.log()
         );
@@ -99,16 +108,32 @@ fn a_child_the_fork_programs_missed_dies_with_its_tree_where_the_marks_are() {
             daemon.log()
         );
     } else {
-        // What the marks are for: without them, the child is lost to its tree.
-        assert!(
-            cgroup.procs().contains(&child),
-            "without the marks the missed child escapes, as the test means to show: {:?}",
-            cgroup.procs()
-        );
+        // Without the marks, the kill's reconciling finds the child by its ancestry, and only
+        // that: the orphan is lost to its tree.
+        let left = cgroup.procs();
         cgroup.kill_all();
         assert!(cgroup.wait_empty(Duration::from_secs(10)).is_some());
-        eprintln!("layered: the missed child escaped its tree's kill, as expected without marks");
+        assert!(
+            !left.contains(&child),
+            "the missed child whose parent is a member outlived its tree: {left:?}\n{}",
+            daemon.log()
+        );
+        assert!(
+            left.contains(&orphan),
+            "without the marks the missed orphan escapes, as the test means to show: {left:?}"
+        );
+        eprintln!("layered: the missed child was found by its ancestry; the orphan escaped");
     }
+}
+
+/// The process of `cgroup` that runs `sleep SECONDS`.
+fn sleeping(cgroup: &Cgroup, seconds: &str) -> Pid {
+    let wanted = format!("sleep\0{seconds}\0");
+    *cgroup
+        .procs()
+        .iter()
+        .find(|pid| fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted.as_bytes()))
+        .unwrap_or_else(|| panic!("no sleep {seconds} in {:?}", cgroup.procs()))
 }
 
 /// What an exit both exit programs missed leaves (7.x skips them on a CPU where a preempted

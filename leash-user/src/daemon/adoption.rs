@@ -24,7 +24,7 @@ use super::{
     watch::watch_host_death,
 };
 use crate::{
-    kernel::{self, Adoption, SeedStep},
+    kernel::{self, Adoption, Descent, SeedStep},
     proc::{self, ProcessInfo, ProcessRef},
 };
 
@@ -66,9 +66,44 @@ pub(super) async fn adopt(
     jobs.file_adoption(adoption, entry, reservation).await?
 }
 
-/// One pass of an adoption: the descendants are found on a blocking thread, and what it finds
-/// is seeded by the owner, in steps of [`SEED_STEP`], while the walk goes on.
+/// One pass of an adoption: by the descent iterator where it attached, or else by a walk of
+/// /proc.
 async fn seed_pass(daemon: &Arc<Daemon>, adoption: &mut Adoption) -> Result<(), Refusal> {
+    match &daemon.descent {
+        Some(descent) => descent_pass(daemon, descent.clone(), adoption).await,
+        None => proc_pass(daemon, adoption).await,
+    }
+}
+
+/// One pass of an adoption by the descent iterator, which puts the descendants in as it finds
+/// them, in the kernel, on a blocking thread (it walks every task: tens of ms for 100k); the
+/// owner then takes in what it did, in one short step.
+async fn descent_pass(
+    daemon: &Arc<Daemon>,
+    descent: Arc<Descent>,
+    adoption: &mut Adoption,
+) -> Result<(), Refusal> {
+    let (tree, enclosing) = (adoption.tree(), adoption.enclosing());
+    let started = Instant::now();
+    let reading = tokio::task::spawn_blocking(move || descent.adopt(tree, enclosing))
+        .await
+        .map_err(|e| Refusal::new(ErrorCode::Internal, e.to_string()))?
+        .map_err(kernel::Error::Maps)?;
+    let found = reading.found.len();
+    let new = daemon.jobs.admit_descended(tree, reading).await??;
+    tracing::debug!(
+        tree,
+        found,
+        new,
+        took_ms = started.elapsed().as_secs_f64() * 1e3,
+        "adoption pass (descent)"
+    );
+    Ok(adoption.end_pass(new)?)
+}
+
+/// One pass of an adoption by /proc: the descendants are found on a blocking thread, and what
+/// it finds is seeded by the owner, in steps of [`SEED_STEP`], while the walk goes on.
+async fn proc_pass(daemon: &Arc<Daemon>, adoption: &mut Adoption) -> Result<(), Refusal> {
     let (tree, root) = (adoption.tree(), adoption.root());
     let started = Instant::now();
     let (batches, mut found) = mpsc::channel(WALK_AHEAD);

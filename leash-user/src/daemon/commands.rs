@@ -15,7 +15,7 @@ use super::{
     registry::{PendingOutcome, Reservation, TreeEntry},
 };
 use crate::{
-    kernel::{self, Adoption, SeedStep},
+    kernel::{self, Adoption, SeedStep, descent::Reading},
     proc::{ProcessInfo, ProcessRef},
 };
 
@@ -73,6 +73,12 @@ pub(super) enum Command {
         found: Arc<[ProcessInfo]>,
         from: usize,
         reply: oneshot::Sender<Result<SeedStep, kernel::Error>>,
+    },
+    /// Take in what a pass of the descent iterator did for an adoption.
+    AdmitDescended {
+        tree: TreeId,
+        reading: Reading,
+        reply: oneshot::Sender<Result<usize, kernel::Error>>,
     },
     /// Give an adoption up.
     AbandonAdoption {
@@ -235,6 +241,19 @@ impl Jobs {
             tree,
             found,
             from,
+            reply,
+        })
+        .await
+    }
+
+    pub(super) async fn admit_descended(
+        &self,
+        tree: TreeId,
+        reading: Reading,
+    ) -> Result<Result<usize, kernel::Error>, Stopped> {
+        self.ask(|reply| Command::AdmitDescended {
+            tree,
+            reading,
             reply,
         })
         .await

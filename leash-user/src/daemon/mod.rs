@@ -144,7 +144,7 @@ pub async fn run(config: Config) -> Result<()> {
         jobs,
         tracker.pin_dir().map(Path::to_path_buf),
         (tracker.programs(), tracker.membership()),
-        tracker.whois(),
+        (tracker.whois(), tracker.descent()),
         pid_namespace,
     ));
     owner_thread::start(daemon.clone(), tracker, queues, origin == Origin::TakenOver)

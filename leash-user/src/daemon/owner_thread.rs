@@ -122,6 +122,13 @@ fn execute(owner: &Rc<Owner>, command: Command) {
         } => {
             let _ = reply.send(adoption::seed_step(owner, tree, &found, from));
         }
+        Command::AdmitDescended {
+            tree,
+            reading,
+            reply,
+        } => {
+            let _ = reply.send(owner.tracker().admit_descended(tree, &reading));
+        }
         Command::AbandonAdoption { adoption, done } => {
             owner.tracker().abandon_adoption(adoption);
             let _ = done.send(());

@@ -22,7 +22,7 @@ use super::{
     stopping::Stopping,
     subscribers::{Audience, Subscribers},
 };
-use crate::kernel::{Membership, Program, TrackerView, Whois};
+use crate::kernel::{Descent, Membership, Program, TrackerView, Whois};
 
 /// Shared by every task of the daemon. The tracker itself is the owner thread's alone (see
 /// `owner`); everyone else reads the maps through `view` and hands changes to `jobs`.
@@ -49,6 +49,8 @@ pub(super) struct Daemon {
     pub disposal: Disposal,
     /// What the kernel knows of clients that /proc does not tell; asked one at a time.
     pub whois: Arc<Whois>,
+    /// The descent iterator, for adoptions' passes (None: they walk /proc).
+    pub descent: Option<Arc<Descent>>,
     pub whois_turn: tokio::sync::Semaphore,
     /// The daemon's own pid namespace (inode number).
     pub pid_namespace: u32,
@@ -65,7 +67,7 @@ impl Daemon {
         jobs: Jobs,
         pinned_at: Option<PathBuf>,
         (programs, membership): (Vec<&'static Program>, Membership),
-        whois: Arc<Whois>,
+        (whois, descent): (Arc<Whois>, Option<Arc<Descent>>),
         pid_namespace: u32,
     ) -> Self {
         Self {
@@ -82,6 +84,7 @@ impl Daemon {
             metrics: Arc::default(),
             disposal: Disposal::default(),
             whois,
+            descent,
             whois_turn: tokio::sync::Semaphore::new(1),
             pid_namespace,
             stopping: Stopping::default(),

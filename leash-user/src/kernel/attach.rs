@@ -36,9 +36,11 @@ pub(super) struct Loaded {
     /// The links this process must hold: all of them unpinned; pinned, those the kernel cannot
     /// pin (classic tracepoints before Linux 5.15).
     pub(super) held: Vec<HeldLink>,
-    /// Descriptors of the whois and reconciling iterators' links, to make iterators of.
+    /// Descriptors of the whois, reconciling and descent iterators' links, to make iterators
+    /// of.
     pub(super) whois: OwnedFd,
     pub(super) reconcile: Option<OwnedFd>,
+    pub(super) descent: Option<OwnedFd>,
     /// Each attached program's name and id, of the layers whose skips are counted.
     pub(super) counted: Vec<(&'static str, u32)>,
     /// The programs attached, for `status` (the whois iterator, no tracker, left out).
@@ -85,6 +87,7 @@ impl Attached {
         for program in programs::of_layer(Layer::Tracking).chain(programs::of_layer(Layer::Whois)) {
             attachments.push(link::attach(&mut ebpf, &kernel_btf, program)?);
         }
+        attachments.extend(attach_descent(&mut ebpf, &kernel_btf));
         let marks = attach_marks(&mut ebpf, &kernel_btf);
         let membership = if marks.is_empty() {
             // The best the kernel allows without the marks: a third fork program.
@@ -108,13 +111,19 @@ impl Attached {
 
     /// Every link held by this process, for as long as it lives: nothing pinned.
     pub(super) fn hold(self) -> Result<Loaded> {
-        let (whois, reconcile, counted) = self.fds_and_ids()?;
+        let Fds {
+            whois,
+            reconcile,
+            descent,
+            counted,
+        } = self.fds_and_ids()?;
         let programs = self.listed();
         Ok(Loaded {
             ebpf: self.ebpf,
             held: self.attachments.into_iter().map(|a| a.link).collect(),
             whois,
             reconcile,
+            descent,
             counted,
             programs,
             guard: self.guard,
@@ -125,7 +134,12 @@ impl Attached {
     /// Pins the links (they then outlive this process) and the maps; holds what the kernel
     /// cannot pin.
     pub(super) fn pin(self, pins: &mut Pins) -> Result<Loaded> {
-        let (whois, reconcile, counted) = self.fds_and_ids()?;
+        let Fds {
+            whois,
+            reconcile,
+            descent,
+            counted,
+        } = self.fds_and_ids()?;
         let programs = self.listed();
         let Self {
             ebpf,
@@ -139,7 +153,8 @@ impl Attached {
             held.extend(pins.pin_held(program.name, link)?);
         }
         let marks_map = (membership == Membership::Marks).then_some(map::MARKS);
-        for name in map::ALL.into_iter().chain(marks_map) {
+        let descent_map = descent.is_some().then_some(map::DESCENTS);
+        for name in map::ALL.into_iter().chain(marks_map).chain(descent_map) {
             let map = ebpf.map(name).context("a map missing from the object")?;
             pins.pin_map(name, map)?;
         }
@@ -148,6 +163,7 @@ impl Attached {
             held,
             whois,
             reconcile,
+            descent,
             counted,
             programs,
             guard,
@@ -162,11 +178,7 @@ impl Attached {
 
     /// Descriptors of the iterators' links, and the ids of the programs whose skips are
     /// counted (the tracking layer's and the guard's).
-    #[expect(
-        clippy::type_complexity,
-        reason = "three values, named where they are used"
-    )]
-    fn fds_and_ids(&self) -> Result<(OwnedFd, Option<OwnedFd>, Vec<(&'static str, u32)>)> {
+    fn fds_and_ids(&self) -> Result<Fds> {
         let link_of = |name: &str| -> Result<OwnedFd> {
             match self.attachments.iter().find(|a| a.program.name == name) {
                 Some(Attachment {
@@ -181,31 +193,50 @@ impl Attached {
             Membership::Marks => Some(link_of(program::RECONCILE)?),
             Membership::Layered => None,
         };
+        let descent = self
+            .attachments
+            .iter()
+            .any(|a| a.program.name == program::DESCEND)
+            .then(|| link_of(program::DESCEND))
+            .transpose()?;
         let counted = self
             .attachments
             .iter()
             .filter(|a| counts_skips(a.program.layer))
             .map(|a| (a.program.name, a.id))
             .collect();
-        Ok((whois, reconcile, counted))
+        Ok(Fds {
+            whois,
+            reconcile,
+            descent,
+            counted,
+        })
     }
 }
 
-/// The programs of `attached` that `status` lists: all but the whois iterator, which tracks
-/// nothing.
+/// What [`Attached::fds_and_ids`] gives.
+struct Fds {
+    whois: OwnedFd,
+    reconcile: Option<OwnedFd>,
+    descent: Option<OwnedFd>,
+    counted: Vec<(&'static str, u32)>,
+}
+
+/// The programs of `attached` that `status` lists: all but the whois and descent iterators,
+/// which follow nothing themselves.
 pub(super) fn listed(
     attached: impl IntoIterator<Item = &'static Program>,
 ) -> Vec<&'static Program> {
     attached
         .into_iter()
-        .filter(|program| program.layer != Layer::Whois)
+        .filter(|program| !matches!(program.layer, Layer::Whois | Layer::Descent))
         .collect()
 }
 
 /// Whether the skips of a layer's programs are counted (`leash_program_skips_total`): the
 /// tracking layer's and the guard's. The kernel never skips an LSM program or an iterator.
 pub(super) fn counts_skips(layer: Layer) -> bool {
-    !matches!(layer, Layer::Whois | Layer::Marks)
+    !matches!(layer, Layer::Whois | Layer::Descent | Layer::Marks)
 }
 
 /// Whether the kernel may have the marks: task storage came with Linux 5.11 (tried where the
@@ -229,8 +260,7 @@ fn load_object(
         .override_global(global::TASK_TGID_OFFSET, &task.tgid, true)
         .override_global(global::TASK_START_OFFSET, &task.start_boottime, true)
         .override_global(global::TASK_GROUP_LEADER_OFFSET, &task.group_leader, true)
-        // Only the object with the marks reads it.
-        .override_global(global::TASK_REAL_PARENT_OFFSET, &task.real_parent, false)
+        .override_global(global::TASK_REAL_PARENT_OFFSET, &task.real_parent, true)
         .override_global(global::TASK_SIGNAL_OFFSET, &task.signal, true)
         .override_global(global::SIGNAL_LIVE_OFFSET, &task.signal_live, true)
         .override_global(global::SIGNAL_FLAGS_OFFSET, &task.signal_flags, true)
@@ -262,6 +292,18 @@ fn load_object(
         .map_max_entries(map::HOSTS, capacity.trees)
         .load(object)
         .context("loading the leash eBPF object (are you root?)")
+}
+
+/// Attaches the descent iterator (see `kernel::descent`). Never fails: without it, adoptions
+/// walk /proc, and a layered membership reconciles nothing.
+fn attach_descent(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Vec<Attachment> {
+    let attached: Result<Vec<Attachment>> = programs::of_layer(Layer::Descent)
+        .map(|program| link::attach(ebpf, kernel_btf, program))
+        .collect();
+    attached.unwrap_or_else(|e| {
+        tracing::warn!("the descent iterator cannot attach ({e:#}): adoptions walk /proc instead");
+        Vec::new()
+    })
 }
 
 /// Attaches the fork kprobe (see `program::FORK_KPROBE`). Never fails: the fork programs go

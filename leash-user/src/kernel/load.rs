@@ -7,6 +7,7 @@ use leash_common::{ALL_ACCOUNTS, MEMBER_RESERVE, map, program};
 
 use super::{
     attach::{Attached, Loaded, listed},
+    descent::Descent,
     maps::BPF_NOEXIST,
     marks::Marks,
     pins::Pins,
@@ -85,6 +86,7 @@ impl Tracker {
             held,
             whois,
             reconcile,
+            descent,
             counted,
             programs,
             guard,
@@ -97,6 +99,10 @@ impl Tracker {
             membership.describe()
         );
         let whois = Whois::new(whois, take_map(&mut ebpf, map::WHOIS)?)?;
+        let descent = match descent {
+            Some(link) => Some(Descent::new(link, take_map(&mut ebpf, map::DESCENTS)?)?.into()),
+            None => None,
+        };
         let marks = match reconcile {
             Some(reconcile) => Some(Marks::new(take_map(&mut ebpf, map::MARKS)?, reconcile)?),
             None => None,
@@ -120,6 +126,7 @@ impl Tracker {
             fork_misses_seen: 0,
             pins,
             whois: whois.into(),
+            descent,
             guard,
             programs,
             _links: held,
@@ -170,6 +177,18 @@ impl Tracker {
         } else {
             None
         };
+        let descent = if pins.descent() {
+            Some(
+                Descent::new(
+                    link_fd(&pins.open_link(program::DESCEND)?)?,
+                    pins.open_map(map::DESCENTS)?,
+                )?
+                .into(),
+            )
+        } else {
+            tracing::warn!("the previous daemon pinned no descent iterator: adoptions walk /proc");
+            None
+        };
         let membership = Marks::membership(marks.as_ref());
         tracing::info!(
             membership = membership.as_str(),
@@ -198,6 +217,7 @@ impl Tracker {
                 pins.open_map(map::WHOIS)?,
             )?
             .into(),
+            descent,
             programs: listed(pins.pinned_programs()),
             pins: Some(pins),
             guard,

@@ -213,6 +213,15 @@ impl Tracker {
         Ok(())
     }
 
+    /// Counts `count` members put into `tree` (negative: taken out) as seeded in the tree's
+    /// count alone: the descent program counted them in the accounts as it put them in.
+    pub(super) fn add_seeded_to_tree(&mut self, tree: TreeId, count: i64) -> Result<()> {
+        let mut control = self.control.get(&tree, 0)?;
+        control.seeded += count;
+        self.view.control.insert(tree, control, 0)?;
+        Ok(())
+    }
+
     /// Whether the trees have every member the capacity allows: user space puts no more in
     /// (the reserve beyond it is the programs', for children forked at the capacity).
     pub(super) fn at_capacity(&self) -> bool {

@@ -4,6 +4,7 @@
 
 mod attach;
 pub mod btf;
+pub mod descent;
 mod error;
 mod hosts;
 mod index;
@@ -25,6 +26,7 @@ mod types;
 mod view;
 pub mod whois;
 
+pub use descent::Descent;
 pub use error::{Error, IdentifyError};
 pub use kill::{KILL_ROUNDS_TIMEOUT, Kill, KillError, KillReport, KillStep, SIGNALS_PER_STEP};
 pub use marks::Membership;

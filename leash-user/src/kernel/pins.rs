@@ -95,13 +95,17 @@ impl Pins {
         self.dir.exists()
     }
 
-    /// Whether a previous daemon left every link and every map pinned here: the marks' too,
-    /// if it pinned any of them (a kernel without the BPF LSM has none, and that is whole).
+    /// Whether a previous daemon left every link and every map pinned here: the marks' and the
+    /// descent iterator's too, if it pinned any of them (a kernel without the BPF LSM has no
+    /// marks, and that is whole).
     pub fn complete(&self) -> bool {
-        let marks = self.marks_pins();
+        let whole = |pins: Vec<PathBuf>| {
+            pins.iter().all(|path| path.exists()) || pins.iter().all(|path| !path.exists())
+        };
         always_pinned().all(|program| self.link_path(program.name).exists())
             && map::ALL.iter().all(|m| self.map_path(m).exists())
-            && (marks.iter().all(|path| path.exists()) || marks.iter().all(|path| !path.exists()))
+            && whole(self.marks_pins())
+            && whole(self.descent_pins())
     }
 
     /// Whether a previous daemon pinned the marks (their map and both links).
@@ -110,9 +114,23 @@ impl Pins {
     }
 
     fn marks_pins(&self) -> Vec<PathBuf> {
-        programs::of_layer(Layer::Marks)
+        self.layer_pins(Layer::Marks, map::MARKS)
+    }
+
+    /// Whether a previous daemon pinned the descent iterator (its link and map).
+    pub fn descent(&self) -> bool {
+        self.descent_pins().iter().all(|path| path.exists())
+    }
+
+    fn descent_pins(&self) -> Vec<PathBuf> {
+        self.layer_pins(Layer::Descent, map::DESCENTS)
+    }
+
+    /// The pins of an optional layer: its programs' links and its map.
+    fn layer_pins(&self, layer: Layer, map: &str) -> Vec<PathBuf> {
+        programs::of_layer(layer)
             .map(|program| self.link_path(program.name))
-            .chain([self.map_path(map::MARKS)])
+            .chain([self.map_path(map)])
             .collect()
     }
 
@@ -191,8 +209,10 @@ impl Pins {
         let kprobe = programs::of_layer(Layer::ForkKprobe)
             .filter(|program| self.link_path(program.name).exists());
         let marks = programs::of_layer(Layer::Marks).filter(|_| self.marks());
+        let descent = programs::of_layer(Layer::Descent).filter(|_| self.descent());
         always_pinned()
             .chain(kprobe)
+            .chain(descent)
             .chain(marks)
             .chain(self.guard().programs())
             .collect()

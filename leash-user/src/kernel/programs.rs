@@ -71,6 +71,9 @@ pub enum Layer {
     ForkKprobe,
     /// Answering the daemon's questions about a client.
     Whois,
+    /// Finding processes by their ancestry: adoptions, and reconciling where the marks are not
+    /// (see `kernel::descent`). Pinned with its map where it attached.
+    Descent,
     /// Membership the kernel never skips (see `kernel::marks`).
     Marks,
     /// The ptrace guard as an LSM program.
@@ -103,7 +106,7 @@ const fn listed(name: &'static str, at: AttachPoint, layer: Layer) -> Program {
 /// Every program, where it attaches and its layer: what attaches, pins, counts skips and
 /// lists in `status` reads. The tracking layer in the order it is attached: the fork and exit
 /// programs twice (see [`program::FORK_AGAIN`]).
-pub const PROGRAMS: [Program; 16] = {
+pub const PROGRAMS: [Program; 17] = {
     use AttachPoint::*;
     use Layer::*;
     [
@@ -116,6 +119,7 @@ pub const PROGRAMS: [Program; 16] = {
         listed(program::HOST_CRASH, TpBtf("signal_deliver"), Tracking),
         listed(program::FORK_KPROBE, KProbe("wake_up_new_task"), ForkKprobe),
         listed(program::WHOIS, Iter("task"), Whois),
+        listed(program::DESCEND, Iter("task"), Descent),
         listed(program::TASK_ALLOC, Lsm("task_alloc"), Marks),
         listed(program::RECONCILE, Iter("task"), Marks),
         listed(

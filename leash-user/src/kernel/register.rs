@@ -33,6 +33,7 @@ use anyhow::{Context, Result, bail};
 use leash_common::{Holder, Member, Pid, TreeId};
 
 use super::{
+    descent::{Reading, Stopped},
     error::{Error, IdentifyError},
     maps::{BPF_EXIST, BPF_NOEXIST, SeedCounts},
     tracker::Tracker,
@@ -68,7 +69,22 @@ impl Tracker {
         holder: Holder,
     ) -> Result<TreeId> {
         let mut adoption = self.start_adoption(root, nest_in, holder)?;
+        let descent = self.descent();
         while adoption.wants_pass() {
+            if let Some(descent) = &descent {
+                let pass = descent
+                    .adopt(adoption.tree(), adoption.enclosing())
+                    .map_err(Error::Maps)
+                    .and_then(|reading| {
+                        let new = self.admit_descended(adoption.tree(), &reading)?;
+                        adoption.end_pass(new)
+                    });
+                if let Err(e) = pass {
+                    self.abandon_adoption(adoption);
+                    return Err(e.into());
+                }
+                continue;
+            }
             let pass = self
                 .find_descendants(adoption.tree(), adoption.root())
                 .map_err(Error::Maps)
@@ -206,6 +222,40 @@ impl Tracker {
             }
         }
         Ok(())
+    }
+
+    /// Takes in what a pass of the descent iterator did for the adoption of `tree` (see
+    /// `kernel::descent`): the processes it put in go into the index, and the marks follow the
+    /// member map. Returns how many it put in or moved: the pass's new members. Fails if it
+    /// stopped early, for want of room or because the tree is doomed.
+    pub fn admit_descended(&mut self, tree: TreeId, reading: &Reading) -> Result<usize, Error> {
+        for found in &reading.found {
+            if found.from != 0 {
+                self.view.index.remove(found.from, found.pid);
+            }
+            self.view.index.admit(found.tree, found.pid);
+        }
+        match reading.stopped {
+            Some(Stopped::Full) => return Err(Error::MembersFull(self.capacity().members)),
+            Some(Stopped::Doomed) => return Err(Error::Doomed(tree)),
+            None => {}
+        }
+        // Counted as seeded, as what user space puts in is (the accounts were counted in the
+        // kernel, as it went).
+        let new = i64::from(reading.added) + i64::from(reading.moved);
+        self.add_seeded_to_tree(tree, new)?;
+        if reading.moved > 0 {
+            let enclosing = self.tree_status(tree)?.parent;
+            if let Some(enclosing) = enclosing {
+                self.add_seeded_to_tree(enclosing, -i64::from(reading.moved))?;
+            }
+        }
+        if new > 0 && self.marks.is_some() {
+            // Marks where they are in place: an adopted process's threads and children are
+            // marked in the kernel from its entry until then, so this only speeds the kill.
+            self.reconcile().map_err(Error::Maps)?;
+        }
+        Ok(new as usize)
     }
 
     /// Ends an adoption whose search is over: the tree is registered.

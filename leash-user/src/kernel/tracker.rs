@@ -11,6 +11,7 @@ use aya::{
 use leash_common::{Account, Member, Pid, TreeId};
 
 use super::{
+    descent::Descent,
     link::HeldLink,
     marks::{Marks, Membership},
     pins::Pins,
@@ -41,6 +42,8 @@ pub struct Tracker {
     pub(super) fork_misses_seen: u64,
     pub(super) pins: Option<Pins>,
     pub(super) whois: std::sync::Arc<Whois>,
+    /// The descent iterator, where it attached (see `kernel::descent`).
+    pub(super) descent: Option<std::sync::Arc<Descent>>,
     /// The ptrace guard in place (pinned, or held below).
     pub(super) guard: Guard,
     /// The programs attached (see [`Tracker::programs`]).
@@ -97,15 +100,28 @@ impl Tracker {
         Marks::membership(self.marks.as_ref())
     }
 
-    /// Puts every marked process the member map lacks into it (a fork the fork programs were
-    /// skipped for), where the marks are in place. Returns whether it ran.
+    /// Puts into the member map the processes it lacks, a fork the fork programs were skipped
+    /// for: where the marks are in place, every marked process (and every member's thread gets
+    /// its process's mark); elsewhere, every process whose nearest tracked ancestor is a member
+    /// (see `kernel::descent`), which finds a missed child while its parent lives. One pass
+    /// over the machine's tasks. Returns whether it ran.
     pub fn reconcile(&self) -> Result<bool> {
-        let Some(marks) = &self.marks else {
+        if let Some(marks) = &self.marks {
+            marks
+                .reconcile()
+                .map_err(|e| anyhow::anyhow!("running the reconciling iterator: {e}"))?;
+            return Ok(true);
+        }
+        let Some(descent) = &self.descent else {
             return Ok(false);
         };
-        marks
-            .reconcile()
-            .map_err(|e| anyhow::anyhow!("running the reconciling iterator: {e}"))?;
+        let reading = descent.reconcile()?;
+        if reading.added > 0 {
+            tracing::info!(
+                added = reading.added,
+                "reconciled by ancestry: members' children the fork programs missed"
+            );
+        }
         Ok(true)
     }
 
@@ -113,7 +129,7 @@ impl Tracker {
     /// last time this looked: a fork may have gone unseen, and its child is put in the map now,
     /// where the events and `list` see it, not only when its tree is killed.
     pub fn reconcile_after_skips(&mut self) -> Result<bool> {
-        if self.marks.is_none() {
+        if self.marks.is_none() && self.descent.is_none() {
             return Ok(false);
         }
         let misses = self.view.fork_misses();
@@ -190,6 +206,12 @@ impl Tracker {
     /// thread to ask.
     pub fn whois(&self) -> std::sync::Arc<Whois> {
         self.whois.clone()
+    }
+
+    /// The descent iterator, for adoptions' passes on any thread; None where it did not attach
+    /// (adoptions walk /proc then).
+    pub fn descent(&self) -> Option<std::sync::Arc<Descent>> {
+        self.descent.clone()
     }
 
     /// A view of the maps for readers on other threads: new descriptors of the same maps, so
