@@ -253,7 +253,7 @@ impl Tracker {
         if new > 0 && self.marks.is_some() {
             // Marks where they are in place: an adopted process's threads and children are
             // marked in the kernel from its entry until then, so this only speeds the kill.
-            self.reconcile().map_err(Error::Maps)?;
+            self.reconcile_now().map_err(Error::Maps)?;
         }
         Ok(new as usize)
     }
