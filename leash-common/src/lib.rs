@@ -138,6 +138,16 @@ pub mod program {
     /// preemption) skips `PTRACE_GUARD` on a CPU where a preempted task is inside it, and the
     /// access it would have refused goes through; it never skips an LSM program.
     pub const PTRACE_GUARD_LSM: &str = "leash_ptrace_lsm";
+    /// A kprobe on `cap_ptrace_access_check`, the capability module's hook, which
+    /// `security_ptrace_access_check` calls first, and only when fmod_ret has not refused: it
+    /// SIGKILLs a member asking an attach-mode access to a process outside its tree. The call
+    /// runs on with the kill pending, and the member never returns to user space. A kprobe
+    /// runs with preemption off and is skipped only while another kprobe or perf program, or
+    /// a `bpf()` map call, holds its CPU: a condition apart from fmod_ret's. Attached beside
+    /// `PTRACE_GUARD` on a kernel that runs tracing programs preemptibly (7.x) without the BPF
+    /// LSM, where it acts only when fmod_ret was skipped; and in its place, before the syscall
+    /// tracepoints, on a kernel without BPF trampolines.
+    pub const PTRACE_GUARD_KPROBE: &str = "leash_ptrace_kp";
     /// The fallback where the kernel cannot attach `PTRACE_GUARD` (no BPF trampolines): the
     /// syscall tracepoints below SIGKILL a member that reaches outside its tree.
     /// `syscalls/sys_enter_ptrace`, for PTRACE_ATTACH and PTRACE_SEIZE.

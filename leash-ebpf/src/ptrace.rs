@@ -8,7 +8,12 @@
 //! - `leash_ptrace_guard` does the same as an fmod_ret program on
 //!   `security_ptrace_access_check`. It sits in an `fentry` section only because aya cannot
 //!   parse `fmod_ret` ones; user space loads it as fmod_ret.
-//! - Where the kernel has no BPF trampolines, the three syscall tracepoints below stand in: they
+//! - `leash_ptrace_kp`, a kprobe on `cap_ptrace_access_check` (the capability module's hook,
+//!   which the check calls first, and only if fmod_ret did not refuse), SIGKILLs the member as
+//!   it asks: beside fmod_ret on a kernel that may skip fmod_ret (7.x without the BPF LSM),
+//!   since a kprobe is skipped on other conditions; and in its place where the kernel has no
+//!   BPF trampolines. It sees every access the check sees, /proc/PID/mem included.
+//! - Where the kernel has neither, the three syscall tracepoints below stand in: they
 //!   SIGKILL the member as the call enters, so it never returns to user space. The call itself
 //!   still runs, with the kill pending: process_vm_writev writes nothing (get_user_pages stops at a
 //!   pending fatal signal), the descriptor pidfd_getfd installs is closed by the exit, but
@@ -18,8 +23,8 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     helpers::{bpf_get_current_task, bpf_send_signal},
-    macros::tracepoint,
-    programs::{FEntryContext, TracePointContext},
+    macros::{kprobe, tracepoint},
+    programs::{FEntryContext, ProbeContext, TracePointContext},
 };
 use leash_common::{MAX_TREE_NESTING, Member, TreeId};
 
@@ -69,6 +74,23 @@ pub(crate) fn leash_ptrace_lsm(ctx: *mut c_void) -> i64 {
     let ctx = FEntryContext::new(ctx);
     let refused = refuses(ctx.arg(0), ctx.arg(1));
     if refused { lsm_refusal::<EPERM>() } else { 0 }
+}
+
+/// A kprobe on `cap_ptrace_access_check(child, mode)`, which `security_ptrace_access_check`
+/// reaches only where fmod_ret on it did not refuse (skipped by the kernel, or not attached): a
+/// member asking what the other guards refuse is SIGKILLed before the call returns to user
+/// space (a kprobe cannot change the answer). The access itself goes on with the kill pending:
+/// process_vm_writev and a read of /proc/PID/mem stop at it, a descriptor taken is closed by
+/// the exit, but a ptrace attach still stops its target, as under the syscall tracepoints.
+#[kprobe(function = "cap_ptrace_access_check")]
+pub(crate) fn leash_ptrace_kp(ctx: ProbeContext) -> u32 {
+    let (Some(child), Some(mode)) = (ctx.arg::<*const u8>(0), ctx.arg::<u64>(1)) else {
+        return 0;
+    };
+    if refuses(child, mode) {
+        kill_current();
+    }
+    0
 }
 
 /// Whether a check of `child` in `mode` is a member's attach-mode access to a process outside

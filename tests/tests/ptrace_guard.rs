@@ -8,9 +8,12 @@
 //! working does: reading /proc/HOST/stat (`ps`), attaching to its own child, gdb on its own
 //! child; and a process of the same uid outside every tree may still do all of it to the host.
 //!
-//! fmod_ret where the LSM program would do (`--ptrace-guard fmod_ret`), and the fallback for
-//! kernels without BPF trampolines (`--ptrace-guard tracepoints`), are run here too: with the
-//! fallback the agent is SIGKILLed as it asks, and /proc/PID/mem is not covered. Where the
+//! fmod_ret where the LSM program would do (`--ptrace-guard fmod_ret`), the kprobe for kernels
+//! without BPF trampolines (`--ptrace-guard kprobe`), and the last fallback, for kernels
+//! without kprobes either (`--ptrace-guard tracepoints`), are run here too: with the kprobe the
+//! agent is SIGKILLed as it asks; with the tracepoints too, and /proc/PID/mem is not covered.
+//! On 7.x without the BPF LSM the kprobe stands beside fmod_ret, acting only where the kernel
+//! skipped fmod_ret, and the default test checks it is there. Where the
 //! kernel refuses both programs (this project's 6.18 build machines), the tests check the
 //! fallback the daemon chose, and say so; the vmtest guests set
 //! LEASH_TEST_REQUIRE_KERNEL_GUARD=1.
@@ -107,6 +110,9 @@ enum Guard {
     Lsm,
     /// fmod_ret: the same.
     FmodRet,
+    /// The kprobe where fmod_ret cannot attach: the member asking is SIGKILLed, whatever it
+    /// asks (/proc/PID/mem included).
+    Kprobe,
     /// The fallback: the member asking is SIGKILLed; /proc/PID/mem is not covered.
     Tracepoints,
 }
@@ -118,6 +124,8 @@ impl Guard {
             Self::Lsm
         } else if status.contains("leash_ptrace_guard (fmod_ret/security_ptrace_access_check)") {
             Self::FmodRet
+        } else if status.contains("leash_ptrace_kp (kprobe/cap_ptrace_access_check)") {
+            Self::Kprobe
         } else if status.contains("leash_ptrace_attach (tracepoint/syscalls/sys_enter_ptrace)")
             && status.contains("leash_pidfd_getfd")
             && status.contains("leash_vm_writev")
@@ -135,7 +143,7 @@ impl Guard {
     fn refused(self, result: &str) -> bool {
         match self {
             Self::Lsm | Self::FmodRet => result == "errno 1" || result == "errno 13",
-            Self::Tracepoints => result == "killed",
+            Self::Kprobe | Self::Tracepoints => result == "killed",
         }
     }
 }
@@ -422,6 +430,14 @@ fn a_member_cannot_ptrace_take_descriptors_or_write_memory_outside_its_tree() {
         Guard::FmodRet
     };
     check_guard(&daemon, guard, kernel_guard);
+    if guard == Guard::FmodRet && required() && kernel_at_least_7() {
+        // fmod_ret may be skipped here: the kprobe stands beside it.
+        assert!(
+            status_text(&daemon).contains("leash_ptrace_kp (kprobe/cap_ptrace_access_check)"),
+            "on 7.x the kprobe is beside fmod_ret: {}",
+            status_text(&daemon)
+        );
+    }
     let gdb = gdb_wanted();
     let run = run_agent(&daemon, gdb);
 
@@ -440,7 +456,7 @@ fn a_member_cannot_ptrace_take_descriptors_or_write_memory_outside_its_tree() {
         );
         let expected = match guard {
             Guard::Lsm | Guard::FmodRet => "refused",
-            Guard::Tracepoints => "killed",
+            Guard::Kprobe | Guard::Tracepoints => "killed",
         };
         assert_eq!(run.get("gdb_host"), expected, "gdb on the host");
     }
@@ -499,6 +515,33 @@ fn fmod_ret_refuses_where_the_lsm_program_would_do() {
     }
     assert_target_untouched(guard, &run);
     assert_inside_keeps_working(&run);
+}
+
+#[test]
+fn the_kprobe_kills_a_member_that_reaches_outside_its_tree_even_through_proc_mem() {
+    let Some(daemon) = Daemon::start(&["--ptrace-guard", "kprobe"]) else {
+        return;
+    };
+    let guard = Guard::reported(&daemon);
+    check_guard(&daemon, guard, Guard::Kprobe);
+    let run = run_agent(&daemon, false);
+    assert_refused(guard, &run, &["attach_host", "getfd_host", "vmwrite_host"]);
+    if guard != Guard::Tracepoints {
+        assert_refused(guard, &run, &["memopen_host"]);
+    }
+    assert_target_untouched(guard, &run);
+    assert_inside_keeps_working(&run);
+    assert_outside_still_may(&run);
+}
+
+/// Whether this kernel is 7.0 or later (7.3-rc included), from its release string.
+fn kernel_at_least_7() -> bool {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    release
+        .split('.')
+        .next()
+        .and_then(|major| major.parse::<u32>().ok())
+        .is_some_and(|major| major >= 7)
 }
 
 #[test]

@@ -70,10 +70,16 @@ pub(super) struct DaemonArgs {
     /// Which ptrace guard refuses a member's ptrace attach, pidfd_getfd, process_vm_writev
     /// and /proc/PID/mem writes to processes outside its tree: `auto` (a BPF LSM program on
     /// ptrace_access_check where the BPF LSM is active; else fmod_ret on
-    /// security_ptrace_access_check; where the kernel cannot attach either, syscall
-    /// tracepoints that SIGKILL the member), `fmod_ret` (not the LSM program), `tracepoints`
-    /// (the fallback alone), or `off`. The log and `leash status` say which is in place.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "fmod_ret", "tracepoints", "off"])]
+    /// security_ptrace_access_check, with a kprobe beside it that SIGKILLs the member on a
+    /// kernel that may skip fmod_ret (7.x); where the kernel cannot attach fmod_ret, the kprobe
+    /// alone; where it has no kprobes either, syscall tracepoints that SIGKILL the member),
+    /// `fmod_ret` (not the LSM program), `kprobe` (neither), `tracepoints` (the last fallback
+    /// alone), or `off`. The log and `leash status` say which is in place.
+    #[arg(
+        long,
+        default_value = "auto",
+        value_parser = ["auto", "fmod_ret", "kprobe", "tracepoints", "off"]
+    )]
     ptrace_guard: String,
 }
 
@@ -130,6 +136,7 @@ pub(super) fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
             },
             ptrace_guard: match args.ptrace_guard.as_str() {
                 "fmod_ret" => GuardChoice::FmodRet,
+                "kprobe" => GuardChoice::Kprobe,
                 "tracepoints" => GuardChoice::Tracepoints,
                 "off" => GuardChoice::Off,
                 _ => GuardChoice::Auto,

@@ -204,8 +204,12 @@ impl Pins {
     }
 
     /// The programs a previous daemon left pinned here: those pinned wherever a daemon pins,
-    /// and those of the layers it attached (the fork kprobe, the marks, its ptrace guard).
+    /// and those of the layers it attached (the fork kprobe, the marks, its ptrace guard and
+    /// the kprobe beside fmod_ret).
     pub(super) fn pinned_programs(&self) -> Vec<&'static Program> {
+        let guard = self.guard();
+        let beside_guard = programs::of_layer(Layer::GuardKprobe)
+            .filter(|program| guard == Guard::FmodRet && self.link_path(program.name).exists());
         let kprobe = programs::of_layer(Layer::ForkKprobe)
             .filter(|program| self.link_path(program.name).exists());
         let marks = programs::of_layer(Layer::Marks).filter(|_| self.marks());
@@ -214,7 +218,8 @@ impl Pins {
             .chain(kprobe)
             .chain(descent)
             .chain(marks)
-            .chain(self.guard().programs())
+            .chain(guard.programs())
+            .chain(beside_guard)
             .collect()
     }
 

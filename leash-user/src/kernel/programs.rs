@@ -80,6 +80,9 @@ pub enum Layer {
     GuardLsm,
     /// The ptrace guard as fmod_ret.
     GuardFmodRet,
+    /// The ptrace guard as a kprobe: beside fmod_ret where the kernel may skip that, or in its
+    /// place.
+    GuardKprobe,
     /// The ptrace guard's fallback, syscall tracepoints.
     GuardTracepoints,
 }
@@ -106,7 +109,7 @@ const fn listed(name: &'static str, at: AttachPoint, layer: Layer) -> Program {
 /// Every program, where it attaches and its layer: what attaches, pins, counts skips and
 /// lists in `status` reads. The tracking layer in the order it is attached: the fork and exit
 /// programs twice (see [`program::FORK_AGAIN`]).
-pub const PROGRAMS: [Program; 17] = {
+pub const PROGRAMS: [Program; 18] = {
     use AttachPoint::*;
     use Layer::*;
     [
@@ -131,6 +134,11 @@ pub const PROGRAMS: [Program; 17] = {
             program::PTRACE_GUARD,
             FmodRet("security_ptrace_access_check"),
             GuardFmodRet,
+        ),
+        listed(
+            program::PTRACE_GUARD_KPROBE,
+            KProbe("cap_ptrace_access_check"),
+            GuardKprobe,
         ),
         listed(
             program::PTRACE_ATTACH_TP,

@@ -12,8 +12,17 @@
 //!
 //!   aya 0.14 can load neither as it needs: the raw loader (raw.rs) relocates the program
 //!   against the maps aya made, and loads and attaches it with raw `bpf()` calls.
-//! - Where that fails, syscall tracepoints that SIGKILL the member as it asks. They do not see
-//!   /proc/PID/mem, and they refuse every `pidfd_getfd` a member makes.
+//!
+//!   On a kernel that may skip it (7.x), a kprobe on `cap_ptrace_access_check` stands beside
+//!   it. The check calls that hook only where fmod_ret did not refuse, and the kernel skips a
+//!   kprobe only while another kprobe or perf program, or a `bpf()` map call, holds the CPU:
+//!   where fmod_ret was skipped, the kprobe SIGKILLs the member as it asks.
+//! - Where fmod_ret cannot attach (no BPF trampolines), that kprobe alone: the member dies as it
+//!   asks, and the access runs on with the kill pending. It sees all that the check sees.
+//! - Where that fails too (no kprobes), syscall tracepoints that SIGKILL the member as it asks.
+//!   They do not see /proc/PID/mem, they refuse every `pidfd_getfd` a member makes, and they
+//!   slow every system call on the machine (an enabled syscall tracepoint sends every task's
+//!   calls down the slow path).
 
 use aya::Ebpf;
 
@@ -21,7 +30,7 @@ use super::{
     link::{self, Attachment},
     programs::{self, Layer, Program},
     raw::bpf_lsm_active,
-    support::LSM_LIST,
+    support::{self, LSM_LIST},
 };
 
 /// Which guard to attach: the daemon's `--ptrace-guard`.
@@ -30,8 +39,11 @@ pub enum GuardChoice {
     /// The LSM program where the BPF LSM is active, else fmod_ret, else the tracepoints.
     #[default]
     Auto,
-    /// fmod_ret, even where the LSM program would attach (else the tracepoints).
+    /// fmod_ret, even where the LSM program would attach (else the kprobe, else the
+    /// tracepoints).
     FmodRet,
+    /// The kprobe, even where fmod_ret would attach (else the tracepoints).
+    Kprobe,
     /// The tracepoints, even where fmod_ret would attach.
     Tracepoints,
     /// None: a member may reach any process its uid may.
@@ -45,6 +57,8 @@ pub enum Guard {
     Lsm,
     /// The access is refused with EPERM, in the kernel's check.
     FmodRet,
+    /// The member is SIGKILLed in the kernel's check, as it asks.
+    Kprobe,
     /// The member is SIGKILLed as it asks (ptrace attach, `pidfd_getfd`, `process_vm_writev`).
     Tracepoints,
     /// No guard.
@@ -57,6 +71,7 @@ impl Guard {
         let layer = match self {
             Self::Lsm => Some(Layer::GuardLsm),
             Self::FmodRet => Some(Layer::GuardFmodRet),
+            Self::Kprobe => Some(Layer::GuardKprobe),
             Self::Tracepoints => Some(Layer::GuardTracepoints),
             Self::Absent => None,
         };
@@ -65,7 +80,7 @@ impl Guard {
 
     /// The guard whose links are pinned, as `pinned(program)` says of each.
     pub fn pinned(pinned: impl Fn(&str) -> bool) -> Self {
-        [Self::Lsm, Self::FmodRet, Self::Tracepoints]
+        [Self::Lsm, Self::FmodRet, Self::Kprobe, Self::Tracepoints]
             .into_iter()
             .find(|guard| guard.programs().all(|program| pinned(program.name)))
             .unwrap_or(Self::Absent)
@@ -76,6 +91,7 @@ impl Guard {
         match self {
             Self::Lsm => "lsm",
             Self::FmodRet => "fmod_ret",
+            Self::Kprobe => "kprobe",
             Self::Tracepoints => "tracepoints",
             Self::Absent => "none",
         }
@@ -91,7 +107,13 @@ impl Guard {
             Self::FmodRet => {
                 "ptrace guard: fmod_ret on security_ptrace_access_check refuses (EPERM) a \
                  member's attach-mode access to processes outside its tree (a kernel that runs \
-                 tracing programs preemptibly may skip it: see leash_program_skips_total)"
+                 tracing programs preemptibly may skip it: there a kprobe beside it SIGKILLs \
+                 the member; see leash_program_skips_total)"
+            }
+            Self::Kprobe => {
+                "ptrace guard: a kprobe on cap_ptrace_access_check SIGKILLs a member \
+                 that asks an attach-mode access to a process outside its tree, before the \
+                 call returns (a ptrace attach still stops its target)"
             }
             Self::Tracepoints => {
                 "ptrace guard: fallback tracepoints SIGKILL a member that ptrace-attaches to, \
@@ -107,8 +129,9 @@ impl Guard {
 }
 
 /// Attaches the guard `choice` asks for to the programs of `ebpf` (loaded, their maps made):
-/// the LSM program, else fmod_ret, else the tracepoints. Never fails: the daemon runs without
-/// a guard rather than not at all, and says so.
+/// the LSM program, else fmod_ret (with the kprobe beside it on 7.x), else the kprobe, else
+/// the tracepoints. Never fails: the daemon runs without a guard rather than not at all, and
+/// says so.
 pub(super) fn attach(
     ebpf: &mut Ebpf,
     kernel_btf: &aya::Btf,
@@ -138,9 +161,20 @@ pub(super) fn attach(
     }
     if matches!(choice, GuardChoice::Auto | GuardChoice::FmodRet) {
         match attach_guard(ebpf, kernel_btf, Guard::FmodRet) {
-            Ok(links) => return (Guard::FmodRet, links),
+            Ok(mut links) => {
+                links.extend(beside_fmod_ret(ebpf, kernel_btf));
+                return (Guard::FmodRet, links);
+            }
             Err(e) => tracing::warn!(
-                "the fmod_ret ptrace guard cannot attach ({e:#}); trying the syscall \
+                "the fmod_ret ptrace guard cannot attach ({e:#}); trying the kprobe instead"
+            ),
+        }
+    }
+    if choice != GuardChoice::Tracepoints {
+        match attach_guard(ebpf, kernel_btf, Guard::Kprobe) {
+            Ok(links) => return (Guard::Kprobe, links),
+            Err(e) => tracing::warn!(
+                "the kprobe ptrace guard cannot attach ({e:#}); trying the syscall \
                  tracepoints instead"
             ),
         }
@@ -152,6 +186,21 @@ pub(super) fn attach(
             (Guard::Absent, Vec::new())
         }
     }
+}
+
+/// The kprobe beside fmod_ret, where the kernel may skip fmod_ret: 7.x, and a version that
+/// cannot be read. Never fails: fmod_ret goes on alone, and the log says why.
+fn beside_fmod_ret(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Vec<Attachment> {
+    if support::version().is_some_and(|version| version < (7, 0)) {
+        return Vec::new();
+    }
+    attach_guard(ebpf, kernel_btf, Guard::Kprobe).unwrap_or_else(|e| {
+        tracing::warn!(
+            "the kprobe beside the fmod_ret ptrace guard cannot attach ({e:#}): where the \
+             kernel skips fmod_ret, a member's access goes through"
+        );
+        Vec::new()
+    })
 }
 
 /// Attaches every program of `guard`, or none (the links made are dropped on a failure).
@@ -184,7 +233,20 @@ mod tests {
             Guard::Lsm
         );
         assert_eq!(
-            Guard::pinned(|name| name != program::PTRACE_GUARD && name != program::PTRACE_GUARD_LSM),
+            Guard::pinned(|name| name == program::PTRACE_GUARD_KPROBE),
+            Guard::Kprobe
+        );
+        assert_eq!(
+            Guard::pinned(
+                |name| name == program::PTRACE_GUARD || name == program::PTRACE_GUARD_KPROBE
+            ),
+            Guard::FmodRet,
+            "fmod_ret with the kprobe beside it"
+        );
+        assert_eq!(
+            Guard::pinned(|name| name != program::PTRACE_GUARD
+                && name != program::PTRACE_GUARD_LSM
+                && name != program::PTRACE_GUARD_KPROBE),
             Guard::Tracepoints
         );
         assert_eq!(
