@@ -32,8 +32,9 @@ use leash_common::{ALL_ACCOUNTS, Descended, Descent, EventKind, Member, Pid, Tre
 use crate::programs::{
     BPF_NOEXIST, Counter, MEMBERS, TASK_START_OFFSET, TASK_TGID_OFFSET, TREE_CONTROL,
     add_to_account, add_to_tree, count, emit, group_dead, is_member, over_capacity, parent_tgid,
-    read_task, real_parent, same_start, take_out_stale, task_pid,
+    read_task, real_parent, same_start, take_out_stale,
 };
+use crate::whois::task_pid;
 
 #[map]
 static DESCENTS: HashMap<u32, Descent> = HashMap::with_max_entries(64, 0);

@@ -30,8 +30,9 @@ use leash_common::{ALL_ACCOUNTS, EventKind, Mark, Member, TreeControl, flags, st
 use crate::programs::{
     BPF_NOEXIST, Counter, MEMBERS, SIGKILL, TASK_START_OFFSET, TASK_TGID_OFFSET, TREE_CONTROL,
     add_to_account, add_to_tree, count, current_tgid, emit, group_dead, is_member, lsm_refusal,
-    parent_tgid, read_task, same_start, take_out_stale, task_pid,
+    parent_tgid, read_task, same_start, take_out_stale,
 };
+use crate::whois::task_pid;
 
 /// `BPF_MAP_TYPE_TASK_STORAGE` of [`Mark`], declared by hand: aya-ebpf 0.2 has no such type,
 /// and its `btf_map_def!` is private. The layout is what loaders read from BTF: the fields'

@@ -17,8 +17,6 @@ use leash_common::{
     TreeCounters, TreeId, flags, stat,
 };
 
-use crate::whois::NAMESPACE_OFFSETS;
-
 // Capacities here are placeholders: user space sets the real ones at load time.
 #[map]
 pub(crate) static MEMBERS: HashMap<Pid, Member> = HashMap::with_max_entries(1, 0);
@@ -503,13 +501,6 @@ pub(crate) fn emit_at(kind: EventKind, tree: TreeId, pid: Pid, parent: Pid, time
     if EVENTS.output::<Event>(&event, wakeup).is_err() {
         count(stat::EVENTS_DROPPED);
     }
-}
-
-/// The thread id of `task` (`task_struct.pid`).
-pub(crate) fn task_pid(task: *const u8) -> Option<u32> {
-    // SAFETY: a reference to a static is valid and aligned (volatile: see the globals).
-    let offsets = unsafe { read_volatile(&NAMESPACE_OFFSETS) };
-    read_at::<u32>(task, offsets.task_pid)
 }
 
 /// The thread group id of `task`'s parent (`real_parent`: the process that forked it, or its

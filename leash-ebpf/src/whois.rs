@@ -30,6 +30,14 @@ pub(crate) static NAMESPACE_OFFSETS: NamespaceOffsets = NamespaceOffsets {
     pid_ns_inum: 0,
 };
 
+/// The thread id of `task` (`task_struct.pid`, at an offset of the namespace offsets).
+pub(crate) fn task_pid(task: *const u8) -> Option<u32> {
+    // SAFETY: a reference to a static is valid and aligned (volatile: see the globals in
+    // programs.rs).
+    let offsets = unsafe { read_volatile(&NAMESPACE_OFFSETS) };
+    read_at::<u32>(task, offsets.task_pid)
+}
+
 /// User namespaces nest at most 32 deep (`MAX_USER_NS_LEVEL`).
 const USER_NS_LEVELS: usize = 33;
 

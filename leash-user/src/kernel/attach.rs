@@ -36,13 +36,8 @@ pub(super) struct Loaded {
     /// The links this process must hold: all of them unpinned; pinned, those the kernel cannot
     /// pin (classic tracepoints before Linux 5.15).
     pub(super) held: Vec<HeldLink>,
-    /// Descriptors of the whois, reconciling and descent iterators' links, to make iterators
-    /// of.
-    pub(super) whois: OwnedFd,
-    pub(super) reconcile: Option<OwnedFd>,
-    pub(super) descent: Option<OwnedFd>,
-    /// Each attached program's name and id, of the layers whose skips are counted.
-    pub(super) counted: Vec<(&'static str, u32)>,
+    /// The iterators' links and the programs whose skips are counted.
+    pub(super) fds: Fds,
     /// The programs attached, for `status` (the whois iterator, no tracker, left out).
     pub(super) programs: Vec<&'static Program>,
     pub(super) guard: Guard,
@@ -111,20 +106,12 @@ impl Attached {
 
     /// Every link held by this process, for as long as it lives: nothing pinned.
     pub(super) fn hold(self) -> Result<Loaded> {
-        let Fds {
-            whois,
-            reconcile,
-            descent,
-            counted,
-        } = self.fds_and_ids()?;
+        let fds = self.fds_and_ids()?;
         let programs = self.listed();
         Ok(Loaded {
             ebpf: self.ebpf,
             held: self.attachments.into_iter().map(|a| a.link).collect(),
-            whois,
-            reconcile,
-            descent,
-            counted,
+            fds,
             programs,
             guard: self.guard,
             membership: self.membership,
@@ -134,12 +121,7 @@ impl Attached {
     /// Pins the links (they then outlive this process) and the maps; holds what the kernel
     /// cannot pin.
     pub(super) fn pin(self, pins: &mut Pins) -> Result<Loaded> {
-        let Fds {
-            whois,
-            reconcile,
-            descent,
-            counted,
-        } = self.fds_and_ids()?;
+        let fds = self.fds_and_ids()?;
         let programs = self.listed();
         let Self {
             ebpf,
@@ -153,7 +135,7 @@ impl Attached {
             held.extend(pins.pin_held(program.name, link)?);
         }
         let marks_map = (membership == Membership::Marks).then_some(map::MARKS);
-        let descent_map = descent.is_some().then_some(map::DESCENTS);
+        let descent_map = fds.descent.is_some().then_some(map::DESCENTS);
         for name in map::ALL.into_iter().chain(marks_map).chain(descent_map) {
             let map = ebpf.map(name).context("a map missing from the object")?;
             pins.pin_map(name, map)?;
@@ -161,10 +143,7 @@ impl Attached {
         Ok(Loaded {
             ebpf,
             held,
-            whois,
-            reconcile,
-            descent,
-            counted,
+            fds,
             programs,
             guard,
             membership,
@@ -214,12 +193,14 @@ impl Attached {
     }
 }
 
-/// What [`Attached::fds_and_ids`] gives.
-struct Fds {
-    whois: OwnedFd,
-    reconcile: Option<OwnedFd>,
-    descent: Option<OwnedFd>,
-    counted: Vec<(&'static str, u32)>,
+/// What [`Attached::fds_and_ids`] gives: descriptors of the whois, reconciling and descent
+/// iterators' links, to make iterators of, and each attached program's name and id, of the
+/// layers whose skips are counted.
+pub(super) struct Fds {
+    pub(super) whois: OwnedFd,
+    pub(super) reconcile: Option<OwnedFd>,
+    pub(super) descent: Option<OwnedFd>,
+    pub(super) counted: Vec<(&'static str, u32)>,
 }
 
 /// The programs of `attached` that `status` lists: all but the whois and descent iterators,

@@ -6,7 +6,7 @@ use aya::maps::{HashMap, Map, MapData, RingBuf};
 use leash_common::{ALL_ACCOUNTS, MEMBER_RESERVE, map, program};
 
 use super::{
-    attach::{Attached, Loaded, listed},
+    attach::{Attached, Fds, Loaded, listed},
     descent::Descent,
     maps::BPF_NOEXIST,
     marks::Marks,
@@ -84,10 +84,13 @@ impl Tracker {
         let Loaded {
             mut ebpf,
             held,
-            whois,
-            reconcile,
-            descent,
-            counted,
+            fds:
+                Fds {
+                    whois,
+                    reconcile,
+                    descent,
+                    counted,
+                },
             programs,
             guard,
             membership,
