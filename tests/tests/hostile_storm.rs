@@ -173,7 +173,7 @@ fn a_hostile_agent_forking_on_every_cpu_leaves_nothing_after_its_host_dies() {
     }
     eprintln!(
         "hostile storm: {} of {trials} trials left processes ({processes} in all); membership \
-         {}; fork program skips: {skips}; children found by their marks: {reconciled}",
+         {}; fork program skips: {skips}; missed children reconciled (by mark or ancestry): {reconciled}",
         left.len(),
         membership.as_deref().unwrap_or("unknown"),
     );
@@ -229,7 +229,7 @@ fn from_env<T: std::str::FromStr>(var: &str, default: T) -> T {
 
 /// The fork programs' skips since they were loaded, as the daemon's metrics show them
 /// (`leash_program_skips_total`, their recursion_misses): `leash_fork 0, leash_fork2 0`; and
-/// the children the marks found (`leash_members_reconciled_total`).
+/// the missed children the reconciling iterators found (`leash_members_reconciled_total`).
 fn fork_program_skips(metrics: &Path) -> (String, String) {
     let scrape = || -> std::io::Result<String> {
         let mut stream = UnixStream::connect(metrics)?;
