@@ -235,13 +235,9 @@ impl Tracker {
             }
             self.view.index.admit(found.tree, found.pid);
         }
-        match reading.stopped {
-            Some(Stopped::Full) => return Err(Error::MembersFull(self.capacity().members)),
-            Some(Stopped::Doomed) => return Err(Error::Doomed(tree)),
-            None => {}
-        }
         // Counted as seeded, as what user space puts in is (the accounts were counted in the
-        // kernel, as it went).
+        // kernel, as it went), also when the reading stopped early: what it put in until then
+        // is in the tree, and a release of the tree counts it out.
         let new = i64::from(reading.added) + i64::from(reading.moved);
         self.add_seeded_to_tree(tree, new)?;
         if reading.moved > 0 {
@@ -249,6 +245,11 @@ impl Tracker {
             if let Some(enclosing) = enclosing {
                 self.add_seeded_to_tree(enclosing, -i64::from(reading.moved))?;
             }
+        }
+        match reading.stopped {
+            Some(Stopped::Full) => return Err(Error::MembersFull(self.capacity().members)),
+            Some(Stopped::Doomed) => return Err(Error::Doomed(tree)),
+            None => {}
         }
         if new > 0 && self.marks.is_some() {
             // Marks where they are in place: an adopted process's threads and children are
