@@ -125,6 +125,12 @@ pub mod program {
     /// every fork program was skipped for), put into that member's tree. It writes one
     /// [`super::Descended`] to the iterator for each.
     pub const DESCEND: &str = "leash_descend";
+    /// A task iterator (`iter/task`) that sends a signal to every member of a tree from the
+    /// kernel, with the `bpf_send_signal_task` kfunc (Linux 6.13), as the reading thread's
+    /// entry in `DESCENTS` asks ([`super::Descent::KILL`]): one pass over the machine's tasks
+    /// in place of a pidfd and a system call per member. Its call is patched in the object at
+    /// load (the kfunc's BTF id); where the kernel lacks the kfunc it is not attached.
+    pub const KILL: &str = "leash_kill";
     /// A task iterator (`iter/task`): fills `WHOIS` for the process it names.
     pub const WHOIS: &str = "leash_whois";
     /// fmod_ret on `security_ptrace_access_check`: refuses a member attach-mode access to any
@@ -273,9 +279,10 @@ impl Whois {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Descent {
-    /// [`Descent::ADOPT`] or [`Descent::RECONCILE`].
+    /// [`Descent::ADOPT`], [`Descent::RECONCILE`] or [`Descent::KILL`].
     pub mode: u32,
-    /// ADOPT: the tree being adopted, whose root is its member already.
+    /// ADOPT: the tree being adopted, whose root is its member already. KILL: the tree whose
+    /// members are signalled.
     pub tree: TreeId,
     /// ADOPT: the tree it is nested in (0: none), whose members under the root come down.
     pub enclosing: TreeId,
@@ -284,11 +291,13 @@ pub struct Descent {
     /// Written by the program: 1 once it has run for this entry. 0 after a reading means the
     /// program never found it: the reader's thread id is not the kernel's (a pid namespace).
     pub seen: u32,
-    /// Written by the program: processes it put in that no tree held, in this reading.
+    /// Written by the program: processes it put in that no tree held, in this reading (KILL:
+    /// members it signalled).
     pub added: u32,
     /// Written by the program: ADOPT: members of `enclosing` it moved down into `tree`.
     pub moved: u32,
-    pub _reserved: u32,
+    /// KILL: the signal to send.
+    pub signal: u32,
 }
 
 impl Descent {
@@ -298,6 +307,9 @@ impl Descent {
     /// Every process no tree holds whose nearest tracked ancestor is a member joins that
     /// member's tree.
     pub const RECONCILE: u32 = 2;
+    /// Every member of `tree` (its entry's start time its own) is sent `signal`, through each
+    /// of its threads, by `program::KILL`; `added` counts the threads it was sent through.
+    pub const KILL: u32 = 3;
     /// Stopped: the member map is at its capacity.
     pub const FULL: u32 = 1;
     /// Stopped: the tree being adopted is doomed.
@@ -315,7 +327,20 @@ impl Descent {
             seen: 0,
             added: 0,
             moved: 0,
-            _reserved: 0,
+            signal: 0,
+        }
+    }
+
+    pub const fn killing(tree: TreeId, signal: u32) -> Self {
+        Self {
+            mode: Self::KILL,
+            tree,
+            enclosing: 0,
+            stopped: 0,
+            seen: 0,
+            added: 0,
+            moved: 0,
+            signal,
         }
     }
 
@@ -328,7 +353,7 @@ impl Descent {
             seen: 0,
             added: 0,
             moved: 0,
-            _reserved: 0,
+            signal: 0,
         }
     }
 }

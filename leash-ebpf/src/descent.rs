@@ -65,16 +65,11 @@ pub(crate) fn leash_descend(ctx: *mut c_void) -> i32 {
     if task.is_null() {
         return 0;
     }
-    let reader = bpf_get_current_pid_tgid() as u32;
-    let Some(request) = DESCENTS.get_ptr_mut(reader) else {
+    let Some(request) = request() else {
         return 0;
     };
-    // SAFETY: a pointer into this reading's own entry, which only this thread's reading
-    // writes, and user space only once the reading is over; copied at once.
-    let asked = unsafe {
-        (*request).seen = 1;
-        *request
-    };
+    // SAFETY: a pointer into this reading's own entry (see `request`); copied at once.
+    let asked = unsafe { *request };
     if asked.stopped != 0 {
         return 0;
     }
@@ -106,6 +101,17 @@ pub(crate) fn leash_descend(ctx: *mut c_void) -> i32 {
         };
     }
     0
+}
+
+/// The reading thread's entry in `DESCENTS`, marked as seen: a pointer into an entry that only
+/// this thread's reading writes, and user space only once the reading is over.
+#[inline(always)]
+pub(crate) fn request() -> Option<*mut Descent> {
+    let reader = bpf_get_current_pid_tgid() as u32;
+    let request = DESCENTS.get_ptr_mut(reader)?;
+    // SAFETY: as said above; one field written.
+    unsafe { (*request).seen = 1 };
+    Some(request)
 }
 
 /// What came of one task.

@@ -44,6 +44,8 @@ mod descent;
 #[cfg(target_arch = "bpf")]
 mod hosts;
 #[cfg(target_arch = "bpf")]
+mod kill;
+#[cfg(target_arch = "bpf")]
 mod programs;
 #[cfg(target_arch = "bpf")]
 mod ptrace;

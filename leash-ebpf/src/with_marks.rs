@@ -17,6 +17,8 @@ mod descent;
 #[cfg(target_arch = "bpf")]
 mod hosts;
 #[cfg(target_arch = "bpf")]
+mod kill;
+#[cfg(target_arch = "bpf")]
 mod marks;
 #[cfg(target_arch = "bpf")]
 mod programs;

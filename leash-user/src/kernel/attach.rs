@@ -65,24 +65,28 @@ impl Attached {
         let kernel_btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
         let load = |object| load_object(object, capacity, &task, &namespaces, &kernel_btf);
         let mut ebpf = if marks_possible() {
-            match load(programs::object_for(true)) {
+            match load(&programs::object_for(true)?.bytes) {
                 Ok(ebpf) => ebpf,
                 Err(e) => {
                     tracing::warn!(
                         "the programs with marks cannot load ({e:#}); loading those without"
                     );
-                    load(programs::object_for(false))?
+                    load(&programs::object_for(false)?.bytes)?
                 }
             }
         } else {
-            load(programs::object_for(false))?
+            load(&programs::object_for(false)?.bytes)?
         };
 
         let mut attachments = Vec::new();
         for program in programs::of_layer(Layer::Tracking).chain(programs::of_layer(Layer::Whois)) {
             attachments.push(link::attach(&mut ebpf, &kernel_btf, program)?);
         }
-        attachments.extend(attach_descent(&mut ebpf, &kernel_btf));
+        let descent = attach_descent(&mut ebpf, &kernel_btf);
+        if !descent.is_empty() && programs::object(&ebpf)?.kernel_kill {
+            attachments.extend(attach_kernel_kill(&mut ebpf, &kernel_btf));
+        }
+        attachments.extend(descent);
         let marks = attach_marks(&mut ebpf, &kernel_btf);
         let membership = if marks.is_empty() {
             // The best the kernel allows without the marks: a third fork program.
@@ -172,12 +176,15 @@ impl Attached {
             Membership::Marks => Some(link_of(program::RECONCILE)?),
             Membership::Layered => None,
         };
-        let descent = self
-            .attachments
-            .iter()
-            .any(|a| a.program.name == program::DESCEND)
-            .then(|| link_of(program::DESCEND))
-            .transpose()?;
+        let optional = |name: &str| {
+            self.attachments
+                .iter()
+                .any(|a| a.program.name == name)
+                .then(|| link_of(name))
+                .transpose()
+        };
+        let descent = optional(program::DESCEND)?;
+        let kill = optional(program::KILL)?;
         let counted = self
             .attachments
             .iter()
@@ -188,18 +195,20 @@ impl Attached {
             whois,
             reconcile,
             descent,
+            kill,
             counted,
         })
     }
 }
 
-/// What [`Attached::fds_and_ids`] gives: descriptors of the whois, reconciling and descent
-/// iterators' links, to make iterators of, and each attached program's name and id, of the
-/// layers whose skips are counted.
+/// What [`Attached::fds_and_ids`] gives: descriptors of the whois, reconciling, descent and
+/// kernel kill iterators' links, to make iterators of, and each attached program's name and
+/// id, of the layers whose skips are counted.
 pub(super) struct Fds {
     pub(super) whois: OwnedFd,
     pub(super) reconcile: Option<OwnedFd>,
     pub(super) descent: Option<OwnedFd>,
+    pub(super) kill: Option<OwnedFd>,
     pub(super) counted: Vec<(&'static str, u32)>,
 }
 
@@ -210,14 +219,22 @@ pub(super) fn listed(
 ) -> Vec<&'static Program> {
     attached
         .into_iter()
-        .filter(|program| !matches!(program.layer, Layer::Whois | Layer::Descent))
+        .filter(|program| {
+            !matches!(
+                program.layer,
+                Layer::Whois | Layer::Descent | Layer::KernelKill
+            )
+        })
         .collect()
 }
 
 /// Whether the skips of a layer's programs are counted (`leash_program_skips_total`): the
 /// tracking layer's and the guard's. The kernel never skips an LSM program or an iterator.
 pub(super) fn counts_skips(layer: Layer) -> bool {
-    !matches!(layer, Layer::Whois | Layer::Descent | Layer::Marks)
+    !matches!(
+        layer,
+        Layer::Whois | Layer::Descent | Layer::KernelKill | Layer::Marks
+    )
 }
 
 /// Whether the kernel may have the marks: task storage came with Linux 5.11 (tried where the
@@ -283,6 +300,18 @@ fn attach_descent(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Vec<Attachment> {
         .collect();
     attached.unwrap_or_else(|e| {
         tracing::warn!("the descent iterator cannot attach ({e:#}): adoptions walk /proc instead");
+        Vec::new()
+    })
+}
+
+/// Attaches the kernel kill (see leash-ebpf's kill.rs), where the kernel has its kfunc. Never
+/// fails: without it, kills signal member by member through pidfds.
+fn attach_kernel_kill(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Vec<Attachment> {
+    let attached: Result<Vec<Attachment>> = programs::of_layer(Layer::KernelKill)
+        .map(|program| link::attach(ebpf, kernel_btf, program))
+        .collect();
+    attached.unwrap_or_else(|e| {
+        tracing::warn!("the kernel kill cannot attach ({e:#}): kills signal through pidfds");
         Vec::new()
     })
 }

@@ -21,10 +21,13 @@ use leash_common::{Descended, Descent as Request, TreeId};
 
 use crate::sys;
 
-/// The descent iterator and its requests. Shared by every thread.
+/// The descent iterator and its requests, and the kernel kill, which takes its requests the
+/// same way. Shared by every thread.
 pub struct Descent {
     /// The iterator's link: each reading makes a new iterator of it.
     link: OwnedFd,
+    /// The kernel kill's link, where the kernel has its kfunc (leash-ebpf's kill.rs).
+    kill: Option<OwnedFd>,
     requests: Mutex<HashMap<MapData, u32, Request>>,
 }
 
@@ -59,12 +62,32 @@ pub enum Stopped {
 }
 
 impl Descent {
-    /// `link` is a descriptor of the descent program's iterator link, `map` its `DESCENTS`.
-    pub fn new(link: OwnedFd, map: Map) -> Result<Self> {
+    /// `link` is a descriptor of the descent program's iterator link, `kill` the kernel
+    /// kill's, `map` their `DESCENTS`.
+    pub fn new(link: OwnedFd, kill: Option<OwnedFd>, map: Map) -> Result<Self> {
         Ok(Self {
             link,
+            kill,
             requests: Mutex::new(HashMap::try_from(map)?),
         })
+    }
+
+    /// Whether the kernel kill is in place.
+    pub fn kills(&self) -> bool {
+        self.kill.is_some()
+    }
+
+    /// Sends `signal` to every member of `tree` from the kernel, in one pass over the
+    /// machine's tasks: how many it signalled. None where the kernel kill is not in place.
+    pub fn kill(&self, tree: TreeId, signal: i32) -> Result<Option<u32>> {
+        let Some(kill) = &self.kill else {
+            return Ok(None);
+        };
+        let signal = u32::try_from(signal).context("a negative signal")?;
+        let reading = self
+            .read_from(kill, Request::killing(tree, signal))
+            .context("running the kernel kill")?;
+        Ok(Some(reading.added))
     }
 
     /// One pass of the adoption of `tree`, nested in `enclosing`: every process whose nearest
@@ -84,6 +107,11 @@ impl Descent {
     }
 
     fn read(&self, request: Request) -> Result<Reading> {
+        self.read_from(&self.link, request)
+    }
+
+    /// One reading of the iterator of `link`, for `request`.
+    fn read_from(&self, link: &OwnedFd, request: Request) -> Result<Reading> {
         // The kernel's thread id of this thread (the daemon runs in the initial pid
         // namespace; if not, the program finds no entry, which `seen` tells).
         // SAFETY: gettid takes nothing and cannot fail.
@@ -91,7 +119,7 @@ impl Descent {
         self.requests()
             .insert(reader, request, 0)
             .context("asking the descent program")?;
-        let read = sys::bpf_iter_create(self.link.as_fd()).and_then(|mut iterator| {
+        let read = sys::bpf_iter_create(link.as_fd()).and_then(|mut iterator| {
             let mut bytes = Vec::new();
             iterator.read_to_end(&mut bytes).map(|_| bytes)
         });

@@ -119,6 +119,8 @@ pub struct Kill {
     doomed_ns: u64,
     /// Held from the search of a round to its last signal (see [`KillTarget::burst`]).
     burst: Option<Box<dyn std::any::Any>>,
+    /// Whether a SIGKILL round may signal from the kernel, where the kernel kill is in place.
+    kernel_kill: bool,
 }
 
 /// A member entry as a search found it, and what to send it.
@@ -220,7 +222,15 @@ impl Kill {
             queue: VecDeque::new(),
             doomed_ns: 0,
             burst: None,
+            kernel_kill: true,
         }
+    }
+
+    /// The same kill, signalling member by member through pidfds even where the kernel kill
+    /// is in place: the way of kernels before 6.13, in steps of [`SIGNALS_PER_STEP`].
+    pub fn without_kernel_kill(mut self) -> Self {
+        self.kernel_kill = false;
+        self
     }
 
     /// What the kill has done so far (its report, once it is done).
@@ -346,7 +356,9 @@ impl Kill {
         }
     }
 
-    /// Begins a SIGKILL round: queues every member, as `search` finds them now.
+    /// Begins a SIGKILL round: queues every member, as `search` finds them now. Where the
+    /// kernel kill is in place, it then signals them all from the kernel, in one pass, and the
+    /// queue is taken as sent.
     fn round<T: KillTarget>(
         &mut self,
         tracker: &mut T,
@@ -354,6 +366,12 @@ impl Kill {
         search: Search,
     ) -> Result<()> {
         let enqueued = self.enqueue(tracker, Signal::Kill, search)?;
+        if self.kernel_kill
+            && !self.queue.is_empty()
+            && let Some(signalled) = tracker.kernel_kill(self.tree, libc::SIGKILL)?
+        {
+            self.sent_from_the_kernel(signalled);
+        }
         let Phase::Rounds {
             next_round,
             next_full_round,
@@ -382,6 +400,28 @@ impl Kill {
             "SIGKILL round"
         );
         Ok(())
+    }
+
+    /// Takes every queued SIGKILL as sent: the kernel kill, run after the search that queued
+    /// them, signalled every member the map held then (`signalled` of them), each one queued
+    /// among them unless it had left meanwhile. What joined after the pass is found by the
+    /// next round's search.
+    fn sent_from_the_kernel(&mut self, signalled: u32) {
+        let mut taken = 0;
+        for Queued { pid, member, .. } in self.queue.drain(..) {
+            let process = ProcessRef::of_member(pid, &member);
+            if self.signalled.insert(process, true) != Some(true) {
+                self.killed += 1;
+                taken += 1;
+            }
+        }
+        self.burst = None;
+        tracing::debug!(
+            tree = self.tree,
+            signalled,
+            taken,
+            "SIGKILL from the kernel"
+        );
     }
 
     /// Finds the tree's members (see [`Kill::find_members`]) and queues what `signal` says for

@@ -104,8 +104,8 @@ fn raw_attached(
     kind: sys::AttachKind,
     target: &str,
 ) -> Result<(u32, HeldLink)> {
-    let object = programs::object(ebpf);
-    let link = raw::attach_by_btf_id(ebpf, object, kernel_btf, name, kind, target)?;
+    let object = programs::object(ebpf)?;
+    let link = raw::attach_by_btf_id(ebpf, &object.bytes, kernel_btf, name, kind, target)?;
     let id = sys::bpf_link_program_id(link.as_fd())?;
     Ok((id, HeldLink::Raw(link)))
 }

@@ -89,6 +89,7 @@ impl Tracker {
                     whois,
                     reconcile,
                     descent,
+                    kill,
                     counted,
                 },
             programs,
@@ -103,7 +104,9 @@ impl Tracker {
         );
         let whois = Whois::new(whois, take_map(&mut ebpf, map::WHOIS)?)?;
         let descent = match descent {
-            Some(link) => Some(Descent::new(link, take_map(&mut ebpf, map::DESCENTS)?)?.into()),
+            Some(link) => {
+                Some(Descent::new(link, kill, take_map(&mut ebpf, map::DESCENTS)?)?.into())
+            }
             None => None,
         };
         let marks = match reconcile {
@@ -135,6 +138,7 @@ impl Tracker {
             _links: held,
             _programs: Some(ebpf),
         };
+        tracker.log_kill();
         // Every member counts here: the programs only ever add to an existing entry.
         tracker
             .account_joined
@@ -143,6 +147,23 @@ impl Tracker {
             .account_seeded
             .insert(ALL_ACCOUNTS, 0, BPF_NOEXIST)?;
         Ok(tracker)
+    }
+
+    /// Says once at start how kills signal.
+    fn log_kill(&self) {
+        if self.kernel_kill() {
+            tracing::info!(
+                kill = "kernel",
+                "kills: SIGKILL rounds signal every member from the kernel, in one pass \
+                 (bpf_send_signal_task)"
+            );
+        } else {
+            tracing::info!(
+                kill = "pidfd",
+                "kills: signals go member by member through pidfds (the kernel kill needs \
+                 Linux 6.13)"
+            );
+        }
     }
 
     fn take_over(pins: Pins) -> Result<Self> {
@@ -184,6 +205,9 @@ impl Tracker {
             Some(
                 Descent::new(
                     link_fd(&pins.open_link(program::DESCEND)?)?,
+                    pins.kernel_kill()
+                        .then(|| link_fd(&pins.open_link(program::KILL)?))
+                        .transpose()?,
                     pins.open_map(map::DESCENTS)?,
                 )?
                 .into(),
@@ -227,6 +251,7 @@ impl Tracker {
             _links: Vec::new(),
             _programs: None,
         };
+        tracker.log_kill();
         tracker.next_tree = tracker.trees().last().map_or(1, |&last| last + 1);
         // Generations go on from the highest in use, and the clock (see `new_generation`).
         tracker.next_generation = tracker.highest_generation();

@@ -8,6 +8,7 @@ pub mod descent;
 mod error;
 mod hosts;
 mod index;
+mod kfunc;
 mod kill;
 mod link;
 mod load;

@@ -114,7 +114,7 @@ impl Pins {
     }
 
     fn marks_pins(&self) -> Vec<PathBuf> {
-        self.layer_pins(Layer::Marks, map::MARKS)
+        self.layer_pins(Layer::Marks, Some(map::MARKS))
     }
 
     /// Whether a previous daemon pinned the descent iterator (its link and map).
@@ -123,14 +123,24 @@ impl Pins {
     }
 
     fn descent_pins(&self) -> Vec<PathBuf> {
-        self.layer_pins(Layer::Descent, map::DESCENTS)
+        self.layer_pins(Layer::Descent, Some(map::DESCENTS))
+    }
+
+    /// Whether a previous daemon pinned the kernel kill (its link; its requests are the
+    /// descent iterator's).
+    pub fn kernel_kill(&self) -> bool {
+        self.descent()
+            && self
+                .layer_pins(Layer::KernelKill, None)
+                .iter()
+                .all(|p| p.exists())
     }
 
     /// The pins of an optional layer: its programs' links and its map.
-    fn layer_pins(&self, layer: Layer, map: &str) -> Vec<PathBuf> {
+    fn layer_pins(&self, layer: Layer, map: Option<&str>) -> Vec<PathBuf> {
         programs::of_layer(layer)
             .map(|program| self.link_path(program.name))
-            .chain([self.map_path(map)])
+            .chain(map.map(|map| self.map_path(map)))
             .collect()
     }
 
@@ -214,9 +224,11 @@ impl Pins {
             .filter(|program| self.link_path(program.name).exists());
         let marks = programs::of_layer(Layer::Marks).filter(|_| self.marks());
         let descent = programs::of_layer(Layer::Descent).filter(|_| self.descent());
+        let kill = programs::of_layer(Layer::KernelKill).filter(|_| self.kernel_kill());
         always_pinned()
             .chain(kprobe)
             .chain(descent)
+            .chain(kill)
             .chain(marks)
             .chain(guard.programs())
             .chain(beside_guard)

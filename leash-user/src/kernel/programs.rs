@@ -1,11 +1,12 @@
 //! The compiled programs, embedded, and handles into them.
 
-use std::{fmt, os::fd::OwnedFd};
+use std::{fmt, os::fd::OwnedFd, sync::OnceLock};
 
 use anyhow::{Context, Result};
 use aya::{Ebpf, programs::links::FdLink};
 use leash_common::program;
 
+use super::kfunc;
 use crate::sys;
 
 /// The compiled programs, embedded at build time by build.rs.
@@ -16,14 +17,44 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/le
 static OBJECT_WITH_MARKS: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/leash-ebpf-marks"));
 
-/// The object to load: with the marks where `marks` says the kernel can have them.
-pub(super) fn object_for(marks: bool) -> &'static [u8] {
-    if marks { OBJECT_WITH_MARKS } else { OBJECT }
+/// An object as this kernel loads it: its kfunc calls patched (see kfunc.rs).
+#[derive(Debug)]
+pub(super) struct Patched {
+    pub(super) bytes: Vec<u8>,
+    /// Whether the kernel has the kfunc the kernel kill calls: only then is it attached.
+    pub(super) kernel_kill: bool,
+}
+
+/// The object to load: with the marks where `marks` says the kernel can have them, its kfunc
+/// calls patched for this kernel (once, on first use).
+pub(super) fn object_for(marks: bool) -> Result<&'static Patched> {
+    static PLAIN: OnceLock<Result<Patched, String>> = OnceLock::new();
+    static WITH_MARKS: OnceLock<Result<Patched, String>> = OnceLock::new();
+    let (cell, object) = if marks {
+        (&WITH_MARKS, OBJECT_WITH_MARKS)
+    } else {
+        (&PLAIN, OBJECT)
+    };
+    let patched = cell.get_or_init(|| {
+        let kernel_btf = aya::Btf::from_sys_fs().map_err(|e| format!("{e:#}"))?;
+        let (bytes, kernel_kill) =
+            kfunc::patched(object, &kernel_btf).map_err(|e| format!("{e:#}"))?;
+        Ok(Patched { bytes, kernel_kill })
+    });
+    patched
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("patching the programs' kfunc calls: {e}"))
 }
 
 /// The object `ebpf` was loaded from (the one with the marks has their map).
-pub(super) fn object(ebpf: &Ebpf) -> &'static [u8] {
+pub(super) fn object(ebpf: &Ebpf) -> Result<&'static Patched> {
     object_for(ebpf.map(leash_common::map::MARKS).is_some())
+}
+
+/// The embedded object, as built (its kfunc calls unpatched).
+#[cfg(test)]
+pub(super) fn built_object(marks: bool) -> &'static [u8] {
+    if marks { OBJECT_WITH_MARKS } else { OBJECT }
 }
 
 /// Where a program attaches, and so which loader and link it takes.
@@ -74,6 +105,9 @@ pub enum Layer {
     /// Finding processes by their ancestry: adoptions, and reconciling where the marks are not
     /// (see `kernel::descent`). Pinned with its map where it attached.
     Descent,
+    /// Signalling a tree's members from the kernel (the kfunc `bpf_send_signal_task`, 6.13),
+    /// through the descent iterator's requests. Pinned where it attached.
+    KernelKill,
     /// Membership the kernel never skips (see `kernel::marks`).
     Marks,
     /// The ptrace guard as an LSM program.
@@ -109,7 +143,7 @@ const fn listed(name: &'static str, at: AttachPoint, layer: Layer) -> Program {
 /// Every program, where it attaches and its layer: what attaches, pins, counts skips and
 /// lists in `status` reads. The tracking layer in the order it is attached: the fork and exit
 /// programs twice (see [`program::FORK_AGAIN`]).
-pub const PROGRAMS: [Program; 18] = {
+pub const PROGRAMS: [Program; 19] = {
     use AttachPoint::*;
     use Layer::*;
     [
@@ -123,6 +157,7 @@ pub const PROGRAMS: [Program; 18] = {
         listed(program::FORK_KPROBE, KProbe("wake_up_new_task"), ForkKprobe),
         listed(program::WHOIS, Iter("task"), Whois),
         listed(program::DESCEND, Iter("task"), Descent),
+        listed(program::KILL, Iter("task"), KernelKill),
         listed(program::TASK_ALLOC, Lsm("task_alloc"), Marks),
         listed(program::RECONCILE, Iter("task"), Marks),
         listed(

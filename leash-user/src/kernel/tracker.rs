@@ -219,6 +219,12 @@ impl Tracker {
         self.whois.clone()
     }
 
+    /// Whether a kill's SIGKILL rounds signal from the kernel, in one pass (the kfunc
+    /// `bpf_send_signal_task`, Linux 6.13), rather than member by member through pidfds.
+    pub fn kernel_kill(&self) -> bool {
+        self.descent.as_ref().is_some_and(|descent| descent.kills())
+    }
+
     /// The descent iterator, for adoptions' passes on any thread; None where it did not attach
     /// (adoptions walk /proc then).
     pub fn descent(&self) -> Option<std::sync::Arc<Descent>> {

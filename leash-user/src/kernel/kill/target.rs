@@ -58,6 +58,11 @@ pub(super) trait KillTarget {
     /// member the kill finds. Nothing where they are not.
     fn reconcile(&mut self) -> Result<()>;
 
+    /// Sends `signal` to every member of `tree` from the kernel, in one pass (see
+    /// [`crate::kernel::Descent::kill`]): how many it signalled, or None where the kernel kill
+    /// is not in place.
+    fn kernel_kill(&mut self, tree: TreeId, signal: i32) -> Result<Option<u32>>;
+
     /// Whether `process` carries a mark of `tree` as registered now: proof that it is a member
     /// of `tree` (see [`Tracker::marked_in`]). None where the marks are not in place or it has
     /// none.
@@ -129,6 +134,13 @@ impl KillTarget for Tracker {
 
     fn reconcile(&mut self) -> Result<()> {
         Tracker::reconcile(self).map(drop)
+    }
+
+    fn kernel_kill(&mut self, tree: TreeId, signal: i32) -> Result<Option<u32>> {
+        match &self.descent {
+            Some(descent) => descent.kill(tree, signal),
+            None => Ok(None),
+        }
     }
 
     fn marked_in(&self, process: &Pidfd, tree: TreeId) -> Option<bool> {

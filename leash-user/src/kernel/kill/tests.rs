@@ -360,6 +360,10 @@ impl KillTarget for Fake {
         Fake::member(self, pid)
     }
 
+    fn kernel_kill(&mut self, _tree: TreeId, _signal: i32) -> Result<Option<u32>> {
+        Ok(None)
+    }
+
     fn reconcile(&mut self) -> Result<()> {
         if !self.marks {
             return Ok(());
