@@ -234,6 +234,14 @@ pub fn group_alive(pid: Pid) -> bool {
     })
 }
 
+/// How many tasks (threads) the machine has now, from /proc/loadavg's fourth field
+/// (`running/all`): what a pass of a task iterator walks.
+pub fn tasks_on_the_machine() -> Option<u64> {
+    let loadavg = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let running_and_all = loadavg.split_whitespace().nth(3)?;
+    running_and_all.split_once('/')?.1.parse().ok()
+}
+
 /// Whether `pid` is known to have no children right now: every thread's
 /// /proc/PID/task/TID/children file is empty, and the threads did not change while they were
 /// read (a thread that exits hands its children to another, perhaps one already read). False
