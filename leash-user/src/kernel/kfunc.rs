@@ -15,11 +15,11 @@ use super::raw::function_btf_id;
 pub(super) const SEND_SIGNAL_TASK: &str = "bpf_send_signal_task";
 
 /// `BPF_JMP | BPF_CALL`: the opcode of a call.
-const CALL: u8 = 0x85;
+pub(super) const CALL: u8 = 0x85;
 /// `BPF_PSEUDO_KFUNC_CALL`: a call's `src_reg` for a kernel function, its BTF id in `imm`.
-const PSEUDO_KFUNC_CALL: u8 = 2;
+pub(super) const PSEUDO_KFUNC_CALL: u8 = 2;
 /// `BPF_ALU64 | BPF_MOV | BPF_K`, with `r0` and 0: `r0 = 0`.
-const R0_IS_0: [u8; 8] = [0xb7, 0, 0, 0, 0, 0, 0, 0];
+pub(super) const R0_IS_0: [u8; 8] = [0xb7, 0, 0, 0, 0, 0, 0, 0];
 
 /// A copy of `object` with its calls to [`SEND_SIGNAL_TASK`] patched for this kernel (see the
 /// module doc), and whether the kernel has the function.
@@ -47,7 +47,7 @@ pub(super) fn patched(object: &[u8], kernel_btf: &aya::Btf) -> Result<(Vec<u8>, 
 }
 
 /// Where in `object` (file offsets) an instruction calls the undefined symbol `name`.
-fn calls_to(object: &[u8], name: &str) -> Result<Vec<usize>> {
+pub(super) fn calls_to(object: &[u8], name: &str) -> Result<Vec<usize>> {
     let file = object::File::parse(object).context("reading the programs' object")?;
     let mut calls = Vec::new();
     // The programs' sections alone: the debug sections name the symbol too.
@@ -66,33 +66,4 @@ fn calls_to(object: &[u8], name: &str) -> Result<Vec<usize>> {
         }
     }
     Ok(calls)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The object embedded in this build calls the kfunc, and every call is found.
-    #[test]
-    fn the_kill_programs_calls_are_found_and_patched() {
-        let object = super::super::programs::built_object(false);
-        let calls = calls_to(object, SEND_SIGNAL_TASK).unwrap();
-        assert!(
-            !calls.is_empty(),
-            "the kernel kill calls {SEND_SIGNAL_TASK}"
-        );
-        for &at in &calls {
-            assert_eq!(object[at], CALL);
-        }
-        let kernel_btf = aya::Btf::from_sys_fs().unwrap();
-        let (patched, found) = patched(object, &kernel_btf).unwrap();
-        for &at in &calls {
-            let call = &patched[at..at + 8];
-            if found {
-                assert_eq!(call[1] >> 4, PSEUDO_KFUNC_CALL);
-            } else {
-                assert_eq!(call, R0_IS_0);
-            }
-        }
-    }
 }

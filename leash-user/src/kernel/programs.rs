@@ -51,12 +51,6 @@ pub(super) fn object(ebpf: &Ebpf) -> Result<&'static Patched> {
     object_for(ebpf.map(leash_common::map::MARKS).is_some())
 }
 
-/// The embedded object, as built (its kfunc calls unpatched).
-#[cfg(test)]
-pub(super) fn built_object(marks: bool) -> &'static [u8] {
-    if marks { OBJECT_WITH_MARKS } else { OBJECT }
-}
-
 /// Where a program attaches, and so which loader and link it takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttachPoint {
@@ -222,4 +216,36 @@ pub(super) fn program_mut<'a>(
 pub(super) fn take_map(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
     ebpf.take_map(name)
         .with_context(|| format!("map {name} missing from the object"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{
+        super::kfunc::{CALL, PSEUDO_KFUNC_CALL, R0_IS_0, SEND_SIGNAL_TASK, calls_to, patched},
+        OBJECT,
+    };
+
+    /// The object embedded in this build calls the kfunc, and every call is found.
+    #[test]
+    fn the_kill_programs_calls_are_found_and_patched() {
+        let object = OBJECT;
+        let calls = calls_to(object, SEND_SIGNAL_TASK).unwrap();
+        assert!(
+            !calls.is_empty(),
+            "the kernel kill calls {SEND_SIGNAL_TASK}"
+        );
+        for &at in &calls {
+            assert_eq!(object[at], CALL);
+        }
+        let kernel_btf = aya::Btf::from_sys_fs().unwrap();
+        let (patched, found) = patched(object, &kernel_btf).unwrap();
+        for &at in &calls {
+            let call = &patched[at..at + 8];
+            if found {
+                assert_eq!(call[1] >> 4, PSEUDO_KFUNC_CALL);
+            } else {
+                assert_eq!(call, R0_IS_0);
+            }
+        }
+    }
 }
