@@ -295,23 +295,31 @@ fn load_object(
 /// Attaches the descent iterator (see `kernel::descent`). Never fails: without it, adoptions
 /// walk /proc, and a layered membership reconciles nothing.
 fn attach_descent(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Vec<Attachment> {
-    let attached: Result<Vec<Attachment>> = programs::of_layer(Layer::Descent)
-        .map(|program| link::attach(ebpf, kernel_btf, program))
-        .collect();
-    attached.unwrap_or_else(|e| {
+    attach_layer_or_warn(ebpf, kernel_btf, Layer::Descent, |e| {
         tracing::warn!("the descent iterator cannot attach ({e:#}): adoptions walk /proc instead");
-        Vec::new()
     })
 }
 
 /// Attaches the kernel kill (see leash-ebpf's kill.rs), where the kernel has its kfunc. Never
 /// fails: without it, kills signal member by member through pidfds.
 fn attach_kernel_kill(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Vec<Attachment> {
-    let attached: Result<Vec<Attachment>> = programs::of_layer(Layer::KernelKill)
+    attach_layer_or_warn(ebpf, kernel_btf, Layer::KernelKill, |e| {
+        tracing::warn!("the kernel kill cannot attach ({e:#}): kills signal through pidfds");
+    })
+}
+
+/// Attaches every program of `layer`, or none, telling `failed` why.
+fn attach_layer_or_warn(
+    ebpf: &mut Ebpf,
+    kernel_btf: &aya::Btf,
+    layer: Layer,
+    failed: impl FnOnce(anyhow::Error),
+) -> Vec<Attachment> {
+    let attached: Result<Vec<Attachment>> = programs::of_layer(layer)
         .map(|program| link::attach(ebpf, kernel_btf, program))
         .collect();
     attached.unwrap_or_else(|e| {
-        tracing::warn!("the kernel kill cannot attach ({e:#}): kills signal through pidfds");
+        failed(e);
         Vec::new()
     })
 }
