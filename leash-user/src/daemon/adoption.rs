@@ -85,6 +85,11 @@ async fn descent_pass(
 ) -> Result<(), Refusal> {
     let (tree, enclosing) = (adoption.tree(), adoption.enclosing());
     let started = Instant::now();
+    let _turn = daemon
+        .descent_turn
+        .acquire()
+        .await
+        .map_err(|e| Refusal::new(ErrorCode::Internal, e.to_string()))?;
     let reading = tokio::task::spawn_blocking(move || descent.adopt(tree, enclosing))
         .await
         .map_err(|e| Refusal::new(ErrorCode::Internal, e.to_string()))?

@@ -51,6 +51,9 @@ pub(super) struct Daemon {
     pub whois: Arc<Whois>,
     /// The descent iterator, for adoptions' passes (None: they walk /proc).
     pub descent: Option<Arc<Descent>>,
+    /// Adoptions' passes at once, at most [`DESCENT_TURNS`]: each holds an entry of the
+    /// iterators' requests (`DESCENTS`, 64), which the owner's kills and reconciling need too.
+    pub descent_turn: tokio::sync::Semaphore,
     pub whois_turn: tokio::sync::Semaphore,
     /// The daemon's own pid namespace (inode number).
     pub pid_namespace: u32,
@@ -58,6 +61,10 @@ pub(super) struct Daemon {
     pub stopping: Stopping,
     pub config: Config,
 }
+
+/// How many adoptions' passes may run at once (see [`Daemon::descent_turn`]): each walks every
+/// task on a blocking thread, and more at once would only share the same two cores.
+pub(super) const DESCENT_TURNS: usize = 4;
 
 impl Daemon {
     /// A daemon serving `config`, reading the maps through `view`, handing changes to `jobs`.
@@ -85,6 +92,7 @@ impl Daemon {
             disposal: Disposal::default(),
             whois,
             descent,
+            descent_turn: tokio::sync::Semaphore::new(DESCENT_TURNS),
             whois_turn: tokio::sync::Semaphore::new(1),
             pid_namespace,
             stopping: Stopping::default(),

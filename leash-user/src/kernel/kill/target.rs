@@ -137,10 +137,17 @@ impl KillTarget for Tracker {
     }
 
     fn kernel_kill(&mut self, tree: TreeId, signal: i32) -> Result<Option<u32>> {
-        match &self.descent {
-            Some(descent) => descent.kill(tree, signal),
-            None => Ok(None),
-        }
+        let Some(descent) = &self.descent else {
+            return Ok(None);
+        };
+        // A kill never waits on it: the pidfds remain.
+        Ok(descent.kill(tree, signal).unwrap_or_else(|e| {
+            tracing::warn!(
+                tree,
+                "the kernel kill failed ({e:#}): signalling through pidfds"
+            );
+            None
+        }))
     }
 
     fn marked_in(&self, process: &Pidfd, tree: TreeId) -> Option<bool> {
