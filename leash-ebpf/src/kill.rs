@@ -17,7 +17,7 @@ use leash_common::Descent;
 
 use crate::{
     descent::request,
-    programs::{MEMBERS, TASK_TGID_OFFSET, group_dead, is_member, read_task},
+    programs::{MEMBERS, TASK_TGID_OFFSET, group_dead, is_member, iter_task, read_task},
 };
 
 /// `PIDTYPE_TGID`: the signal goes to the task's whole thread group.
@@ -33,26 +33,22 @@ unsafe extern "C" {
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/task")]
 pub(crate) fn leash_kill(ctx: *mut c_void) -> i32 {
-    // SAFETY: the context of a task iterator is `struct bpf_iter__task { meta, task }`, two
-    // pointers: this reads the second, which the verifier checks as a context access (a
-    // trusted task pointer, as the kfunc wants).
-    let task = unsafe { *(ctx as *const *const c_void).add(1) };
-    if task.is_null() {
+    let Some(task) = iter_task::<c_void>(ctx) else {
         return 0;
-    }
+    };
     let Some(request) = request() else {
         return 0;
     };
     // SAFETY: a pointer into this reading's own entry (see `descent::request`); copied at once.
     let asked = unsafe { *request };
-    if asked.mode != Descent::KILL || !is_members(task as *const u8, asked.tree) {
+    if asked.mode != Descent::KILL || !is_thread_of_member(task as *const u8, asked.tree) {
         return 0;
     }
-    // SAFETY: `task` is the iterator's trusted task pointer, checked for null; the kfunc takes
-    // numbers besides and touches no memory of ours.
     // Sent through every thread of the group, not its main thread alone: the kfunc refuses a
     // task that has begun exiting (PF_EXITING), as a main thread that exited before the
     // others has. A group already dying takes the signals after the first as no-ops.
+    // SAFETY: `task` is the iterator's trusted task pointer, not null; the kfunc takes numbers
+    // besides and touches no memory of ours.
     let sent = unsafe { bpf_send_signal_task(task, asked.signal as i32, PIDTYPE_TGID, 0) };
     if sent == 0 {
         // SAFETY: as above; a field written by this reading alone.
@@ -63,7 +59,7 @@ pub(crate) fn leash_kill(ctx: *mut c_void) -> i32 {
 
 /// Whether `task` is a thread of a live member of `tree` (by its entry's start time).
 #[inline(always)]
-fn is_members(task: *const u8, tree: u32) -> bool {
+fn is_thread_of_member(task: *const u8, tree: u32) -> bool {
     let Some(tgid) = read_task::<u32>(task, &TASK_TGID_OFFSET) else {
         return false;
     };

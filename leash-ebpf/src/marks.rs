@@ -29,8 +29,8 @@ use leash_common::{ALL_ACCOUNTS, EventKind, Mark, Member, TreeControl, flags, st
 
 use crate::programs::{
     BPF_NOEXIST, Counter, MEMBERS, SIGKILL, TASK_START_OFFSET, TASK_TGID_OFFSET, TREE_CONTROL,
-    add_to_account, add_to_tree, count, current_tgid, emit, group_dead, is_member, lsm_refusal,
-    parent_tgid, read_task, same_start, take_out_stale,
+    add_to_account, add_to_tree, count, current_tgid, emit, group_dead, is_member, iter_task,
+    lsm_refusal, parent_tgid, read_task, same_start, take_out_stale,
 };
 use crate::whois::task_pid;
 
@@ -173,12 +173,9 @@ fn tree_of(mark: &Mark) -> Option<TreeControl> {
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/task")]
 pub(crate) fn leash_reconcile(ctx: *mut c_void) -> i32 {
-    // SAFETY: the context of a task iterator is `struct bpf_iter__task { meta, task }`, two
-    // pointers: this reads the second, which the verifier checks as a context access.
-    let task = unsafe { *(ctx as *const *mut task_struct).add(1) };
-    if task.is_null() {
+    let Some(task) = iter_task::<task_struct>(ctx) else {
         return 0;
-    }
+    };
     if mark_as_member(task) {
         return 0;
     }

@@ -1,4 +1,5 @@
 use core::{
+    ffi::c_void,
     intrinsics::{AtomicOrdering, atomic_xadd},
     ptr::read_volatile,
 };
@@ -431,6 +432,16 @@ pub(crate) fn add_to_account(account: Account, delta: u64) {
         // as the map (see "Reading the hash maps"), and is only ever added to atomically.
         unsafe { add(joined, delta) };
     }
+}
+
+/// The task a task iterator's program is run for: its context is `struct bpf_iter__task {
+/// meta, task }`, two pointers. None for the last run, which has no task.
+#[inline(always)]
+pub(crate) fn iter_task<T>(ctx: *mut c_void) -> Option<*mut T> {
+    // SAFETY: reads the context's second pointer, which the verifier checks as a context
+    // access (a trusted task pointer, or null).
+    let task = unsafe { *(ctx as *const *mut T).add(1) };
+    (!task.is_null()).then_some(task)
 }
 
 /// Reads a `T` at the offset a global holds (read through a volatile load: see the globals).

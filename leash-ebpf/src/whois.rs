@@ -9,7 +9,7 @@ use core::{ffi::c_void, ptr::read_volatile};
 use aya_ebpf::{macros::map, maps::Array};
 use leash_common::{NamespaceOffsets, PID_NS_LEVELS, Whois};
 
-use crate::programs::{TASK_TGID_OFFSET, read_at, read_task};
+use crate::programs::{TASK_TGID_OFFSET, iter_task, read_at, read_task};
 
 #[map]
 static WHOIS: Array<Whois> = Array::with_max_entries(1, 0);
@@ -45,12 +45,10 @@ const USER_NS_LEVELS: usize = 33;
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/task")]
 pub(crate) fn leash_whois(ctx: *mut c_void) -> i32 {
-    // SAFETY: the context of a task iterator is `struct bpf_iter__task { meta, task }`, two
-    // pointers: this reads the second, which the verifier checks as a context access.
-    let task = unsafe { *(ctx as *const *const u8).add(1) };
-    if task.is_null() {
+    let Some(task) = iter_task::<u8>(ctx) else {
         return 0;
-    }
+    };
+    let task = task as *const u8;
     let Some(query) = WHOIS.get_ptr_mut(0) else {
         return 0;
     };
