@@ -42,7 +42,14 @@ pub(super) fn track(args: TrackArgs) -> Result<ExitCode> {
     // Members listed now may also have fork events waiting (they forked since registration):
     // each process is shown joining once.
     let mut shown = HashSet::new();
+    // The root first, as started: on a busy machine a short CMD can be gone before the map is
+    // read, and its exit is still to be shown.
+    if let (Some(child), Some(program)) = (&child, args.command.first()) {
+        println!("+ {:>7} {program}", child.id());
+        shown.insert(child.id());
+    }
     let mut members = tracker.members(tree)?;
+    members.retain(|member| !shown.contains(&member.pid));
     leash::kernel::fill_comms(&mut members);
     for member in members {
         println!("+ {:>7} {}", member.pid, member.comm.unwrap_or_default());
