@@ -244,6 +244,10 @@ pub struct StatusInfo {
     /// when they are not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pinned_at: Option<String>,
+    /// Pins that should be there and are not (removed by hand, or by something that took them
+    /// for its own): tracking then ends with the daemon after all. Absent when none is missing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pins_missing: Vec<String>,
 }
 
 /// The lease of a connection. The token lets another process (the `leash exec` shim) register

@@ -65,6 +65,7 @@ mod metrics;
 mod pid_namespace;
 mod pid_recycle;
 mod pidfd_register;
+mod pin_lock;
 mod pinned_tracker;
 mod policies;
 mod process_identity;

@@ -21,7 +21,7 @@ use std::{
 };
 
 use clap::{Parser, Subcommand};
-use leash::kernel::support::Unsupported;
+use leash::kernel::{PinsHeld, support::Unsupported};
 use leash_client::protocol::{DEFAULT_SOCKET, SOCKET_ENV};
 
 /// Keeps AI coding agents and everything they start on a leash. An eBPF program follows every
@@ -169,18 +169,21 @@ pub(crate) fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("leash: {e:#}");
-            if e.chain().any(|cause| cause.is::<Unsupported>()) {
-                // The unit does not restart a daemon that exits so: nothing would change.
-                return ExitCode::from(UNSUPPORTED_KERNEL);
+            if e.chain()
+                .any(|cause| cause.is::<Unsupported>() || cause.is::<PinsHeld>())
+            {
+                // The unit does not restart a daemon that exits so: nothing would change until
+                // someone acts (a kernel that lacks something, another daemon on the pins).
+                return ExitCode::from(NOT_RESTARTED);
             }
             failure
         }
     }
 }
 
-/// The exit code when the kernel cannot run leash (sysexits' EX_CONFIG). dist/leash.service
-/// names it in RestartPreventExitStatus=.
-const UNSUPPORTED_KERNEL: u8 = 78;
+/// The exit code when the kernel cannot run leash, or another daemon holds the pins (sysexits'
+/// EX_CONFIG). dist/leash.service names it in RestartPreventExitStatus=.
+const NOT_RESTARTED: u8 = 78;
 
 /// The exit code of `leash run` and `leash exec` when leash failed and the command never ran
 /// (127 and 126, a command not found or not executable, are the command's: exec_failure).

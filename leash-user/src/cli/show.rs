@@ -134,9 +134,14 @@ fn status_text(status: &StatusInfo) -> String {
     if let Some(membership) = &status.membership {
         text += &format!("membership: {}\n", membership_text(membership));
     }
-    text += &match &status.pinned_at {
-        Some(dir) => format!("pinned at {dir}: tracking goes on if the daemon dies\n"),
-        None => "not pinned: tracking ends with the daemon\n".to_owned(),
+    text += &match (&status.pinned_at, status.pins_missing.len()) {
+        (Some(dir), 0) => format!("pinned at {dir}: tracking goes on if the daemon dies\n"),
+        (Some(dir), missing) => format!(
+            "pinned at {dir}, but {missing} of its pins are gone (removed since it started): \
+             tracking ends with the daemon after all; a restart pins again (a stop kills its \
+             trees; `leash doctor` shows what is missing)\n"
+        ),
+        (None, _) => "not pinned: tracking ends with the daemon\n".to_owned(),
     };
     text
 }
@@ -248,6 +253,7 @@ mod tests {
             inserts_failed: 0,
             membership: None,
             pinned_at: None,
+            pins_missing: Vec::new(),
         };
         let text = status_text(&status);
         assert!(

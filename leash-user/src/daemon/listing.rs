@@ -21,7 +21,7 @@ use super::{
     registry::TreeEntry,
     shared::Daemon,
 };
-use crate::proc;
+use crate::{kernel::Pins, proc};
 
 /// The trees the client may see, with their members (and, `with_leases`, the leases that hold
 /// or held them). The member map is read once, and /proc once per listed member, by a blocking
@@ -139,6 +139,14 @@ pub(super) fn status(daemon: &Daemon, peer: &Peer) -> Result<Reply, Refusal> {
             .pinned_at
             .as_ref()
             .map(|dir| dir.display().to_string()),
+        pins_missing: daemon
+            .pinned_at
+            .as_deref()
+            .map(|dir| Pins::in_dir(dir).missing())
+            .unwrap_or_default()
+            .iter()
+            .map(|path| path.display().to_string())
+            .collect(),
     }))
 }
 

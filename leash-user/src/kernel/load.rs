@@ -1,6 +1,8 @@
 //! Loading: the programs loaded and attached afresh (pinned, or not), or taken over from the
 //! pins a previous daemon left.
 
+use std::path::Path;
+
 use anyhow::{Context, Result, bail};
 use aya::maps::{HashMap, Map, MapData, RingBuf};
 use leash_common::{ALL_ACCOUNTS, MEMBER_RESERVE, map, program};
@@ -10,6 +12,7 @@ use super::{
     descent::Descent,
     maps::BPF_NOEXIST,
     marks::Marks,
+    pin_lock::PinLock,
     pins::Pins,
     programs::{link_fd, take_map},
     ptrace_guard::{Guard, GuardChoice},
@@ -31,8 +34,23 @@ impl Tracker {
     /// if this process dies. If a previous process left its pins there, takes them over
     /// instead: its programs and maps, with every tree and member they hold (`capacity` is
     /// then theirs).
-    pub fn load_pinned(capacity: Capacity, root: &std::path::Path) -> Result<(Self, Origin)> {
-        let mut pins = Pins::at(root)?;
+    ///
+    /// Holds `root`'s lock for its life: while another live process holds it, this fails with
+    /// a [`PinsHeld`](super::PinsHeld) error before anything is read or removed.
+    pub fn load_pinned(capacity: Capacity, root: &Path) -> Result<(Self, Origin)> {
+        let (pins, lock) = locked_pins(root)?;
+        let (mut tracker, origin) = Self::load_locked(capacity, root, pins, &lock)?;
+        tracker.pin_lock = Some(lock);
+        Ok((tracker, origin))
+    }
+
+    /// [`Tracker::load_pinned`], under the lock.
+    fn load_locked(
+        capacity: Capacity,
+        root: &Path,
+        mut pins: Pins,
+        lock: &PinLock,
+    ) -> Result<(Self, Origin)> {
         for other in pins.other_versions() {
             tracing::warn!(
                 pins = %other.display(),
@@ -62,14 +80,14 @@ impl Tracker {
                 dir = %pins.dir().display(),
                 "removing incomplete pins (a daemon died while pinning)"
             );
-            pins.remove()?;
+            pins.remove(lock)?;
             pins = Pins::at(root)?;
         }
         let loaded = match Attached::load(capacity)?.pin(&mut pins) {
             Ok(pinned) => pinned,
             Err(e) => {
                 // Half-pinned programs would go on running with nobody to read their maps.
-                let _ = pins.remove();
+                let _ = pins.remove(lock);
                 return Err(e);
             }
         };
@@ -131,6 +149,7 @@ impl Tracker {
             marks,
             fork_misses_seen: 0,
             pins,
+            pin_lock: None,
             whois: whois.into(),
             descent,
             guard,
@@ -247,6 +266,7 @@ impl Tracker {
             descent,
             programs: listed(pins.pinned_programs()),
             pins: Some(pins),
+            pin_lock: None,
             guard,
             _links: Vec::new(),
             _programs: None,
@@ -264,4 +284,21 @@ impl Tracker {
         );
         Ok(tracker)
     }
+}
+
+/// The pins under `root` (made if missing) and their lock.
+fn locked_pins(root: &Path) -> Result<(Pins, PinLock)> {
+    // A daemon that stops removes the directory as its last act: it may be gone between its
+    // making here and the lock, to be made again.
+    for _ in 0..3 {
+        let pins = Pins::at(root)?;
+        if let Some(lock) = PinLock::take(root)? {
+            return Ok((pins, lock));
+        }
+    }
+    bail!(
+        "{} was removed each time this daemon locked it: is another daemon starting and \
+         stopping on it?",
+        root.display()
+    )
 }

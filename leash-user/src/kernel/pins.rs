@@ -21,6 +21,7 @@ use leash_common::{ABI_VERSION, map};
 
 use super::{
     link::{HeldLink, kprobe_links_pin, tracepoint_links_pin},
+    pin_lock::PinLock,
     programs::{self, Layer, Program},
     ptrace_guard::Guard,
 };
@@ -54,6 +55,14 @@ impl Pins {
     pub fn existing(root: &Path) -> Self {
         Self {
             dir: root.join(format!("v{ABI_VERSION}")),
+            links: Vec::new(),
+        }
+    }
+
+    /// The pins in `dir` (a [`Pins::dir`]), as they are, to look at.
+    pub fn in_dir(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
             links: Vec::new(),
         }
     }
@@ -256,10 +265,10 @@ impl Pins {
             .with_context(|| format!("opening the pinned link {}", path.display()))
     }
 
-    /// Removes every pin, and the pins' root if nothing else is left in it (no other ABI's
-    /// pins): a stopped service leaves nothing on bpffs. The programs detach when the last
-    /// descriptor of their link closes, and the maps go when nothing holds them.
-    pub fn remove(self) -> Result<()> {
+    /// Removes every pin of this ABI. Only the lock's holder may: it proves no other daemon
+    /// holds these pins. The programs detach when the last descriptor of their link closes, and
+    /// the maps go when nothing holds them.
+    pub fn remove(self, _held: &PinLock) -> Result<()> {
         for link in self.links {
             // Unpinning removes the file; dropping the link closes its descriptor.
             let _ = link.unpin();
@@ -268,7 +277,16 @@ impl Pins {
             fs::remove_dir_all(&self.dir)
                 .with_context(|| format!("removing the pins in {}", self.dir.display()))?;
         }
-        if let Some(root) = self.dir.parent() {
+        Ok(())
+    }
+
+    /// [`Pins::remove`], and the root directory too when nothing else is left in it (a clean
+    /// shutdown leaves nothing behind; the lock is on that directory, so only its holder's
+    /// last act may remove it: the next daemon checks that what it locked is still there).
+    pub fn remove_all(self, held: &PinLock) -> Result<()> {
+        let root = self.dir.parent().map(Path::to_path_buf);
+        self.remove(held)?;
+        if let Some(root) = root {
             // Fails, and leaves it, when it is not empty.
             let _ = fs::remove_dir(root);
         }

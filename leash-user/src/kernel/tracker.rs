@@ -14,6 +14,7 @@ use super::{
     descent::Descent,
     link::HeldLink,
     marks::{Marks, Membership},
+    pin_lock::PinLock,
     pins::Pins,
     programs::Program,
     ptrace_guard::Guard,
@@ -41,6 +42,9 @@ pub struct Tracker {
     /// The fork programs' skips when [`Tracker::reconcile_after_skips`] last looked.
     pub(super) fork_misses_seen: u64,
     pub(super) pins: Option<Pins>,
+    /// The pin directory's lock, held as long as this tracker (see `pin_lock`): after
+    /// [`Tracker::unpin`] too, until the programs are gone.
+    pub(super) pin_lock: Option<PinLock>,
     pub(super) whois: std::sync::Arc<Whois>,
     /// The descent iterator, where it attached (see `kernel::descent`).
     pub(super) descent: Option<std::sync::Arc<Descent>>,
@@ -78,9 +82,9 @@ impl Deref for Tracker {
 impl Tracker {
     /// Removes the pins (a clean shutdown): the programs detach when this tracker is dropped.
     pub fn unpin(&mut self) -> Result<()> {
-        match self.pins.take() {
-            Some(pins) => pins.remove(),
-            None => Ok(()),
+        match (self.pins.take(), &self.pin_lock) {
+            (Some(pins), Some(lock)) => pins.remove_all(lock),
+            _ => Ok(()),
         }
     }
 

@@ -194,6 +194,7 @@ mod tests {
             inserts_failed: 0,
             membership: None,
             pinned_at: None,
+            pins_missing: Vec::new(),
         }
     }
 
