@@ -143,8 +143,13 @@ enum Commands {
 }
 
 pub(crate) fn main() -> ExitCode {
-    logging::init();
     let cli = Cli::parse();
+    logging::init(match cli.command {
+        // What loading the programs says is the daemon's news; `track` prints its tree, and
+        // its log keeps to warnings.
+        Commands::Track(_) => "warn",
+        _ => "info",
+    });
     // `run` and `exec` exit with their command's status; their own failures need a code of
     // their own, which a command rarely uses (as env, nohup and docker run do).
     let failure = match cli.command {

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use leash::{Capacity, Tracker, TreeEvent, TreeStatus};
+use leash::{Capacity, Tracker, TreeEvent, TreeStatus, kernel::GuardChoice};
 use leash_common::{EventKind, Pid};
 
 #[derive(Args, Debug)]
@@ -28,6 +28,9 @@ pub(super) struct TrackArgs {
 pub(super) fn track(args: TrackArgs) -> Result<ExitCode> {
     let capacity = Capacity {
         members: args.max_members,
+        // The guard SIGKILLs (or refuses) a member's ptrace of a process outside its tree:
+        // tracking kills nothing, and guards nothing.
+        ptrace_guard: GuardChoice::Off,
         ..Capacity::default()
     };
     let mut tracker = Tracker::load(capacity)?;

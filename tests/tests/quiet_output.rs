@@ -1,0 +1,77 @@
+//! Quiet, honest output: a printing command whose reader is gone (`leash ls | head`) ends
+//! quietly with status 0, as ps and systemctl do, not with `leash: Broken pipe`; `leash run`
+//! and `leash track` take their command with or without `--`; `leash track`, which needs no
+//! ptrace guard, loads none and says nothing of one; a `leash run` with no daemon names
+//! `leash doctor`; a daemon's start says its guard and its membership once each, and not its
+//! open file limit.
+
+use std::{
+    io::Read,
+    process::{Child, Command, ExitStatus, Stdio},
+    thread,
+    time::Duration,
+};
+
+use leash_tests::{
+    daemon::{Daemon, path_str},
+    leash_binary, wait_for,
+};
+
+/// Waits for `child` (a minute at most: each of these is quick), returning its status and
+/// stderr.
+fn finish(mut child: Child) -> (ExitStatus, String) {
+    let mut stderr = child.stderr.take().expect("stderr piped");
+    let reader = thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let mut status = None;
+    let done = wait_for(Duration::from_secs(60), || {
+        status = child.try_wait().ok().flatten();
+        status.is_some()
+    });
+    if !done {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{child:?} did not finish within a minute");
+    }
+    (status.unwrap(), reader.join().unwrap())
+}
+
+/// At INFO, a start says which ptrace guard is in place once, and why the better ones are not
+/// on the same line; the membership once; the open file limit only if it is low.
+#[test]
+fn a_daemon_start_says_its_guard_and_membership_once_each() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let log = daemon.log();
+    let start: Vec<&str> = log
+        .lines()
+        .take_while(|line| !line.contains("leash daemon serving"))
+        .collect();
+    let said = |what: &str| start.iter().filter(|line| line.contains(what)).count();
+    // (On a kernel that may skip fmod_ret, a kprobe beside it failing is a warning of its own.)
+    let guard_lines = start
+        .iter()
+        .filter(|line| line.contains("ptrace guard") && !line.contains("beside"))
+        .count();
+    assert_eq!(guard_lines, 1, "{log}");
+    assert_eq!(said(" guard="), 1, "{log}");
+    assert_eq!(said(" membership="), 1, "{log}");
+    assert_eq!(said("membership"), 1, "{log}");
+    let limit = start.iter().find(|line| line.contains("open file limit"));
+    assert!(
+        limit.is_none_or(|line| line.contains(" WARN ")),
+        "the open file limit is news only when low: {log}"
+    );
+    // A guard in place is not a warning (its line says what it leaves open), no guard is.
+    for line in start.iter().filter(|line| line.contains(" guard=")) {
+        assert_eq!(
+            line.contains(" WARN "),
+            line.contains("guard=\"none\""),
+            "{line}"
+        );
+    }
+}
