@@ -487,9 +487,6 @@ pub(super) fn kill(socket: &Path, args: KillArgs) -> Result<ExitCode> {
         }) => bail!("{message}"),
         Err(error) => return Err(error.into()),
     };
-    println!(
-        "tree {} is empty: {} sent SIGTERM, {} SIGKILLs in {} rounds, {} ms",
-        summary.tree, summary.terminated, summary.killed, summary.rounds, summary.elapsed_ms
-    );
+    println!("tree {}: {}", summary.tree, super::counts::kill(&summary));
     Ok(ExitCode::SUCCESS)
 }

@@ -1,5 +1,6 @@
 //! Command-line interface: clap commands over the library.
 
+mod counts;
 mod daemon;
 mod doctor;
 mod duration;
