@@ -39,6 +39,45 @@ fn finish(mut child: Child) -> (ExitStatus, String) {
     (status.unwrap(), reader.join().unwrap())
 }
 
+/// Runs `command` with stdout a pipe whose read end is already closed: its first write fails
+/// with EPIPE.
+fn with_stdout_closed(mut command: Command) -> (ExitStatus, String) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The command's copy of the write end is its own: this one goes.
+    drop(command);
+    finish(child)
+}
+
+#[test]
+fn a_printing_command_whose_reader_is_gone_ends_quietly() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let socket = path_str(&daemon.socket);
+    for argv in [
+        &["ls"][..],
+        &["ls", "--json"],
+        &["status"],
+        &["status", "--json"],
+        &["completions", "bash"],
+        &["--help"],
+        &["--version"],
+    ] {
+        let mut command = Command::new(leash_binary());
+        command.args(["--socket", socket]).args(argv);
+        let (status, stderr) = with_stdout_closed(command);
+        assert_eq!(stderr, "", "leash {argv:?} said on stderr");
+        assert!(status.success(), "leash {argv:?}: {status}");
+    }
+}
+
 /// At INFO, a start says which ptrace guard is in place once, and why the better ones are not
 /// on the same line; the membership once; the open file limit only if it is low.
 #[test]

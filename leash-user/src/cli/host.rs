@@ -361,7 +361,7 @@ pub(super) fn adopt(socket: &Path, args: AdoptArgs) -> Result<ExitCode> {
         .and_then(|token| adopt_by_pidfd(socket, args.pid, &token, &args.enforcement));
     match (registered, &mut status) {
         (Ok(tree), Some(status)) => status.registered_as(args.pid, tree),
-        (Ok(tree), None) => println!("{tree}"),
+        (Ok(tree), None) => writeln!(super::stdout::lock(), "{tree}")?,
         (Err(error), None) => return Err(error),
         (Err(error), Some(status)) => {
             status.refused(&error);
@@ -487,6 +487,11 @@ pub(super) fn kill(socket: &Path, args: KillArgs) -> Result<ExitCode> {
         }) => bail!("{message}"),
         Err(error) => return Err(error.into()),
     };
-    println!("tree {}: {}", summary.tree, super::counts::kill(&summary));
+    writeln!(
+        super::stdout::lock(),
+        "tree {}: {}",
+        summary.tree,
+        super::counts::kill(&summary)
+    )?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,5 +1,9 @@
 //! Command-line interface: clap commands over the library.
 
+// Standard output goes through `stdout`, which ends a command quietly when its reader is gone;
+// `println!` would panic there instead.
+#![deny(clippy::print_stdout)]
+
 mod counts;
 mod daemon;
 mod doctor;
@@ -10,6 +14,7 @@ mod generate;
 mod host;
 mod logging;
 mod show;
+mod stdout;
 mod timestamp;
 mod track;
 mod view;
@@ -173,6 +178,8 @@ pub(crate) fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // Whoever read stdout is gone (`leash ls | head`): nothing to say, nobody to say it to.
+        Err(_) if stdout::reader_gone() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("leash: {e:#}");
             if e.chain().any(|cause| cause.is::<Unsupported>()) {

@@ -2,7 +2,7 @@
 //! The JSON shapes are the protocol's (docs/JSON.md).
 
 use std::{
-    io::{IsTerminal, Write},
+    io::Write,
     path::Path,
     process::ExitCode,
     thread,
@@ -29,7 +29,7 @@ pub(super) struct ShowArgs {
 /// `--json` lists once (with each process's CPU time so far).
 pub(super) fn ls(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
     let mut client = Client::connect_to(socket)?;
-    let mut out = std::io::stdout().lock();
+    let mut out = super::stdout::lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &client.list()?)?;
         writeln!(out)?;
@@ -61,7 +61,7 @@ pub(super) fn ls(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
 
 pub(super) fn status(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
     let status = Client::connect_to(socket)?.status()?;
-    let mut out = std::io::stdout().lock();
+    let mut out = super::stdout::lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &status)?;
         writeln!(out)?;

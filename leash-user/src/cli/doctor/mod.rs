@@ -19,7 +19,7 @@ mod kernel;
 mod report;
 
 use std::{
-    io::{self, Write},
+    io::Write,
     path::{Path, PathBuf},
     process::ExitCode,
 };
@@ -91,7 +91,7 @@ pub(super) fn doctor(socket: &Path, args: DoctorArgs) -> Result<ExitCode> {
         socket: socket.to_owned(),
         findings,
     };
-    let mut out = io::stdout().lock();
+    let mut out = super::stdout::lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;

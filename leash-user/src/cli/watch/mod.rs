@@ -183,7 +183,7 @@ fn has_terminal() -> bool {
 fn watch_json(socket: &Path) -> Result<ExitCode> {
     let mut events = Client::connect_to(socket)?;
     events.subscribe()?;
-    let mut out = std::io::stdout().lock();
+    let mut out = super::stdout::lock();
     loop {
         let event = match events.next_event(None) {
             Ok(Some(event)) => event,
