@@ -78,6 +78,62 @@ fn a_printing_command_whose_reader_is_gone_ends_quietly() {
     }
 }
 
+/// `leash run` takes its command as systemd-run, timeout and docker run do: after `--` or
+/// not; its own options come before the command, and what follows the command's name is the
+/// command's, options too.
+#[test]
+fn leash_run_takes_its_command_with_or_without_dashes() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let run = |args: &[&str]| {
+        let child = daemon
+            .leash()
+            .arg("run")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (status, stderr) = finish(child);
+        (status.code(), stderr)
+    };
+    assert_eq!(run(&["sh", "-c", "exit 3"]), (Some(3), String::new()));
+    assert_eq!(run(&["--", "sh", "-c", "exit 4"]), (Some(4), String::new()));
+    assert_eq!(
+        run(&["--grace", "1", "sh", "-c", "exit 5"]),
+        (Some(5), String::new())
+    );
+    // `--grace 5` after the command's name is the command's: two arguments.
+    assert_eq!(
+        run(&["sh", "-c", "exit $#", "sh", "--grace", "5"]),
+        (Some(2), String::new())
+    );
+}
+
+#[test]
+fn leash_track_takes_its_command_without_dashes_and_says_nothing_of_a_guard() {
+    for dashes in [&[][..], &["--"]] {
+        let child = Command::new(leash_binary())
+            .arg("track")
+            .args(dashes)
+            .args(["sh", "-c", "exit 3"])
+            .env_remove("LEASH_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (status, stderr) = finish(child);
+        assert_eq!(status.code(), Some(3), "{dashes:?}: {stderr}");
+        assert!(
+            !stderr.contains("guard"),
+            "{dashes:?}: track needs no ptrace guard, and says nothing of one:\n{stderr}"
+        );
+    }
+}
+
 /// At INFO, a start says which ptrace guard is in place once, and why the better ones are not
 /// on the same line; the membership once; the open file limit only if it is low.
 #[test]

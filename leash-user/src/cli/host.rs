@@ -50,8 +50,9 @@ impl EnforcementArgs {
 pub(super) struct RunArgs {
     #[command(flatten)]
     enforcement: EnforcementArgs,
-    /// The command, the root of the tree.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command, the root of the tree: after `--`, or as it is (`leash run make -j4`; the
+    /// options of `leash run` come before it, and what follows its name is its own).
+    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     command: Vec<String>,
 }
 
@@ -80,8 +81,9 @@ pub(super) struct ExecArgs {
     argv0: Option<String>,
     #[command(flatten)]
     enforcement: EnforcementArgs,
-    /// The command to exec once registered.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command to exec once registered: after `--`, or as it is (the options of `leash
+    /// exec` come before it).
+    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     command: Vec<String>,
 }
 

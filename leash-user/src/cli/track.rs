@@ -21,8 +21,9 @@ pub(super) struct TrackArgs {
     /// How many processes can be tracked at once.
     #[arg(long, default_value_t = Capacity::default().members)]
     max_members: u32,
-    /// The command to start as the root of the tree.
-    #[arg(last = true, value_name = "CMD")]
+    /// The command to start as the root of the tree (after `--`, or as it is: `leash track
+    /// make -j4`; the options of `leash track` come before it).
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
     command: Vec<String>,
 }
 
@@ -41,7 +42,7 @@ pub(super) fn track(args: TrackArgs) -> Result<ExitCode> {
             let (tree, child) = tracker.spawn(Command::new(program).args(rest))?;
             (tree, Some(child))
         }
-        (None, None) => bail!("give a command after `--`, or --pid"),
+        (None, None) => bail!("give a command to start (leash track CMD...), or --pid"),
     };
     // Members listed now may also have fork events waiting (they forked since registration):
     // each process is shown joining once.
