@@ -134,6 +134,22 @@ fn leash_track_takes_its_command_without_dashes_and_says_nothing_of_a_guard() {
     }
 }
 
+#[test]
+fn a_run_with_no_daemon_names_leash_doctor() {
+    let socket = format!("/nonexistent/leash-quiet-{}/leash.sock", std::process::id());
+    let child = Command::new(leash_binary())
+        .args(["--socket", &socket, "run", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, stderr) = finish(child);
+    assert_eq!(status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains(&socket), "{stderr}");
+    assert!(stderr.contains("`leash doctor`"), "{stderr}");
+}
+
 /// At INFO, a start says which ptrace guard is in place once, and why the better ones are not
 /// on the same line; the membership once; the open file limit only if it is low.
 #[test]

@@ -182,6 +182,16 @@ pub(crate) fn main() -> ExitCode {
         Err(_) if stdout::reader_gone() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("leash: {e:#}");
+            if e.chain().any(|cause| {
+                matches!(
+                    cause.downcast_ref::<leash_client::Error>(),
+                    Some(leash_client::Error::Connect { .. })
+                )
+            }) {
+                eprintln!(
+                    "leash: `leash doctor` checks the daemon and this machine, and says what to fix"
+                );
+            }
             if e.chain().any(|cause| cause.is::<Unsupported>()) {
                 // The unit does not restart a daemon that exits so: nothing would change.
                 return ExitCode::from(UNSUPPORTED_KERNEL);
