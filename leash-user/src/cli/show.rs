@@ -134,6 +134,8 @@ fn status_text(status: &StatusInfo) -> String {
     if let Some(membership) = &status.membership {
         text += &format!("membership: {}\n", membership_text(membership));
     }
+    // From the programs listed: every daemon lists them.
+    text += &format!("{}\n", super::doctor::guard_of(&status.programs).describe());
     text += &match &status.pinned_at {
         Some(dir) => format!("pinned at {dir}: tracking goes on if the daemon dies\n"),
         None => "not pinned: tracking ends with the daemon\n".to_owned(),
@@ -250,6 +252,7 @@ mod tests {
             pinned_at: None,
         };
         let text = status_text(&status);
+        assert!(text.contains("\nno ptrace guard: "), "{text}");
         assert!(
             text.contains("\nhosts' leases: 2\nother connections: 1 (viewers, probes, this one)\n"),
             "{text}"
