@@ -93,7 +93,8 @@ fn ls_text(listing: &Listing, now_ns: u64, cpu: &CpuRates, users: &Users) -> Str
         }
         if tree.members_truncated {
             let more = tree.member_count.saturating_sub(tree.members.len() as u64);
-            text += &format!("  ... and {more} more members, not listed\n");
+            let more = super::counts::count(more, "more member", "more members");
+            text += &format!("  ... and {more}, not listed\n");
         }
     }
     for lease in tree_less() {
