@@ -101,6 +101,13 @@ fn leash_run_says_when_its_tree_was_killed_from_outside() {
     let tree = tree.unwrap().to_string();
     let killed = daemon.leash().args(["kill", &tree]).output().unwrap();
     assert!(killed.status.success(), "{killed:?}");
+    // What the kill did, in a person's words: its time and its signals, not its rounds.
+    let said = String::from_utf8_lossy(&killed.stdout);
+    assert!(
+        said.starts_with(&format!("tree {tree}: killed in ")) && said.contains("SIGTERM to "),
+        "{said}"
+    );
+    assert!(!said.contains("round"), "{said}");
     let (status, stderr) = ended(run);
     assert_eq!(status, Some(143), "{stderr}");
     assert_eq!(

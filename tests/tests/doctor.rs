@@ -12,6 +12,7 @@ use std::{
     time::Duration,
 };
 
+use leash_common::program;
 use leash_tests::{
     Removed,
     daemon::{Daemon, path_str, setpriv_args},
@@ -135,6 +136,21 @@ fn program_loaded(name: &str) -> bool {
         .any(|program| program.name_as_str() == Some(name))
 }
 
+/// Whether the daemon's guard is the fallback tracepoints (which leave /proc/PID/mem open),
+/// from the programs its status lists.
+fn guard_is_the_fallback(daemon: &Daemon) -> bool {
+    let programs = daemon.client().status().unwrap().programs;
+    let listed = |name: &str| programs.iter().any(|p| p.split(' ').next() == Some(name));
+    listed(program::PTRACE_ATTACH_TP)
+        && ![
+            program::PTRACE_GUARD_LSM,
+            program::PTRACE_GUARD,
+            program::PTRACE_GUARD_KPROBE,
+        ]
+        .into_iter()
+        .any(listed)
+}
+
 #[test]
 fn with_the_daemon_running_every_finding_is_ok() {
     let Some(daemon) = Daemon::start(&[]) else {
@@ -142,13 +158,21 @@ fn with_the_daemon_running_every_finding_is_ok() {
     };
     let pins = path_str(&daemon.pins).to_owned();
     let run = Doctor::run(doctor(path_str(&daemon.socket), &["--pin-dir", &pins]));
+    // But the guard, where the kernel takes only the fallback: a warning of its own.
+    let fallback = guard_is_the_fallback(&daemon);
+    assert_eq!(
+        run.status("ptrace_guard"),
+        if fallback { "warn" } else { "ok" },
+        "{:#}",
+        run.report
+    );
     let not_ok: Vec<_> = run
         .statuses()
         .into_iter()
-        .filter(|(_, status)| status != "\"ok\"")
+        .filter(|(name, status)| status != "\"ok\"" && name != "\"ptrace_guard\"")
         .collect();
     assert!(not_ok.is_empty(), "not ok: {not_ok:?} in {:#}", run.report);
-    assert_eq!(run.report["verdict"], "ok");
+    assert_eq!(run.report["verdict"], if fallback { "warn" } else { "ok" });
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(run.report["daemon_version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(run.report["version"], env!("CARGO_PKG_VERSION"));
@@ -163,7 +187,8 @@ fn with_the_daemon_running_every_finding_is_ok() {
     assert!(at("kernel") < at("bpf_syscall") && at("bpf_syscall") < at("tp_btf"));
     assert!(at("tp_btf") < at("bpffs") && at("bpffs") < at("socket_dir"));
     assert!(at("socket_dir") < at("pid_namespace") && at("pid_namespace") < at("daemon"));
-    assert!(at("daemon") < at("pins"));
+    assert!(at("daemon") < at("membership") && at("membership") < at("ptrace_guard"));
+    assert!(at("ptrace_guard") < at("pins"));
     // The tp_btf probe loaded and attached a program: it is gone with doctor (nothing pinned,
     // no link left).
     assert!(
@@ -341,4 +366,31 @@ fn a_socket_that_never_answers_fails_the_daemon_check_in_bounded_time() {
         "doctor gave up on the silent socket after {:?}",
         started.elapsed()
     );
+}
+
+/// The guard the daemon has in place, as its status lists it: the fallback tracepoints leave
+/// /proc/PID/mem open, and no guard leaves everything open; either is a warning, with a fix,
+/// and neither fails the verdict.
+#[test]
+fn a_guard_that_leaves_proc_mem_open_warns() {
+    for (choice, fix) in [("tracepoints", "journalctl"), ("off", "--ptrace-guard off")] {
+        let Some(daemon) = Daemon::start(&["--ptrace-guard", choice]) else {
+            return;
+        };
+        let pins = path_str(&daemon.pins).to_owned();
+        let run = Doctor::run(doctor(path_str(&daemon.socket), &["--pin-dir", &pins]));
+        assert_eq!(
+            run.status("ptrace_guard"),
+            "warn",
+            "{choice}: {:#}",
+            run.report
+        );
+        assert!(
+            run.fix("ptrace_guard").contains(fix),
+            "{choice}: {:#}",
+            run.report
+        );
+        assert_eq!(run.report["verdict"], "warn", "{choice}: {:#}", run.report);
+        assert_eq!(run.code, 0, "{choice}: {}", run.stderr);
+    }
 }

@@ -70,6 +70,7 @@ mod pinned_tracker;
 mod policies;
 mod process_identity;
 mod ptrace_guard;
+mod quiet_output;
 mod root_exit;
 mod run_refused;
 mod run_status;

@@ -116,7 +116,8 @@ pub(super) fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
             "open file limit is low: it bounds the connections served at once (raise the hard \
              limit, e.g. LimitNOFILE= in a systemd unit)"
         ),
-        Ok(limit) => tracing::info!(
+        // Enough: news only when looked for.
+        Ok(limit) => tracing::debug!(
             soft = limit.soft,
             hard = limit.hard,
             was = limit.was,

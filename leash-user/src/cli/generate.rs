@@ -50,7 +50,7 @@ pub(super) fn completions(args: CompletionsArgs) -> Result<ExitCode> {
     };
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut super::Cli::command(), "leash", &mut script);
-    let mut stdout = std::io::stdout().lock();
+    let mut stdout = super::stdout::lock();
     stdout.write_all(&script)?;
     stdout.flush()?;
     Ok(ExitCode::SUCCESS)
@@ -62,8 +62,9 @@ pub(super) fn manpages(args: ManpagesArgs) -> Result<ExitCode> {
     let mut cli = for_man(super::Cli::command().disable_help_subcommand(true));
     // Gives every subcommand its display name ("leash-run"), which names its page.
     cli.build();
+    let mut out = super::stdout::lock();
     for page in pages(&cli, &args.dir)? {
-        println!("{}", page.display());
+        writeln!(out, "{}", page.display())?;
     }
     Ok(ExitCode::SUCCESS)
 }

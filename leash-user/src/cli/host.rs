@@ -50,8 +50,9 @@ impl EnforcementArgs {
 pub(super) struct RunArgs {
     #[command(flatten)]
     enforcement: EnforcementArgs,
-    /// The command, the root of the tree.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command, the root of the tree: after `--`, or as it is (`leash run make -j4`; the
+    /// options of `leash run` come before it, and what follows its name is its own).
+    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     command: Vec<String>,
 }
 
@@ -80,8 +81,9 @@ pub(super) struct ExecArgs {
     argv0: Option<String>,
     #[command(flatten)]
     enforcement: EnforcementArgs,
-    /// The command to exec once registered.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command to exec once registered: after `--`, or as it is (the options of `leash
+    /// exec` come before it).
+    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     command: Vec<String>,
 }
 
@@ -361,7 +363,7 @@ pub(super) fn adopt(socket: &Path, args: AdoptArgs) -> Result<ExitCode> {
         .and_then(|token| adopt_by_pidfd(socket, args.pid, &token, &args.enforcement));
     match (registered, &mut status) {
         (Ok(tree), Some(status)) => status.registered_as(args.pid, tree),
-        (Ok(tree), None) => println!("{tree}"),
+        (Ok(tree), None) => writeln!(super::stdout::lock(), "{tree}")?,
         (Err(error), None) => return Err(error),
         (Err(error), Some(status)) => {
             status.refused(&error);
@@ -487,9 +489,11 @@ pub(super) fn kill(socket: &Path, args: KillArgs) -> Result<ExitCode> {
         }) => bail!("{message}"),
         Err(error) => return Err(error.into()),
     };
-    println!(
-        "tree {} is empty: {} sent SIGTERM, {} SIGKILLs in {} rounds, {} ms",
-        summary.tree, summary.terminated, summary.killed, summary.rounds, summary.elapsed_ms
-    );
+    writeln!(
+        super::stdout::lock(),
+        "tree {}: {}",
+        summary.tree,
+        super::counts::kill(&summary)
+    )?;
     Ok(ExitCode::SUCCESS)
 }

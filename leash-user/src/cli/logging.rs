@@ -19,9 +19,9 @@ const FORMAT_ENV: &str = "LEASH_LOG_FORMAT";
 /// (tracing-journald uppercases the names and joins the prefix with `_`).
 const JOURNAL_FIELD_PREFIX: &str = "LEASH";
 
-/// Sets up the log for the whole process.
-pub(super) fn init() {
-    let filter = || EnvFilter::try_from_env(LEVEL_ENV).unwrap_or_else(|_| EnvFilter::new("info"));
+/// Sets up the log for the whole process: at `default` (`info`) unless LEASH_LOG says.
+pub(super) fn init(default: &'static str) {
+    let filter = || EnvFilter::try_from_env(LEVEL_ENV).unwrap_or_else(|_| EnvFilter::new(default));
     let format = std::env::var(FORMAT_ENV).ok();
     let (journald, unknown_format) = match format.as_deref() {
         Some("journald") => (true, None),

@@ -1,5 +1,10 @@
 //! Command-line interface: clap commands over the library.
 
+// Standard output goes through `stdout`, which ends a command quietly when its reader is gone;
+// `println!` would panic there instead.
+#![deny(clippy::print_stdout)]
+
+mod counts;
 mod daemon;
 mod doctor;
 mod duration;
@@ -9,6 +14,7 @@ mod generate;
 mod host;
 mod logging;
 mod show;
+mod stdout;
 mod timestamp;
 mod track;
 mod view;
@@ -143,8 +149,13 @@ enum Commands {
 }
 
 pub(crate) fn main() -> ExitCode {
-    logging::init();
     let cli = Cli::parse();
+    logging::init(match cli.command {
+        // What loading the programs says is the daemon's news; `track` prints its tree, and
+        // its log keeps to warnings.
+        Commands::Track(_) => "warn",
+        _ => "info",
+    });
     // `run` and `exec` exit with their command's status; their own failures need a code of
     // their own, which a command rarely uses (as env, nohup and docker run do).
     let failure = match cli.command {
@@ -167,8 +178,20 @@ pub(crate) fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // Whoever read stdout is gone (`leash ls | head`): nothing to say, nobody to say it to.
+        Err(_) if stdout::reader_gone() => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("leash: {e:#}");
+            if e.chain().any(|cause| {
+                matches!(
+                    cause.downcast_ref::<leash_client::Error>(),
+                    Some(leash_client::Error::Connect { .. })
+                )
+            }) {
+                eprintln!(
+                    "leash: `leash doctor` checks the daemon and this machine, and says what to fix"
+                );
+            }
             if e.chain()
                 .any(|cause| cause.is::<Unsupported>() || cause.is::<PinsHeld>())
             {

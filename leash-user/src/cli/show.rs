@@ -2,7 +2,7 @@
 //! The JSON shapes are the protocol's (docs/JSON.md).
 
 use std::{
-    io::{IsTerminal, Write},
+    io::Write,
     path::Path,
     process::ExitCode,
     thread,
@@ -29,7 +29,7 @@ pub(super) struct ShowArgs {
 /// `--json` lists once (with each process's CPU time so far).
 pub(super) fn ls(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
     let mut client = Client::connect_to(socket)?;
-    let mut out = std::io::stdout().lock();
+    let mut out = super::stdout::lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &client.list()?)?;
         writeln!(out)?;
@@ -61,7 +61,7 @@ pub(super) fn ls(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
 
 pub(super) fn status(socket: &Path, args: ShowArgs) -> Result<ExitCode> {
     let status = Client::connect_to(socket)?.status()?;
-    let mut out = std::io::stdout().lock();
+    let mut out = super::stdout::lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &status)?;
         writeln!(out)?;
@@ -93,7 +93,8 @@ fn ls_text(listing: &Listing, now_ns: u64, cpu: &CpuRates, users: &Users) -> Str
         }
         if tree.members_truncated {
             let more = tree.member_count.saturating_sub(tree.members.len() as u64);
-            text += &format!("  ... and {more} more members, not listed\n");
+            let more = super::counts::count(more, "more member", "more members");
+            text += &format!("  ... and {more}, not listed\n");
         }
     }
     for lease in tree_less() {
@@ -134,6 +135,8 @@ fn status_text(status: &StatusInfo) -> String {
     if let Some(membership) = &status.membership {
         text += &format!("membership: {}\n", membership_text(membership));
     }
+    // From the programs listed: every daemon lists them.
+    text += &format!("{}\n", super::doctor::guard_of(&status.programs).describe());
     text += &match (&status.pinned_at, status.pins_missing.len()) {
         (Some(dir), 0) => format!("pinned at {dir}: tracking goes on if the daemon dies\n"),
         (Some(dir), missing) => format!(
@@ -256,6 +259,7 @@ mod tests {
             pins_missing: Vec::new(),
         };
         let text = status_text(&status);
+        assert!(text.contains("\nno ptrace guard: "), "{text}");
         assert!(
             text.contains("\nhosts' leases: 2\nother connections: 1 (viewers, probes, this one)\n"),
             "{text}"

@@ -113,7 +113,11 @@ pub(super) fn member_line(row: &Row, users: &Users) -> String {
 /// under CPU% and RSS, and what it is in the place of the command. Its totals are of the listed
 /// members, and say so when some are not listed.
 pub(super) fn tree_line(label: &str, tree: &TreeInfo, cpu_tenths: Option<u64>) -> String {
-    let mut about = format!("{}  {} members", tree.state, tree.member_count);
+    let mut about = format!(
+        "{}  {}",
+        tree.state,
+        super::counts::count(tree.member_count, "member", "members")
+    );
     if tree.members_truncated {
         about += &format!(" (totals of the {} listed)", tree.members.len());
     }
@@ -360,6 +364,15 @@ mod tests {
         assert_eq!(
             tree_line("▾ tree 1", &later, cpu.of_tree(&later)),
             "▾ tree 1            98.0      -         live  0 members  root 10"
+        );
+        let one = TreeInfo {
+            member_count: 1,
+            ..later.clone()
+        };
+        assert!(
+            tree_line("tree 1", &one, None).contains("live  1 member  root 10"),
+            "{}",
+            tree_line("tree 1", &one, None)
         );
     }
 

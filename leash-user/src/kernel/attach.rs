@@ -41,7 +41,6 @@ pub(super) struct Loaded {
     /// The programs attached, for `status` (the whois iterator, no tracker, left out).
     pub(super) programs: Vec<&'static Program>,
     pub(super) guard: Guard,
-    pub(super) membership: Membership,
 }
 
 impl Attached {
@@ -64,17 +63,21 @@ impl Attached {
         // Parsed once, for the loader's relocations and every attachment below.
         let kernel_btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
         let load = |object| load_object(object, capacity, &task, &namespaces, &kernel_btf);
+        // Why there are no marks, where there are none: said with the membership below.
+        let mut no_marks = None;
         let mut ebpf = if marks_possible() {
             match load(&programs::object_for(true)?.bytes) {
                 Ok(ebpf) => ebpf,
                 Err(e) => {
-                    tracing::warn!(
+                    tracing::debug!(
                         "the programs with marks cannot load ({e:#}); loading those without"
                     );
+                    no_marks = Some(format!("the programs with marks cannot load: {e:#}"));
                     load(&programs::object_for(false)?.bytes)?
                 }
             }
         } else {
+            no_marks = Some("the kernel has no task storage (Linux 5.11)".to_owned());
             load(&programs::object_for(false)?.bytes)?
         };
 
@@ -87,12 +90,22 @@ impl Attached {
             attachments.extend(attach_kernel_kill(&mut ebpf, &kernel_btf));
         }
         attachments.extend(descent);
-        let marks = attach_marks(&mut ebpf, &kernel_btf);
+        let marks = attach_marks(&mut ebpf, &kernel_btf).unwrap_or_else(|why| {
+            no_marks.get_or_insert(why);
+            Vec::new()
+        });
         let membership = if marks.is_empty() {
             // The best the kernel allows without the marks: a third fork program.
-            attachments.extend(attach_fork_kprobe(&mut ebpf, &kernel_btf));
+            let fork_kprobe = attach_fork_kprobe(&mut ebpf, &kernel_btf);
+            log_membership(
+                Membership::Layered,
+                Some(!fork_kprobe.is_empty()),
+                no_marks.as_deref().unwrap_or("the object has none"),
+            );
+            attachments.extend(fork_kprobe);
             Membership::Layered
         } else {
+            log_membership(Membership::Marks, None, "");
             Membership::Marks
         };
         attachments.extend(marks);
@@ -118,7 +131,6 @@ impl Attached {
             fds,
             programs,
             guard: self.guard,
-            membership: self.membership,
         })
     }
 
@@ -150,7 +162,6 @@ impl Attached {
             fds,
             programs,
             guard,
-            membership,
         })
     }
 
@@ -324,58 +335,79 @@ fn attach_layer_or_warn(
     })
 }
 
+/// Says once which membership guarantee is in place: for layered membership, the fork
+/// programs attached (`fork_kprobe`: with the kprobe) and `no_marks`, why there are no marks.
+/// Layered membership is a warning where the kernel may skip the fork programs (7.x, or a
+/// version that cannot be read); elsewhere it is whole, and news only.
+pub(super) fn log_membership(membership: Membership, fork_kprobe: Option<bool>, no_marks: &str) {
+    let name = membership.as_str();
+    if membership == Membership::Marks {
+        tracing::info!(membership = name, "{}", membership.describe());
+        return;
+    }
+    let programs = match fork_kprobe {
+        Some(true) => "a tracepoint program attached twice, and a kprobe",
+        Some(false) => "a tracepoint program attached twice; the fork kprobe did not attach",
+        None => "a tracepoint program attached twice, and a kprobe where it attached",
+    };
+    if support::version().is_none_or(|version| version >= (7, 0)) {
+        tracing::warn!(
+            membership = name,
+            "membership: layered. The fork programs ({programs}) follow forks, and this \
+             kernel runs them preemptibly: it can skip them, and a member's child goes unseen \
+             when all miss its fork. Exact membership needs the marks, and there are none: \
+             {no_marks} (leash doctor says what to do)"
+        );
+    } else {
+        tracing::info!(
+            membership = name,
+            "membership: layered, and whole on this kernel, which never skips the fork \
+             programs ({programs}); no marks: {no_marks}"
+        );
+    }
+}
+
 /// Attaches the fork kprobe (see `program::FORK_KPROBE`). Never fails: the fork programs go
-/// on without it, and the log says why.
+/// on without it; the membership line says so, and the debug log why.
 fn attach_fork_kprobe(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Vec<Attachment> {
     let attached: Result<Vec<Attachment>> = programs::of_layer(Layer::ForkKprobe)
         .map(|program| link::attach(ebpf, kernel_btf, program))
         .collect();
     attached.unwrap_or_else(|e| {
-        // It matters where the kernel may skip the tracepoint programs (7.x).
-        if support::version().is_some_and(|version| version >= (7, 0)) {
-            tracing::warn!(
-                "the fork kprobe cannot attach ({e:#}): the fork programs go on without it"
-            );
-        } else {
-            tracing::info!(
-                "the fork kprobe cannot attach ({e:#}); this kernel never skips the fork \
-                 programs, which go on without it"
-            );
-        }
+        tracing::debug!("the fork kprobe cannot attach: {e:#}");
         Vec::new()
     })
 }
 
 /// Attaches the marks, where the object has them and the BPF LSM is active: the `task_alloc`
 /// LSM program and the reconciling iterator, both or neither (marks the kill cannot find are
-/// no guarantee). Never fails: the daemon runs with the fork programs alone rather than not at
-/// all, and says why.
-fn attach_marks(ebpf: &mut Ebpf, kernel_btf: &aya::Btf) -> Vec<Attachment> {
+/// no guarantee). Never fails the daemon: it runs with the fork programs alone rather than not
+/// at all, and the membership line says why (here the reason; the details at debug).
+fn attach_marks(
+    ebpf: &mut Ebpf,
+    kernel_btf: &aya::Btf,
+) -> std::result::Result<Vec<Attachment>, String> {
     if ebpf.map(map::MARKS).is_none() {
-        return Vec::new();
+        return Ok(Vec::new());
     }
     match raw::bpf_lsm_active() {
         Ok(true) => {}
         Ok(false) => {
-            tracing::info!(
-                "the BPF LSM is not active (no bpf in {}): membership rests on the fork \
-                 programs alone, which a kernel that runs them preemptibly (7.x) may skip",
+            return Err(format!(
+                "the BPF LSM is not active, no bpf in {}",
                 support::LSM_LIST
-            );
-            return Vec::new();
+            ));
         }
         Err(e) => {
-            tracing::warn!("cannot tell whether the BPF LSM is active ({e:#}): no marks");
-            return Vec::new();
+            tracing::debug!("cannot tell whether the BPF LSM is active: {e:#}");
+            return Err(format!("cannot tell whether the BPF LSM is active: {e:#}"));
         }
     }
     let attached: Result<Vec<Attachment>> = programs::of_layer(Layer::Marks)
         .map(|program| link::attach(ebpf, kernel_btf, program))
         .collect();
-    attached.unwrap_or_else(|e| {
-        tracing::warn!(
-            "the marks cannot attach ({e:#}): membership rests on the fork programs alone"
-        );
-        Vec::new()
+    attached.map_err(|e| {
+        tracing::debug!("the marks cannot attach: {e:#}");
+        format!("{e:#}")
     })
 }

@@ -8,7 +8,7 @@ use aya::maps::{HashMap, Map, MapData, RingBuf};
 use leash_common::{ALL_ACCOUNTS, MEMBER_RESERVE, map, program};
 
 use super::{
-    attach::{Attached, Fds, Loaded, listed},
+    attach::{Attached, Fds, Loaded, listed, log_membership},
     descent::Descent,
     maps::BPF_NOEXIST,
     marks::Marks,
@@ -112,14 +112,8 @@ impl Tracker {
                 },
             programs,
             guard,
-            membership,
         } = loaded;
-        tracing::info!(guard = guard.as_str(), "{}", guard.describe());
-        tracing::info!(
-            membership = membership.as_str(),
-            "{}",
-            membership.describe()
-        );
+        // Which guard and which membership are in place was said as they were attached.
         let whois = Whois::new(whois, take_map(&mut ebpf, map::WHOIS)?)?;
         let descent = match descent {
             Some(link) => {
@@ -235,11 +229,10 @@ impl Tracker {
             tracing::warn!("the previous daemon pinned no descent iterator: adoptions walk /proc");
             None
         };
-        let membership = Marks::membership(marks.as_ref());
-        tracing::info!(
-            membership = membership.as_str(),
-            "{}",
-            membership.describe()
+        log_membership(
+            Marks::membership(marks.as_ref()),
+            None,
+            "the previous daemon pinned none",
         );
         let mut tracker = Self {
             view: TrackerView::new(

@@ -131,61 +131,139 @@ impl Guard {
 /// Attaches the guard `choice` asks for to the programs of `ebpf` (loaded, their maps made):
 /// the LSM program, else fmod_ret (with the kprobe beside it on 7.x), else the kprobe, else
 /// the tracepoints. Never fails: the daemon runs without a guard rather than not at all, and
-/// says so.
+/// says so. The log has one line for it: the guard in place, and why the better ones are not
+/// (each refusal in full at debug).
 pub(super) fn attach(
     ebpf: &mut Ebpf,
     kernel_btf: &aya::Btf,
     choice: GuardChoice,
+) -> (Guard, Vec<Attachment>) {
+    let mut refused = Refusals::default();
+    let (guard, links) = attach_best(ebpf, kernel_btf, choice, &mut refused);
+    match guard {
+        Guard::Absent if choice == GuardChoice::Off => {
+            tracing::info!(
+                guard = guard.as_str(),
+                "{} (none asked for: --ptrace-guard off)",
+                guard.describe()
+            );
+        }
+        Guard::Absent => tracing::warn!(
+            guard = guard.as_str(),
+            "{}: every guard was refused{}",
+            guard.describe(),
+            refused.words()
+        ),
+        _ => tracing::info!(
+            guard = guard.as_str(),
+            "{}{}",
+            guard.describe(),
+            refused.words()
+        ),
+    }
+    (guard, links)
+}
+
+/// The guards tried before the one in place, and why each is not.
+#[derive(Debug, Default)]
+struct Refusals(Vec<(Guard, String)>);
+
+impl Refusals {
+    fn note(&mut self, guard: Guard, why: String) {
+        self.0.push((guard, why));
+    }
+
+    /// `; not lsm (why), not fmod_ret (why)`, or nothing where none was refused.
+    fn words(&self) -> String {
+        self.0
+            .iter()
+            .map(|(guard, why)| format!("not {} ({why})", guard.as_str()))
+            .fold(String::new(), |words, refusal| {
+                if words.is_empty() {
+                    format!("; {refusal}")
+                } else {
+                    format!("{words}, {refusal}")
+                }
+            })
+    }
+}
+
+/// Why attaching failed, for a line that names the program already: the error's chain
+/// without its outermost context (`attaching leash_ptrace_kp to kprobe/cap_ptrace_access_check`).
+fn cause(error: &anyhow::Error) -> String {
+    let causes: Vec<String> = error.chain().map(ToString::to_string).collect();
+    match causes.split_first() {
+        Some((only, [])) => only.clone(),
+        Some((_, inner)) => inner.join(": "),
+        None => String::new(),
+    }
+}
+
+/// The best guard of those `choice` allows that attaches, noting in `refused` why each one
+/// tried before it did not.
+fn attach_best(
+    ebpf: &mut Ebpf,
+    kernel_btf: &aya::Btf,
+    choice: GuardChoice,
+    refused: &mut Refusals,
 ) -> (Guard, Vec<Attachment>) {
     if choice == GuardChoice::Off {
         return (Guard::Absent, Vec::new());
     }
     if choice == GuardChoice::Auto {
         match bpf_lsm_active() {
-            Ok(true) => match attach_guard(ebpf, kernel_btf, Guard::Lsm) {
-                Ok(links) => return (Guard::Lsm, links),
-                Err(e) => tracing::warn!(
-                    "the LSM ptrace guard cannot attach ({e:#}); trying fmod_ret instead"
-                ),
-            },
-            Ok(false) => tracing::info!(
-                "the BPF LSM is not active (no bpf in {LSM_LIST}; the kernel's lsm= or \
-                 CONFIG_LSM leaves it out): the ptrace guard is fmod_ret, which a kernel that \
-                 runs tracing programs preemptibly may skip"
-            ),
-            Err(e) => tracing::warn!(
-                "cannot tell whether the BPF LSM is active ({e:#}); the ptrace guard is \
-                 fmod_ret"
-            ),
-        }
-    }
-    if matches!(choice, GuardChoice::Auto | GuardChoice::FmodRet) {
-        match attach_guard(ebpf, kernel_btf, Guard::FmodRet) {
-            Ok(mut links) => {
-                links.extend(beside_fmod_ret(ebpf, kernel_btf));
-                return (Guard::FmodRet, links);
+            Ok(true) => {
+                if let Some(links) = try_guard(ebpf, kernel_btf, Guard::Lsm, refused) {
+                    return (Guard::Lsm, links);
+                }
             }
-            Err(e) => tracing::warn!(
-                "the fmod_ret ptrace guard cannot attach ({e:#}); trying the kprobe instead"
+            Ok(false) => refused.note(
+                Guard::Lsm,
+                format!(
+                    "the BPF LSM is not active: no bpf in {LSM_LIST}, which the kernel's lsm= \
+                     or CONFIG_LSM leaves out"
+                ),
+            ),
+            Err(e) => refused.note(
+                Guard::Lsm,
+                format!("cannot tell whether the BPF LSM is active: {e:#}"),
             ),
         }
     }
-    if choice != GuardChoice::Tracepoints {
-        match attach_guard(ebpf, kernel_btf, Guard::Kprobe) {
-            Ok(links) => return (Guard::Kprobe, links),
-            Err(e) => tracing::warn!(
-                "the kprobe ptrace guard cannot attach ({e:#}); trying the syscall \
-                 tracepoints instead"
-            ),
-        }
+    if matches!(choice, GuardChoice::Auto | GuardChoice::FmodRet)
+        && let Some(mut links) = try_guard(ebpf, kernel_btf, Guard::FmodRet, refused)
+    {
+        links.extend(beside_fmod_ret(ebpf, kernel_btf));
+        return (Guard::FmodRet, links);
     }
-    match attach_guard(ebpf, kernel_btf, Guard::Tracepoints) {
-        Ok(links) => (Guard::Tracepoints, links),
-        Err(e) => {
-            tracing::warn!("the fallback ptrace guard cannot attach either: {e:#}");
-            (Guard::Absent, Vec::new())
-        }
+    if choice != GuardChoice::Tracepoints
+        && let Some(links) = try_guard(ebpf, kernel_btf, Guard::Kprobe, refused)
+    {
+        return (Guard::Kprobe, links);
     }
+    match try_guard(ebpf, kernel_btf, Guard::Tracepoints, refused) {
+        Some(links) => (Guard::Tracepoints, links),
+        None => (Guard::Absent, Vec::new()),
+    }
+}
+
+/// Attaches `guard`, or notes in `refused` why it cannot.
+fn try_guard(
+    ebpf: &mut Ebpf,
+    kernel_btf: &aya::Btf,
+    guard: Guard,
+    refused: &mut Refusals,
+) -> Option<Vec<Attachment>> {
+    attach_guard(ebpf, kernel_btf, guard)
+        .map_err(|e| {
+            tracing::debug!(
+                guard = guard.as_str(),
+                "the {} ptrace guard cannot attach: {e:#}",
+                guard.as_str()
+            );
+            refused.note(guard, cause(&e));
+        })
+        .ok()
 }
 
 /// The kprobe beside fmod_ret, where the kernel may skip fmod_ret: 7.x, and a version that
@@ -253,6 +331,26 @@ mod tests {
             Guard::pinned(|name| name == program::PTRACE_ATTACH_TP),
             Guard::Absent,
             "a fallback with links missing is not in place"
+        );
+    }
+
+    #[test]
+    fn the_guards_refused_are_said_on_one_line_with_why() {
+        let mut refused = Refusals::default();
+        assert_eq!(refused.words(), "", "nothing refused, nothing said");
+        let error = anyhow::anyhow!("No such file or directory (os error 2)")
+            .context("`/sys/bus/event_source/devices/kprobe/type`")
+            .context("attaching leash_ptrace_kp to kprobe/cap_ptrace_access_check");
+        assert_eq!(
+            cause(&error),
+            "`/sys/bus/event_source/devices/kprobe/type`: No such file or directory (os error 2)"
+        );
+        refused.note(Guard::Lsm, "the BPF LSM is not active".into());
+        refused.note(Guard::Kprobe, cause(&error));
+        assert_eq!(
+            refused.words(),
+            "; not lsm (the BPF LSM is not active), not kprobe (`/sys/bus/event_source/devices/\
+             kprobe/type`: No such file or directory (os error 2))"
         );
     }
 

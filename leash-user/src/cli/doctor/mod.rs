@@ -9,17 +9,19 @@
 //! - [`kernel`]: the kernel's version, BTF, lockdown, bpf(2), and the programs' requirements;
 //! - [`files`]: bpffs, the socket's directory and the pins;
 //! - [`daemon`]: the daemon's answer, and whether it and this process see each other's pids;
+//! - [`guard`]: the ptrace guard the daemon has in place;
 //! - [`report`]: the findings, the verdict, and the text (JSON is their serialization);
 //! - [`bounds`]: every check on a thread of its own, waited for a bounded time.
 
 mod bounds;
 mod daemon;
 mod files;
+mod guard;
 mod kernel;
 mod report;
 
 use std::{
-    io::{self, Write},
+    io::Write,
     path::{Path, PathBuf},
     process::ExitCode,
 };
@@ -30,6 +32,8 @@ use clap::Args;
 use bounds::{TIMEOUT, bounded, is_root, timed_out};
 use daemon::{DaemonError, ask_daemon, daemon_finding, pid_namespace};
 use files::{DEFAULT_PIN_DIR, bpffs, pins, socket_dir};
+pub(super) use guard::guard_of;
+use guard::ptrace_guard_finding;
 use kernel::{kernel_findings, membership_finding};
 use report::{Report, Status, text};
 
@@ -68,6 +72,8 @@ pub(super) fn doctor(socket: &Path, args: DoctorArgs) -> Result<ExitCode> {
         .ok()
         .and_then(|d| d.status.membership.clone());
     findings.push(membership_finding(membership.as_deref()));
+    let programs = daemon.as_ref().ok().map(|d| d.status.programs.as_slice());
+    findings.push(ptrace_guard_finding(programs));
     let pinned_at = daemon.as_ref().ok().map(|d| d.status.pinned_at.clone());
     findings.push(
         bounded(TIMEOUT, {
@@ -91,7 +97,7 @@ pub(super) fn doctor(socket: &Path, args: DoctorArgs) -> Result<ExitCode> {
         socket: socket.to_owned(),
         findings,
     };
-    let mut out = io::stdout().lock();
+    let mut out = super::stdout::lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;

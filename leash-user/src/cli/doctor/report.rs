@@ -92,10 +92,13 @@ pub(super) fn text(report: &Report) -> String {
     {
         text += "the checks marked ROOT? need root: run `sudo leash doctor` for them\n";
     }
-    text += &match report.verdict {
-        Status::Ok => "the daemon can run here, and answers\n".to_owned(),
-        Status::Warn => "the daemon answers; see the warnings above\n".to_owned(),
-        _ => "leash is not ready here: fix what FAILs above\n".to_owned(),
+    let warned = report.findings.iter().any(|f| f.status == Status::Warn);
+    text += match report.verdict {
+        Status::Ok => "the daemon can run here, and answers\n",
+        Status::Warn if warned => "the daemon answers; see the warnings above\n",
+        // Only checks that need root are left: the line above says so.
+        Status::Warn => "the daemon answers, and nothing this user can check fails\n",
+        _ => "leash is not ready here: fix what FAILs above\n",
     };
     text
 }
@@ -128,8 +131,35 @@ mod tests {
         assert!(lines[3].starts_with("ROOT?  pins "), "{text}");
         assert!(!text.contains("never shown"), "{text}");
         assert!(text.contains("marked ROOT? need root"), "{text}");
+        assert!(text.ends_with("fix what FAILs above\n"), "{text}");
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["findings"][2]["status"], "needs_root");
         assert!(json["findings"][0].get("fix").is_some());
+    }
+
+    #[test]
+    fn the_last_line_names_warnings_only_where_there_are_some() {
+        let report = |findings| Report {
+            verdict: Status::Warn,
+            version: "0.1.0",
+            daemon_version: Some("0.1.0".into()),
+            socket: DEFAULT_SOCKET.into(),
+            findings,
+        };
+        let needs_root = || Finding::new("pins", Status::NeedsRoot, "needs root");
+        let only_root = text(&report(vec![
+            Finding::ok("kernel", "Linux 6.1"),
+            needs_root(),
+        ]));
+        assert!(!only_root.contains("warnings"), "{only_root}");
+        assert!(
+            only_root.ends_with("the daemon answers, and nothing this user can check fails\n"),
+            "{only_root}"
+        );
+        let warned = text(&report(vec![
+            Finding::new("membership", Status::Warn, "layered"),
+            needs_root(),
+        ]));
+        assert!(warned.ends_with("see the warnings above\n"), "{warned}");
     }
 }

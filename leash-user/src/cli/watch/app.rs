@@ -9,7 +9,10 @@ use std::{
 use leash_client::{Event, EventKind, LeaseSummary, Listing, StatusInfo, TreeId, TreeInfo};
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use crate::cli::view::{CpuRates, Row, Users, member_rows};
+use crate::cli::{
+    counts,
+    view::{CpuRates, Row, Users, member_rows},
+};
 
 /// Log lines kept for the view.
 const LOG_LINES: usize = 500;
@@ -89,6 +92,11 @@ pub(super) struct App {
     /// Events this viewer missed because it read too slowly (the daemon never waits for it).
     pub dropped_here: u64,
     pub selected: usize,
+    /// Whether the selection was moved by a key: until then it follows the first tree, so
+    /// that K kills a tree from the start.
+    pub moved: bool,
+    /// Whether the event stream was lost: kills are then said from their replies.
+    pub events_lost: bool,
     pub folded: HashSet<TreeId>,
     pub filter: String,
     pub typing_filter: bool,
@@ -175,6 +183,37 @@ impl App {
             .tree()
     }
 
+    /// The tree K kills: the selected line's, or, on a lease's line, its tree if it has one
+    /// only. Else why none.
+    fn kill_target(&self) -> Result<TreeId, String> {
+        let lines = self.lines();
+        let at = self.selected.min(lines.len().saturating_sub(1));
+        match lines.get(at) {
+            None => Err("no tree to kill".to_owned()),
+            Some(Line::Lease { lease, .. }) => {
+                let trees: Vec<TreeId> = lines[at + 1..]
+                    .iter()
+                    .take_while(|line| !matches!(line, Line::Lease { .. }))
+                    .filter_map(|line| match line {
+                        Line::Tree { tree, .. } => Some(*tree),
+                        _ => None,
+                    })
+                    .collect();
+                match trees.as_slice() {
+                    [tree] => Ok(*tree),
+                    [] => Err(format!("lease {lease} holds no tree")),
+                    _ => Err(format!(
+                        "lease {lease} holds {} trees: select one",
+                        trees.len()
+                    )),
+                }
+            }
+            Some(line) => line
+                .tree()
+                .ok_or_else(|| "select a tree to kill".to_owned()),
+        }
+    }
+
     /// Takes a listing that came at `at` (`now_ns` after boot).
     pub(super) fn set_listing(&mut self, listing: Listing, now_ns: u64, at: Instant) {
         self.cpu.sample(&listing.trees, at);
@@ -220,8 +259,14 @@ impl App {
         }
         match key.code {
             KeyCode::Char('q') => return Action::Quit,
-            KeyCode::Up | KeyCode::Char('k') => self.selected = self.selected.saturating_sub(1),
-            KeyCode::Down | KeyCode::Char('j') => self.selected += 1,
+            KeyCode::Up | KeyCode::Char('k') => {
+                self.moved = true;
+                self.selected = self.selected.saturating_sub(1);
+            }
+            KeyCode::Down | KeyCode::Char('j') => {
+                self.moved = true;
+                self.selected += 1;
+            }
             KeyCode::Enter => {
                 if let Some(tree) = self.selected_tree()
                     && !self.folded.remove(&tree)
@@ -229,9 +274,9 @@ impl App {
                     self.folded.insert(tree);
                 }
             }
-            KeyCode::Char('K') => match self.selected_tree() {
-                Some(tree) => self.confirm_kill = Some(tree),
-                None => self.message = Some("select a tree to kill".to_owned()),
+            KeyCode::Char('K') => match self.kill_target() {
+                Ok(tree) => self.confirm_kill = Some(tree),
+                Err(why) => self.message = Some(why),
             },
             KeyCode::Char('/') => {
                 self.typing_filter = true;
@@ -285,8 +330,33 @@ impl App {
         self.log.push_back(LogLine { time, text, about });
     }
 
+    /// A kill this view asked for is over: `failed` says why if it failed. Its end is the
+    /// event stream's to say (`tree 3: empty, killed in ...`), once; the reply says it only
+    /// where that stream is lost.
+    pub(super) fn on_kill_done(&mut self, tree: TreeId, failed: Option<String>, time: String) {
+        self.message = None;
+        let text = match failed {
+            Some(why) => format!("tree {tree}: kill failed: {why}"),
+            None if self.events_lost => format!("tree {tree}: killed on request"),
+            None => return,
+        };
+        self.push_line(time, text, About::Kill);
+    }
+
+    /// The event stream is gone (`why`).
+    pub(super) fn on_events_lost(&mut self, why: &str) {
+        self.events_lost = true;
+        self.message = Some(format!("event stream lost: {why}"));
+    }
+
     fn clamp_selection(&mut self) {
-        self.selected = self.selected.min(self.lines().len().saturating_sub(1));
+        let lines = self.lines();
+        if !self.moved
+            && let Some(first_tree) = lines.iter().position(|l| matches!(l, Line::Tree { .. }))
+        {
+            self.selected = first_tree;
+        }
+        self.selected = self.selected.min(lines.len().saturating_sub(1));
     }
 }
 
@@ -315,10 +385,7 @@ pub(super) fn describe(event: &Event, during_kill: bool) -> String {
             event.reason.as_deref().unwrap_or("?")
         ),
         EventKind::TreeEmpty => match &event.kill {
-            Some(kill) => format!(
-                "tree {tree}: empty after {} ms ({} SIGTERM, {} SIGKILL)",
-                kill.elapsed_ms, kill.terminated, kill.killed
-            ),
+            Some(kill) => format!("tree {tree}: empty, {}", counts::kill(kill)),
             None => format!("tree {tree}: empty"),
         },
         EventKind::KillFailed => format!(
@@ -401,5 +468,39 @@ mod tests {
         app.on_event(&empty, at());
         assert_eq!(last(&app).1, About::Kill);
         assert!(app.killing.is_empty());
+    }
+
+    /// A kill asked for from the view ends in one line, the event's, not also its reply's.
+    #[test]
+    fn a_kill_s_end_is_said_once() {
+        let mut app = App::default();
+        let at = || "12:00:00.000".to_owned();
+        let mut empty = event(EventKind::TreeEmpty, None, "");
+        empty.kill = Some(KillSummary {
+            tree: 3,
+            terminated: 1,
+            killed: 0,
+            rounds: 1,
+            elapsed_ms: 12,
+            reason: KillReason::Request,
+        });
+        app.on_event(&empty, at());
+        app.on_kill_done(3, None, at());
+        let ends: Vec<&str> = app
+            .log
+            .iter()
+            .map(|line| line.text.as_str())
+            .filter(|text| text.contains("empty") || text.contains("killed"))
+            .collect();
+        assert_eq!(
+            ends,
+            ["tree 3: empty, killed in 12 ms: SIGTERM to 1 process, which ended within the grace"]
+        );
+        // Where the events are lost, and where the kill failed, the reply is all there is.
+        app.on_kill_done(4, Some("no tree 4".into()), at());
+        assert_eq!(last(&app), ("tree 4: kill failed: no tree 4", About::Kill));
+        app.on_events_lost("closed");
+        app.on_kill_done(5, None, at());
+        assert_eq!(last(&app), ("tree 5: killed on request", About::Kill));
     }
 }

@@ -20,7 +20,7 @@ use clap::Args;
 use leash_client::{Client, Event};
 use ratatui::crossterm::event::{self as term, Event as TermEvent, KeyEventKind};
 
-use app::{About, Action, App};
+use app::{Action, App};
 
 use super::{timestamp, view};
 
@@ -39,7 +39,8 @@ pub(super) struct WatchArgs {
 enum News {
     Event(Event),
     Lost(String),
-    Killed(String),
+    /// A kill asked for is over; why it failed, if it did.
+    Killed(u32, Option<String>),
 }
 
 pub(super) fn watch(socket: &Path, args: WatchArgs) -> Result<ExitCode> {
@@ -89,11 +90,8 @@ fn run(
                     rate.count();
                     app.on_event(&event, clock());
                 }
-                News::Lost(why) => app.message = Some(format!("event stream lost: {why}")),
-                News::Killed(text) => {
-                    app.message = None;
-                    app.push_line(clock(), text, About::Kill);
-                }
+                News::Lost(why) => app.on_events_lost(&why),
+                News::Killed(tree, failed) => app.on_kill_done(tree, failed, clock()),
             }
         }
         app.events_per_second = rate.per_second();
@@ -162,14 +160,8 @@ fn subscribe(socket: PathBuf, news: mpsc::Sender<News>) -> Result<()> {
 fn kill_in_background(socket: PathBuf, tree: u32, news: mpsc::Sender<News>) {
     thread::spawn(move || {
         let outcome = Client::connect_to(&socket).and_then(|mut c| c.kill(tree, None));
-        let text = match outcome {
-            Ok(summary) => format!(
-                "tree {tree}: killed on request, empty after {} ms",
-                summary.elapsed_ms
-            ),
-            Err(e) => format!("tree {tree}: kill failed: {e}"),
-        };
-        let _ = news.send(News::Killed(text));
+        let failed = outcome.err().map(|e| e.to_string());
+        let _ = news.send(News::Killed(tree, failed));
     });
 }
 
@@ -183,7 +175,7 @@ fn has_terminal() -> bool {
 fn watch_json(socket: &Path) -> Result<ExitCode> {
     let mut events = Client::connect_to(socket)?;
     events.subscribe()?;
-    let mut out = std::io::stdout().lock();
+    let mut out = super::stdout::lock();
     loop {
         let event = match events.next_event(None) {
             Ok(Some(event)) => event,

@@ -11,7 +11,7 @@ use ratatui::{
 };
 
 use super::app::{About, App, Line};
-use crate::cli::view;
+use crate::cli::{counts, view};
 
 const KEYS: &str = "↑↓/jk move  enter fold  K kill tree  / filter  q quit";
 
@@ -114,7 +114,10 @@ fn line_text(app: &App, line: &Line) -> String {
 fn footer_text(app: &App) -> String {
     if let Some(tree) = app.confirm_kill {
         let members = app.tree(tree).map_or(0, |t| t.member_count);
-        return format!("Kill tree {tree} ({members} members)? y/n");
+        return format!(
+            "Kill tree {tree} ({})? y/n",
+            counts::count(members, "member", "members")
+        );
     }
     if app.typing_filter {
         return format!("/{}", app.filter);
@@ -358,12 +361,12 @@ mod tests {
         assert!(app.lines().is_empty());
         key(&mut app, KeyCode::Esc);
 
+        // On the lease's line: its one tree.
+        assert_eq!(app.selected, 0);
         assert_eq!(key(&mut app, KeyCode::Char('K')), Action::None);
-        assert_eq!(
-            render(&app, 70, 16)[15],
-            "select a tree to kill",
-            "a lease is not a tree"
-        );
+        assert_eq!(render(&app, 70, 16)[15], "Kill tree 3 (3 members)? y/n");
+        assert_eq!(key(&mut app, KeyCode::Char('n')), Action::None);
+        assert_eq!(render(&app, 70, 16)[15], "tree 3 not killed");
         key(&mut app, KeyCode::Char('j'));
         assert_eq!(key(&mut app, KeyCode::Char('K')), Action::None);
         assert_eq!(render(&app, 70, 16)[15], "Kill tree 3 (3 members)? y/n");
@@ -400,6 +403,45 @@ mod tests {
         );
         app.filter = "pyth".into();
         assert_eq!(app.lines().len(), 5, "a filter shows only matching trees");
+    }
+
+    /// K works from the start: the selection begins on the first tree, not on its lease.
+    #[test]
+    fn the_selection_starts_on_a_tree_and_k_asks_to_kill_it() {
+        let mut app = App::default();
+        app.set_listing(
+            listing(vec![tree(5, 2, vec![member(6000, 1, 0, "sh")])]),
+            10 * S,
+            Instant::now(),
+        );
+        assert_eq!(app.selected_tree(), Some(5));
+        assert_eq!(app.on_key(KeyEvent::from(KeyCode::Char('K'))), Action::None);
+        assert_eq!(render(&app, 70, 16)[15], "Kill tree 5 (1 member)? y/n");
+        assert_eq!(
+            app.on_key(KeyEvent::from(KeyCode::Char('y'))),
+            Action::Kill(5)
+        );
+    }
+
+    #[test]
+    fn k_on_a_lease_with_several_trees_asks_for_one() {
+        let mut app = App::default();
+        app.set_listing(
+            listing(vec![
+                tree(5, 2, vec![member(6000, 1, 0, "sh")]),
+                tree(6, 2, vec![member(6001, 1, 0, "sh")]),
+            ]),
+            10 * S,
+            Instant::now(),
+        );
+        app.on_key(KeyEvent::from(KeyCode::Up));
+        assert_eq!(app.selected, 0, "the lease's line");
+        assert_eq!(app.on_key(KeyEvent::from(KeyCode::Char('K'))), Action::None);
+        assert_eq!(app.confirm_kill, None);
+        assert_eq!(
+            render(&app, 70, 16)[15],
+            "lease 2 holds 2 trees: select one"
+        );
     }
 
     #[test]
