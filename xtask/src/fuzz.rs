@@ -16,7 +16,7 @@ use crate::{is_root, setup, status, workspace_root};
 
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
 /// What building cargo-fuzz from source takes, measured on 2 cores.
-const CARGO_FUZZ_BUILD_MINUTES: u32 = 2;
+const CARGO_FUZZ_BUILD_MINUTES: u32 = 1;
 /// Every target, in the order they run.
 const TARGETS: [&str; 2] = ["request", "connection"];
 /// libFuzzer stops a target that grows past this (the connection target, with the daemon

