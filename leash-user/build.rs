@@ -3,11 +3,38 @@
 //!
 //! Also names the commit the binary is built from and the pins' ABI, for `leash --version`:
 //! `LEASH_COMMIT` and `LEASH_ABI`.
-use std::{path::Path, process::Command};
+//!
+//! The nested build (aya-build's `cargo build` of leash-ebpf) writes its output to
+//! OUT_DIR/ebpf-build.log. aya-build would pass each of its lines on as a `cargo:warning`, and
+//! cargo replays a build script's warnings on every later build that does not rerun it: dozens
+//! of lines on each no-op build. So aya-build runs in a child process (this script again, with
+//! [`CHILD`] set), whose warnings go to the log and whose other directives (what to watch) go
+//! on to cargo. A failure shows the log's last lines.
+use std::{
+    env,
+    fs::{self, File, OpenOptions},
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
 
+use anyhow::{Context, bail};
 use aya_build::{Package, Toolchain};
 
+/// Set in the child that runs aya-build.
+const CHILD: &str = "LEASH_BUILD_SCRIPT_RUNS_AYA_BUILD";
+/// How much of the log a failure shows.
+const TAIL_LINES: usize = 40;
+
 fn main() -> anyhow::Result<()> {
+    if env::var_os(CHILD).is_some() {
+        let ebpf = Package {
+            name: "leash-ebpf",
+            root_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../leash-ebpf"),
+            ..Default::default()
+        };
+        return aya_build::build_ebpf([ebpf], Toolchain::default());
+    }
     let workspace = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     println!(
         "cargo:rustc-env=LEASH_COMMIT={}",
@@ -15,17 +42,69 @@ fn main() -> anyhow::Result<()> {
     );
     // As a literal, for `concat!`: the pins' ABI, which `--version` names too.
     println!("cargo:rustc-env=LEASH_ABI={}", leash_common::ABI_VERSION);
-    let ebpf = Package {
-        name: "leash-ebpf",
-        root_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../leash-ebpf"),
-        ..Default::default()
-    };
     // aya-build watches leash-ebpf; the programs also embed the ABI from leash-common.
     println!(
         "cargo:rerun-if-changed={}",
         concat!(env!("CARGO_MANIFEST_DIR"), "/../leash-common/src")
     );
-    aya_build::build_ebpf([ebpf], Toolchain::default())
+    build_ebpf()
+}
+
+/// Runs aya-build in a child, its output to OUT_DIR/ebpf-build.log.
+fn build_ebpf() -> anyhow::Result<()> {
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").context("cargo sets OUT_DIR")?);
+    let log_path = out_dir.join("ebpf-build.log");
+    let mut log =
+        File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    announce(&log_path);
+    let mut child = Command::new(env::current_exe().context("this build script's path")?)
+        .env(CHILD, "1")
+        // Its error in one line, not a backtrace filling the log's tail.
+        .env("RUST_LIB_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(log.try_clone()?)
+        .spawn()
+        .context("running aya-build in a child")?;
+    let stdout = BufReader::new(child.stdout.take().context("the child's stdout")?);
+    for line in stdout.lines() {
+        let line = line.context("reading aya-build's output")?;
+        match line.strip_prefix("cargo:warning=") {
+            Some(text) => writeln!(log, "{text}")?,
+            None => println!("{line}"),
+        }
+    }
+    let status = child.wait().context("waiting for aya-build")?;
+    if !status.success() {
+        let text = fs::read_to_string(&log_path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        // Cargo shows a failed build script's stderr.
+        for line in &lines[lines.len().saturating_sub(TAIL_LINES)..] {
+            eprintln!("{line}");
+        }
+        bail!(
+            "building the eBPF programs (leash-ebpf, nightly, bpf-linker) failed ({status}): \
+             its last lines are above, all of them in {}",
+            log_path.display()
+        );
+    }
+    Ok(())
+}
+
+/// One line on the terminal, when there is one, as the nested build starts: it takes a minute
+/// or more the first time, while cargo shows only `leash-user(build)`. Written to the terminal
+/// itself because a build script's own output reaches the terminal only as warnings, which
+/// cargo prints when the script ends and replays on every build after. Written only when the
+/// script runs, so a no-op build prints nothing.
+fn announce(log: &Path) {
+    if let Ok(mut tty) = OpenOptions::new().write(true).open("/dev/tty") {
+        // Over cargo's progress bar, which it draws again below.
+        let _ = write!(
+            tty,
+            "\r\x1b[K   Building the eBPF programs (leash-ebpf: nightly, bpf-linker), \
+             log: {}\n",
+            log.display()
+        );
+    }
 }
 
 /// The commit checked out in `workspace` (12 hex digits), with `-dirty` if the tree differs

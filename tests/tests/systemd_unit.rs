@@ -14,8 +14,8 @@ use std::{fs, path::Path, process::Command};
 use leash_tests::{Removed, leash_binary};
 
 const UNIT: &str = include_str!("../../dist/leash.service");
-/// Where `cargo xtask deb` lays out the package's unit.
-const PACKAGED_UNIT: &str = "target/debian/root/lib/systemd/system/leash.service";
+/// Where `cargo xtask deb` lays out the amd64 package's unit.
+const PACKAGED_UNIT: &str = "target/debian/cargo-deb/x86_64-unknown-linux-gnu/release/root/lib/systemd/system/leash.service";
 /// The opt-out where systemd-analyze cannot be had.
 const SKIP_VAR: &str = "LEASH_TEST_SKIP_SYSTEMD";
 /// The exposure the unit may have: what it has today (2.0). Raise it only with a reason.

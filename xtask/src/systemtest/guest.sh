@@ -158,4 +158,32 @@ journal LEASH_EVENT=request_refused | grep -q '"LEASH_CODE":"not_found"' ||
     fail "the refused kill is not in the journal with its code"
 ok "journalctl -u leash LEASH_EVENT=tree_killed: $count entries, each with its tree, reason, host, uid and time"
 
+# 10. A daemon started by hand already serves the socket: the install says which process and
+# what to do, and leaves the service enabled but not started. Then pins whose lock a live
+# process holds (as a daemon does for its whole life): the purge leaves them, naming it.
+dpkg-deb --extract "/root/$DEB_A" /root/by-hand || fail "dpkg-deb --extract $DEB_A"
+mkdir -p -m 0755 /run/leash
+/root/by-hand/usr/bin/leash daemon >/root/by-hand.log 2>&1 &
+hand=$!
+await 60 "the daemon started by hand serving" /root/by-hand/usr/bin/leash status
+said=$(apt-get install --yes --quiet "/root/$DEB_A" 2>&1) || fail "apt-get install $DEB_A: $said"
+echo "$said" | grep -q "pid $hand (/root/by-hand/usr/bin/leash daemon) already serves /run/leash/leash.sock" ||
+    fail "the install does not name the daemon started by hand: $said"
+echo "$said" | grep -q "systemctl start leash" || fail "the install names no choice: $said"
+! systemctl is-active --quiet leash || fail "the service started beside the daemon started by hand"
+kill -TERM "$hand" && wait "$hand"
+ok "installed beside a daemon started by hand: it names pid $hand and what to do, the service not started"
+mkdir -p /sys/fs/bpf/leash
+flock --nonblock --close /sys/fs/bpf/leash sleep 3001 &
+locker=$!
+await 10 "the pins locked" sh -c '! flock --nonblock /sys/fs/bpf/leash true'
+said=$(apt-get purge --yes --quiet leash 2>&1) || fail "apt-get purge: $said"
+echo "$said" | grep -q "leaving /sys/fs/bpf/leash: a running daemon, pid $locker" ||
+    fail "the purge does not say it leaves the pins, held by pid $locker: $said"
+[ -d /sys/fs/bpf/leash ] || fail "the purge removed pins a live process holds"
+kill "$locker"
+pkill -fx "sleep 3001"
+rmdir /sys/fs/bpf/leash || fail "rmdir /sys/fs/bpf/leash"
+ok "purged beside held pins: they stay, pid $locker named"
+
 finish pass
