@@ -154,22 +154,10 @@ impl Daemon {
             .env_remove("LEASH_LEASE")
     }
 
-    /// The leash binary where any user may run it (the build tree may not be reachable).
-    /// A hard link, not a copy, where it can be: a file being written cannot be executed, and
-    /// a copy's write descriptor leaks for a moment into children other threads fork.
+    /// The leash binary where any user may run it: [`leash_for_anyone_in`] the daemon's
+    /// directory.
     pub fn leash_for_anyone(&self) -> PathBuf {
-        let link = self.dir.join("leash");
-        if !link.exists() && fs::hard_link(leash_binary(), &link).is_err() {
-            let partial = self.dir.join("leash.partial");
-            fs::copy(leash_binary(), &partial).unwrap();
-            fs::set_permissions(&partial, fs::Permissions::from_mode(0o755)).unwrap();
-            fs::rename(&partial, &link).unwrap();
-            // The copy may still be open for writing in a child forked meanwhile.
-            wait_for(Duration::from_secs(10), || {
-                Command::new(&link).arg("--version").output().is_ok()
-            });
-        }
-        link
+        leash_for_anyone_in(&self.dir)
     }
 
     pub fn log(&self) -> String {
@@ -247,6 +235,26 @@ fn spawn_daemon(
         .stderr(log)
         .spawn()
         .expect("starting leash daemon")
+}
+
+/// The leash binary as DIR/leash, where any user may run it if DIR is theirs to enter: the
+/// build tree may not be (a clone under /root, mode 0700). A test that runs leash as another
+/// user runs this, never [`leash_binary`] (`cargo xtask lint` checks). A hard link, not a copy,
+/// where it can be: a file being written cannot be executed, and a copy's write descriptor
+/// leaks for a moment into children other threads fork.
+pub fn leash_for_anyone_in(dir: &Path) -> PathBuf {
+    let link = dir.join("leash");
+    if !link.exists() && fs::hard_link(leash_binary(), &link).is_err() {
+        let partial = dir.join("leash.partial");
+        fs::copy(leash_binary(), &partial).unwrap();
+        fs::set_permissions(&partial, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::rename(&partial, &link).unwrap();
+        // The copy may still be open for writing in a child forked meanwhile.
+        wait_for(Duration::from_secs(10), || {
+            Command::new(&link).arg("--version").output().is_ok()
+        });
+    }
+    link
 }
 
 /// `kill -SIGNAL pid`, for processes this test started.

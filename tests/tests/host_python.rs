@@ -207,7 +207,8 @@ fn the_package_installs_as_another_user_from_a_read_only_checkout() {
     fs::create_dir(&scratch.0).unwrap();
     fs::set_permissions(&scratch.0, fs::Permissions::from_mode(0o755)).unwrap();
 
-    // The checkout, read-only for everyone but root.
+    // The checkout, read-only for everyone but root. Readable by other users: root copies
+    // clients/python and the build backend out of the clone, and the user runs the copies.
     let checkout = scratch.0.join("checkout");
     let copied = Command::new("cp")
         .arg("-r")

@@ -17,7 +17,7 @@ use std::{
 use leash_client::Client;
 use leash_tests::{
     Cgroup,
-    daemon::{Daemon, USER_A, path_str, setpriv_args},
+    daemon::{Daemon, USER_A, leash_for_anyone_in, path_str, setpriv_args},
     leash_binary, wait_for,
 };
 
@@ -297,7 +297,7 @@ fn a_shim_given_leash_lease_wipes_it_from_its_environ_while_it_registers() {
     let listener = UnixListener::bind(&socket).unwrap();
     fs::set_permissions(&socket, fs::Permissions::from_mode(0o777)).unwrap();
     let token = "0123456789abcdef0123456789abcdef";
-    let mut shim = Command::new(leash_binary())
+    let mut shim = Command::new(leash_for_anyone_in(&dir.0))
         .args(["--socket", path_str(&socket), "exec", "--", "true"])
         .env("LEASH_LEASE", token)
         .uid(USER_A)
