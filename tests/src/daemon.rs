@@ -127,7 +127,8 @@ impl Daemon {
     }
 
     /// `leash --socket SOCKET ARGS...` run as `uid`, inside `cgroup` (joined as root first, so
-    /// nothing of it runs outside), from `/`, with stdout discarded.
+    /// nothing of it runs outside), from `/`, with stdout discarded and stderr in
+    /// [`Daemon::clients_log`] (a caller that reads it sets its own).
     pub fn leash_as(&self, uid: u32, cgroup: &crate::Cgroup, args: &[&str]) -> Command {
         let leash = self.leash_for_anyone();
         let mut argv = setpriv_args(uid);
@@ -135,8 +136,23 @@ impl Daemon {
         argv.extend(args.iter().map(|a| a.to_string()));
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let mut command = cgroup.command("setpriv", &argv);
-        command.current_dir("/").stdout(Stdio::null());
         command
+            .current_dir("/")
+            .stdout(Stdio::null())
+            .stderr(self.clients_log());
+        command
+    }
+
+    /// A file for the stderr of the clients and trees a test starts and does not read (`leash
+    /// run`'s account of a killed tree, a shell's `Killed`, unshare's complaint when its child
+    /// dies): shown with the daemon's log when the test fails, and not among the lines of the
+    /// tests that pass.
+    pub fn clients_log(&self) -> fs::File {
+        fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("clients.log"))
+            .expect("opening the clients' log")
     }
 
     /// Sets `command` up to run the Python host library against this daemon: its socket, a
@@ -195,6 +211,10 @@ impl Drop for Daemon {
         }
         if std::thread::panicking() {
             eprintln!("daemon log:\n{}", self.log());
+            let clients = fs::read_to_string(self.dir.join("clients.log")).unwrap_or_default();
+            if !clients.is_empty() {
+                eprintln!("the clients' stderr:\n{clients}");
+            }
         }
         let _ = fs::remove_dir_all(&self.dir);
         let _ = fs::remove_dir_all(&self.pins);
@@ -283,6 +303,7 @@ pub struct LeashedTree {
 }
 
 impl LeashedTree {
+    /// Its output goes to the cgroup's [`crate::Cgroup::output_log`].
     pub fn spawn(
         host: &mut Client,
         label: &str,
@@ -291,8 +312,12 @@ impl LeashedTree {
         options: &leash_client::TreeOptions,
     ) -> Self {
         let cgroup = crate::Cgroup::new(label);
+        let mut command = cgroup.command(program, args);
+        command
+            .stdout(cgroup.output_log())
+            .stderr(cgroup.output_log());
         let (tree, root) = host
-            .spawn(&mut cgroup.command(program, args), options)
+            .spawn(&mut command, options)
             .expect("spawning a tree under the lease");
         Self { tree, root, cgroup }
     }

@@ -102,6 +102,8 @@ fn watch_shows_the_tree_and_kills_it_with_k() {
         .leash()
         .args(["run", "--"])
         .args(cgroup.argv("sh", &["-c", &script]))
+        // It says that K killed its tree.
+        .stderr(daemon.clients_log())
         .spawn()
         .unwrap();
     let pids = cgroup.settle_exactly(&["sleep", "sleep", "sh", "python"]);
