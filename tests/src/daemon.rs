@@ -127,7 +127,8 @@ impl Daemon {
     }
 
     /// `leash --socket SOCKET ARGS...` run as `uid`, inside `cgroup` (joined as root first, so
-    /// nothing of it runs outside), from `/`, with stdout discarded.
+    /// nothing of it runs outside), from `/`, with stdout discarded and stderr in
+    /// [`Daemon::clients_log`] (a caller that reads it sets its own).
     pub fn leash_as(&self, uid: u32, cgroup: &crate::Cgroup, args: &[&str]) -> Command {
         let leash = self.leash_for_anyone();
         let mut argv = setpriv_args(uid);
@@ -135,8 +136,23 @@ impl Daemon {
         argv.extend(args.iter().map(|a| a.to_string()));
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let mut command = cgroup.command("setpriv", &argv);
-        command.current_dir("/").stdout(Stdio::null());
         command
+            .current_dir("/")
+            .stdout(Stdio::null())
+            .stderr(self.clients_log());
+        command
+    }
+
+    /// A file for the stderr of the clients and trees a test starts and does not read (`leash
+    /// run`'s account of a killed tree, a shell's `Killed`, unshare's complaint when its child
+    /// dies): shown with the daemon's log when the test fails, and not among the lines of the
+    /// tests that pass.
+    pub fn clients_log(&self) -> fs::File {
+        fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("clients.log"))
+            .expect("opening the clients' log")
     }
 
     /// Sets `command` up to run the Python host library against this daemon: its socket, a
@@ -154,22 +170,10 @@ impl Daemon {
             .env_remove("LEASH_LEASE")
     }
 
-    /// The leash binary where any user may run it (the build tree may not be reachable).
-    /// A hard link, not a copy, where it can be: a file being written cannot be executed, and
-    /// a copy's write descriptor leaks for a moment into children other threads fork.
+    /// The leash binary where any user may run it: [`leash_for_anyone_in`] the daemon's
+    /// directory.
     pub fn leash_for_anyone(&self) -> PathBuf {
-        let link = self.dir.join("leash");
-        if !link.exists() && fs::hard_link(leash_binary(), &link).is_err() {
-            let partial = self.dir.join("leash.partial");
-            fs::copy(leash_binary(), &partial).unwrap();
-            fs::set_permissions(&partial, fs::Permissions::from_mode(0o755)).unwrap();
-            fs::rename(&partial, &link).unwrap();
-            // The copy may still be open for writing in a child forked meanwhile.
-            wait_for(Duration::from_secs(10), || {
-                Command::new(&link).arg("--version").output().is_ok()
-            });
-        }
-        link
+        leash_for_anyone_in(&self.dir)
     }
 
     pub fn log(&self) -> String {
@@ -207,6 +211,10 @@ impl Drop for Daemon {
         }
         if std::thread::panicking() {
             eprintln!("daemon log:\n{}", self.log());
+            let clients = fs::read_to_string(self.dir.join("clients.log")).unwrap_or_default();
+            if !clients.is_empty() {
+                eprintln!("the clients' stderr:\n{clients}");
+            }
         }
         let _ = fs::remove_dir_all(&self.dir);
         let _ = fs::remove_dir_all(&self.pins);
@@ -249,6 +257,26 @@ fn spawn_daemon(
         .expect("starting leash daemon")
 }
 
+/// The leash binary as DIR/leash, where any user may run it if DIR is theirs to enter: the
+/// build tree may not be (a clone under /root, mode 0700). A test that runs leash as another
+/// user runs this, never [`leash_binary`] (`cargo xtask lint` checks). A hard link, not a copy,
+/// where it can be: a file being written cannot be executed, and a copy's write descriptor
+/// leaks for a moment into children other threads fork.
+pub fn leash_for_anyone_in(dir: &Path) -> PathBuf {
+    let link = dir.join("leash");
+    if !link.exists() && fs::hard_link(leash_binary(), &link).is_err() {
+        let partial = dir.join("leash.partial");
+        fs::copy(leash_binary(), &partial).unwrap();
+        fs::set_permissions(&partial, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::rename(&partial, &link).unwrap();
+        // The copy may still be open for writing in a child forked meanwhile.
+        wait_for(Duration::from_secs(10), || {
+            Command::new(&link).arg("--version").output().is_ok()
+        });
+    }
+    link
+}
+
 /// `kill -SIGNAL pid`, for processes this test started.
 pub fn signal(pid: u32, signal: &str) {
     let _ = Command::new("kill")
@@ -275,6 +303,7 @@ pub struct LeashedTree {
 }
 
 impl LeashedTree {
+    /// Its output goes to the cgroup's [`crate::Cgroup::output_log`].
     pub fn spawn(
         host: &mut Client,
         label: &str,
@@ -283,8 +312,12 @@ impl LeashedTree {
         options: &leash_client::TreeOptions,
     ) -> Self {
         let cgroup = crate::Cgroup::new(label);
+        let mut command = cgroup.command(program, args);
+        command
+            .stdout(cgroup.output_log())
+            .stderr(cgroup.output_log());
         let (tree, root) = host
-            .spawn(&mut cgroup.command(program, args), options)
+            .spawn(&mut command, options)
             .expect("spawning a tree under the lease");
         Self { tree, root, cgroup }
     }

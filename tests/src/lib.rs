@@ -183,6 +183,22 @@ impl Cgroup {
             .unwrap_or(false)
     }
 
+    /// A file for the output of what runs in the group when the test does not read it (a
+    /// shell's `Killed` or `Terminated` for a job the test's kill ended): shown when the test
+    /// fails, not among the lines of the tests that pass; removed with the group.
+    pub fn output_log(&self) -> fs::File {
+        fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.output_path())
+            .expect("opening the group's output log")
+    }
+
+    fn output_path(&self) -> PathBuf {
+        let name = self.path.file_name().expect("a group's name");
+        std::env::temp_dir().join(format!("{}.output", name.to_string_lossy()))
+    }
+
     /// A command that moves itself into this group, then execs `program args...`. Nothing of
     /// `program` runs outside the group.
     pub fn command(&self, program: &str, args: &[&str]) -> Command {
@@ -275,6 +291,14 @@ impl Drop for Cgroup {
                 eprintln!("could not remove {}: {e}", group.display());
             }
         }
+        let log = self.output_path();
+        if thread::panicking() {
+            let said = fs::read_to_string(&log).unwrap_or_default();
+            if !said.is_empty() {
+                eprintln!("the output of what ran in {}:\n{said}", self.path.display());
+            }
+        }
+        let _ = fs::remove_file(log);
     }
 }
 
@@ -299,10 +323,13 @@ pub struct Scenario {
 
 impl Scenario {
     /// Starts `program args...` as the root of a new tree (held until registered), inside a
-    /// new cgroup.
+    /// new cgroup, its output to the group's [`Cgroup::output_log`].
     pub fn spawn(tracker: &mut Tracker, label: &str, program: &str, args: &[&str]) -> Self {
         let cgroup = Cgroup::new(label);
-        let command = cgroup.command(program, args);
+        let mut command = cgroup.command(program, args);
+        command
+            .stdout(cgroup.output_log())
+            .stderr(cgroup.output_log());
         Self::spawn_command(tracker, cgroup, command)
     }
 

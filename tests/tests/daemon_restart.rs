@@ -277,9 +277,11 @@ fn a_kill_under_way_when_the_daemon_died_is_finished_by_the_next() {
     cgroup.settle_exactly(&["sh", "sleep"]);
     let mut watcher = daemon.client();
     watcher.subscribe().unwrap();
+    // Its daemon dies under it: what it says of that is no concern here.
     let mut killer = daemon
         .leash()
         .args(["kill", &tree.to_string()])
+        .stderr(daemon.clients_log())
         .spawn()
         .unwrap();
     loop {

@@ -14,7 +14,7 @@ use std::{
 
 use leash_tests::{
     Removed,
-    daemon::{USER_A, path_str, setpriv_args},
+    daemon::{USER_A, leash_for_anyone_in, path_str, setpriv_args},
     leash_binary, wait_for,
 };
 
@@ -73,10 +73,7 @@ fn daemon_command(leash: &Path, socket: &str) -> Command {
 fn a_daemon_run_as_another_user_says_to_run_it_as_root() {
     let dir = scratch("user");
     // The build tree may be out of this user's reach: a copy in the scratch directory is not.
-    let leash = dir.0.join("leash");
-    if fs::hard_link(leash_binary(), &leash).is_err() {
-        fs::copy(leash_binary(), &leash).unwrap();
-    }
+    let leash = leash_for_anyone_in(&dir.0);
     let socket = dir.0.join("run/leash.sock");
     let mut command = Command::new("setpriv");
     command.args(setpriv_args(USER_A)).arg(&leash).args([

@@ -34,7 +34,11 @@ fn a_child_born_after_the_doom_is_killed_before_it_acts() {
     );
     let cgroup = Cgroup::new("doomed-newborn");
     let mut command = cgroup.command("sh", &["-c", MEMBER]);
-    command.env("PYTHON", python()).env("MARKER", &marker.0);
+    // The shell says `Terminated` of its sleep that the kill ends.
+    command
+        .env("PYTHON", python())
+        .env("MARKER", &marker.0)
+        .stderr(cgroup.output_log());
     let scenario = Scenario::spawn_command(&mut tracker, cgroup, command);
     scenario.cgroup.settle_exactly(&["sh", "sleep", "sleep"]);
     let tree = scenario.tree;

@@ -218,6 +218,8 @@ fn lingering_sockets_on_connections_not_yet_accepted_hold_up_no_shutdown() {
         .args(["run", "--grace", "100ms", "--"])
         .args(tree.argv("sleep", &["600"]))
         .stdin(Stdio::null())
+        // It says that the daemon's shutdown killed its tree.
+        .stderr(daemon.clients_log())
         .spawn()
         .unwrap();
     tree.settle_exactly(&["sleep"]);

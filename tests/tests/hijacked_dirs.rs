@@ -27,6 +27,7 @@ const USER: u32 = 61001;
 #[test]
 fn a_socket_directory_another_user_made_is_refused() {
     // Like /tmp: anyone may make a directory in it before the daemon does.
+    // Readable by other users: the user runs only mkdir; root runs the daemon from the clone.
     let shared = scratch("shared", 0o1777);
     let dir = shared.0.join("leash");
     let made = Command::new("mkdir")

@@ -105,6 +105,8 @@ fn a_python_host_keeps_its_trees_through_a_daemon_hand_over() {
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
+        // Its warning of the hand-over, and anything it says as it fails.
+        .stderr(daemon.clients_log())
         .spawn()
         .unwrap();
     let mut stdin = host.stdin.take().unwrap();
@@ -112,7 +114,7 @@ fn a_python_host_keeps_its_trees_through_a_daemon_hand_over() {
     let mut next = move || -> serde_json::Value {
         let line = lines
             .next()
-            .expect("the host ended early (its stderr is above)")
+            .expect("the host ended early (its stderr is below, with the daemon's log)")
             .unwrap();
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
     };
@@ -207,7 +209,8 @@ fn the_package_installs_as_another_user_from_a_read_only_checkout() {
     fs::create_dir(&scratch.0).unwrap();
     fs::set_permissions(&scratch.0, fs::Permissions::from_mode(0o755)).unwrap();
 
-    // The checkout, read-only for everyone but root.
+    // The checkout, read-only for everyone but root. Readable by other users: root copies
+    // clients/python and the build backend out of the clone, and the user runs the copies.
     let checkout = scratch.0.join("checkout");
     let copied = Command::new("cp")
         .arg("-r")

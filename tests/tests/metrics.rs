@@ -331,6 +331,8 @@ fn a_tree_whose_root_exits(daemon: &Daemon) {
 
 #[test]
 fn a_scrape_counts_what_the_daemon_did() {
+    // Readable by other users: they run only the system's Python (scrape_as); root runs the
+    // parser from the build tree.
     let Some(python) = parser_python() else {
         return;
     };

@@ -186,7 +186,8 @@ fn exec_shim_in(daemon: &Daemon, container: Container) {
         ],
     );
     leash_client::sys::pass_fd(&mut command, token_reader.into()).unwrap();
-    let mut unshare = command.spawn().unwrap();
+    // unshare complains on stderr when the tree's death ends its child.
+    let mut unshare = command.stderr(daemon.clients_log()).spawn().unwrap();
     drop(command);
 
     // unshare itself, outside the tree, and the two sleeps.

@@ -17,7 +17,7 @@ use std::{
 use leash_client::Client;
 use leash_tests::{
     Cgroup,
-    daemon::{Daemon, USER_A, path_str, setpriv_args},
+    daemon::{Daemon, USER_A, leash_for_anyone_in, path_str, setpriv_args},
     leash_binary, wait_for,
 };
 
@@ -297,12 +297,13 @@ fn a_shim_given_leash_lease_wipes_it_from_its_environ_while_it_registers() {
     let listener = UnixListener::bind(&socket).unwrap();
     fs::set_permissions(&socket, fs::Permissions::from_mode(0o777)).unwrap();
     let token = "0123456789abcdef0123456789abcdef";
-    let mut shim = Command::new(leash_binary())
+    let shim = Command::new(leash_for_anyone_in(&dir.0))
         .args(["--socket", path_str(&socket), "exec", "--", "true"])
         .env("LEASH_LEASE", token)
         .uid(USER_A)
         .gid(USER_A)
         .current_dir("/")
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     // The shim has its token and is registering: its hello came.
@@ -333,7 +334,10 @@ fn a_shim_given_leash_lease_wipes_it_from_its_environ_while_it_registers() {
         !contains(&environ.stdout, token),
         "the token is in the waiting shim's environment: {leash_vars:?}"
     );
-    // No daemon after all: the shim gives up, and its command never runs.
+    // No daemon after all: the shim gives up, saying so, and its command never runs.
     drop(connection);
-    assert_eq!(shim.wait().unwrap().code(), Some(125));
+    let gave_up = shim.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&gave_up.stderr);
+    assert_eq!(gave_up.status.code(), Some(125), "{said}");
+    assert!(said.contains("closed"), "{said}");
 }

@@ -186,23 +186,34 @@ fn ensure_promtool() -> Result<()> {
              {SKIP_VAR}=1 to leave it out"
         );
     }
-    let debs = dir.join("debs");
-    fs::create_dir_all(&debs).with_context(|| format!("creating {}", debs.display()))?;
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     eprintln!(
         "xtask: unpacking promtool from the prometheus package into {}",
         dir.display()
     );
     status(Command::new("apt-get").args(["update", "-qq"]))?;
+    let debs = apt_download_dir()?;
+    let unpacked_deb = download_and_unpack_promtool(&debs, &dir);
+    fs::remove_dir_all(&debs).with_context(|| format!("removing {}", debs.display()))?;
+    unpacked_deb?;
+    if !works(&unpacked) {
+        bail!("{} does not run", unpacked.display());
+    }
+    Ok(())
+}
+
+/// `apt-get download prometheus` into `debs`, and promtool alone out of it into `dir` (the
+/// package is mostly the server).
+fn download_and_unpack_promtool(debs: &Path, dir: &Path) -> Result<()> {
     status(
         Command::new("apt-get")
             .args(["download", "-qq", "prometheus"])
-            .current_dir(&debs),
+            .current_dir(debs),
     )?;
-    let deb = fs::read_dir(&debs)?
+    let deb = fs::read_dir(debs)?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .find(|path| path.extension().is_some_and(|ext| ext == "deb"))
         .context("apt-get download left no .deb")?;
-    // promtool alone (the package is mostly the server).
     status(
         Command::new("sh")
             .args([
@@ -210,13 +221,25 @@ fn ensure_promtool() -> Result<()> {
                 r#"dpkg-deb --fsys-tarfile "$0" | tar -x -C "$1" ./usr/bin/promtool"#,
             ])
             .arg(&deb)
-            .arg(&dir),
-    )?;
-    fs::remove_dir_all(&debs).with_context(|| format!("removing {}", debs.display()))?;
-    if !works(&unpacked) {
-        bail!("{} does not run", unpacked.display());
+            .arg(dir),
+    )
+}
+
+/// A fresh directory (mktemp's, mode 0700) for `apt-get download`, owned by `_apt`, the user
+/// apt downloads as, as its own partial directory is. Not under target/: a clone under /root
+/// is out of `_apt`'s reach, and apt would then download unsandboxed, as root, and warn so.
+/// Left root's where there is no `_apt` (apt then downloads as root anyway).
+fn apt_download_dir() -> Result<PathBuf> {
+    let made = output(Command::new("mktemp").args(["-d", "-t", "leash-apt.XXXXXXXX"]))?;
+    let dir = PathBuf::from(made.trim());
+    let apt_uid = output(Command::new("id").args(["-u", "_apt"]))
+        .ok()
+        .and_then(|uid| uid.trim().parse().ok());
+    if let Some(uid) = apt_uid {
+        std::os::unix::fs::chown(&dir, Some(uid), None)
+            .with_context(|| format!("giving {} to _apt", dir.display()))?;
     }
-    Ok(())
+    Ok(dir)
 }
 
 fn node_major() -> Option<u32> {

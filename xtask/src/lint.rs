@@ -10,9 +10,12 @@
 //!   from its hand-written index.d.ts, must implement what index.d.ts declares (TypeScript and
 //!   Node's types from npm, in a cache of their own);
 //! - the import-cycle check (cycles.rs): no two files of a crate may name each other's items,
-//!   directly or round a circle.
+//!   directly or round a circle;
+//! - that no integration test runs a file of the clone as another user, who may not be able to
+//!   reach it (other_users.rs).
 
 mod cycles;
+mod other_users;
 
 use std::{
     env,
@@ -64,6 +67,10 @@ const STEPS: &[Step] = &[
     Step {
         name: "import cycles",
         run: import_cycles,
+    },
+    Step {
+        name: "tests run no file of the clone as another user",
+        run: other_users,
     },
 ];
 
@@ -307,5 +314,39 @@ fn import_cycles() -> Result<()> {
              pass it in, so that the arrows go one way"
         );
     }
+    Ok(())
+}
+
+/// No test runs a file of the clone as another user (other_users.rs).
+fn other_users() -> Result<()> {
+    let root = workspace_root();
+    let findings = other_users::check(&[root.join("tests/tests"), root.join("tests/src")])?;
+    for finding in &findings {
+        // A call is named as one: `leash_binary()`.
+        let path = match finding.path.strip_suffix('(') {
+            Some(function) => format!("{function}()"),
+            None => finding.path.clone(),
+        };
+        eprintln!(
+            "{}: fn {} runs something as another user and names the clone: {path}",
+            finding
+                .file
+                .strip_prefix(&root)
+                .unwrap_or(&finding.file)
+                .display(),
+            finding.function,
+        );
+    }
+    if !findings.is_empty() {
+        bail!(
+            "{} test function(s) may run a file of the clone as another user, who cannot reach \
+             a clone under a 0700 directory (/root): run a readable copy \
+             (Daemon::leash_for_anyone, daemon::leash_for_anyone_in, copy_readable), or, if \
+             only root runs the clone's file there, say so in a comment holding `{}`",
+            findings.len(),
+            other_users::ALLOWED
+        );
+    }
+    eprintln!("no test runs a file of the clone as another user");
     Ok(())
 }

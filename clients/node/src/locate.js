@@ -3,7 +3,7 @@
 // connect, so that every spawn runs the same shim against the same daemon whatever the host
 // later does to its PATH or environment.
 
-import { accessSync, constants, existsSync, statSync } from "node:fs";
+import { accessSync, constants, existsSync, readFileSync, statSync } from "node:fs";
 import { createRequire } from "node:module";
 import { delimiter, resolve } from "node:path";
 import { LeashError } from "./errors.js";
@@ -40,6 +40,25 @@ export function platformPackage() {
 }
 
 /**
+ * Whether this leash-client names a platform package for this machine among its optional
+ * dependencies: a released one does, for linux-x64 and linux-arm64; a source checkout's
+ * package.json names none (they are added when it is packed), and no other platform has one.
+ * Where it names none, no install can bring the binary.
+ * @returns {boolean}
+ */
+export function namesPlatformPackage() {
+  try {
+    const manifest = JSON.parse(readFileSync(new URL("../package.json", import.meta.url), "utf8"));
+    return Object.prototype.hasOwnProperty.call(
+      manifest.optionalDependencies ?? {},
+      platformPackage(),
+    );
+  } catch {
+    return false;
+  }
+}
+
+/**
  * Where the platform package's binary is, if that package is installed (resolved as an import
  * of this package would, so wherever npm, pnpm or Bun put it); else null.
  * @returns {string | null}
@@ -58,9 +77,10 @@ export function packagedBinary() {
  * the working directory); a bare name is looked up on PATH.
  * @param {string} [option]
  * @param {string | null} [packaged] the platform package's binary (for the tests)
+ * @param {boolean} [named] whether this package names a platform package (for the tests)
  * @returns {string}
  */
-export function leashBinary(option, packaged = packagedBinary()) {
+export function leashBinary(option, packaged = packagedBinary(), named = namesPlatformPackage()) {
   const chosen = option || process.env.LEASH_BIN;
   if (chosen) {
     const from = option ? "the leash option" : "LEASH_BIN";
@@ -85,6 +105,15 @@ export function leashBinary(option, packaged = packagedBinary()) {
   const found = onPath("leash");
   if (found) return found;
   const pkg = platformPackage();
+  if (!named && !packaged) {
+    // A source checkout, or a platform with no package: LEASH_BIN or PATH it must be.
+    throw new LeashError(
+      "unavailable",
+      "no leash binary: set LEASH_BIN to the path of one (from a clone, target/debug/leash " +
+        "after `cargo build`), or install leash so that `leash` is on PATH " +
+        `(${process.env.PATH ?? ""}); this leash-client names no ${pkg} package to carry it`,
+    );
+  }
   const packagedSays =
     packaged && existsSync(packaged)
       ? `${packaged} (of ${pkg}) is not executable`

@@ -40,10 +40,11 @@ test("no leash binary: connect rejects with 'unavailable', naming LEASH_BIN", as
   try {
     process.env.PATH = "/nonexistent";
     delete process.env.LEASH_BIN;
-    // Every place it looked: LEASH_BIN, the platform package, PATH.
+    // Every place it looked: LEASH_BIN and PATH, and no platform package (this checkout's
+    // package.json names none), so LEASH_BIN comes first.
     await assert.rejects(
       Lease.connect({ socket: testEnv.socket }),
-      unavailable(/LEASH_BIN is not set.*leash-client-linux-.*`leash` executable on PATH \(\/nonexistent\)/),
+      unavailable(/^no leash binary: set LEASH_BIN.*on PATH \(\/nonexistent\).*names no leash-client-linux-/),
     );
   } finally {
     Object.assign(process.env, saved);

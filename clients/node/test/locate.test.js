@@ -1,6 +1,7 @@
 // Where the library finds the `leash` binary: the option, then LEASH_BIN, then the binary of
 // the platform package (leash-client-linux-x64 or -arm64, installed beside leash-client), then
-// `leash` on PATH. No daemon is needed: these look at files only.
+// `leash` on PATH; where no platform package can be installed (a source checkout), the error
+// says LEASH_BIN first. No daemon is needed: these look at files only.
 
 import assert from "node:assert/strict";
 import { chmodSync, cpSync, mkdirSync, writeFileSync } from "node:fs";
@@ -8,7 +9,7 @@ import { join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { test } from "node:test";
 import { LeashError } from "../src/index.js";
-import { leashBinary, platformPackage } from "../src/locate.js";
+import { leashBinary, namesPlatformPackage, platformPackage } from "../src/locate.js";
 import { tempDir } from "./helpers.js";
 
 const sources = fileURLToPath(new URL("../src", import.meta.url));
@@ -88,4 +89,30 @@ test("the platform package is found where npm installs it, beside leash-client",
   // This checkout has no platform package installed.
   const { packagedBinary } = await import("../src/locate.js");
   assert.equal(packagedBinary(), null);
+});
+
+test("with no platform package to install, the error leads with LEASH_BIN", (t) => {
+  const dir = tempDir("locate-none");
+  t.after(dir.remove);
+  // This checkout's package.json names no platform package: they are added when it is packed.
+  assert.equal(namesPlatformPackage(), false);
+  const unavailable = (named) => {
+    try {
+      withEnv({ PATH: join(dir.path, "empty"), LEASH_BIN: undefined }, () =>
+        leashBinary(undefined, null, named),
+      );
+    } catch (error) {
+      assert.ok(error instanceof LeashError && error.code === "unavailable", String(error));
+      return error.message;
+    }
+    assert.fail("a leash binary was found");
+  };
+  const fromClone = unavailable(false);
+  assert.match(fromClone, /^no leash binary: set LEASH_BIN to the path of one/);
+  assert.ok(!fromClone.includes("optional"), fromClone);
+  assert.ok(fromClone.includes(`names no ${platformPackage()} package`), fromClone);
+  // A released leash-client installed without its optional dependencies says to add them.
+  const released = unavailable(true);
+  assert.ok(released.includes(`no ${platformPackage()} package is installed`), released);
+  assert.ok(released.includes("not --omit=optional"), released);
 });
