@@ -35,6 +35,7 @@ mod fail_closed;
 mod fd_disposal;
 mod fd_exhaustion;
 mod flood;
+mod forged_sender;
 mod fork_chain;
 mod garbage;
 mod grace_shortened;

@@ -2,7 +2,9 @@
 //! tree runs under its host's uid, so a uid alone grants little:
 //!
 //! - register: only processes the client could signal itself (the kill(2) rule).
-//! - release: the host holding the tree's lease, or root.
+//! - release: the host holding the tree's lease, or root; never on a connection whose lines
+//!   another process could have sent in the client's name (see `Peer::may_be_impersonated`):
+//!   a release loosens a tree, and there the agent could be the one asking.
 //! - kill: that host, root, or a process of the tree's uid that runs in no tree (a user at a
 //!   terminal, who could signal the members anyway).
 //! - see (list, events): a process in a tree sees its own tree and the trees nested in it;
@@ -65,6 +67,9 @@ pub(super) struct Requester<'a> {
     pub confined: &'a [TreeId],
     /// The requesting process's pid namespace.
     pub pid_namespace: u32,
+    /// Another process (a container's root) could have sent the request in the requester's
+    /// name: see `Peer::may_be_impersonated`.
+    pub may_be_impersonated: bool,
 }
 
 /// A tree, as the rules see it.
@@ -112,6 +117,13 @@ pub(super) fn may_release(who: Requester<'_>, tree: TreeFacts<'_>) -> Verdict {
         Verdict::Hidden
     } else if holds_the_client(who, tree) {
         Verdict::Denied("a process may not release the tree it runs in, nor one that holds it")
+    } else if who.may_be_impersonated {
+        Verdict::Denied(
+            "a client in a user namespace and a pid namespace of its own (a rootless \
+             container) may not release: root there can send a line in any process's name \
+             (SCM_CREDENTIALS), the agent included; kill the tree instead, or release it as \
+             root outside the container",
+        )
     } else if who.lease == tree.lease || who.uid == 0 {
         Verdict::Allowed
     } else {
@@ -152,6 +164,7 @@ mod tests {
             lease: 1,
             confined: &[],
             pid_namespace: HOST_NS,
+            may_be_impersonated: false,
         };
         let container = Requester {
             lease: 2,
@@ -194,6 +207,7 @@ mod tests {
             lease: 9,
             confined: &[5, 2],
             pid_namespace: HOST_NS,
+            may_be_impersonated: false,
         };
         let own = TreeFacts {
             lease: 1,
@@ -262,6 +276,7 @@ mod tests {
             lease: 1,
             confined: &[],
             pid_namespace: HOST_NS,
+            may_be_impersonated: false,
         };
         let terminal = Requester { lease: 2, ..holder };
         let root = Requester {
@@ -269,12 +284,14 @@ mod tests {
             lease: 3,
             confined: &[],
             pid_namespace: HOST_NS,
+            may_be_impersonated: false,
         };
         let stranger = Requester {
             uid: 1001,
             lease: 4,
             confined: &[],
             pid_namespace: HOST_NS,
+            may_be_impersonated: false,
         };
         assert_eq!(may_release(holder, tree), Verdict::Allowed);
         assert_eq!(may_release(root, tree), Verdict::Allowed);
@@ -282,6 +299,33 @@ mod tests {
         assert_eq!(may_kill(terminal, tree), Verdict::Allowed);
         assert_eq!(may_kill(stranger, tree), Verdict::Hidden);
         assert_eq!(may_release(stranger, tree), Verdict::Hidden);
+    }
+
+    #[test]
+    fn a_client_another_may_speak_for_cannot_release() {
+        let tree = TreeFacts {
+            lease: 1,
+            owner: 61001,
+            chain: &[4],
+            registered_from: &[CONTAINER_NS, HOST_NS],
+        };
+        let host = Requester {
+            uid: 61001,
+            lease: 1,
+            confined: &[],
+            pid_namespace: CONTAINER_NS,
+            may_be_impersonated: true,
+        };
+        assert!(matches!(may_release(host, tree), Verdict::Denied(_)));
+        let as_root = Requester { uid: 0, ..host };
+        assert!(matches!(may_release(as_root, tree), Verdict::Denied(_)));
+        // A kill only tightens: its grace is at most the tree's own.
+        assert_eq!(may_kill(host, tree), Verdict::Allowed);
+        let told_apart = Requester {
+            may_be_impersonated: false,
+            ..host
+        };
+        assert_eq!(may_release(told_apart, tree), Verdict::Allowed);
     }
 
     fn uids(real: u32, effective: u32, saved: u32) -> ProcessUids {
