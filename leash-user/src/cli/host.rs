@@ -171,7 +171,7 @@ pub(super) fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
     };
     tracing::debug!(tree, pid = child.id(), "running on a leash");
     // Dropped on every way out of this function: the terminal gets its mode back.
-    let mut relay = pty.map(Pty::relay);
+    let mut relay = pty.map(|pty| pty.relay(&child));
     let root = Pidfd::open(child.id()).context("watching the command")?;
     let status = loop {
         let ready =
