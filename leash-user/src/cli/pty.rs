@@ -56,7 +56,9 @@ impl Pty {
     pub(super) fn open() -> Result<Self> {
         let signals = SignalFd::block(&[libc::SIGWINCH, libc::SIGCHLD])
             .context("taking SIGWINCH and SIGCHLD")?;
-        let (master, other) = open_pty().context("opening a pseudoterminal")?;
+        let (master, other) = open_pty().context(
+            "opening a pseudoterminal for the command (--no-pty lets it share this terminal)",
+        )?;
         let stdin = rustix::stdio::stdin();
         // The command starts with the terminal as the user has set it (erase key, UTF-8...).
         let settings = termios::tcgetattr(stdin).context("reading the terminal's settings")?;
