@@ -2,7 +2,8 @@
 //! tmux), an agent running as another uid pushes `touch MARKER` into its terminal's input with
 //! ioctl TIOCSTI and exits; once `leash run` returns, the shell has run nothing. With
 //! `--no-pty` the same agent shares the shell's terminal and the shell runs it: the attack is
-//! real here. The pty also relays the command's output and `leash run` returns its status.
+//! real here. The pty also relays the command's output, `leash run` returns its status, and
+//! SIGTERM to `leash run` kills the tree and leaves the terminal in its own mode.
 
 use std::{
     fs,
@@ -13,7 +14,7 @@ use std::{
 };
 
 use leash_tests::{
-    daemon::{Daemon, USER_A, path_str, setpriv_args},
+    daemon::{Daemon, USER_A, path_str, setpriv_args, signal},
     python, wait_for,
 };
 
@@ -187,4 +188,28 @@ fn an_agent_under_leash_run_cannot_type_into_its_users_shell() {
         inner, outer,
         "the command had the shell's terminal:\n{screen}"
     );
+
+    // SIGTERM to `leash run` still kills the tree, and the terminal gets its mode back.
+    tmux.type_line(&format!(
+        "{leash} --socket {socket} run -- sh -c 'echo leash-pid-$PPID; exec sleep 100'; \
+         echo status-$((0+$?)); stty -a | grep -q -- -icanon || echo cooked-$((1+1))",
+        leash = path_str(&daemon.leash_for_anyone()),
+        socket = path_str(&daemon.socket),
+    ));
+    let mut leash_pid = None;
+    assert!(
+        wait_for(Duration::from_secs(15), || {
+            leash_pid = tmux.screen().lines().find_map(|line| {
+                line.strip_prefix("leash-pid-")
+                    .and_then(|pid| pid.trim().parse::<u32>().ok())
+            });
+            leash_pid.is_some()
+        }),
+        "the command did not start:\n{}",
+        tmux.screen()
+    );
+    signal(leash_pid.unwrap(), "TERM");
+    tmux.wait_for_word("cooked-2");
+    let screen = tmux.screen();
+    assert!(screen.contains("status-143"), "{screen}");
 }
