@@ -59,6 +59,8 @@ pub(super) struct RunArgs {
     /// With --no-pty, on a kernel that allows TIOCSTI (dev.tty.legacy_tiocsti = 1, and every
     /// kernel before 6.2), CMD can type commands into your shell, which runs them after leash
     /// run returns, outside any tree. Without a terminal on standard input, no pty is made.
+    /// With a pty, CMD's exit hangs it up: with --keep-on-root-exit, what should outlive CMD
+    /// ignores SIGHUP (nohup) or calls setsid.
     #[arg(long)]
     no_pty: bool,
     /// The command, the root of the tree: after `--`, or as it is (`leash run make -j4`; the

@@ -10,7 +10,9 @@
 //!
 //! The command leads a session of its own, so its process group is orphaned: the kernel does
 //! not stop it for Ctrl-Z (nor for its own SIGTSTP). Stopped all the same (SIGSTOP), it
-//! stops `leash run` too, the terminal in its own mode, and `fg` continues both.
+//! stops `leash run` too, the terminal in its own mode, and `fg` continues both. Its exit hangs
+//! the pty up, as a session leader's does its terminal: what is left in its foreground process
+//! group gets SIGHUP (sudo avoids this with a monitor process that leads the session).
 
 use std::{
     fs::File,
@@ -52,7 +54,7 @@ pub(super) struct Pty {
 
 impl Pty {
     /// Opens the pty with the user's terminal's settings and size. Call it before any thread
-    /// starts (SIGWINCH is blocked here, see [`SignalFd::block`]).
+    /// starts (SIGWINCH and SIGCHLD are blocked here, see [`SignalFd::block`]).
     pub(super) fn open() -> Result<Self> {
         let signals = SignalFd::block(&[libc::SIGWINCH, libc::SIGCHLD])
             .context("taking SIGWINCH and SIGCHLD")?;
