@@ -87,6 +87,7 @@ mod tenancy;
 mod thousand;
 mod thread_exits;
 mod threads;
+mod tiocsti;
 mod token_limits;
 mod unprivileged;
 mod untracked_storm;

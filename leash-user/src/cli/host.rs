@@ -18,7 +18,10 @@ use leash_client::{
     read_lease_token, sys,
 };
 
-use super::exec_failure::ExecFailure;
+use super::{
+    exec_failure::ExecFailure,
+    pty::{self, Pty},
+};
 
 /// How a tree is enforced, as `run` and `exec` take it.
 #[derive(Args, Debug)]
@@ -50,6 +53,16 @@ impl EnforcementArgs {
 pub(super) struct RunArgs {
     #[command(flatten)]
     enforcement: EnforcementArgs,
+    /// Let CMD share this terminal. By default, when standard input is a terminal, CMD gets a
+    /// pseudoterminal of its own, which leash relays to and from this one (as sudo's use_pty
+    /// does): what CMD pushes into its terminal's input (ioctl TIOCSTI) reaches only that pty.
+    /// With --no-pty, on a kernel that allows TIOCSTI (dev.tty.legacy_tiocsti = 1, and every
+    /// kernel before 6.2), CMD can type commands into your shell, which runs them after leash
+    /// run returns, outside any tree. Without a terminal on standard input, no pty is made.
+    /// With a pty, CMD's exit hangs it up: with --keep-on-root-exit, what should outlive CMD
+    /// ignores SIGHUP (nohup) or calls setsid.
+    #[arg(long)]
+    no_pty: bool,
     /// The command, the root of the tree: after `--`, or as it is (`leash run make -j4`; the
     /// options of `leash run` come before it, and what follows its name is its own).
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
@@ -126,6 +139,12 @@ pub(super) fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
     // First, before any thread starts, so that none takes them the default way (see
     // SignalFd::block).
     let signals = SignalFd::block(&FORWARDED).context("taking SIGTERM, SIGINT and SIGHUP")?;
+    // Before any thread too (it takes SIGWINCH from a signalfd).
+    let pty = if !args.no_pty && pty::wanted() {
+        Some(Pty::open()?)
+    } else {
+        None
+    };
     let mut client = connect(socket)?;
     // Before the spawn, so the end of the tree cannot be missed.
     client.subscribe()?;
@@ -133,7 +152,14 @@ pub(super) fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
     let mut command = Command::new(program);
     command.args(rest);
     signals.unblock_in(&mut command);
-    let (tree, mut child) = match client.spawn(&mut command, &args.enforcement.options()) {
+    if let Some(pty) = &pty {
+        pty.attach(&mut command)?;
+    }
+    let spawned = client.spawn(&mut command, &args.enforcement.options());
+    // With its copies of the pty: the pty ends when the last process of the tree holding it
+    // exits, and not with this one.
+    drop(command);
+    let (tree, mut child) = match spawned {
         Ok(spawned) => spawned,
         // The command's failure, not leash's: said and numbered as a shell does.
         Err(leash_client::Error::Spawn(error)) => match ExecFailure::of_spawn(program, &error) {
@@ -146,6 +172,8 @@ pub(super) fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
         Err(error) => return Err(error.into()),
     };
     tracing::debug!(tree, pid = child.id(), "running on a leash");
+    // Dropped on every way out of this function: the terminal gets its mode back.
+    let mut relay = pty.map(|pty| pty.relay(&child));
     let root = Pidfd::open(child.id()).context("watching the command")?;
     let status = loop {
         let ready =
@@ -186,6 +214,10 @@ pub(super) fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
                 break;
             }
         }
+    }
+    // The tree's last output, before anything leash says, and in the terminal's own mode.
+    if let Some(relay) = &mut relay {
+        relay.finish();
     }
     // A tree killed from outside ends the command by a signal: say who ended it, or the
     // status (143) reads like the command's own crash.

@@ -13,6 +13,7 @@ mod exec_failure;
 mod generate;
 mod host;
 mod logging;
+mod pty;
 mod show;
 mod stdout;
 mod timestamp;

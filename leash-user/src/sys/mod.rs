@@ -8,6 +8,7 @@ mod fs;
 mod pidfd;
 mod poll;
 mod process;
+mod pty;
 mod signal;
 mod socket;
 
@@ -25,6 +26,7 @@ pub use process::{
     FdLimit, Unpreempted, boottime_ns, group_id, monotonic_ns, raise_fd_limit, random_bytes,
     release_free_memory, set_thread_nice, take_env_secret, umask,
 };
+pub use pty::{controlling_terminal_in, open_pty};
 pub use signal::SignalFd;
 pub use socket::{
     SCM_MAX_FD, peek_with_fds, peer_pid, peer_pidfd, queued_bytes, recv_with_fds,

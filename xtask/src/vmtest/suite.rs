@@ -29,6 +29,7 @@ pub(super) const LEFT_OUT: &[(&str, &str)] = &[
     ("systemd_unit", "runs systemd-analyze, which the guests do not have"),
     ("doc_examples", "type-checks the docs' code blocks with mypy and tsc, which the guests do not have"),
     ("watch_tmux", "drives a terminal through tmux, which the guests do not have"),
+    ("tiocsti", "drives a shell in a terminal through tmux, which the guests do not have"),
     ("thousand", "a load test: a 1001-process tree; fork_chain and adopt_existing take the same kernel paths"),
     ("kill_steps", "a load test: 2001 members, the kill engine's step sizes (user space)"),
     ("flood", "a load test of the daemon's connection limits (user space)"),

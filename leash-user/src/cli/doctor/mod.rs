@@ -10,6 +10,7 @@
 //! - [`files`]: bpffs, the socket's directory and the pins;
 //! - [`daemon`]: the daemon's answer, and whether it and this process see each other's pids;
 //! - [`guard`]: the ptrace guard the daemon has in place;
+//! - [`tiocsti`]: whether an agent sharing its user's terminal can type into it;
 //! - [`report`]: the findings, the verdict, and the text (JSON is their serialization);
 //! - [`bounds`]: every check on a thread of its own, waited for a bounded time.
 
@@ -19,6 +20,7 @@ mod files;
 mod guard;
 mod kernel;
 mod report;
+mod tiocsti;
 
 use std::{
     io::Write,
@@ -36,6 +38,7 @@ pub(super) use guard::guard_of;
 use guard::ptrace_guard_finding;
 use kernel::{kernel_findings, membership_finding};
 use report::{Report, Status, text};
+use tiocsti::legacy_tiocsti_finding;
 
 #[derive(Args, Debug)]
 pub(super) struct DoctorArgs {
@@ -82,6 +85,7 @@ pub(super) fn doctor(socket: &Path, args: DoctorArgs) -> Result<ExitCode> {
         })
         .unwrap_or_else(|| timed_out("pins")),
     );
+    findings.extend(legacy_tiocsti_finding());
 
     let verdict = if findings.iter().any(|f| f.status == Status::Fail) {
         Status::Fail

@@ -1,0 +1,215 @@
+//! An agent cannot type into its user's shell: under `leash run` at a terminal (a shell in
+//! tmux), an agent running as another uid pushes `touch MARKER` into its terminal's input with
+//! ioctl TIOCSTI and exits; once `leash run` returns, the shell has run nothing. With
+//! `--no-pty` the same agent shares the shell's terminal and the shell runs it: the attack is
+//! real here. The pty also relays the command's output, `leash run` returns its status, and
+//! SIGTERM to `leash run` kills the tree and leaves the terminal in its own mode.
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::Path,
+    process::{Command, Output},
+    time::Duration,
+};
+
+use leash_tests::{
+    daemon::{Daemon, USER_A, path_str, setpriv_args, signal},
+    python, wait_for,
+};
+
+/// Pushes MARKER's `touch` into the terminal on its standard input, a byte at a time, as
+/// typed keys, and exits.
+const AGENT: &str = "import fcntl, sys, termios\n\
+    for c in 'touch ' + sys.argv[1] + '\\n':\n    \
+    fcntl.ioctl(0, termios.TIOCSTI, c.encode())\n";
+
+/// A tmux server of the test's own, on its own socket, killed when dropped.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    /// A shell, `sh`, in a detached session "shell".
+    fn with_shell() -> Self {
+        let tmux = Command::new("tmux").arg("-V").output();
+        assert!(
+            tmux.is_ok_and(|o| o.status.success()),
+            "tmux is needed (cargo xtask test installs it)"
+        );
+        let tmux = Self {
+            socket: format!("leash-tiocsti-{}", std::process::id()),
+        };
+        let started = tmux.run(&[
+            "new-session",
+            "-d",
+            "-s",
+            "shell",
+            "-x",
+            "150",
+            "-y",
+            "40",
+            "env PS1='$ ' sh",
+        ]);
+        assert!(
+            started.status.success(),
+            "tmux: {}",
+            String::from_utf8_lossy(&started.stderr)
+        );
+        tmux
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new("tmux")
+            .arg("-L")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "shell"]).stdout)
+            .into_owned()
+    }
+
+    /// Types `line` into the shell, then Enter.
+    fn type_line(&self, line: &str) {
+        self.run(&["send-keys", "-t", "shell", "-l", line]);
+        self.run(&["send-keys", "-t", "shell", "Enter"]);
+    }
+
+    /// Types `line`, waits for the shell to have run it, then types a line of its own and
+    /// waits for that too: the shell has then also run whatever was pushed into its input
+    /// meanwhile. (Keys typed while `leash run` runs are the command's.)
+    fn type_and_wait(&self, line: &str, n: u32) {
+        self.type_line(&format!("{line}; echo ran-$(({n}+1000))"));
+        self.wait_for_word(&format!("ran-{}", n + 1000));
+        self.type_line(&format!("echo end-$(({n}+2000))"));
+        self.wait_for_word(&format!("end-{}", n + 2000));
+    }
+
+    /// Waits for `word` on the screen (the typed line computes it, so it does not show it).
+    fn wait_for_word(&self, word: &str) {
+        let mut screen = String::new();
+        assert!(
+            wait_for(Duration::from_secs(15), || {
+                screen = self.screen();
+                screen.contains(word)
+            }),
+            "the shell did not get to `{word}`:\n{screen}"
+        );
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the terminal:\n{}", self.screen());
+        }
+        self.run(&["kill-server"]);
+    }
+}
+
+#[test]
+fn an_agent_under_leash_run_cannot_type_into_its_users_shell() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let agent = daemon.dir.join("agent.py");
+    fs::write(&agent, AGENT).unwrap();
+    fs::set_permissions(&agent, fs::Permissions::from_mode(0o644)).unwrap();
+    // The kernel lets a process push input only into its controlling terminal, and, where
+    // dev.tty.legacy_tiocsti is 0, only with CAP_SYS_ADMIN: then the agent runs as root, to
+    // whom the kernel still allows it, so that the attack is real on every kernel.
+    let legacy = fs::read_to_string("/proc/sys/dev/tty/legacy_tiocsti")
+        .map_or(true, |value| value.trim() != "0");
+    let agent_as = if legacy {
+        let mut argv = vec!["setpriv".to_owned()];
+        argv.extend(setpriv_args(USER_A));
+        argv.join(" ")
+    } else {
+        eprintln!("dev.tty.legacy_tiocsti is 0: the agent runs as root, who may use TIOCSTI");
+        String::new()
+    };
+    let run = |flags: &str, marker: &Path| {
+        format!(
+            "{leash} --socket {socket} run {flags} -- {agent_as} {python} {agent} {marker}",
+            leash = path_str(&daemon.leash_for_anyone()),
+            socket = path_str(&daemon.socket),
+            python = python(),
+            agent = path_str(&agent),
+            marker = path_str(marker),
+        )
+    };
+    let tmux = Tmux::with_shell();
+
+    // Its own pty: the keys went to it, and nothing ran in the shell.
+    let blocked = daemon.dir.join("typed-through-the-pty");
+    tmux.type_and_wait(&run("", &blocked), 1);
+    assert!(
+        !blocked.exists(),
+        "the shell ran what the agent typed under `leash run`:\n{}",
+        tmux.screen()
+    );
+
+    // Sharing the terminal: the shell ran it.
+    let typed = daemon.dir.join("typed-into-the-shell");
+    tmux.type_and_wait(&run("--no-pty", &typed), 2);
+    assert!(
+        typed.exists(),
+        "with --no-pty the agent's TIOCSTI did not reach the shell, so this test shows \
+         nothing:\n{}",
+        tmux.screen()
+    );
+
+    // Through the pty: the command's output, its status, and a terminal that is not the
+    // shell's.
+    tmux.type_and_wait(
+        &format!(
+            "{leash} --socket {socket} run -- sh -c 'echo out-$((6*7)) $(tty); exit 3'; \
+             echo status-$((0+$?)) $(tty)",
+            leash = path_str(&daemon.leash_for_anyone()),
+            socket = path_str(&daemon.socket),
+        ),
+        3,
+    );
+    let screen = tmux.screen();
+    let word_after = |word: &str| {
+        screen
+            .lines()
+            .find_map(|line| line.strip_prefix(word))
+            .map(|rest| rest.trim().to_owned())
+    };
+    let inner = word_after("out-42 ").unwrap_or_else(|| panic!("no output:\n{screen}"));
+    let outer = word_after("status-3 ").unwrap_or_else(|| panic!("not status 3:\n{screen}"));
+    assert!(inner.starts_with("/dev/pts/"), "{screen}");
+    assert_ne!(
+        inner, outer,
+        "the command had the shell's terminal:\n{screen}"
+    );
+
+    // SIGTERM to `leash run` still kills the tree, and the terminal gets its mode back.
+    tmux.type_line(&format!(
+        "{leash} --socket {socket} run -- sh -c 'echo leash-pid-$PPID; exec sleep 100'; \
+         echo status-$((0+$?)); stty -a | grep -q -- -icanon || echo cooked-$((1+1))",
+        leash = path_str(&daemon.leash_for_anyone()),
+        socket = path_str(&daemon.socket),
+    ));
+    let mut leash_pid = None;
+    assert!(
+        wait_for(Duration::from_secs(15), || {
+            leash_pid = tmux.screen().lines().find_map(|line| {
+                line.strip_prefix("leash-pid-")
+                    .and_then(|pid| pid.trim().parse::<u32>().ok())
+            });
+            leash_pid.is_some()
+        }),
+        "the command did not start:\n{}",
+        tmux.screen()
+    );
+    signal(leash_pid.unwrap(), "TERM");
+    tmux.wait_for_word("cooked-2");
+    let screen = tmux.screen();
+    assert!(screen.contains("status-143"), "{screen}");
+}
