@@ -119,15 +119,20 @@ impl Daemon {
         Client::connect_to(&self.socket).expect("connecting to the daemon")
     }
 
-    /// `leash --socket SOCKET` for a client command.
+    /// `leash --socket SOCKET` for a client command, its stdin empty: at a developer's
+    /// terminal, a `leash run` that inherited it would relay through a pty of its own and set
+    /// that terminal raw, one test beside another (a caller that writes to it sets its own).
     pub fn leash(&self) -> Command {
         let mut command = Command::new(leash_binary());
-        command.arg("--socket").arg(&self.socket);
+        command
+            .arg("--socket")
+            .arg(&self.socket)
+            .stdin(Stdio::null());
         command
     }
 
     /// `leash --socket SOCKET ARGS...` run as `uid`, inside `cgroup` (joined as root first, so
-    /// nothing of it runs outside), from `/`, with stdout discarded and stderr in
+    /// nothing of it runs outside), from `/`, with stdin empty, stdout discarded and stderr in
     /// [`Daemon::clients_log`] (a caller that reads it sets its own).
     pub fn leash_as(&self, uid: u32, cgroup: &crate::Cgroup, args: &[&str]) -> Command {
         let leash = self.leash_for_anyone();
@@ -138,6 +143,7 @@ impl Daemon {
         let mut command = cgroup.command("setpriv", &argv);
         command
             .current_dir("/")
+            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(self.clients_log());
         command
