@@ -22,7 +22,9 @@ const CONNECTIONS: usize = 300;
 /// `status` (a reply, or the refusal of a connection over the cap), says `flooding` on stdout,
 /// then sends pipelined `status` and `list` requests on every one until stdin closes, never
 /// reading a reply until then. Then it reads what each connection has been sent so far and
-/// prints the counts. The refusals are counted before the flood: during it the daemon closes
+/// prints the counts. A connection over the cap is refused as it is accepted, while its uid
+/// has as many being set up, or once it is set up, while it holds as many open: either way
+/// one line. The refusals are counted before the flood: during it the daemon closes
 /// connections that leave too much unread (`closing`, `not_reading`), and the connections that
 /// were still waiting to be accepted then fit under the cap.
 const FLOOD: &str = r#"
@@ -51,7 +53,8 @@ for s in conns:
             first += chunk
     except OSError:
         pass
-    if b"limit_reached" in first and b"connections open" in first:
+    # Over the cap while it is set up (refused as it is accepted), or once it is.
+    if b"limit_reached" in first and (b"connections open" in first or b"being set up" in first):
         refused_connections += 1
     s.setblocking(False)
 print("flooding", flush=True)
@@ -79,7 +82,7 @@ for s in conns:
     except (BlockingIOError, InterruptedError, OSError):
         pass
     for line in data.split(b"\n"):
-        if b"limit_reached" in line and b"connections open" not in line:
+        if b"limit_reached" in line and not (b"connections open" in line or b"being set up" in line):
             rate_refusals += 1
         elif b'"ok"' in line:
             answered += 1

@@ -91,6 +91,7 @@ mod tiocsti;
 mod token_limits;
 mod unprivileged;
 mod untracked_storm;
+mod userns_flood;
 mod version;
 mod watch_tmux;
 mod whois;

@@ -17,12 +17,14 @@ use leash_client::protocol::{
 use leash_common::Account;
 use tokio::{
     io::{AsyncBufRead, AsyncBufReadExt, BufReader, unix::AsyncFd},
-    net::UnixStream,
+    net::{UnixListener, UnixStream},
     sync::oneshot,
 };
 use tracing::Instrument;
 
 use super::{
+    accept::{self, AcceptFailures},
+    admission::Place,
     identity,
     limits::ConnectionSlot,
     outbox::{Outbox, encode},
@@ -45,7 +47,7 @@ const REFUSAL_PATIENCE: Duration = Duration::from_millis(500);
 /// Serves a connection, then closes the daemon's end of it apart (`disposal`): a client may
 /// have left descriptors queued on it, and the last close of the socket closes them. So the
 /// socket is never dropped on the way: setting up only borrows it, and serving hands it back.
-pub(super) async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
+pub(super) async fn serve(daemon: Arc<Daemon>, stream: UnixStream, place: Place) {
     // Held until the connection is closed: a stopping daemon waits for its last line.
     let mut stopping = daemon.stopping.listen();
     // First: from now on the kernel names the sender of every request (see request_stream). A
@@ -54,7 +56,7 @@ pub(super) async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
         tracing::warn!("cannot have the kernel name each request's sender (SO_PASSCRED): {e}");
     }
     let credentials = stream.peer_cred();
-    let (stream, account, slot) = match set_up(&daemon, &stream, credentials).await {
+    let (stream, account, slot) = match set_up(&daemon, &stream, credentials, place).await {
         Err((account, slot)) => (Some(stream), account, slot),
         Ok(lease) => {
             let Lease {
@@ -97,6 +99,48 @@ pub(super) async fn serve(daemon: Arc<Daemon>, stream: UnixStream) {
     drop(stopping);
 }
 
+/// The next connection admitted: room for it taken, accepted, and its uid's place given. One
+/// over its uid's places is refused at once (a line, if its socket takes it now) and closed.
+/// Cancel-safe (it waits in `select!` beside the signals): it waits only for room and for
+/// accept, and loses neither when dropped there.
+pub(super) async fn next_admitted(
+    daemon: &Daemon,
+    listener: &UnixListener,
+    failures: &mut AcceptFailures,
+) -> (UnixStream, Place) {
+    loop {
+        let room = daemon.admission.room().await;
+        let stream = accept::next_connection(listener, failures).await;
+        // Unknown, it is charged as uid -1, which no user has.
+        let uid = stream.peer_cred().map_or(u32::MAX, |c| c.uid());
+        match daemon.admission.place(room, uid) {
+            Ok(place) => return (stream, place),
+            Err(why) => refuse(daemon, stream, uid, why),
+        }
+    }
+}
+
+/// Refuses a connection without waiting on it: its one line only if its socket takes it now.
+fn refuse(daemon: &Daemon, stream: UnixStream, uid: u32, why: String) {
+    daemon.metrics.refused(ErrorCode::LimitReached);
+    if let Some(count) = daemon.admission.log_refusal() {
+        tracing::warn!(
+            uid,
+            refused = count,
+            "over its limit: refusing ({why}; logged at most every 10 s)"
+        );
+    }
+    let Ok(stream) = stream.into_std() else {
+        return;
+    };
+    // Non-blocking, as tokio left it: a socket that cannot take the line now goes without it.
+    let line = encode(&ServerLine::error(None, ErrorCode::LimitReached, why));
+    let _ = std::io::Write::write(&mut &stream, &line);
+    daemon
+        .disposal
+        .close_connection(uid.into(), OwnedFd::from(stream), None);
+}
+
 /// A connection set up to be served.
 struct Lease {
     slot: ConnectionSlot,
@@ -114,6 +158,7 @@ async fn set_up(
     daemon: &Daemon,
     stream: &UnixStream,
     credentials: io::Result<tokio::net::unix::UCred>,
+    place: Place,
 ) -> Result<Lease, (Account, Option<ConnectionSlot>)> {
     let credentials = match credentials {
         Ok(c) => c,
@@ -129,21 +174,8 @@ async fn set_up(
         return Err((uid.into(), None));
     };
     let refused = || Err((Account::from(uid), None));
-    // The host is watched twice: by the owner, which ends the lease the moment the host dies
-    // whatever load the connections are under, and here, to stop serving.
-    let watched = sys::peer_pidfd(stream.as_fd(), pid as u32).and_then(|pidfd| {
-        let for_owner = pidfd.as_fd().try_clone_to_owned()?;
-        Ok((sys::async_readable(pidfd)?, for_owner))
-    });
-    let (host, for_owner) = match watched {
-        Ok(watched) => watched,
-        Err(e) => {
-            setup_failed(daemon, pid, "cannot watch the connecting process", &e);
-            return refused();
-        }
-    };
-    // Read after the pidfd is open: the start time is the connected process's. Unknown, the
-    // host could not be told from a later process by its pid: refuse the connection.
+    // Nothing of the host's is opened before it is identified: a connection that waits its
+    // turn to be asked about costs its socket alone (and its place in the queue, per uid).
     let host_start_ticks = match crate::proc::read_process(pid as u32) {
         Ok(Some(process)) => process.start_ticks,
         Ok(None) => return refused(),
@@ -157,15 +189,34 @@ async fn set_up(
         return refused();
     };
     let who = match identity::identify(daemon, pid as u32, uid, view).await {
-        // The answer is the connected process's if that still runs (same start time) after it.
-        Ok(Some(who)) if still_running(pid as u32, host_start_ticks) => who,
-        Ok(_) => return refused(),
+        Ok(Some(who)) => who,
+        Ok(None) => return refused(),
         Err(e) => {
             let e = std::io::Error::other(format!("{e:#}"));
             setup_failed(daemon, pid, "cannot tell who the connecting process is", &e);
             return refused();
         }
     };
+    // Identified: its uid's place is another's to take.
+    drop(place);
+    // The host is watched twice: by the owner, which ends the lease the moment the host dies
+    // whatever load the connections are under, and here, to stop serving.
+    let watched = sys::peer_pidfd(stream.as_fd(), pid as u32).and_then(|pidfd| {
+        let for_owner = pidfd.as_fd().try_clone_to_owned()?;
+        Ok((sys::async_readable(pidfd)?, for_owner))
+    });
+    let (host, for_owner) = match watched {
+        Ok(watched) => watched,
+        Err(e) => {
+            setup_failed(daemon, pid, "cannot watch the connecting process", &e);
+            return refused();
+        }
+    };
+    // Checked with the pidfd open: the process it holds (the peer, or the one the pid names)
+    // is the one read first and identified, so that answer and that start time are the host's.
+    if !still_running(pid as u32, host_start_ticks) {
+        return refused();
+    }
     // Counted before anything else is spent on it: over its account's limit, a connection
     // costs one line and is closed.
     let slot = match daemon.limits.open_connection(who.account) {

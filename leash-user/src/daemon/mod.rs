@@ -5,9 +5,10 @@
 //! Each file imports only from files below it (a test of the import graph keeps it so), from
 //! the bottom:
 //!
-//! - [`config`], [`peer`], [`pid_view`], [`auth`], [`limits`]: what the daemon is told, who a
-//!   client is to the rules, and the rules: the kill(2) rule and tree ownership, per-account
-//!   caps on connections, request rate and heavy work.
+//! - [`config`], [`peer`], [`pid_view`], [`auth`], [`limits`], [`admission`]: what the daemon
+//!   is told, who a client is to the rules, and the rules: the kill(2) rule and tree ownership,
+//!   per-account caps on connections, request rate and heavy work, and per-uid places for
+//!   connections being set up.
 //! - [`outbox`], [`subscribers`], [`stopping`]: a connection's replies and events, bounded in
 //!   bytes; who hears of which events; the word to every connection that the daemon stops.
 //! - [`registry`]: the leases and trees, behind methods that keep their rules.
@@ -27,6 +28,7 @@
 //! - [`metrics`], [`metrics_http`]: the figures for Prometheus (`--metrics`).
 
 mod accept;
+mod admission;
 mod adoption;
 mod auth;
 mod commands;
@@ -158,8 +160,8 @@ pub async fn run(config: Config) -> Result<()> {
     let mut accept_failures = accept::AcceptFailures::default();
     loop {
         tokio::select! {
-            stream = accept::next_connection(&listener, &mut accept_failures) => {
-                tokio::spawn(connection::serve(daemon.clone(), stream));
+            (stream, place) = connection::next_admitted(&daemon, &listener, &mut accept_failures) => {
+                tokio::spawn(connection::serve(daemon.clone(), stream, place));
             }
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,

@@ -13,6 +13,7 @@ use leash_client::protocol::Event;
 
 use super::{
     accept::RateLimit,
+    admission::Admission,
     commands::Jobs,
     config::Config,
     disposal::Disposal,
@@ -55,6 +56,8 @@ pub(super) struct Daemon {
     /// iterators' requests (`DESCENTS`, 64), which the owner's kills and reconciling need too.
     pub descent_turn: tokio::sync::Semaphore,
     pub whois_turn: tokio::sync::Semaphore,
+    /// Places for connections being set up, per uid and in all.
+    pub admission: Admission,
     /// The daemon's own pid namespace (inode number).
     pub pid_namespace: u32,
     /// The word to every connection that the daemon is stopping.
@@ -94,6 +97,7 @@ impl Daemon {
             descent,
             descent_turn: tokio::sync::Semaphore::new(DESCENT_TURNS),
             whois_turn: tokio::sync::Semaphore::new(1),
+            admission: Admission::new(config.uid_limits.connections),
             pid_namespace,
             stopping: Stopping::default(),
             config,
