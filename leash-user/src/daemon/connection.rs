@@ -249,6 +249,7 @@ async fn set_up(
         pid: pid as u32,
         start_ticks: host_start_ticks,
         lease,
+        may_be_impersonated: !view.is_daemons() && who.in_user_namespace,
         view,
     };
     Ok(Lease {

@@ -26,6 +26,8 @@ use crate::{kernel::UserNamespace, proc};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct ClientIdentity {
     pub account: Account,
+    /// It runs in a user namespace other than the initial one.
+    pub in_user_namespace: bool,
     /// Its pid namespace (inode number), then each above it, up to the daemon's at least.
     pub pid_namespaces: Arc<[u32]>,
 }
@@ -57,6 +59,7 @@ pub(super) async fn identify(
     if view.is_daemons() && proc::in_initial_user_namespace(pid) == Some(true) {
         return Ok(Some(ClientIdentity {
             account: uid.into(),
+            in_user_namespace: false,
             pid_namespaces: [daemon.pid_namespace].into(),
         }));
     }
@@ -68,6 +71,7 @@ pub(super) async fn identify(
         .context("asking the kernel who the client is")??;
     Ok(identity.map(|identity| ClientIdentity {
         account: account_of(uid, identity.user_ns),
+        in_user_namespace: identity.user_ns.is_some(),
         pid_namespaces: identity.pid_namespaces.into(),
     }))
 }

@@ -19,6 +19,15 @@ pub(super) struct Peer {
     pub lease: u64,
     /// How the client numbers processes: every pid it is sent is its own number.
     pub view: PidView,
+    /// Another process could have sent a line in the client's name. The kernel names each
+    /// line's sender (SCM_CREDENTIALS), but lets a sender name any pid of its pid namespace
+    /// there if it holds CAP_SYS_ADMIN over the user namespace that owns that pid namespace:
+    /// root of a rootless container, which may be the agent, and which the leaked socket or
+    /// one it took then lets speak for its host. That owner cannot be read without ptrace
+    /// rights over the client, so this is what the daemon can tell when the client connects:
+    /// it runs in a pid namespace nested in the daemon's and in a user namespace other than
+    /// the initial one, as in such a container.
+    pub may_be_impersonated: bool,
 }
 
 impl Peer {
@@ -38,18 +47,6 @@ impl Peer {
         }
     }
 
-    /// Whether another process could have sent a line in the client's name. The kernel names
-    /// each line's sender (SCM_CREDENTIALS), but lets a sender name any pid of its pid
-    /// namespace there if it holds CAP_SYS_ADMIN over the user namespace that owns that pid
-    /// namespace: root of a rootless container, which may be the agent, and which the leaked
-    /// socket or one it took then lets speak for its host. The owner's namespace cannot be read
-    /// without ptrace rights over the client, so this asks what it can read: whether the client
-    /// runs in a pid namespace nested in the daemon's and in a user namespace other than the
-    /// initial one, as in such a container. Unreadable (it exited): yes, to fail closed.
-    pub(super) fn may_be_impersonated(&self) -> bool {
-        !self.view.is_daemons() && proc::in_initial_user_namespace(self.pid) != Some(true)
-    }
-
     /// The rules' view of the client, confined to `confined` (see [`Peer::confinement`]).
     pub(super) fn requester<'a>(&self, confined: &'a [TreeId]) -> Requester<'a> {
         Requester {
@@ -57,7 +54,7 @@ impl Peer {
             lease: self.lease,
             confined,
             pid_namespace: self.pid_namespace,
-            may_be_impersonated: self.may_be_impersonated(),
+            may_be_impersonated: self.may_be_impersonated,
         }
     }
 }

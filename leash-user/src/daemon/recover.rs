@@ -32,19 +32,19 @@ type HeldHost = (LeaseId, Arc<[u32]>);
 /// Who the host recorded in `holder` is: its account as recorded, and its pid namespaces as
 /// the kernel says now (the daemon's own if it is gone: its lease then ends at once).
 fn host_identity(daemon: &Daemon, holder: &Holder) -> ClientIdentity {
-    let pid_namespaces = daemon
+    let found = daemon
         .whois
         .ask(holder.host_pid)
         .ok()
         .flatten()
-        .filter(|_| proc::alive_start(holder.host_pid) == Some(holder.host_start_ticks))
-        .map_or_else(
-            || [daemon.pid_namespace].into(),
-            |found| found.pid_namespaces.into(),
-        );
+        .filter(|_| proc::alive_start(holder.host_pid) == Some(holder.host_start_ticks));
     ClientIdentity {
         account: holder.account,
-        pid_namespaces,
+        in_user_namespace: found.as_ref().is_some_and(|found| found.user_ns.is_some()),
+        pid_namespaces: found.map_or_else(
+            || [daemon.pid_namespace].into(),
+            |found| found.pid_namespaces.into(),
+        ),
     }
 }
 
