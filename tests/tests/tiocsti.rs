@@ -5,17 +5,13 @@
 //! real here. The pty also relays the command's output, `leash run` returns its status, and
 //! SIGTERM to `leash run` kills the tree and leaves the terminal in its own mode.
 
-use std::{
-    fs,
-    os::unix::fs::PermissionsExt,
-    path::Path,
-    process::{Command, Output},
-    time::Duration,
-};
+use std::{fs, os::unix::fs::PermissionsExt, path::Path, time::Duration};
 
 use leash_tests::{
     daemon::{Daemon, USER_A, path_str, setpriv_args, signal},
-    python, wait_for,
+    python,
+    tmux::Tmux,
+    wait_for,
 };
 
 /// Pushes MARKER's `touch` into the terminal on its standard input, a byte at a time, as
@@ -24,59 +20,24 @@ const AGENT: &str = "import fcntl, sys, termios\n\
     for c in 'touch ' + sys.argv[1] + '\\n':\n    \
     fcntl.ioctl(0, termios.TIOCSTI, c.encode())\n";
 
-/// A tmux server of the test's own, on its own socket, killed when dropped.
-struct Tmux {
-    socket: String,
-}
+/// A shell, `sh`, in the session "shell" of a tmux server of the test's own.
+struct Shell(Tmux);
 
-impl Tmux {
-    /// A shell, `sh`, in a detached session "shell".
-    fn with_shell() -> Self {
-        let tmux = Command::new("tmux").arg("-V").output();
-        assert!(
-            tmux.is_ok_and(|o| o.status.success()),
-            "tmux is needed (cargo xtask test installs it)"
-        );
-        let tmux = Self {
-            socket: format!("leash-tiocsti-{}", std::process::id()),
-        };
-        let started = tmux.run(&[
-            "new-session",
-            "-d",
-            "-s",
-            "shell",
-            "-x",
-            "150",
-            "-y",
-            "40",
-            "env PS1='$ ' sh",
-        ]);
-        assert!(
-            started.status.success(),
-            "tmux: {}",
-            String::from_utf8_lossy(&started.stderr)
-        );
-        tmux
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new("tmux")
-            .arg("-L")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .unwrap()
+impl Shell {
+    fn start() -> Self {
+        let tmux = Tmux::new("tiocsti");
+        tmux.start("shell", (150, 40), "env PS1='$ ' sh");
+        Self(tmux)
     }
 
     fn screen(&self) -> String {
-        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "shell"]).stdout)
-            .into_owned()
+        self.0.screen_of("shell")
     }
 
     /// Types `line` into the shell, then Enter.
     fn type_line(&self, line: &str) {
-        self.run(&["send-keys", "-t", "shell", "-l", line]);
-        self.run(&["send-keys", "-t", "shell", "Enter"]);
+        self.0.run(&["send-keys", "-t", "shell", "-l", line]);
+        self.0.keys_to("shell", "Enter");
     }
 
     /// Types `line`, waits for the shell to have run it, then types a line of its own and
@@ -99,15 +60,6 @@ impl Tmux {
             }),
             "the shell did not get to `{word}`:\n{screen}"
         );
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("the terminal:\n{}", self.screen());
-        }
-        self.run(&["kill-server"]);
     }
 }
 
@@ -142,7 +94,7 @@ fn an_agent_under_leash_run_cannot_type_into_its_users_shell() {
             marker = path_str(marker),
         )
     };
-    let tmux = Tmux::with_shell();
+    let tmux = Shell::start();
 
     // Its own pty: the keys went to it, and nothing ran in the shell.
     let blocked = daemon.dir.join("typed-through-the-pty");

@@ -5,7 +5,6 @@
 
 use std::{
     collections::BTreeSet,
-    process::{Command, Output},
     time::{Duration, Instant},
 };
 
@@ -13,63 +12,15 @@ use leash_client::{TreeInfo, TreeOptions};
 use leash_tests::{
     Cgroup,
     daemon::{Daemon, path_str},
-    leash_binary, python, wait_for,
+    leash_binary, python,
+    tmux::Tmux,
+    wait_for,
 };
 
 /// A member that keeps a CPU busy, and one that holds 64 MiB, every page touched.
 const BUSY: &str = "while :; do :; done";
 const BIG: &str = "import time; b = b'x' * (64 << 20); time.sleep(600)";
 const MIB: u64 = 1 << 20;
-
-/// A tmux server of the test's own, killed when dropped.
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    fn new() -> Self {
-        let tmux = Command::new("tmux").arg("-V").output();
-        assert!(
-            tmux.is_ok_and(|o| o.status.success()),
-            "tmux is needed (cargo xtask test installs it)"
-        );
-        Self {
-            socket: format!("leash-test-{}", std::process::id()),
-        }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new("tmux")
-            .arg("-L")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .unwrap()
-    }
-
-    fn screen(&self) -> String {
-        self.screen_of("watch")
-    }
-
-    fn screen_of(&self, session: &str) -> String {
-        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", session]).stdout)
-            .into_owned()
-    }
-
-    fn keys(&self, keys: &str) {
-        self.run(&["send-keys", "-t", "watch", keys]);
-    }
-
-    fn alive(&self) -> bool {
-        self.run(&["has-session", "-t", "watch"]).status.success()
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        self.run(&["kill-server"]);
-    }
-}
 
 #[test]
 fn watch_shows_the_tree_and_kills_it_with_k() {
@@ -121,36 +72,23 @@ fn watch_shows_the_tree_and_kills_it_with_k() {
 
     ls_json_agrees_with_proc(&daemon, busy, big, &pids);
 
-    let tmux = Tmux::new();
+    let tmux = Tmux::new("watch");
     let watch = format!(
         "{} --socket {} watch",
         path_str(&leash_binary()),
         path_str(&daemon.socket)
     );
-    let started = tmux.run(&[
-        "new-session",
-        "-d",
-        "-s",
-        "watch",
-        "-x",
-        "100",
-        "-y",
-        "30",
-        &watch,
-    ]);
-    assert!(
-        started.status.success(),
-        "tmux: {}",
-        String::from_utf8_lossy(&started.stderr)
-    );
+    tmux.start("watch", (100, 30), &watch);
 
     let on_screen = |screen: &str| pids.iter().all(|pid| screen.contains(&pid.to_string()));
     assert!(
-        wait_for(Duration::from_secs(20), || on_screen(&tmux.screen())),
+        wait_for(Duration::from_secs(20), || on_screen(
+            &tmux.screen_of("watch")
+        )),
         "pids not shown:\n{}",
-        tmux.screen()
+        tmux.screen_of("watch")
     );
-    eprintln!("leash watch, live:\n{}", tmux.screen());
+    eprintln!("leash watch, live:\n{}", tmux.screen_of("watch"));
     watch_shows_the_figures(&tmux, busy, big);
     let idle_lease = format!(
         "lease {}  host {} ",
@@ -158,52 +96,54 @@ fn watch_shows_the_tree_and_kills_it_with_k() {
         std::process::id()
     );
     assert!(
-        tmux.screen()
+        tmux.screen_of("watch")
             .lines()
             .any(|l| l.starts_with(&idle_lease) && l.ends_with("no trees now")),
         "the lease without trees is not shown:\n{}",
-        tmux.screen()
+        tmux.screen_of("watch")
     );
 
     ls_in_a_terminal(&tmux, &daemon, busy);
 
     // The first line is the idle lease; the next the tree's lease, then the tree.
-    tmux.keys("j");
-    tmux.keys("j");
-    tmux.keys("K");
+    tmux.keys_to("watch", "j");
+    tmux.keys_to("watch", "j");
+    tmux.keys_to("watch", "K");
     assert!(
-        wait_for(Duration::from_secs(10), || tmux.screen().contains("? y/n")),
+        wait_for(Duration::from_secs(10), || tmux
+            .screen_of("watch")
+            .contains("? y/n")),
         "no confirmation:\n{}",
-        tmux.screen()
+        tmux.screen_of("watch")
     );
-    tmux.keys("y");
+    tmux.keys_to("watch", "y");
     let emptied = cgroup.wait_empty(Duration::from_secs(20));
     assert!(emptied.is_some(), "K did not kill the tree");
     assert!(
         wait_for(Duration::from_secs(10), || {
-            let screen = tmux.screen();
+            let screen = tmux.screen_of("watch");
             screen.contains("trees 0")
                 && pids
                     .iter()
                     .all(|pid| !screen.contains(&format!("  {pid} ")))
         }),
         "the killed tree is still shown:\n{}",
-        tmux.screen()
+        tmux.screen_of("watch")
     );
     // The processes' exits while their tree is killed are shown as the kill's, not as
     // ordinary activity that reads like an escape.
     assert!(
         wait_for(Duration::from_secs(10), || tmux
-            .screen()
+            .screen_of("watch")
             .contains("(sleep) exited during the kill")),
         "the exits of the kill are not shown as the kill's:\n{}",
-        tmux.screen()
+        tmux.screen_of("watch")
     );
-    eprintln!("after K, y:\n{}", tmux.screen());
+    eprintln!("after K, y:\n{}", tmux.screen_of("watch"));
 
-    tmux.keys("q");
+    tmux.keys_to("watch", "q");
     assert!(
-        wait_for(Duration::from_secs(10), || !tmux.alive()),
+        wait_for(Duration::from_secs(10), || !tmux.alive("watch")),
         "q did not quit"
     );
     let _ = host.wait();
@@ -226,7 +166,7 @@ fn columns(screen: &str, pid: u32) -> Option<Vec<String>> {
 /// says it gets on this machine, 2 cores shared) and `big` holding its 64 MiB.
 fn watch_shows_the_figures(tmux: &Tmux, busy: u32, big: u32) {
     let header = ["PID", "USER", "S", "CPU%", "RSS", "AGE", "COMMAND"];
-    let screen = tmux.screen();
+    let screen = tmux.screen_of("watch");
     assert!(
         screen
             .lines()
@@ -240,7 +180,7 @@ fn watch_shows_the_figures(tmux: &Tmux, busy: u32, big: u32) {
     let (mut shown_cpu, mut truth) = (f64::NAN, f64::NAN);
     let mut last = String::new();
     let sampled = wait_for(Duration::from_secs(15), || {
-        last = tmux.screen();
+        last = tmux.screen_of("watch");
         // "-" until the view has listed twice.
         let Some(cpu) = columns(&last, busy).and_then(|words| words[3].parse::<f64>().ok()) else {
             return false;
@@ -260,7 +200,7 @@ fn watch_shows_the_figures(tmux: &Tmux, busy: u32, big: u32) {
     eprintln!("leash watch, sampled (/proc says the loop got {truth:.0}%):\n{last}");
     let words = columns(&last, busy).expect("the busy member is shown");
     assert_eq!(words[6..].join(" "), format!("sh -c {BUSY}"), "{last}");
-    let words = columns(&tmux.screen(), big).expect("the big member is shown");
+    let words = columns(&tmux.screen_of("watch"), big).expect("the big member is shown");
     let shown_mib: u64 = words[4].trim_end_matches('M').parse().expect("RSS in MiB");
     let truth = stat_rss(big);
     // A MiB for the rounding, and the counters' drift between the view's read and this one.
@@ -285,18 +225,7 @@ fn ls_in_a_terminal(tmux: &Tmux, daemon: &Daemon, busy: u32) {
         path_str(&leash_binary()),
         path_str(&daemon.socket)
     );
-    let started = tmux.run(&[
-        "new-session",
-        "-d",
-        "-s",
-        "ls",
-        "-x",
-        "100",
-        "-y",
-        "12",
-        &ls,
-    ]);
-    assert!(started.status.success());
+    tmux.start("ls", (100, 12), &ls);
     let mut screen = String::new();
     assert!(
         wait_for(Duration::from_secs(10), || {
