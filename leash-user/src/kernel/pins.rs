@@ -53,10 +53,7 @@ impl Pins {
     /// The pins under `root` as they are, to look at (`leash doctor`): nothing is mounted,
     /// made or checked.
     pub fn existing(root: &Path) -> Self {
-        Self {
-            dir: root.join(format!("v{ABI_VERSION}")),
-            links: Vec::new(),
-        }
+        Self::in_dir(&root.join(format!("v{ABI_VERSION}")))
     }
 
     /// The pins in `dir` (a [`Pins::dir`]), as they are, to look at.
