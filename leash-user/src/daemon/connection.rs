@@ -25,6 +25,7 @@ use tracing::Instrument;
 use super::{
     accept::{self, AcceptFailures},
     admission::Place,
+    disposal::PARKED_PER_ACCOUNT,
     identity,
     limits::ConnectionSlot,
     outbox::{Outbox, encode},
@@ -113,7 +114,15 @@ pub(super) async fn next_admitted(
         let stream = accept::next_connection(listener, failures).await;
         // Unknown, it is charged as uid -1, which no user has.
         let uid = stream.peer_cred().map_or(u32::MAX, |c| c.uid());
-        match daemon.admission.place(room, uid) {
+        let placed = if uid != 0 && daemon.disposal.parked_full(uid.into()) {
+            Err(format!(
+                "uid {uid} has {PARKED_PER_ACCOUNT} connections waiting to be closed behind a \
+                 close of its descriptors that has not returned; try again once it has"
+            ))
+        } else {
+            daemon.admission.place(room, uid)
+        };
+        match placed {
             Ok(place) => return (stream, place),
             Err(why) => refuse(daemon, stream, uid, why),
         }

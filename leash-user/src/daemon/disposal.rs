@@ -4,16 +4,18 @@
 //! says so); a FUSE file flushes to a server that need never answer; a Unix socket releases
 //! the descriptors queued on it, and so does the daemon's end of a connection, whatever they
 //! are. So nothing a client sent, and no connection socket that may hold some, is closed on a
-//! serving thread: it is closed here, on a few threads of its own.
+//! serving thread: it is closed here, on a few threads of its own, and emptied first (see
+//! `emptying`: sockets made abortive, what Unix sockets hold taken out and closed the same way).
 //!
 //! Each account's descriptors are closed in order by one thread at a time, so a close that blocks
 //! holds up that account alone. What waits is bounded: [`PER_ACCOUNT`] descriptors per account and
 //! [`OVERALL`] for all, on at most [`THREADS`] threads. A request whose descriptors find no
 //! room is refused, with its connection, before they are read (they stay in the client's
 //! message). A connection's own socket is closed in place when nothing queued on it carries
-//! a descriptor, and otherwise always finds room (see [`Disposal::close_connection`]). Sockets
-//! are made to close abortively first (`SO_LINGER` 0 s), so a lingering socket sent directly
-//! never blocks.
+//! a descriptor. One that does waits in its account's lane, [`PARKED_PER_ACCOUNT`] at most;
+//! past that it goes to the close queue (see `close_queue`), where it costs the daemon no
+//! descriptor, and the account's new connections are refused at accept until its lane moves
+//! again (see [`Disposal::parked_full`]).
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -23,6 +25,7 @@ use std::{
 
 use leash_common::Account;
 
+use super::{close_queue::CloseQueue, emptying::close_emptied};
 use crate::sys;
 
 /// Descriptors of one account that may wait to be closed (queued, or being closed).
@@ -31,6 +34,9 @@ pub(super) const PER_ACCOUNT: usize = 1024;
 pub(super) const OVERALL: usize = 4096;
 /// Threads that close, at most; each serves one account at a time.
 pub(super) const THREADS: usize = 8;
+/// Connection sockets of one account that may wait in its lane: past these, its connections
+/// are closed through the close queue, and refused at accept.
+pub(super) const PARKED_PER_ACCOUNT: usize = 16;
 
 /// The daemon's disposal: cheap to clone, one for the whole daemon.
 #[derive(Clone, Default)]
@@ -44,6 +50,8 @@ struct State {
     threads: usize,
     /// Descriptors counted, every account's.
     counted: usize,
+    /// Started when first needed (None until then, or while it cannot be).
+    close_queue: Option<CloseQueue>,
 }
 
 /// One account's descriptors waiting to be closed.
@@ -54,6 +62,8 @@ struct Lane {
     counted: usize,
     /// Whether a thread serves it (or it waits in `State::waiting` for one).
     served: bool,
+    /// Connection sockets queued or being closed (counted in `counted` too).
+    parked: usize,
 }
 
 struct Batch {
@@ -62,6 +72,8 @@ struct Batch {
     /// Dropped once the descriptors are closed: a connection's slot, held until its socket
     /// is really gone.
     then: Option<Box<dyn Send>>,
+    /// Whether it is a connection's socket (counted in `Lane::parked`).
+    parked: bool,
 }
 
 /// Room kept for descriptors about to be read, so that whatever the read brings has a place.
@@ -102,9 +114,9 @@ impl Disposal {
 
     /// Closes the daemon's end of a connection of `account`, and drops `slot` once it is closed.
     /// Shut down first, it can be queued nothing more; if no descriptor is queued on it either,
-    /// its close releases nothing of the client's and is done here. Otherwise it goes to the
-    /// disposal, over the bounds if need be (see [`carries_no_descriptors`] for what bounds
-    /// those).
+    /// its close releases nothing of the client's and is done here. Otherwise it waits in its
+    /// account's lane, over the lane's bounds if need be, or past [`PARKED_PER_ACCOUNT`] goes
+    /// to the close queue (see [`carries_no_descriptors`] for what bounds those).
     pub(super) fn close_connection(
         &self,
         account: Account,
@@ -117,7 +129,63 @@ impl Disposal {
             drop(slot);
             return;
         }
-        self.forced(account, 1).dispose_then(vec![socket], slot);
+        let socket = match self.overflow(account, socket) {
+            Ok(()) => {
+                // It costs the daemon nothing more: its account's slot is free.
+                drop(slot);
+                return;
+            }
+            Err(socket) => socket,
+        };
+        {
+            let mut state = self.state();
+            state.count(account, 1);
+            state.accounts.entry(account).or_default().parked += 1;
+        }
+        let batch = Batch {
+            fds: vec![socket],
+            counted: 1,
+            then: slot,
+            parked: true,
+        };
+        self.queue(account, batch);
+    }
+
+    /// Sends `socket` to the close queue if `account` has [`PARKED_PER_ACCOUNT`] connection
+    /// sockets in its lane already; Err gives it back for the lane (under that, or when the
+    /// queue cannot take it).
+    fn overflow(&self, account: Account, socket: OwnedFd) -> Result<(), OwnedFd> {
+        let queue = {
+            let mut state = self.state();
+            let parked = state.accounts.get(&account).map_or(0, |lane| lane.parked);
+            if parked < PARKED_PER_ACCOUNT {
+                return Err(socket);
+            }
+            if state.close_queue.is_none() {
+                state.close_queue = CloseQueue::start()
+                    .inspect_err(|e| tracing::warn!("cannot start the close queue: {e}"))
+                    .ok();
+            }
+            match &state.close_queue {
+                Some(queue) => queue.clone(),
+                None => return Err(socket),
+            }
+        };
+        queue.close(socket).inspect_err(|_| {
+            tracing::warn!(
+                account,
+                "the close queue is full: a connection waits in its lane"
+            );
+        })
+    }
+
+    /// Whether `account` has [`PARKED_PER_ACCOUNT`] connection sockets waiting in its lane:
+    /// a close ahead of them has not returned, and its new connections are refused.
+    pub(super) fn parked_full(&self, account: Account) -> bool {
+        self.state()
+            .accounts
+            .get(&account)
+            .is_some_and(|lane| lane.parked >= PARKED_PER_ACCOUNT)
     }
 
     /// Closes the daemon's listening socket, as it stops: the connections not accepted yet are
@@ -196,12 +264,13 @@ impl Disposal {
                 }
             };
             if let Some(batch) = next {
-                let counted = batch.counted;
+                let (counted, parked) = (batch.counted, batch.parked);
                 batch.close();
                 let mut state = self.state();
                 state.counted -= counted;
                 if let Some(lane) = state.accounts.get_mut(&account) {
                     lane.counted -= counted;
+                    lane.parked -= usize::from(parked);
                 }
             }
         }
@@ -211,9 +280,9 @@ impl Disposal {
 /// Whether nothing queued on the Unix stream `socket`, shut down, carries a descriptor: it
 /// is all peeked at, and no descriptor comes with it. (More than [`PEEK_BYTES`] queued, or a
 /// peek that stops short, counts as carrying some.) Those that do carry some go to the
-/// disposal whatever its bounds: one with a connection slot is bounded by its account's connection
-/// limit; one refused at the door (over that limit) holds at least one descriptor in flight
-/// of its client's, and the kernel bounds those per user (by RLIMIT_NOFILE).
+/// disposal whatever its bounds, [`PARKED_PER_ACCOUNT`] to an account's lane and the rest to
+/// the close queue. Each holds at least one descriptor in flight of its client's, and the
+/// kernel bounds those per user (by RLIMIT_NOFILE).
 fn carries_no_descriptors(socket: &OwnedFd) -> bool {
     let queued = match sys::queued_bytes(socket.as_fd()) {
         Ok(0) => return true,
@@ -252,11 +321,7 @@ impl State {
 
 impl Batch {
     fn close(self) {
-        for fd in self.fds {
-            // Not a socket (ENOTSOCK): nothing to make abortive.
-            let _ = sys::set_abortive_close(fd.as_fd());
-            drop(fd);
-        }
+        self.fds.into_iter().for_each(close_emptied);
         drop(self.then);
     }
 }
@@ -280,8 +345,15 @@ impl Reservation {
         // The batch takes what it holds; the rest of the room is given back as self drops.
         let counted = fds.len();
         self.counted -= counted;
-        self.disposal
-            .queue(self.account, Batch { fds, counted, then });
+        self.disposal.queue(
+            self.account,
+            Batch {
+                fds,
+                counted,
+                then,
+                parked: false,
+            },
+        );
     }
 }
 
@@ -302,6 +374,7 @@ impl Drop for Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::SCM_MAX_FD;
     use std::time::{Duration, Instant};
 
     fn fds(count: usize) -> Vec<OwnedFd> {
@@ -388,6 +461,64 @@ mod tests {
         disposal.close_connection(7, ours.into(), Some(Box::new(Slot(dropped))));
         assert!(was_dropped.recv_timeout(Duration::from_secs(10)).is_ok());
         assert!(settled(&disposal));
+    }
+
+    #[test]
+    fn past_a_few_parked_connections_an_account_overflows_to_the_close_queue() {
+        use std::{io::Read, os::unix::net::UnixStream};
+        let disposal = Disposal::default();
+        // A connection carrying a descriptor: the socket, and the other end of the socket pair
+        // whose one end it carries (it reads end of file once that is closed).
+        let carrying = || {
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            let (watched, queued) = UnixStream::pair().unwrap();
+            sys::send_fds(theirs.as_fd(), &[queued.as_fd()]).unwrap();
+            watched
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            (OwnedFd::from(ours), watched)
+        };
+        // The first one's slot holds its lane's thread until it is let go: a stuck close.
+        struct Stuck(std::sync::mpsc::Receiver<()>);
+        impl Drop for Stuck {
+            fn drop(&mut self) {
+                let _ = self.0.recv();
+            }
+        }
+        let (release, stuck) = std::sync::mpsc::channel();
+        let (socket, mut first) = carrying();
+        disposal.close_connection(7, socket, Some(Box::new(Stuck(stuck))));
+        let mut parked = Vec::new();
+        for _ in 1..PARKED_PER_ACCOUNT {
+            let (socket, watched) = carrying();
+            disposal.close_connection(7, socket, None);
+            parked.push(watched);
+        }
+        assert!(disposal.parked_full(7));
+        assert!(
+            !disposal.parked_full(8),
+            "another account's lane is its own"
+        );
+        for _ in 0..(SCM_MAX_FD + 3) {
+            let (socket, mut watched) = carrying();
+            disposal.close_connection(7, socket, None);
+            assert!(
+                matches!(watched.read(&mut [0; 1]), Ok(0)),
+                "closed through the close queue, behind no stuck close"
+            );
+        }
+        assert_eq!(
+            disposal.state().accounts[&7].counted,
+            PARKED_PER_ACCOUNT,
+            "only the parked ones are the lane's"
+        );
+        release.send(()).unwrap();
+        assert!(matches!(first.read(&mut [0; 1]), Ok(0)));
+        for mut watched in parked {
+            assert!(matches!(watched.read(&mut [0; 1]), Ok(0)));
+        }
+        assert!(settled(&disposal));
+        assert!(!disposal.parked_full(7));
     }
 
     #[test]

@@ -22,19 +22,21 @@
 //! - [`owner_thread`]: the thread that owns the tracker and runs enforcement, ahead of clients.
 //! - [`identity`], [`registration`], [`listing`], [`requests`]: who a client is beyond its
 //!   uid; what each request does, as a value.
-//! - [`request_stream`], [`disposal`], [`accept`], [`connection`]: bounded lines in (with the
-//!   descriptors clients send, closed on threads of their own), accepting connections, one
-//!   task per client writing its own outbox.
+//! - [`request_stream`], [`emptying`], [`close_queue`], [`disposal`], [`accept`],
+//!   [`connection`]: bounded lines in (with the descriptors clients send, emptied and closed on
+//!   threads of their own), accepting connections, one task per client writing its own outbox.
 //! - [`metrics`], [`metrics_http`]: the figures for Prometheus (`--metrics`).
 
 mod accept;
 mod admission;
 mod adoption;
 mod auth;
+mod close_queue;
 mod commands;
 mod config;
 mod connection;
 mod disposal;
+mod emptying;
 mod enforcement;
 mod identity;
 mod limits;

@@ -227,6 +227,94 @@ pub fn shutdown(fd: BorrowedFd<'_>) -> io::Result<()> {
     }
 }
 
+/// Sends one byte and `fds` (at most [`SCM_MAX_FD`]) over the Unix socket `socket` as one
+/// message, without waiting for room (MSG_DONTWAIT: EAGAIN when there is none). While the
+/// message is queued it keeps the files open: the sender may close its own descriptors at
+/// once, and that close is not their last.
+pub fn send_fds(socket: BorrowedFd<'_>, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    #[repr(C)]
+    union Control {
+        header: libc::cmsghdr,
+        bytes: [u8; CONTROL_SPACE],
+    }
+    assert!(
+        fds.len() <= SCM_MAX_FD,
+        "at most SCM_MAX_FD descriptors a message"
+    );
+    let mut control = Control {
+        bytes: [0; CONTROL_SPACE],
+    };
+    let byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_ptr().cast_mut().cast(),
+        iov_len: 1,
+    };
+    let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let payload = size_of_val(raw.as_slice());
+    // SAFETY: msghdr is plain data; zeroed is a valid empty one.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &raw mut iov;
+    message.msg_iovlen = 1;
+    message.msg_control = (&raw mut control).cast();
+    // SAFETY: CMSG_SPACE only computes a size; at most SCM_MAX_FD descriptors fit CONTROL_SPACE.
+    message.msg_controllen = unsafe { libc::CMSG_SPACE(payload as u32) } as _;
+    // SAFETY: the control buffer has room for one header and `payload` bytes (checked above);
+    // CMSG_FIRSTHDR and CMSG_DATA point inside it. `message` points at iov and control, both
+    // alive for the call.
+    let sent = unsafe {
+        let header = libc::CMSG_FIRSTHDR(&raw const message);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(payload as u32) as _;
+        std::ptr::copy_nonoverlapping(raw.as_ptr().cast::<u8>(), libc::CMSG_DATA(header), payload);
+        libc::sendmsg(
+            socket.as_raw_fd(),
+            &raw const message,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `fd` is a Unix socket (of any type, listening or not).
+pub fn is_unix_socket(fd: BorrowedFd<'_>) -> bool {
+    let mut domain: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: domain and len are valid for writes of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_DOMAIN,
+            (&raw mut domain).cast(),
+            &raw mut len,
+        )
+    };
+    rc == 0 && domain == libc::AF_UNIX
+}
+
+/// The next connection waiting on the listening socket `fd`, without waiting for one
+/// (close-on-exec). Fails with EAGAIN when none waits, and EINVAL if `fd` is not listening.
+pub fn accept_waiting(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: no address is asked for; the kernel returns a new descriptor or -1.
+    let accepted = unsafe {
+        libc::accept4(
+            fd.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+        )
+    };
+    if accepted < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor, and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(accepted) })
+}
+
 /// The bytes queued unread on socket `fd` (SIOCINQ). On a Unix stream socket every message
 /// has a byte at least, so 0 means that no descriptor waits there either.
 pub fn queued_bytes(fd: BorrowedFd<'_>) -> io::Result<usize> {
