@@ -126,17 +126,19 @@ impl ProcessRef {
     /// the main thread's state in /proc does not (it reads `Z` while other threads still run
     /// or tear down). False when that cannot be found out now.
     pub fn has_exited(self) -> bool {
+        self.exited().unwrap_or(false)
+    }
+
+    /// [`ProcessRef::has_exited`], or the error (EMFILE, say) that kept it from being found out.
+    pub fn exited(self) -> std::io::Result<bool> {
         match Pidfd::open(self.pid) {
-            Err(e) if is_gone(&e) => true,
-            Err(_) => false,
+            Err(e) if is_gone(&e) => Ok(true),
+            Err(e) => Err(e),
             // Readable: whatever process the pidfd names has exited, and if it is a newer one
             // by this pid, this one was reaped before it. Not readable: this process is still
             // exiting if the pid still names it, and long gone if it names another.
-            Ok(pidfd) => {
-                pidfd.has_exited()
-                    || read_process(self.pid)
-                        .is_ok_and(|now| now.is_none_or(|now| now.start_ticks != self.start_ticks))
-            }
+            Ok(pidfd) => Ok(pidfd.has_exited()
+                || read_process(self.pid)?.is_none_or(|now| now.start_ticks != self.start_ticks)),
         }
     }
 }

@@ -4,6 +4,10 @@
 //! retried at once fails again at once: it once logged a gigabyte a minute); once the idle
 //! connections close it serves new clients again; and a tree registered before is still
 //! killed when its host is SIGKILLed.
+//!
+//! A kill needs no descriptor it cannot get: with every descriptor the daemon may have in use,
+//! a host's SIGKILL still empties its tree at once (the kill draws on descriptors the daemon
+//! keeps in reserve for it; without them, each round put its signals off to the next).
 
 use std::{
     collections::BTreeSet,
@@ -14,6 +18,7 @@ use std::{
     time::Duration,
 };
 
+use leash_client::TreeOptions;
 use leash_tests::{Cgroup, daemon::Daemon, wait_for};
 
 /// The daemon's limits as it is started: soft below hard, low enough to run out of quickly.
@@ -134,6 +139,43 @@ fn running_out_of_descriptors_neither_floods_the_log_nor_stops_the_daemon() {
         daemon.log()
     );
     drop(waiting);
+}
+
+#[test]
+fn a_kill_with_every_descriptor_in_use_signals_all_the_same() {
+    let nofile = format!("--nofile={SOFT}:{HARD}");
+    let Some(daemon) = Daemon::start_wrapped(&["prlimit", &nofile, "--"], &[]) else {
+        return;
+    };
+    let pid = daemon.pid();
+    // The host is this test, and stays connected: its root's exit frees none of the daemon's
+    // descriptors before the kill.
+    let mut host = daemon.client();
+    let cgroup = Cgroup::new("fd-exhaustion-kill");
+    let (_tree, mut root) = host
+        .spawn(
+            &mut cgroup.command("sh", &["-c", "sleep 600 & exec sleep 600"]),
+            &TreeOptions::default(),
+        )
+        .expect("spawning the tree");
+    cgroup.settle_exactly(&["sleep", "sleep"]);
+    // Every descriptor below the soft limit in use: nothing new can be opened.
+    let settled = wait_until_steady(&daemon);
+    let lowest_free = (0..).find(|fd| !settled.contains(fd)).unwrap();
+    set_soft_limit(pid, lowest_free);
+
+    root.kill().unwrap();
+    let emptied = cgroup.wait_empty(Duration::from_secs(5));
+    let _ = root.wait();
+    eprintln!("root SIGKILLed with the daemon's table full: its tree was empty after {emptied:?}");
+    set_soft_limit(pid, HARD);
+    assert!(
+        emptied.is_some(),
+        "the tree outlived its root while the daemon had no descriptor free:\n{}",
+        daemon.log()
+    );
+    let status = leash_status(&daemon);
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
 }
 
 fn connect(daemon: &Daemon) -> UnixStream {

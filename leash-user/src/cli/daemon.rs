@@ -11,6 +11,9 @@ use leash::{
 };
 
 /// Below this open file limit, the daemon warns that it serves few connections at once.
+/// Descriptors kept for kills (see `sys::with_reserve`): a kill holds one pidfd at a time, and
+/// reads /proc beside it.
+const ENFORCEMENT_RESERVE: usize = 8;
 const FEW_DESCRIPTORS: u64 = 4096;
 
 #[derive(Args, Debug)]
@@ -124,6 +127,10 @@ pub(super) fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
             "open file limit"
         ),
         Err(e) => tracing::warn!("cannot raise the open file limit: {e}"),
+    }
+    // Held for enforcement alone: a kill in a full table signals all the same.
+    if let Err(e) = leash::sys::keep_reserve(ENFORCEMENT_RESERVE) {
+        tracing::warn!("cannot keep descriptors in reserve for kills: {e}");
     }
     let config = daemon::Config {
         socket,

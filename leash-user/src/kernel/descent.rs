@@ -119,10 +119,12 @@ impl Descent {
         self.requests()
             .insert(reader, request, 0)
             .context("asking the descent program")?;
-        let read = sys::bpf_iter_create(link.as_fd()).and_then(|mut iterator| {
-            let mut bytes = Vec::new();
-            iterator.read_to_end(&mut bytes).map(|_| bytes)
-        });
+        // A kill reconciles and signals through it: it may draw on the reserve of descriptors.
+        let read =
+            sys::with_reserve(|| sys::bpf_iter_create(link.as_fd())).and_then(|mut iterator| {
+                let mut bytes = Vec::new();
+                iterator.read_to_end(&mut bytes).map(|_| bytes)
+            });
         let mut requests = self.requests();
         let answer = requests.get(&reader, 0);
         let _ = requests.remove(&reader);

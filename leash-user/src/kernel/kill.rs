@@ -257,7 +257,10 @@ impl Kill {
     }
 
     pub fn step(&mut self, tracker: &mut Tracker) -> Result<KillStep, KillError> {
-        self.step_on(tracker)
+        let step = self.step_on(tracker);
+        // What the step drew from the reserve of descriptors, if anything, is taken up again.
+        crate::sys::refill_reserve();
+        step
     }
 
     /// [`Kill::step`] on any [`KillTarget`]: the tracker, or a fake.

@@ -95,7 +95,8 @@ impl Marks {
     /// Runs the reconciling iterator over every task: each marked process the member map lacks
     /// is put in, and counted as joined.
     pub(super) fn reconcile(&self) -> io::Result<()> {
-        let mut iterator = sys::bpf_iter_create(self.reconcile.as_fd())?;
+        // A kill's step: it may draw on the reserve of descriptors.
+        let mut iterator = sys::with_reserve(|| sys::bpf_iter_create(self.reconcile.as_fd()))?;
         io::copy(&mut iterator, &mut io::sink()).map(drop)
     }
 }

@@ -9,6 +9,7 @@ mod pidfd;
 mod poll;
 mod process;
 mod pty;
+mod reserve;
 mod signal;
 mod socket;
 
@@ -27,6 +28,7 @@ pub use process::{
     release_free_memory, set_thread_nice, take_env_secret, umask,
 };
 pub use pty::{controlling_terminal_in, open_pty};
+pub use reserve::{keep_reserve, refill_reserve, with_reserve};
 pub use signal::SignalFd;
 pub use socket::{
     SCM_MAX_FD, accept_waiting, is_unix_socket, peek_with_fds, peer_pid, peer_pidfd, queued_bytes,

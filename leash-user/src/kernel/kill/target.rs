@@ -158,12 +158,15 @@ impl KillTarget for Tracker {
         TrackerView::every_exit_seen(self)
     }
 
+    // The process operations draw on the daemon's reserve of descriptors (see
+    // `sys::with_reserve`): a kill never waits for a descriptor a client holds.
     fn open(&self, pid: Pid) -> io::Result<Pidfd> {
-        Pidfd::open(pid)
+        sys::with_reserve(|| Pidfd::open(pid))
     }
 
     fn start_ticks(&self, pid: Pid) -> io::Result<Option<u64>> {
-        Ok(proc::read_process(pid)?.map(|now| now.start_ticks))
+        let now = sys::with_reserve(|| proc::read_process(pid))?;
+        Ok(now.map(|now| now.start_ticks))
     }
 
     fn send_signal(&self, process: &Pidfd, signal: i32) -> io::Result<()> {
@@ -182,6 +185,6 @@ impl KillTarget for Tracker {
     }
 
     fn has_exited(&self, process: ProcessRef) -> bool {
-        process.has_exited()
+        sys::with_reserve(|| process.exited()).unwrap_or(false)
     }
 }
