@@ -63,6 +63,7 @@ mod map_full;
 mod member_quota;
 mod membership;
 mod metrics;
+mod parked_flood;
 mod pid_namespace;
 mod pid_recycle;
 mod pidfd_register;

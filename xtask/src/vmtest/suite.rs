@@ -44,6 +44,7 @@ pub(super) const LEFT_OUT: &[(&str, &str)] = &[
     ("secret_token", "user space: where a lease token may appear (argv, environment, descriptors)"),
     ("token_limits", "user space: per-uid accounting of registrations made with a token"),
     ("hijacked_dirs", "user space: the trust checks of the socket and pin directories"),
+    ("parked_flood", "a load test of the daemon's disposal (user space): connections parked behind a stuck close"),
     ("userns_flood", "a load test of the daemon's admission at accept (user space): a connect-and-close flood from a user namespace"),
     ("quiet_output", "user space: what the commands print (a closed pipe, CMD without `--`, one guard line at start)"),
     ("pin_lock", "user space: the pin directory's lock (flock), one daemon per pin directory; daemon_restart takes the pins over in the guests"),
