@@ -6,8 +6,9 @@
 //! closes them), and queued on the connection itself behind a line that ends it (the
 //! connection's close closes them), and to the metrics socket (where a plain read had the
 //! kernel close them in the daemon's thread). Meanwhile another user's `status` answers and their
-//! `leash run` works, and the daemon's descriptors stay bounded; once the attacker is gone
-//! they all come back.
+//! `leash run` works, and the daemon's descriptors stay bounded. They come back while the
+//! attacker still holds the lingering sockets' peers: each lingering socket, sent directly or
+//! queued in a Unix socket or on the connection, is taken out and closed abortively.
 
 use std::{
     collections::BTreeSet,
@@ -367,9 +368,10 @@ fn attack_on(mode: &str, rounds: u32, flood: u32, args: &[&str], target: Option<
         "the daemon's descriptors went from {before} to {during}"
     );
 
-    if mode == "direct" || mode == "metrics" {
-        // Sent directly, a lingering socket is closed abortively: nothing waits, even while
-        // its peer is still there.
+    {
+        // Sent directly, a lingering socket is closed abortively; queued in a Unix socket or
+        // on the connection, it is taken out first and closed the same way: nothing waits,
+        // even while its peer is still there.
         let closed = wait_for(Duration::from_secs(10), || {
             open_fds(daemon.pid()) <= before + 4
         });
