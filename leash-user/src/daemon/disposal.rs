@@ -278,11 +278,12 @@ impl Disposal {
 }
 
 /// Whether nothing queued on the Unix stream `socket`, shut down, carries a descriptor: it
-/// is all peeked at, and no descriptor comes with it. (More than [`PEEK_BYTES`] queued, or a
-/// peek that stops short, counts as carrying some.) Those that do carry some go to the
-/// disposal whatever its bounds, [`PARKED_PER_ACCOUNT`] to an account's lane and the rest to
-/// the close queue. Each holds at least one descriptor in flight of its client's, and the
-/// kernel bounds those per user (by RLIMIT_NOFILE).
+/// is all peeked at, and no descriptor comes with it (none is put in the daemon's table to
+/// find out: see [`sys::peek_carries_fds`]). (More than [`PEEK_BYTES`] queued, or a peek that
+/// stops short, counts as carrying some.) Those that do carry some go to the disposal whatever
+/// its bounds, [`PARKED_PER_ACCOUNT`] to an account's lane and the rest to the close queue.
+/// Each holds at least one descriptor in flight of its client's, and the kernel bounds those
+/// per user (by RLIMIT_NOFILE).
 fn carries_no_descriptors(socket: &OwnedFd) -> bool {
     let queued = match sys::queued_bytes(socket.as_fd()) {
         Ok(0) => return true,
@@ -290,10 +291,8 @@ fn carries_no_descriptors(socket: &OwnedFd) -> bool {
         _ => return false,
     };
     let mut buf = vec![0; queued];
-    let mut copies = Vec::new();
-    let peeked = sys::peek_with_fds(socket.as_fd(), &mut buf, &mut copies);
-    // Copies of queued descriptors: closing them is never the last close.
-    peeked.is_ok_and(|peeked| peeked == queued) && copies.is_empty()
+    let peeked = sys::peek_carries_fds(socket.as_fd(), &mut buf);
+    peeked.is_ok_and(|(peeked, carries)| peeked == queued && !carries)
 }
 
 /// The most queued bytes looked through for descriptors before a connection is closed.
@@ -482,7 +481,7 @@ mod tests {
         struct Stuck(std::sync::mpsc::Receiver<()>);
         impl Drop for Stuck {
             fn drop(&mut self) {
-                let _ = self.0.recv();
+                let _ = self.0.recv_timeout(Duration::from_secs(30));
             }
         }
         let (release, stuck) = std::sync::mpsc::channel();

@@ -15,10 +15,14 @@
 //! refused when it is served (see `Strangers`).
 //!
 //! A descriptor that is not a pidfd ends the connection, and is closed apart (`disposal`): its
-//! close may block. Each read is peeked at first, and the kinds of the descriptors it would
-//! bring are checked on the copies the peek makes: the read happens only when the disposal
-//! has room for those that are not pidfds. An account whose descriptors wait there, their
-//! closes stuck, has further ones refused, and its connection ended, before they are read.
+//! close may block. Each read is peeked at first, which says whether descriptors come with it
+//! without putting any in the daemon's table (closing a copy would flush its file, and a FUSE
+//! file's flush may never return): a read that brings some happens only once the disposal has
+//! room for as many as a message can carry, and what is not taken of it is given back at once.
+//! A read and its reservation run within one poll, on one of the runtime's two threads: two
+//! messages' worth at most, whatever the number of connections.
+//! An account whose descriptors wait there, their closes stuck, has further ones refused, and
+//! its connection ended, before they are read.
 
 use std::{
     collections::VecDeque,
@@ -37,7 +41,10 @@ use tokio::{
 use leash_common::Account;
 
 use super::disposal::{Disposal, Reservation};
-use crate::{proc, sys};
+use crate::{
+    proc,
+    sys::{self, SCM_MAX_FD},
+};
 
 /// Pidfds waiting for their requests, per connection.
 pub(super) const MAX_WAITING: usize = 4;
@@ -192,9 +199,9 @@ impl RequestStream {
     }
 }
 
-/// Reads from `socket` into `buf` what [`sys::peek_with_fds`] shows, once `disposal` has room
-/// for the descriptors it brings that are not pidfds: then into `received`, with the room in
-/// `room`. A pidfd needs no room: its close never blocks.
+/// Reads from `socket` into `buf` what [`sys::peek_carries_fds`] shows, once `disposal` has
+/// room for the descriptors it brings, if it brings any: then into `received`, with the room
+/// in `room` (for [`SCM_MAX_FD`] of them: how many is known only once they are read).
 fn receive(
     socket: BorrowedFd<'_>,
     buf: &mut [u8],
@@ -204,14 +211,8 @@ fn receive(
     room: &mut Option<Reservation>,
     sender: &mut Option<u32>,
 ) -> io::Result<usize> {
-    let mut copies = Vec::new();
-    let peeked = sys::peek_with_fds(socket, buf, &mut copies)?;
-    let not_pidfds = copies
-        .iter()
-        .filter(|fd| proc::pidfd_pid(fd.as_fd()).is_none())
-        .count();
-    drop(copies);
-    *room = disposal.reserve(account, not_pidfds);
+    let (peeked, carries) = sys::peek_carries_fds(socket, buf)?;
+    *room = disposal.reserve(account, if carries { SCM_MAX_FD } else { 0 });
     if room.is_none() {
         tracing::debug!(
             account,
@@ -286,6 +287,30 @@ impl AsyncRead for RequestStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peek_tells_whether_descriptors_come_and_the_read_brings_them() {
+        use std::os::unix::net::UnixStream;
+        for passcred in [true, false] {
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            if passcred {
+                sys::set_passcred(ours.as_fd()).unwrap();
+            }
+            std::io::Write::write_all(&mut &theirs, b"plain\n").unwrap();
+            let (pipe, _) = std::io::pipe().unwrap();
+            leash_client::sys::send_with_fd(&theirs, b"with\n", pipe.as_fd()).unwrap();
+            let mut buf = [0; 64];
+            let (peeked, carries) = sys::peek_carries_fds(ours.as_fd(), &mut buf).unwrap();
+            // The kernel stops after the message that carries descriptors.
+            assert_eq!((&buf[..peeked], carries), (&b"plain\nwith\n"[..], true));
+            let mut fds = Vec::new();
+            let read = sys::recv_with_fds(ours.as_fd(), &mut buf[..peeked], &mut fds).unwrap();
+            assert_eq!((read, fds.len()), (peeked, 1), "SO_PASSCRED {passcred}");
+            std::io::Write::write_all(&mut &theirs, b"plain again\n").unwrap();
+            let (peeked, carries) = sys::peek_carries_fds(ours.as_fd(), &mut buf).unwrap();
+            assert_eq!((&buf[..peeked], carries), (&b"plain again\n"[..], false));
+        }
+    }
 
     #[test]
     fn descriptors_go_with_the_last_line_begun_in_their_chunk() {

@@ -105,18 +105,74 @@ pub fn set_passcred(socket: BorrowedFd<'_>) -> io::Result<()> {
     }
 }
 
-/// What [`recv_with_fds`] would read now, without reading it (MSG_PEEK): the bytes, and the
-/// descriptors that came with them into `copies`. Reading as many bytes next reads the same
-/// messages (the kernel stops at the first one that carries descriptors, peeking or not), so
-/// the descriptors it brings are of the same files. Those in `copies` are copies the kernel
-/// makes of the queued ones, which keep their files open: closing a copy is never the last
-/// close of its file, and cannot block.
-pub fn peek_with_fds(
-    socket: BorrowedFd<'_>,
-    buf: &mut [u8],
-    copies: &mut Vec<OwnedFd>,
-) -> io::Result<usize> {
-    recvmsg_rights(socket, buf, libc::MSG_PEEK, copies).map(|(read, _)| read)
+/// What [`recv_with_fds`] would read now, without reading it (MSG_PEEK): the bytes, and
+/// whether descriptors came with them. Reading as many bytes next reads the same messages (the
+/// kernel stops at the first one that carries descriptors, peeking or not). None of those
+/// descriptors is put in this process's table: the control buffer has no room for one (none
+/// at all, or just the sender's credentials where the socket has SO_PASSCRED, which the kernel
+/// then always gives first), so the kernel says it had descriptors to give (MSG_CTRUNC) and
+/// drops its own references to them, the queued ones still holding their files. A copy in the
+/// table would not do: every close(2) of a descriptor flushes its file, and a FUSE file's
+/// flush waits on its server, which need never answer.
+pub fn peek_carries_fds(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, bool)> {
+    #[repr(C)]
+    union Control {
+        header: libc::cmsghdr,
+        bytes: [u8; CREDENTIALS_SPACE],
+    }
+    let mut control = Control {
+        bytes: [0; CREDENTIALS_SPACE],
+    };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; zeroed is a valid empty one (no control buffer).
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &raw mut iov;
+    message.msg_iovlen = 1;
+    if passes_credentials(socket)? {
+        message.msg_control = (&raw mut control).cast();
+        message.msg_controllen = CREDENTIALS_SPACE as _;
+    }
+    // SAFETY: message points at iov (over buf) and, if at all, control, both alive for the
+    // call; the control buffer has no room for a descriptor, so the kernel installs none.
+    let read = unsafe {
+        libc::recvmsg(
+            socket.as_raw_fd(),
+            &raw mut message,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if read < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((read as usize, message.msg_flags & libc::MSG_CTRUNC != 0))
+}
+
+/// Room for a message's credentials alone (SO_PASSCRED).
+const CREDENTIALS_SPACE: usize =
+    // SAFETY: CMSG_SPACE only computes a size.
+    unsafe { libc::CMSG_SPACE(size_of::<libc::ucred>() as u32) } as usize;
+
+/// Whether `socket` has SO_PASSCRED set.
+fn passes_credentials(socket: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut on: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: on and len are valid for writes of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&raw mut on).cast(),
+            &raw mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(on != 0)
 }
 
 fn recvmsg_rights(
