@@ -511,6 +511,7 @@ impl Cgroup {
 pub mod container;
 pub mod daemon;
 pub mod tmux;
+pub mod victim;
 
 /// The real Python interpreter. `python3` on PATH may be a pyenv shim that forks dozens of
 /// short-lived helpers before it execs the interpreter, which would make a tree's size race.

@@ -12,7 +12,8 @@ use std::{
 
 use leash_tests::{
     Cgroup,
-    daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args, signal},
+    daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args},
+    victim::Victim,
     wait_for,
 };
 
@@ -96,20 +97,7 @@ fn a_flood_by_one_user_delays_no_other_users_enforcement() {
         return;
     };
     // uid 61001's host: `leash run` with a tree of two sleeps.
-    let cgroup = Cgroup::new("flood-victim");
-    let mut host = daemon
-        .leash_as(
-            USER_A,
-            &cgroup,
-            &["run", "--", "sh", "-c", "sleep 600 & sleep 600"],
-        )
-        .spawn()
-        .unwrap();
-    assert!(
-        wait_for(Duration::from_secs(20), || cgroup.procs().len() >= 4),
-        "the host and its tree did not start: {:?}",
-        cgroup.procs()
-    );
+    let mut victim = Victim::start(&daemon, USER_A, "flood");
 
     let flood_cgroup = Cgroup::new("flood-flooder");
     let mut flooder = start_flooder(&daemon, &flood_cgroup);
@@ -128,9 +116,7 @@ fn a_flood_by_one_user_delays_no_other_users_enforcement() {
         daemon.log()
     );
 
-    signal(host.id(), "KILL");
-    let _ = host.wait();
-    let emptied = wait_for(Duration::from_secs(10), || cgroup.procs().is_empty());
+    let emptied = victim.kill_host();
 
     drop(flooder.stdin.take());
     let mut report = String::new();
@@ -139,10 +125,11 @@ fn a_flood_by_one_user_delays_no_other_users_enforcement() {
         .unwrap();
     let _ = flooder.wait();
     eprintln!("flooder: {report}");
+    eprintln!("uid {USER_A}'s tree emptied {emptied:?} after its host's SIGKILL");
     assert!(
-        emptied,
+        emptied.is_some(),
         "uid {USER_A}'s tree outlived its host under uid {USER_B}'s flood: {:?}",
-        cgroup.procs()
+        victim.procs()
     );
     let report: serde_json::Value = serde_json::from_str(&report).expect("the flooder's counts");
     let refused = report["refused_connections"].as_u64().unwrap();

@@ -13,13 +13,15 @@ use std::{
     io::{BufRead, BufReader},
     process::{Child, Command, Stdio},
     sync::mpsc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use leash_tests::{
     Cgroup,
-    daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args, signal},
-    python, wait_for,
+    daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args},
+    python,
+    victim::{Victim, run_true},
+    wait_for,
 };
 
 /// The daemon's descriptor limit: the flood, parked unbounded, goes past it.
@@ -105,20 +107,7 @@ fn connections_parked_behind_a_stuck_close_delay_no_other_users_enforcement() {
         return;
     };
     // uid 61001's host, registered before the attack.
-    let cgroup = Cgroup::new("parked-flood-victim");
-    let mut host = daemon
-        .leash_as(
-            USER_A,
-            &cgroup,
-            &["run", "--", "sh", "-c", "setsid sleep 600 & sleep 600"],
-        )
-        .spawn()
-        .unwrap();
-    assert!(
-        wait_for(Duration::from_secs(20), || cgroup.procs().len() >= 4),
-        "the host and its tree did not start: {:?}",
-        cgroup.procs()
-    );
+    let mut victim = Victim::start(&daemon, USER_A, "parked-flood");
     let before = descriptors(daemon.pid());
 
     let attacker_cgroup = Cgroup::new("parked-flood-attacker");
@@ -130,37 +119,14 @@ fn connections_parked_behind_a_stuck_close_delay_no_other_users_enforcement() {
     let report = report.expect("the attacker did not finish its flood within 120 s");
     eprintln!("attacker: {report}");
 
-    let started = Instant::now();
-    let run_cgroup = Cgroup::new("parked-flood-run");
-    let mut run = daemon
-        .leash_as(USER_A, &run_cgroup, &["run", "--", "true"])
-        .spawn()
-        .unwrap();
-    let mut registered = None;
-    wait_for(Duration::from_secs(30), || {
-        registered = run.try_wait().ok().flatten();
-        registered.is_some()
-    });
-    if registered.is_none() {
-        let _ = run.kill();
-        let _ = run.wait();
-    }
+    let (registered, took) = run_true(&daemon, USER_A, "parked-flood", Duration::from_secs(30));
     eprintln!(
-        "uid {USER_A}'s leash run behind the parked connections: {registered:?} after {:?}",
-        started.elapsed()
+        "uid {USER_A}'s leash run behind the parked connections: {registered:?} after {took:?}"
     );
-
-    signal(host.id(), "KILL");
-    let _ = host.wait();
-    let emptied = cgroup.wait_empty(Duration::from_secs(10));
+    let emptied = victim.kill_host();
     eprintln!("uid {USER_A}'s tree emptied {emptied:?} after its host's SIGKILL");
     let most = most.stop();
-    let log = daemon.log();
-    let refusals: Vec<&str> = log.lines().filter(|l| l.contains("refusing")).collect();
-    eprintln!(
-        "daemon descriptors: {before} before, at most {most} during (limit {NOFILE}); \
-         refusals logged: {refusals:#?}"
-    );
+    eprintln!("daemon descriptors: {before} before, at most {most} during (limit {NOFILE})");
     drop(attacker);
     attacker_cgroup.kill_all();
 
@@ -173,7 +139,7 @@ fn connections_parked_behind_a_stuck_close_delay_no_other_users_enforcement() {
         panic!(
             "uid {USER_A}'s tree outlived its host behind uid {USER_B}'s parked connections: \
              {:?}",
-            cgroup.procs()
+            victim.procs()
         )
     });
     assert!(emptied < Duration::from_secs(1), "{emptied:?}");

@@ -14,7 +14,8 @@ use std::{
 
 use leash_tests::{
     Cgroup,
-    daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args, signal},
+    daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args},
+    victim::{Victim, run_true},
     wait_for,
 };
 
@@ -49,20 +50,7 @@ fn a_flood_from_a_user_namespace_delays_no_other_users_enforcement() {
         return;
     };
     // uid 61001's host, registered before the flood.
-    let cgroup = Cgroup::new("userns-flood-victim");
-    let mut host = daemon
-        .leash_as(
-            USER_A,
-            &cgroup,
-            &["run", "--", "sh", "-c", "setsid sleep 600 & sleep 600"],
-        )
-        .spawn()
-        .unwrap();
-    assert!(
-        wait_for(Duration::from_secs(20), || cgroup.procs().len() >= 4),
-        "the host and its tree did not start: {:?}",
-        cgroup.procs()
-    );
+    let mut victim = Victim::start(&daemon, USER_A, "userns-flood");
 
     let flood_cgroup = Cgroup::new("userns-flood-flooder");
     let flooder = start_flooder(&daemon, &flood_cgroup);
@@ -80,34 +68,10 @@ fn a_flood_from_a_user_namespace_delays_no_other_users_enforcement() {
     );
 
     // A registration of uid 61001's during the flood, given a minute at most.
-    let started = Instant::now();
-    let run_cgroup = Cgroup::new("userns-flood-run");
-    let mut run = daemon
-        .leash_as(USER_A, &run_cgroup, &["run", "--", "true"])
-        .spawn()
-        .unwrap();
-    let mut registered = None;
-    wait_for(Duration::from_secs(60), || {
-        registered = run.try_wait().ok().flatten();
-        registered.is_some()
-    });
-    if registered.is_none() {
-        let _ = run.kill();
-        let _ = run.wait();
-    }
-    eprintln!(
-        "uid {USER_A}'s leash run during the flood: {registered:?} after {:?}",
-        started.elapsed()
-    );
-
-    signal(host.id(), "KILL");
-    let _ = host.wait();
-    let killed = Instant::now();
-    let emptied = wait_for(Duration::from_secs(10), || cgroup.procs().is_empty());
-    eprintln!(
-        "uid {USER_A}'s tree emptied {:?} after its host's SIGKILL",
-        killed.elapsed()
-    );
+    let (registered, took) = run_true(&daemon, USER_A, "userns-flood", Duration::from_secs(60));
+    eprintln!("uid {USER_A}'s leash run during the flood: {registered:?} after {took:?}");
+    let emptied = victim.kill_host();
+    eprintln!("uid {USER_A}'s tree emptied {emptied:?} after its host's SIGKILL");
     drop(flooder);
     flood_cgroup.kill_all();
 
@@ -116,11 +80,13 @@ fn a_flood_from_a_user_namespace_delays_no_other_users_enforcement() {
         "uid {USER_A}'s leash run failed during uid {USER_B}'s flood:\n{}",
         daemon.log()
     );
-    assert!(
-        emptied,
-        "uid {USER_A}'s tree outlived its host under uid {USER_B}'s flood: {:?}",
-        cgroup.procs()
-    );
+    let emptied = emptied.unwrap_or_else(|| {
+        panic!(
+            "uid {USER_A}'s tree outlived its host under uid {USER_B}'s flood: {:?}",
+            victim.procs()
+        )
+    });
+    assert!(emptied < Duration::from_secs(1), "{emptied:?}");
     assert!(
         most_descriptors < NOFILE / 2,
         "the flood took {most_descriptors} of the daemon's {NOFILE} descriptors"

@@ -127,14 +127,13 @@ pub fn peek_carries_fds(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(u
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    // SAFETY: msghdr is plain data; zeroed is a valid empty one (no control buffer).
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &raw mut iov;
-    message.msg_iovlen = 1;
-    if passes_credentials(socket)? {
-        message.msg_control = (&raw mut control).cast();
-        message.msg_controllen = CREDENTIALS_SPACE as _;
-    }
+    // No control buffer at all without SO_PASSCRED.
+    let room = if passes_credentials(socket)? {
+        CREDENTIALS_SPACE
+    } else {
+        0
+    };
+    let mut message = message_over(&mut iov, (&raw mut control).cast(), room);
     // SAFETY: message points at iov (over buf) and, if at all, control, both alive for the
     // call; the control buffer has no room for a descriptor, so the kernel installs none.
     let read = unsafe {
@@ -193,12 +192,7 @@ fn recvmsg_rights(
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    // SAFETY: msghdr is plain data; zeroed is a valid empty one.
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &raw mut iov;
-    message.msg_iovlen = 1;
-    message.msg_control = (&raw mut control).cast();
-    message.msg_controllen = CONTROL_SPACE as _;
+    let mut message = message_over(&mut iov, (&raw mut control).cast(), CONTROL_SPACE);
     // SAFETY: message points at iov (over buf) and control, both alive for the call.
     let read = unsafe {
         libc::recvmsg(
@@ -244,6 +238,20 @@ fn recvmsg_rights(
         ));
     }
     Ok((read as usize, sender))
+}
+
+/// A message header over the one buffer `iov` and `room` bytes of control data at `control`
+/// (none if 0). The caller keeps both alive, and in place, for as long as it is used.
+fn message_over(iov: &mut libc::iovec, control: *mut libc::c_void, room: usize) -> libc::msghdr {
+    // SAFETY: msghdr is plain data; zeroed is a valid empty one.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = iov;
+    message.msg_iovlen = 1;
+    if room > 0 {
+        message.msg_control = control;
+        message.msg_controllen = room as _;
+    }
+    message
 }
 
 /// Makes the close of socket `fd` abortive (SO_LINGER on, 0 s): it resets the connection
@@ -307,13 +315,9 @@ pub fn send_fds(socket: BorrowedFd<'_>, fds: &[BorrowedFd<'_>]) -> io::Result<()
     };
     let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     let payload = size_of_val(raw.as_slice());
-    // SAFETY: msghdr is plain data; zeroed is a valid empty one.
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &raw mut iov;
-    message.msg_iovlen = 1;
-    message.msg_control = (&raw mut control).cast();
     // SAFETY: CMSG_SPACE only computes a size; at most SCM_MAX_FD descriptors fit CONTROL_SPACE.
-    message.msg_controllen = unsafe { libc::CMSG_SPACE(payload as u32) } as _;
+    let room = unsafe { libc::CMSG_SPACE(payload as u32) } as usize;
+    let message = message_over(&mut iov, (&raw mut control).cast(), room);
     // SAFETY: the control buffer has room for one header and `payload` bytes (checked above);
     // CMSG_FIRSTHDR and CMSG_DATA point inside it. `message` points at iov and control, both
     // alive for the call.
