@@ -3,7 +3,9 @@
 //! ioctl TIOCSTI and exits; once `leash run` returns, the shell has run nothing. With
 //! `--no-pty` the same agent shares the shell's terminal and the shell runs it: the attack is
 //! real here. The pty also relays the command's output, `leash run` returns its status, and
-//! SIGTERM to `leash run` kills the tree and leaves the terminal in its own mode.
+//! SIGTERM to `leash run` kills the tree and leaves the terminal in its own mode. Ctrl-Z stops
+//! the command and `leash run` with it, and the shell's `fg` continues both (the kernel alone
+//! would drop the pty's SIGTSTP: the command's process group is orphaned).
 
 use std::{fs, os::unix::fs::PermissionsExt, path::Path, time::Duration};
 
@@ -24,8 +26,9 @@ const AGENT: &str = "import fcntl, sys, termios\n\
 struct Shell(Tmux);
 
 impl Shell {
-    fn start() -> Self {
-        let tmux = Tmux::new("tiocsti");
+    /// `name` names the tmux server: each test has its own.
+    fn start(name: &str) -> Self {
+        let tmux = Tmux::new(name);
         tmux.start("shell", (150, 40), "env PS1='$ ' sh");
         Self(tmux)
     }
@@ -94,7 +97,7 @@ fn an_agent_under_leash_run_cannot_type_into_its_users_shell() {
             marker = path_str(marker),
         )
     };
-    let tmux = Shell::start();
+    let tmux = Shell::start("tiocsti");
 
     // Its own pty: the keys went to it, and nothing ran in the shell.
     let blocked = daemon.dir.join("typed-through-the-pty");
@@ -164,4 +167,68 @@ fn an_agent_under_leash_run_cannot_type_into_its_users_shell() {
     tmux.wait_for_word("cooked-2");
     let screen = tmux.screen();
     assert!(screen.contains("status-143"), "{screen}");
+}
+
+#[test]
+fn ctrl_z_stops_the_command_and_fg_continues_it() {
+    let Some(daemon) = Daemon::start(&[]) else {
+        return;
+    };
+    let tmux = Shell::start("ctrl-z");
+    tmux.type_line(&format!(
+        "{leash} --socket {socket} run -- sh -c 'echo root-$$; exec sleep 600'",
+        leash = path_str(&daemon.leash_for_anyone()),
+        socket = path_str(&daemon.socket),
+    ));
+    let mut root = None;
+    assert!(
+        wait_for(Duration::from_secs(15), || {
+            root = tmux.screen().lines().find_map(|line| {
+                line.strip_prefix("root-")
+                    .and_then(|pid| pid.trim().parse::<u32>().ok())
+            });
+            root.is_some()
+        }),
+        "the command did not start:\n{}",
+        tmux.screen()
+    );
+    let root = root.unwrap();
+    let state = |wanted: char| {
+        wait_for(Duration::from_secs(15), || {
+            fs::read_to_string(format!("/proc/{root}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.trim_start().chars().next())
+                    == Some(wanted)
+            })
+        })
+    };
+
+    tmux.0.keys_to("shell", "C-z");
+    assert!(
+        state('T'),
+        "Ctrl-Z did not stop the command ({:?}):\n{}",
+        fs::read_to_string(format!("/proc/{root}/stat")),
+        tmux.screen()
+    );
+    // `leash run` stopped too: the shell has the terminal back, and runs what is typed.
+    tmux.type_and_wait("true", 1);
+
+    tmux.type_line("fg");
+    assert!(
+        state('S'),
+        "fg did not continue the command:\n{}",
+        tmux.screen()
+    );
+    // Ctrl-C ends it (a job the shell continued: its list went on when it stopped, so no
+    // status is shown), and the shell has the terminal again.
+    tmux.0.keys_to("shell", "C-c");
+    assert!(
+        wait_for(Duration::from_secs(15), || !Path::new(&format!(
+            "/proc/{root}"
+        ))
+        .exists()),
+        "Ctrl-C did not end the command:\n{}",
+        tmux.screen()
+    );
+    tmux.type_and_wait("true", 2);
 }

@@ -9,10 +9,16 @@
 //! a guard, and the signals `leash run` takes come on a signalfd, not by their default action).
 //!
 //! The command leads a session of its own, so its process group is orphaned: the kernel does
-//! not stop it for Ctrl-Z (nor for its own SIGTSTP). Stopped all the same (SIGSTOP), it
-//! stops `leash run` too, the terminal in its own mode, and `fg` continues both. Its exit hangs
-//! the pty up, as a session leader's does its terminal: what is left in its foreground process
-//! group gets SIGHUP (sudo avoids this with a monitor process that leads the session).
+//! not stop it for Ctrl-Z (nor for its own SIGTSTP). So the relay stops it itself: the pty's
+//! suspend key, where the pty would have the kernel send SIGTSTP to the command's group and
+//! the command leaves SIGTSTP to its default action, is not passed on; the group gets SIGSTOP
+//! instead (which a program cannot catch to tidy its screen first: it redraws when continued).
+//! Stopped, however that came (SIGSTOP from elsewhere too), the command stops `leash run`, the
+//! terminal in its own mode, and `fg` continues both. A job of a shell run in the pty has that
+//! shell for a parent, in its session: the kernel stops it as on any terminal, and the key is
+//! passed on. The command's exit hangs the pty up, as a session leader's does its terminal:
+//! what is left in its foreground process group gets SIGHUP (sudo avoids this with a monitor
+//! process that leads the session).
 
 use std::{
     fs::File,
@@ -28,7 +34,7 @@ use anyhow::{Context, Result};
 use leash::sys::{SignalFd, controlling_terminal_in, open_pty};
 use rustix::{
     event::{PollFd, PollFlags, Timespec, poll},
-    process::{Pid, Signal, WaitId, WaitIdOptions, kill_process, kill_process_group, waitid},
+    process::{Pid, Signal, WaitId, WaitIdOptions, kill_process_group, waitid},
     termios::{self, OptionalActions, Termios},
 };
 
@@ -116,16 +122,16 @@ impl Pty {
         let stop = Arc::new(stop_read);
         // In the background the terminal's input is the foreground job's: a read would stop
         // `leash run` with SIGTTIN.
+        let root = Pid::from_child(root);
         let input = foreground.then(|| {
             let (master, stop) = (Arc::clone(&master), Arc::clone(&stop));
             thread::Builder::new()
                 .name("leash-pty-in".into())
-                .spawn(move || relay_input(&master, &stop))
+                .spawn(move || relay_input(&master, &stop, root))
         });
         if let Some(Err(error)) = input {
             tracing::warn!("the terminal's input is not relayed: {error}");
         }
-        let root = Pid::from_child(root);
         let output = Output {
             master,
             signals: self.signals,
@@ -235,8 +241,10 @@ fn copy_size(terminal: BorrowedFd<'_>, pty: BorrowedFd<'_>) {
     }
 }
 
-/// Keys from the user's terminal to the pty, until `stop` is closed or either side ends.
-fn relay_input(master: &File, stop: &PipeReader) {
+/// Keys from the user's terminal to the pty, until `stop` is closed or either side ends. The
+/// suspend key that the kernel would drop stops the command `root`'s group instead (see the
+/// module doc).
+fn relay_input(master: &File, stop: &PipeReader, root: Pid) {
     let stdin = rustix::stdio::stdin();
     let mut buffer = [0u8; 4096];
     loop {
@@ -261,9 +269,54 @@ fn relay_input(master: &File, stop: &PipeReader) {
             Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => continue,
             Err(_) => return,
         };
-        if (&*master).write_all(&buffer[..read]).is_err() {
+        let mut keys = &buffer[..read];
+        while let Some(at) = dropped_suspend_key(master, root, keys) {
+            if (&*master).write_all(&keys[..at]).is_err() {
+                return;
+            }
+            if let Err(error) = kill_process_group(root, Signal::STOP) {
+                tracing::debug!("stopping the command: {error}");
+            }
+            keys = &keys[at + 1..];
+        }
+        if (&*master).write_all(keys).is_err() {
             return;
         }
+    }
+}
+
+/// Where in `keys` the pty's suspend key is, if the kernel would drop the SIGTSTP it makes:
+/// the pty sends it (ISIG, a suspend key set) to the command `root`'s process group, its
+/// foreground one, which is orphaned, and `root` leaves SIGTSTP to its default action, which
+/// the kernel ignores in an orphaned group. (Caught or ignored, the key is passed on: the
+/// kernel delivers a caught one.)
+fn dropped_suspend_key(master: &File, root: Pid, keys: &[u8]) -> Option<usize> {
+    let settings = termios::tcgetattr(master).ok()?;
+    let suspend = settings.special_codes[termios::SpecialCodeIndex::VSUSP];
+    if !settings.local_modes.contains(termios::LocalModes::ISIG) || suspend == 0 {
+        return None;
+    }
+    let at = keys.iter().position(|&key| key == suspend)?;
+    let foreground = termios::tcgetpgrp(master).ok()?;
+    (foreground == root && tstp_is_default(root)).then_some(at)
+}
+
+/// Whether process `pid` neither ignores nor catches SIGTSTP, from /proc/PID/status.
+fn tstp_is_default(pid: Pid) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", pid.as_raw_nonzero()))
+    else {
+        return false;
+    };
+    let tstp = 1u64 << (libc::SIGTSTP - 1);
+    let mask = |field: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+    };
+    match (mask("SigIgn:"), mask("SigCgt:")) {
+        (Some(ignored), Some(caught)) => (ignored | caught) & tstp == 0,
+        _ => false,
     }
 }
 
@@ -353,8 +406,7 @@ impl Output {
         if let Ok(Some(status)) = stopped {
             tracing::debug!(signal = status.stopping_signal(), "the command stopped");
             self.mode.restore();
-            // Returns once `leash run` is continued.
-            if let Err(error) = kill_process(rustix::process::getpid(), Signal::TSTP) {
+            if let Err(error) = leash::sys::stop_until_continued() {
                 tracing::debug!("stopping with the command: {error}");
             }
             self.mode = Mode::raw_if_foreground();

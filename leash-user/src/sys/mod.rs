@@ -29,7 +29,7 @@ pub use process::{
 };
 pub use pty::{controlling_terminal_in, open_pty};
 pub use reserve::{keep_reserve, refill_reserve, with_reserve};
-pub use signal::SignalFd;
+pub use signal::{SignalFd, stop_until_continued};
 pub use socket::{
     SCM_MAX_FD, accept_waiting, is_unix_socket, peek_carries_fds, peer_pid, peer_pidfd,
     queued_bytes, recv_with_fds, recv_with_fds_from, send_fds, set_abortive_close, set_passcred,

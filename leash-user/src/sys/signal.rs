@@ -1,9 +1,22 @@
-//! Signals taken from a descriptor (signalfd).
+//! Signals taken from a descriptor (signalfd), and a stop of this process that waits for it.
 
 use std::{
     io,
     os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
 };
+
+/// Stops this process with SIGTSTP, as the shell's Ctrl-Z would, and returns once it is
+/// continued. Sent to the calling thread (raise), which then stops before it returns: sent to
+/// the process (kill), it went to whichever thread the kernel chose, and the caller could run
+/// on for a while before the stop reached it.
+pub fn stop_until_continued() -> io::Result<()> {
+    // SAFETY: raise takes a signal number and touches no memory of ours.
+    if unsafe { libc::raise(libc::SIGTSTP) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
 
 /// Signals taken from a descriptor (signalfd) instead of by their default action: `leash run`
 /// forwards them to its tree. They are blocked in the thread that makes it, and so in every
