@@ -1,5 +1,7 @@
 //! Builds the eBPF programs (leash-ebpf) with the nightly toolchain and bpf-linker, so the
-//! `leash` binary embeds them. `AYA_BUILD_SKIP=1` skips this (for clippy without the toolchain).
+//! `leash` binary embeds them. `AYA_BUILD_SKIP=1` skips this, for an editor (rust-analyzer
+//! runs build scripts) or clippy on a machine without that toolchain: the objects are then
+//! empty, the workspace builds, and the binary says at load time that it carries no programs.
 //!
 //! Also names the commit the binary is built from and the pins' ABI, for `leash --version`:
 //! `LEASH_COMMIT` and `LEASH_ABI`.
@@ -47,7 +49,38 @@ fn main() -> anyhow::Result<()> {
         "cargo:rerun-if-changed={}",
         concat!(env!("CARGO_MANIFEST_DIR"), "/../leash-common/src")
     );
+    println!("cargo:rerun-if-env-changed={AYA_BUILD_SKIP}");
+    if skipped() {
+        return write_empty_objects();
+    }
     build_ebpf()
+}
+
+/// What skips the eBPF build, as aya-build reads it.
+const AYA_BUILD_SKIP: &str = "AYA_BUILD_SKIP";
+
+/// The objects the `leash` binary embeds (leash-ebpf's two binaries).
+const OBJECTS: [&str; 2] = ["leash-ebpf", "leash-ebpf-marks"];
+
+/// Whether `AYA_BUILD_SKIP` is `1` or `true`, as aya-build takes it.
+fn skipped() -> bool {
+    env::var_os(AYA_BUILD_SKIP)
+        .is_some_and(|value| value == "1" || value.eq_ignore_ascii_case("true"))
+}
+
+/// Under `AYA_BUILD_SKIP`: empty objects where the built ones would be, so that the binary
+/// builds (it embeds them), and one warning.
+fn write_empty_objects() -> anyhow::Result<()> {
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").context("cargo sets OUT_DIR")?);
+    for object in OBJECTS {
+        let path = out_dir.join(object);
+        fs::write(&path, b"").with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!(
+        "cargo:warning={AYA_BUILD_SKIP} is set: the eBPF programs are not built, and this \
+         leash cannot load any"
+    );
+    Ok(())
 }
 
 /// Runs aya-build in a child, its output to OUT_DIR/ebpf-build.log.

@@ -35,6 +35,12 @@ pub(super) fn object_for(marks: bool) -> Result<&'static Patched> {
     } else {
         (&PLAIN, OBJECT)
     };
+    anyhow::ensure!(
+        !object.is_empty(),
+        "this leash was built with AYA_BUILD_SKIP set (for an editor or clippy), and carries no \
+         eBPF programs: build it without that variable (`cargo xtask setup` installs what the \
+         eBPF build needs)"
+    );
     let patched = cell.get_or_init(|| {
         let kernel_btf = aya::Btf::from_sys_fs().map_err(|e| format!("{e:#}"))?;
         let (bytes, kernel_kill) =
