@@ -1,7 +1,9 @@
 //! Who may do what. The daemon runs as root; its clients usually do not, and the agent inside a
 //! tree runs under its host's uid, so a uid alone grants little:
 //!
-//! - register: only processes the client could signal itself (the kill(2) rule).
+//! - register: only processes the client could signal itself (the kill(2) rule), and so could
+//!   the uid holding the lease the tree goes under; from a process in a tree, only processes of
+//!   that tree; and only while the daemon has room for another tree.
 //! - release: the host holding the tree's lease, or root; never on a connection whose lines
 //!   another process could have sent in the client's name (see `Peer::may_be_impersonated`):
 //!   a release loosens a tree, and there the agent could be the one asking.
@@ -27,6 +29,15 @@ pub(super) struct ProcessUids {
 }
 
 impl ProcessUids {
+    /// One uid as all three, for a process known only by its uid.
+    pub(super) fn all(uid: u32) -> Self {
+        Self {
+            real: uid,
+            effective: uid,
+            saved: uid,
+        }
+    }
+
     pub(super) fn of(pid: Pid) -> Option<Self> {
         let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
         Self::parse(&status)
@@ -50,6 +61,60 @@ pub(super) fn may_signal(sender: ProcessUids, target: ProcessUids) -> bool {
         || [sender.real, sender.effective]
             .iter()
             .any(|&uid| uid == target.real || uid == target.saved)
+}
+
+/// A registration, as the rules see it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RegisterFacts<'a> {
+    /// The uids of the process that asks.
+    pub requester: ProcessUids,
+    /// The uid holding the lease the tree goes under: the requester's own, or another's whose
+    /// token it gives.
+    pub holder: u32,
+    /// The uids of the process to register.
+    pub target: ProcessUids,
+    /// The tree the requesting process runs in (the innermost), if any.
+    pub confined_in: Option<TreeId>,
+    /// The tree the process to register is a member of, then each tree that one is nested
+    /// in; empty when it is in none.
+    pub target_trees: &'a [TreeId],
+    /// Whether the daemon holds as many trees as it has room for.
+    pub capacity_full: bool,
+}
+
+/// Why a registration is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RegisterDenied {
+    /// The process that asks may not signal the process to register.
+    RequesterMayNotSignal,
+    /// The uid holding the lease may not.
+    HolderMayNotSignal,
+    /// The process that asks runs in this tree, and the process to register is not in it: its
+    /// host, or any process outside, would otherwise come under the agent's tree, and the
+    /// host's own kill and release of it would find nothing.
+    OutsideOwnTree(TreeId),
+    /// The daemon's tree capacity is full (a first look: the owner thread checks again as it
+    /// makes the tree).
+    CapacityFull,
+}
+
+/// Whether a registration may go ahead: the rules in the order they are told.
+pub(super) fn may_register(facts: RegisterFacts<'_>) -> Result<(), RegisterDenied> {
+    if !may_signal(facts.requester, facts.target) {
+        return Err(RegisterDenied::RequesterMayNotSignal);
+    }
+    if !may_signal(ProcessUids::all(facts.holder), facts.target) {
+        return Err(RegisterDenied::HolderMayNotSignal);
+    }
+    if let Some(own) = facts.confined_in
+        && !facts.target_trees.contains(&own)
+    {
+        return Err(RegisterDenied::OutsideOwnTree(own));
+    }
+    if facts.capacity_full {
+        return Err(RegisterDenied::CapacityFull);
+    }
+    Ok(())
 }
 
 /// Whether a client of `uid` may see, kill or release a tree owned by `owner`.
@@ -156,6 +221,99 @@ mod tests {
 
     const HOST_NS: u32 = 4026531836;
     const CONTAINER_NS: u32 = 4026532500;
+
+    /// alice (1000) registers her own process, in no tree, with room to spare.
+    fn alice_registers() -> RegisterFacts<'static> {
+        RegisterFacts {
+            requester: ProcessUids::all(1000),
+            holder: 1000,
+            target: ProcessUids::all(1000),
+            confined_in: None,
+            target_trees: &[],
+            capacity_full: false,
+        }
+    }
+
+    #[test]
+    fn a_user_registers_what_she_may_signal_under_a_lease_that_may_too() {
+        assert_eq!(may_register(alice_registers()), Ok(()));
+        let bobs = RegisterFacts {
+            target: ProcessUids::all(1001),
+            ..alice_registers()
+        };
+        assert_eq!(
+            may_register(bobs),
+            Err(RegisterDenied::RequesterMayNotSignal)
+        );
+        let by_root = RegisterFacts {
+            requester: ProcessUids::all(0),
+            ..bobs
+        };
+        assert_eq!(
+            may_register(by_root),
+            Err(RegisterDenied::HolderMayNotSignal),
+            "root asks, but the tree would go under alice's lease"
+        );
+        let under_roots_lease = RegisterFacts {
+            holder: 0,
+            ..by_root
+        };
+        assert_eq!(may_register(under_roots_lease), Ok(()));
+        let setuid_to_alice = RegisterFacts {
+            target: ProcessUids {
+                real: 1001,
+                effective: 1001,
+                saved: 1000,
+            },
+            ..alice_registers()
+        };
+        assert_eq!(
+            may_register(setuid_to_alice),
+            Ok(()),
+            "kill(2) allows it: her uid is its saved one"
+        );
+    }
+
+    #[test]
+    fn a_process_in_a_tree_registers_only_what_is_in_its_tree() {
+        let from_the_agent = RegisterFacts {
+            confined_in: Some(7),
+            ..alice_registers()
+        };
+        assert_eq!(
+            may_register(from_the_agent),
+            Err(RegisterDenied::OutsideOwnTree(7)),
+            "its host, or anything outside"
+        );
+        let in_its_tree = RegisterFacts {
+            target_trees: &[7],
+            ..from_the_agent
+        };
+        assert_eq!(may_register(in_its_tree), Ok(()));
+        let nested_below = RegisterFacts {
+            target_trees: &[9, 8, 7],
+            ..from_the_agent
+        };
+        assert_eq!(may_register(nested_below), Ok(()));
+        let in_the_tree_above = RegisterFacts {
+            confined_in: Some(9),
+            target_trees: &[7],
+            ..alice_registers()
+        };
+        assert_eq!(
+            may_register(in_the_tree_above),
+            Err(RegisterDenied::OutsideOwnTree(9))
+        );
+    }
+
+    #[test]
+    fn no_registration_past_the_daemons_capacity() {
+        let full = RegisterFacts {
+            capacity_full: true,
+            ..alice_registers()
+        };
+        assert_eq!(may_register(full), Err(RegisterDenied::CapacityFull));
+    }
 
     #[test]
     fn a_container_sees_only_what_was_registered_from_it_or_below() {

@@ -10,7 +10,7 @@ use leash_common::holder_flags;
 
 use super::{
     adoption::{adopt, root_numbers},
-    auth::{ProcessUids, may_signal},
+    auth::{ProcessUids, RegisterDenied, RegisterFacts, may_register},
     limits::describe,
     peer::Peer,
     refusal::Refusal,
@@ -115,7 +115,44 @@ fn check_same_pid_namespace(peer: &Peer, pid: u32) -> Result<(), Refusal> {
     ))
 }
 
-/// Registers the process `named` for `peer`, as `asked`.
+/// What a refused registration of process `pid` (of uids `target`) says: the refusal names the
+/// uid whose right failed (with another lease's token, that may be the lease's holder's, not
+/// the client's `uid`).
+fn register_refusal(
+    denied: RegisterDenied,
+    pid: u32,
+    target: ProcessUids,
+    uid: u32,
+    holder: u32,
+) -> Refusal {
+    let may_not_signal = |uid: u32, role: &str| {
+        Refusal::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "process {pid} belongs to uid {}; uid {uid}{role} may not signal it",
+                target.real
+            ),
+        )
+    };
+    match denied {
+        RegisterDenied::RequesterMayNotSignal => may_not_signal(uid, ""),
+        RegisterDenied::HolderMayNotSignal => may_not_signal(holder, ", which holds the lease,"),
+        RegisterDenied::OutsideOwnTree(own) => Refusal::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "process {pid} is outside tree {own}, which the client runs in: a process in a \
+                 tree may register only processes of its own tree"
+            ),
+        ),
+        RegisterDenied::CapacityFull => Refusal::new(
+            ErrorCode::LimitReached,
+            "the daemon's tree capacity is full",
+        ),
+    }
+}
+
+/// Registers the process `named` for `peer`, as `asked`: grace, identify, lease, authorize
+/// (`auth::may_register`), reserve, adopt, announce.
 pub(super) async fn register(
     daemon: &Arc<Daemon>,
     peer: &Peer,
@@ -161,34 +198,26 @@ pub(super) async fn register(
     let target = ProcessUids::of(pid)
         .filter(|_| !pidfd.has_exited())
         .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no process {pid}")))?;
-    // Whoever asks, and whoever will hold the tree, must both be allowed to signal it.
-    let requester = ProcessUids::of(peer.pid).unwrap_or(ProcessUids {
-        real: peer.uid,
-        effective: peer.uid,
-        saved: peer.uid,
-    });
-    let owner = ProcessUids {
-        real: owner_uid,
-        effective: owner_uid,
-        saved: owner_uid,
+    let requester = ProcessUids::of(peer.pid).unwrap_or(ProcessUids::all(peer.uid));
+    // What a process in a tree registers is nested in that tree (and a process that is in a
+    // tree already stays in it: see Tracker::start_adoption).
+    let nest_in = peer.confinement(&daemon.view).first().copied();
+    let target_trees = daemon
+        .view
+        .member(pid)
+        .filter(|member| proc::ns_to_ticks(member.start_ns) == process.start_ticks)
+        .map(|member| daemon.view.enclosing(member.tree))
+        .unwrap_or_default();
+    let facts = RegisterFacts {
+        requester,
+        holder: owner_uid,
+        target,
+        confined_in: nest_in,
+        target_trees: &target_trees,
+        capacity_full: daemon.registry.tree_count() >= daemon.view.capacity().trees as usize,
     };
-    // The refusal names the uid whose right failed: with another lease's token, that may
-    // be the lease's owner and not the client.
-    let denied = |uid: u32, role: &str| {
-        Refusal::new(
-            ErrorCode::PermissionDenied,
-            format!(
-                "process {pid} belongs to uid {}; uid {uid}{role} may not signal it",
-                target.real
-            ),
-        )
-    };
-    if !may_signal(requester, target) {
-        return Err(denied(peer.uid, ""));
-    }
-    if !may_signal(owner, target) {
-        return Err(denied(owner_uid, ", which holds the lease,"));
-    }
+    may_register(facts)
+        .map_err(|denied| register_refusal(denied, pid, target, peer.uid, owner_uid))?;
     // One /proc walk per account at a time: a user's registrations queue behind each other,
     // not in front of anyone else's.
     let _turn = daemon.limits.heavy(peer.account).await;
@@ -206,33 +235,6 @@ pub(super) async fn register(
                 format!("{} holds {held} trees, the most allowed", describe(account)),
             )
         })?;
-    // What a process in a tree registers is nested in that tree (and a process that is in a
-    // tree already stays in it: see Tracker::start_adoption), and it may register only what is
-    // in its tree already: its host, or any process outside, would otherwise come under the
-    // agent's tree, and the host's own kill and release of it would find nothing.
-    let nest_in = peer.confinement(&daemon.view).first().copied();
-    if let Some(own) = nest_in {
-        let inside = daemon.view.member(pid).is_some_and(|member| {
-            proc::ns_to_ticks(member.start_ns) == process.start_ticks
-                && daemon.view.enclosing(member.tree).contains(&own)
-        });
-        if !inside {
-            return Err(Refusal::new(
-                ErrorCode::PermissionDenied,
-                format!(
-                    "process {pid} is outside tree {own}, which the client runs in: a process \
-                     in a tree may register only processes of its own tree"
-                ),
-            ));
-        }
-    }
-    // A first look (the owner checks again as it makes the tree).
-    if daemon.registry.tree_count() >= daemon.view.capacity().trees as usize {
-        return Err(Refusal::new(
-            ErrorCode::LimitReached,
-            "the daemon's tree capacity is full",
-        ));
-    }
     let numbers = root_numbers(pid);
     let audience = Audience {
         owner: owner_uid,
