@@ -56,19 +56,32 @@ pub(super) fn grace(daemon: &Daemon, grace_ms: Option<u64>) -> Result<Duration, 
     }
 }
 
-/// How a `register` request (line `line_number` of the connection) names its process: by a
-/// pid, by the pidfd sent with its line, or (with neither) the client itself, as the kernel
-/// named it to the daemon when it connected: right in whatever pid namespace the client runs.
-/// Only under another lease (the exec shim's way): under its own, a client would be killed as
-/// its connection closed.
+/// How a `register` line names its process, as it came.
+pub(super) struct Naming {
+    /// Its `pid` field.
+    pub pid: Option<u32>,
+    /// Its `"pidfd": true`.
+    pub pidfd: bool,
+    /// The line's number on its connection (from 0), whose pidfd it takes.
+    pub line_number: u64,
+}
+
+/// How a `register` request names its process: by a pid, by the pidfd sent with its line, or
+/// (with neither) the client itself, as the kernel named it to the daemon when it connected:
+/// right in whatever pid namespace the client runs. Only under another lease (`asked`'s token:
+/// the exec shim's way): under its own, a client would be killed as its connection closed.
 pub(super) fn named(
     peer: &Peer,
     pidfds: &Pidfds,
-    pid: Option<u32>,
-    pidfd: bool,
-    has_token: bool,
-    line_number: u64,
+    naming: Naming,
+    asked: &Asked<'_>,
 ) -> Result<Named, Refusal> {
+    let Naming {
+        pid,
+        pidfd,
+        line_number,
+    } = naming;
+    let has_token = asked.token.is_some();
     match (pid, pidfd) {
         (Some(_), true) => Err(Refusal::new(
             ErrorCode::BadRequest,

@@ -17,7 +17,7 @@ use super::{
     listing,
     peer::Peer,
     refusal::Refusal,
-    registration::{self, Asked},
+    registration::{self, Asked, Naming},
     request_stream::{Pidfds, Strangers},
     shared::Daemon,
     subscribers::Hears,
@@ -143,14 +143,12 @@ impl Session {
                     on_root_exit,
                     grace_ms,
                 };
-                match registration::named(
-                    peer,
-                    &self.pidfds,
+                let naming = Naming {
                     pid,
                     pidfd,
-                    asked.token.is_some(),
                     line_number,
-                ) {
+                };
+                match registration::named(peer, &self.pidfds, naming, &asked) {
                     Ok(named) => registration::register(daemon, peer, named, asked).await,
                     Err(refusal) => Err(refusal),
                 }
