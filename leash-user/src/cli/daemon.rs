@@ -88,8 +88,7 @@ pub(super) struct DaemonArgs {
 
 pub(super) fn daemon(socket: PathBuf, args: DaemonArgs) -> Result<ExitCode> {
     // Before anything fails on the way for want of it, with an error that names the fix.
-    // SAFETY: geteuid takes nothing, touches no memory and cannot fail.
-    let euid = unsafe { libc::geteuid() };
+    let euid = leash::sys::effective_uid();
     if euid != 0 {
         bail!(
             "leash daemon runs as root, not as uid {euid}: it loads eBPF programs into the \

@@ -57,7 +57,7 @@ fn code_of(error: &kernel::Error) -> ErrorCode {
             IdentifyError::Thread { .. } | IdentifyError::NotPidfd | IdentifyError::Invisible,
         ) => ErrorCode::BadRequest,
         E::MembersFull(_) | E::TreesFull(_) | E::Runaway(_) => ErrorCode::LimitReached,
-        E::Identify(IdentifyError::Io(..))
+        E::Identify(IdentifyError::Io { .. })
         | E::StaleMember { .. }
         | E::Unfinished(_)
         | E::Maps(_)

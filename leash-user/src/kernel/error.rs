@@ -44,8 +44,12 @@ pub enum IdentifyError {
     Thread { tid: Pid, tgid: Pid },
     #[error("process {0} is exiting")]
     Exiting(Pid),
-    #[error("cannot open process {0}: {1}")]
-    Io(Pid, String),
+    #[error("cannot open process {pid}: {source}")]
+    Io {
+        pid: Pid,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the descriptor sent is not a pidfd")]
     NotPidfd,
     #[error("the process of the pidfd sent has exited")]

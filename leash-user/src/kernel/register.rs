@@ -542,7 +542,7 @@ pub fn identify(pid: Pid) -> Result<(ProcessRef, Pidfd), IdentifyError> {
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
             return Err(IdentifyError::NotFound(pid));
         }
-        Err(e) => return Err(IdentifyError::Io(pid, e.to_string())),
+        Err(source) => return Err(IdentifyError::Io { pid, source }),
     };
     // Read after the pidfd was opened, and before it is checked: if the process it names is
     // still running now, the pid named it all along, so what was read is its.

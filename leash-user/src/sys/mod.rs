@@ -24,8 +24,8 @@ pub use leash_client::sys::{SpawnHeldError, spawn_held};
 pub use pidfd::{Pidfd, is_shortage, retry_on_shortage};
 pub use poll::{async_readable, wait_readable};
 pub use process::{
-    FdLimit, Unpreempted, boottime_ns, group_id, monotonic_ns, raise_fd_limit, random_bytes,
-    release_free_memory, set_thread_nice, take_env_secret, umask,
+    FdLimit, Unpreempted, boottime_ns, effective_uid, group_id, monotonic_ns, raise_fd_limit,
+    random_bytes, release_free_memory, set_thread_nice, take_env_secret, umask,
 };
 pub use pty::{controlling_terminal_in, open_pty};
 pub use reserve::{keep_reserve, refill_reserve, with_reserve};

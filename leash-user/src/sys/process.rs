@@ -7,6 +7,12 @@ use std::{
     os::unix::ffi::OsStrExt,
 };
 
+/// This process's effective uid.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid takes nothing, touches no memory and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// Sets the process's file mode creation mask to `mask`; returns the one it replaces. The mask
 /// is the whole process's: change it only while no other thread makes files.
 pub fn umask(mask: u32) -> u32 {

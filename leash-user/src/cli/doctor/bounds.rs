@@ -33,8 +33,7 @@ pub(super) fn timed_out(name: &'static str) -> Finding {
 }
 
 pub(super) fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    leash::sys::effective_uid() == 0
 }
 
 pub(super) const NEEDS_ROOT_FIX: &str = "run `sudo leash doctor` to check it";
