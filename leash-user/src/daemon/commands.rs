@@ -11,6 +11,7 @@ use leash_common::Holder;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
+    lease_end::LeaseEnd,
     refusal::Refusal,
     registry::{PendingOutcome, Reservation, TreeEntry},
 };
@@ -26,10 +27,7 @@ const QUEUED_COMMANDS: usize = 256;
 pub(super) enum Command {
     // Urgent: enforcement's.
     /// A lease ended, for `reason`: kill its trees.
-    EndLease {
-        lease: LeaseId,
-        reason: &'static str,
-    },
+    EndLease { lease: LeaseId, reason: LeaseEnd },
     /// Watch the host of `lease` (its pidfd): end the lease when it exits, or stop watching
     /// when `until` closes (the connection that holds the lease ended it itself).
     WatchHost {
@@ -181,7 +179,7 @@ impl Jobs {
         let _ = self.urgent.send(command);
     }
 
-    pub(super) fn end_lease(&self, lease: LeaseId, reason: &'static str) {
+    pub(super) fn end_lease(&self, lease: LeaseId, reason: LeaseEnd) {
         self.urgent(Command::EndLease { lease, reason });
     }
 

@@ -27,6 +27,7 @@ use super::{
     admission::Place,
     disposal::PARKED_PER_ACCOUNT,
     identity,
+    lease_end::LeaseEnd,
     limits::ConnectionSlot,
     outbox::{Outbox, encode},
     peer::Peer,
@@ -371,19 +372,19 @@ async fn serve_lease(
         // its replies have gone out, and one that stops reading is disconnected.
         let room = tokio::select! {
             room = outbox.room_for_replies(UNREAD_TIMEOUT) => room,
-            _ = host.readable() => break Ended::By("host_exited"),
+            _ = host.readable() => break Ended::By(LeaseEnd::HostExited),
             reason = stopping.stopping() => break Ended::DaemonStopping(reason),
         };
         if !room {
             break if outbox.is_closed() {
-                Ended::By("connection_error")
+                Ended::By(LeaseEnd::ConnectionError)
             } else {
                 Ended::NotReading
             };
         }
         let request = tokio::select! {
             line = read_line(&mut reader, MAX_LINE_BYTES) => line,
-            _ = host.readable() => break Ended::By("host_exited"),
+            _ = host.readable() => break Ended::By(LeaseEnd::HostExited),
             reason = stopping.stopping() => break Ended::DaemonStopping(reason),
         };
         match request {
@@ -428,7 +429,7 @@ async fn serve_lease(
                     // still see its host's death at once.
                     tokio::select! {
                         () = tokio::time::sleep(pause) => {}
-                        _ = host.readable() => break Ended::By("host_exited"),
+                        _ = host.readable() => break Ended::By(LeaseEnd::HostExited),
                         reason = stopping.stopping() => break Ended::DaemonStopping(reason),
                     }
                 }
@@ -444,8 +445,8 @@ async fn serve_lease(
                 }
                 line_number += 1;
             }
-            Ok(Line::End) => break Ended::By("connection_closed"),
-            Err(_) => break Ended::By("connection_error"),
+            Ok(Line::End) => break Ended::By(LeaseEnd::ConnectionClosed),
+            Err(_) => break Ended::By(LeaseEnd::ConnectionError),
         }
         // Requests already read are served one at a time, each in its turn with every other
         // connection's (and this one's writer).
@@ -454,7 +455,7 @@ async fn serve_lease(
             break Ended::NotReading;
         }
         if outbox.is_closed() {
-            break Ended::By("connection_error");
+            break Ended::By(LeaseEnd::ConnectionError);
         }
     };
     let lease = peer.lease;
@@ -470,13 +471,13 @@ async fn serve_lease(
             // A dying host's sockets close before its pidfd says it exited: its end is its
             // exit.
             let reason = match ended {
-                Ended::By("connection_closed" | "connection_error")
+                Ended::By(LeaseEnd::ConnectionClosed | LeaseEnd::ConnectionError)
                     if host_exiting(peer.pid, peer.start_ticks) =>
                 {
-                    "host_exited"
+                    LeaseEnd::HostExited
                 }
                 Ended::By(reason) => reason,
-                Ended::NotReading | Ended::DaemonStopping(_) => "client_not_reading",
+                Ended::NotReading | Ended::DaemonStopping(_) => LeaseEnd::ClientNotReading,
             };
             // The lease ends first: its trees' kills never wait on the connection's last
             // replies.
@@ -512,8 +513,8 @@ async fn serve_lease(
 /// Why a connection's serving ended.
 #[derive(Clone, Copy)]
 enum Ended {
-    /// The lease ends, for this reason (`connection_closed`, `host_exited`, ...).
-    By(&'static str),
+    /// The lease ends, for this reason.
+    By(LeaseEnd),
     /// The client left its replies unread: the lease ends (`client_not_reading`), and the
     /// client is told why.
     NotReading,

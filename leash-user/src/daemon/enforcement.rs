@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::{
+    lease_end::LeaseEnd,
     owner::Owner,
     registry::{BegunKill, KillOutcome, KillStart, PendingOutcome},
     shared::Daemon,
@@ -178,7 +179,7 @@ pub(super) fn end_tree(owner: &Rc<Owner>, tree: TreeId, kill: Option<KillSummary
     }
     for dying in &collected.hosts_dying {
         for lease in tree_events::leases_of_dying_host(&owner.daemon, dying) {
-            owner.daemon.jobs.end_lease(lease, tree_events::HOST_KILLED);
+            owner.daemon.jobs.end_lease(lease, LeaseEnd::HostKilled);
         }
     }
     let Some(entry) = owner.daemon.registry.remove(tree) else {

@@ -39,6 +39,7 @@ mod disposal;
 mod emptying;
 mod enforcement;
 mod identity;
+mod lease_end;
 mod limits;
 mod listing;
 mod metrics;

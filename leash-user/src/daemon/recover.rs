@@ -19,6 +19,7 @@ use super::{
     adoption::root_numbers,
     enforcement::start_kill,
     identity::ClientIdentity,
+    lease_end::LeaseEnd,
     owner::Owner,
     registry::TreeEntry,
     shared::Daemon,
@@ -170,7 +171,7 @@ fn watch_host_again(owner: &Rc<Owner>, lease: LeaseId, pid: Pid, start_ticks: u6
                     return watch_host(&owner, lease, host, None);
                 }
                 Ok(None) => {
-                    return end_lease(&owner, lease, "host_exited_while_away");
+                    return end_lease(&owner, lease, LeaseEnd::HostExitedWhileAway);
                 }
                 Err(e) => {
                     if !failed {

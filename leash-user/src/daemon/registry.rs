@@ -14,7 +14,7 @@ use leash_client::protocol::{KillReason, LeaseId, RootExitPolicy, TreeId, TreeSt
 use leash_common::{Account, Holder};
 use tokio::sync::watch;
 
-use super::subscribers::Audience;
+use super::{lease_end::LeaseEnd, subscribers::Audience};
 use crate::{proc::ProcessRef, sys};
 
 mod entry;
@@ -178,7 +178,7 @@ impl Registry {
     /// INFO (`lease_ended`) if it ever held a tree, at DEBUG if it only asked. Once: when both
     /// the connection and the watch on its host see the host die, the second finds it gone
     /// (and its trees already being killed).
-    pub(super) fn end_lease(&self, lease: LeaseId, reason: &str) -> Vec<TreeId> {
+    pub(super) fn end_lease(&self, lease: LeaseId, reason: LeaseEnd) -> Vec<TreeId> {
         let (entry, trees) = {
             let mut state = self.state();
             let Some(entry) = state.leases.remove(&lease) else {
@@ -199,11 +199,11 @@ impl Registry {
                 lease,
                 host_pid = entry.host_pid,
                 uid = entry.uid,
-                reason,
+                reason = reason.as_str(),
                 "lease ended"
             );
         } else {
-            tracing::debug!(lease, reason, "lease ended");
+            tracing::debug!(lease, reason = reason.as_str(), "lease ended");
         }
         trees
     }

@@ -51,9 +51,6 @@ impl HostDying {
     }
 }
 
-/// The reason a lease ends with when the kernel saw its host start to die.
-pub(super) const HOST_KILLED: &str = "host_killed";
-
 /// The live leases of a host the kernel saw start to die (theirs to end), its death told in
 /// the log if it held any.
 pub(super) fn leases_of_dying_host(daemon: &Daemon, dying: &HostDying) -> Vec<LeaseId> {

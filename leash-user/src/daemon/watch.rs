@@ -17,8 +17,9 @@ use tokio::sync::oneshot;
 
 use super::{
     enforcement::{end_tree, start_kill},
+    lease_end::LeaseEnd,
     owner::Owner,
-    tree_events::{self, HOST_KILLED, HostDying},
+    tree_events::{self, HostDying},
 };
 use crate::{kernel::TreeStatus, sys};
 
@@ -160,11 +161,11 @@ fn finish_if_kept_and_empty(owner: &Rc<Owner>, tree: TreeId) {
 
 /// A lease ended (its host died or its connection closed), for `reason` (`host_exited`,
 /// `connection_closed`, ...): every tree it holds is killed.
-pub(super) fn end_lease(owner: &Rc<Owner>, lease: LeaseId, reason: &str) {
+pub(super) fn end_lease(owner: &Rc<Owner>, lease: LeaseId, reason: LeaseEnd) {
     // A host's exit is seen by its socket and its pidfd as well as by the programs, which saw
     // it first if it was killed: what they reported is taken first, so that its lease ends
     // for the reason the kernel gave (a second end of a lease does nothing).
-    if reason != HOST_KILLED {
+    if reason != LeaseEnd::HostKilled {
         take_kernel_news(owner);
     }
     let registry = &owner.daemon.registry;
@@ -197,7 +198,7 @@ pub(super) fn watch_host_death(owner: &Owner, lease: LeaseId) {
 /// now, before its exit has torn down its memory.
 pub(super) fn host_dying(owner: &Rc<Owner>, dying: &HostDying) {
     for lease in tree_events::leases_of_dying_host(&owner.daemon, dying) {
-        end_lease(owner, lease, HOST_KILLED);
+        end_lease(owner, lease, LeaseEnd::HostKilled);
     }
 }
 
@@ -213,7 +214,7 @@ pub(super) fn watch_host(
         Ok(host) => host,
         Err(e) => {
             tracing::error!(lease, "cannot watch the host: {e}; ending its lease");
-            return end_lease(owner, lease, "host_unwatchable");
+            return end_lease(owner, lease, LeaseEnd::HostUnwatchable);
         }
     };
     let owner = owner.clone();
@@ -227,7 +228,7 @@ pub(super) fn watch_host(
             }
         };
         tokio::select! {
-            _ = host.readable() => end_lease(&owner, lease, "host_exited"),
+            _ = host.readable() => end_lease(&owner, lease, LeaseEnd::HostExited),
             () = served => {}
         }
     });

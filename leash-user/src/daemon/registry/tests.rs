@@ -67,7 +67,11 @@ fn a_tree_counts_against_both_accounts_and_root_has_no_quota() {
 fn a_tree_filed_after_its_lease_ended_is_to_be_killed() {
     let registry = Registry::default();
     let lease = lease(&registry);
-    assert!(registry.end_lease(lease, "connection_closed").is_empty());
+    assert!(
+        registry
+            .end_lease(lease, LeaseEnd::ConnectionClosed)
+            .is_empty()
+    );
     let place = registry.reserve(&[1000], 10).unwrap();
     assert_eq!(
         registry.file(3, entry(lease, 1000), None, place),
@@ -134,8 +138,12 @@ fn a_lease_ends_once_with_its_trees() {
     let lease = lease(&registry);
     let place = registry.reserve(&[], 10).unwrap();
     let _ = registry.file(5, entry(lease, 1000), None, place);
-    assert_eq!(registry.end_lease(lease, "host_exited"), vec![5]);
-    assert!(registry.end_lease(lease, "connection_closed").is_empty());
+    assert_eq!(registry.end_lease(lease, LeaseEnd::HostExited), vec![5]);
+    assert!(
+        registry
+            .end_lease(lease, LeaseEnd::ConnectionClosed)
+            .is_empty()
+    );
     assert_eq!(registry.lease_for(lease, None).err(), Some(NoLease::Own));
 }
 
@@ -186,12 +194,12 @@ fn a_host_is_named_by_its_pid_and_start_and_holds_trees_while_a_lease_of_it_does
     let place = registry.reserve(&[], 10).unwrap();
     let _ = registry.file(5, entry(second, 1000), None, place);
     assert!(registry.host_holds_trees(host));
-    let _ = registry.end_lease(first, "connection_closed");
+    let _ = registry.end_lease(first, LeaseEnd::ConnectionClosed);
     assert!(
         registry.host_holds_trees(host),
         "the second lease holds tree 5"
     );
-    let _ = registry.end_lease(second, "host_killed");
+    let _ = registry.end_lease(second, LeaseEnd::HostKilled);
     assert!(!registry.host_holds_trees(host));
     assert_eq!(registry.leases_of(host), Vec::<LeaseId>::new());
 }
@@ -208,8 +216,8 @@ fn hosts_leases_are_those_that_registered_a_tree() {
     assert_eq!(everyone, LeaseCounts { all: 3, hosts: 1 });
     let uid_1000 = registry.count_leases(|uid, _| uid == 1000);
     assert_eq!(uid_1000, LeaseCounts { all: 2, hosts: 1 });
-    registry.end_lease(viewer, "connection_closed");
-    registry.end_lease(host, "connection_closed");
+    registry.end_lease(viewer, LeaseEnd::ConnectionClosed);
+    registry.end_lease(host, LeaseEnd::ConnectionClosed);
     assert_eq!(
         registry.count_leases(|_, _| true),
         LeaseCounts { all: 1, hosts: 0 }
