@@ -25,7 +25,7 @@ use std::{
 
 use leash_common::Account;
 
-use super::{close_queue::CloseQueue, emptying::close_emptied};
+use super::{accept::RateLimit, close_queue::CloseQueue, emptying::close_emptied};
 use crate::sys;
 
 /// Descriptors of one account that may wait to be closed (queued, or being closed).
@@ -57,6 +57,8 @@ struct State {
     parked: usize,
     /// Started when first needed (None until then, or while it cannot be).
     close_queue: Option<CloseQueue>,
+    /// Connections the close queue could not take, logged at most every 10 s.
+    overflowed: RateLimit,
 }
 
 /// One account's descriptors waiting to be closed.
@@ -169,7 +171,7 @@ impl Disposal {
             }
             if state.close_queue.is_none() {
                 state.close_queue = CloseQueue::start()
-                    .inspect_err(|e| tracing::warn!("cannot start the close queue: {e}"))
+                    .inspect_err(|e| state.overflow_failed(account, &e.to_string()))
                     .ok();
             }
             match &state.close_queue {
@@ -178,10 +180,8 @@ impl Disposal {
             }
         };
         queue.close(socket).inspect_err(|_| {
-            tracing::warn!(
-                account,
-                "the close queue is full: a connection waits in its lane"
-            );
+            self.state()
+                .overflow_failed(account, "the close queue is full");
         })
     }
 
@@ -306,6 +306,18 @@ fn carries_no_descriptors(socket: &OwnedFd) -> bool {
 const PEEK_BYTES: usize = 64 * 1024;
 
 impl State {
+    /// The close queue could not take a connection of `account`, for `why`: it waits in its
+    /// lane. Logged at most every 10 s, with the count since the last line.
+    fn overflow_failed(&mut self, account: Account, why: &str) {
+        if let Some(count) = self.overflowed.failed(std::time::Instant::now()) {
+            tracing::warn!(
+                account,
+                count,
+                "{why}: connections wait in their lane (logged at most every 10 s)"
+            );
+        }
+    }
+
     fn count(&mut self, account: Account, count: usize) {
         self.counted += count;
         self.accounts.entry(account).or_default().counted += count;
