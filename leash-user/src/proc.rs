@@ -105,6 +105,28 @@ impl ProcessRef {
         process(pid).map(|p| p.reference())
     }
 
+    /// Whether this very process still runs: its pid names a process that started when it did.
+    pub fn is_running(self) -> bool {
+        read_process(self.pid)
+            .is_ok_and(|now| now.is_some_and(|now| now.start_ticks == self.start_ticks))
+    }
+
+    /// Whether this process is gone or on its way out: the kernel marks a process exiting
+    /// (PF_EXITING) before it closes its files, so a dying host's sockets close while this
+    /// already says so. (A start time of 0, unknown, matches any.) False if /proc cannot say.
+    pub fn is_exiting(self) -> bool {
+        const PF_EXITING: u32 = 0x4;
+        match procfs::process::Process::new(self.pid as i32).and_then(|p| p.stat()) {
+            Ok(stat) => {
+                (self.start_ticks != 0 && stat.starttime != self.start_ticks)
+                    || matches!(stat.state, 'Z' | 'X')
+                    || stat.flags & PF_EXITING != 0
+            }
+            Err(procfs::ProcError::NotFound(_)) => true,
+            Err(_) => false,
+        }
+    }
+
     /// A pidfd for this very process, or None if it is gone (reaped, its pid perhaps another
     /// process's by now). The pidfd is opened first and the start time read after: a match
     /// means the pid still named this process after the pidfd was opened, so the pidfd is its.

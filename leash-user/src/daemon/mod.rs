@@ -23,8 +23,9 @@
 //! - [`identity`], [`registration`], [`listing`], [`requests`]: who a client is beyond its
 //!   uid; what each request does, as a value.
 //! - [`request_stream`], [`emptying`], [`close_queue`], [`disposal`], [`accept`],
-//!   [`connection`]: bounded lines in (with the descriptors clients send, emptied and closed on
-//!   threads of their own), accepting connections, one task per client writing its own outbox.
+//!   [`connection`], [`serving`]: bounded lines in (with the descriptors clients send, emptied
+//!   and closed on threads of their own), accepting and setting up connections, serving each
+//!   one's lease, one task per client writing its own outbox.
 //! - [`metrics`], [`metrics_http`]: the figures for Prometheus (`--metrics`).
 
 mod accept;
@@ -56,6 +57,7 @@ mod registration;
 mod registry;
 mod request_stream;
 mod requests;
+mod serving;
 mod shared;
 mod socket;
 mod stopping;

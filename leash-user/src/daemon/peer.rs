@@ -3,7 +3,10 @@
 use leash_common::{Account, TreeId};
 
 use super::{auth::Requester, pid_view::PidView};
-use crate::{kernel::TrackerView, proc};
+use crate::{
+    kernel::TrackerView,
+    proc::{self, ProcessRef},
+};
 
 /// Who is on the other end, as the kernel says.
 #[derive(Clone, Copy, Debug)]
@@ -31,6 +34,14 @@ pub(super) struct Peer {
 }
 
 impl Peer {
+    /// The process that connected.
+    pub(super) fn host(&self) -> ProcessRef {
+        ProcessRef {
+            pid: self.pid,
+            start_ticks: self.start_ticks,
+        }
+    }
+
     /// The tree the client's process runs in, then each tree that one is nested in; empty
     /// when it runs in none. The trees it may never release or kill.
     pub(super) fn confinement(&self, view: &TrackerView) -> Vec<TreeId> {
