@@ -20,6 +20,58 @@ fn value_of(text: &str, series: &str) -> Option<String> {
         .map(|(_, v)| v)
 }
 
+/// A snapshot with every part read, so that every family is in its text.
+fn every_reading() -> Snapshot {
+    Snapshot {
+        membership: "layered",
+        kernel: Some(KernelCounters {
+            program_skips: vec![("leash_fork", 0)],
+            ..KernelCounters::default()
+        }),
+        process: Some(ProcessFigures::default()),
+        ..Snapshot::default()
+    }
+}
+
+/// The families of a scrape, with their types, in their order: what dashboards and alerts
+/// are written against.
+#[test]
+fn the_families_are_named_and_typed_as_ever() {
+    let text = encode(&every_reading());
+    let types: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .collect();
+    assert_eq!(types, FAMILIES);
+}
+
+const FAMILIES: [&str; 24] = [
+    "leash_build_info gauge",
+    "leash_membership gauge",
+    "leash_trees gauge",
+    "leash_trees_registered_total counter",
+    "leash_trees_capacity gauge",
+    "leash_members gauge",
+    "leash_members_capacity gauge",
+    "leash_leases gauge",
+    "leash_kills_total counter",
+    "leash_kill_failures_total counter",
+    "leash_kill_duration_seconds histogram",
+    "leash_requests_refused_total counter",
+    "leash_events_dropped_total counter",
+    "leash_kernel_events_dropped_total counter",
+    "leash_member_inserts_failed_total counter",
+    "leash_members_reconciled_total counter",
+    "leash_forks_refused_total counter",
+    "leash_program_skips_total counter",
+    "process_cpu_seconds_total counter",
+    "process_open_fds gauge",
+    "process_max_fds gauge",
+    "process_virtual_memory_bytes gauge",
+    "process_resident_memory_bytes gauge",
+    "process_start_time_seconds gauge",
+];
+
 #[test]
 fn error_codes_are_in_their_places() {
     for (i, &code) in ERROR_CODES.iter().enumerate() {
