@@ -679,7 +679,7 @@ pub enum ExecReport {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// Not JSON, not an object, an unknown op, a missing or ill-typed field, a value out of range.
@@ -698,6 +698,20 @@ pub enum ErrorCode {
     KillFailed,
     /// The daemon failed; the message says how.
     Internal,
+}
+
+impl ErrorCode {
+    /// Every code, in the order above.
+    pub const ALL: [ErrorCode; 8] = [
+        Self::BadRequest,
+        Self::TooLong,
+        Self::UnsupportedVersion,
+        Self::NotFound,
+        Self::PermissionDenied,
+        Self::LimitReached,
+        Self::KillFailed,
+        Self::Internal,
+    ];
 }
 
 impl fmt::Display for ErrorCode {

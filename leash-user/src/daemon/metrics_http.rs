@@ -39,7 +39,7 @@ use super::{
     accept::RateLimit,
     config::MetricsAddr,
     disposal::Disposal,
-    metrics::{self, KernelCounters, ProcessFigures, Snapshot},
+    metrics::{self, KernelCounters, ProcessFigures, Readings},
     request_stream::{Pidfds, RequestStream, Strangers},
     shared::Daemon,
 };
@@ -66,7 +66,7 @@ const PATH: &str = "/metrics";
 
 /// Reads the figures now. Reads the kernel's maps (two lookups per tree): call it on a
 /// blocking thread.
-fn snapshot(daemon: &Daemon) -> Snapshot {
+fn readings(daemon: &Daemon) -> Readings {
     // The registry's lock is held to copy the ids, as for `status`; the maps are read after.
     let (trees, leases) = (daemon.registry.trees(), daemon.registry.lease_count());
     let view = &daemon.view;
@@ -79,7 +79,7 @@ fn snapshot(daemon: &Daemon) -> Snapshot {
         reconciled: stats.reconciled,
         forks_refused: stats.forks_refused,
     });
-    Snapshot {
+    Readings {
         membership: daemon.membership.as_str(),
         trees: trees.len() as u64,
         trees_capacity: capacity.trees.into(),
@@ -88,7 +88,6 @@ fn snapshot(daemon: &Daemon) -> Snapshot {
         leases: leases as u64,
         kernel,
         process: ProcessFigures::read().ok(),
-        ..daemon.metrics.counted()
     }
 }
 
@@ -134,7 +133,7 @@ pub(super) async fn bind(addr: &MetricsAddr, group: Option<u32>) -> Result<Liste
 /// Serves `GET /metrics` on `listener` for as long as the daemon runs.
 pub(super) async fn serve(listener: Listener, daemon: Arc<Daemon>) {
     let disposal = daemon.disposal.clone();
-    let server = Server::new(move || metrics::encode(&snapshot(&daemon)));
+    let server = Server::new(move || daemon.metrics.encode(&readings(&daemon)));
     accept(listener, Arc::new(server), disposal).await;
 }
 

@@ -12,6 +12,10 @@ use procfs::{
     ProcResult,
     process::{LimitValue, Process},
 };
+use prometheus_client::{
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
+    registry::Registry,
+};
 
 /// The figures of one reading of /proc/self.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -47,5 +51,40 @@ impl ProcessFigures {
             // The start is in ticks since boot; boot is /proc/stat's btime, in seconds.
             start_time_seconds: procfs::boot_time_secs()? as f64 + stat.starttime as f64 / ticks,
         })
+    }
+
+    /// Registers the standard `process_*` families, with the Go and Python clients' help
+    /// texts (the registry adds their final period).
+    pub(super) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            ConstCounter::new(self.cpu_seconds),
+        );
+        registry.register(
+            "process_open_fds",
+            "Number of open file descriptors",
+            ConstGauge::new(self.open_fds),
+        );
+        registry.register(
+            "process_max_fds",
+            "Maximum number of open file descriptors",
+            ConstGauge::new(self.max_fds),
+        );
+        registry.register(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes",
+            ConstGauge::new(self.virtual_memory_bytes),
+        );
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            ConstGauge::new(self.resident_memory_bytes),
+        );
+        registry.register(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            ConstGauge::new(self.start_time_seconds),
+        );
     }
 }

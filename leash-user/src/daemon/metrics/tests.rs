@@ -1,6 +1,46 @@
-//! The counters, the snapshot and its text.
+//! The counters, the readings and their text.
+
+use std::ops::Deref;
 
 use super::*;
+
+/// The counters as numbers, for the tests of the modules that count into them.
+#[derive(Debug, PartialEq)]
+pub(in crate::daemon) struct Counted {
+    pub trees_registered: u64,
+    /// Per [`KillReason::ALL`].
+    pub kills: Vec<u64>,
+    pub kill_failures: u64,
+    /// Per [`ErrorCode::ALL`].
+    pub refused: Vec<u64>,
+    pub events_dropped: u64,
+}
+
+impl Metrics {
+    pub(in crate::daemon) fn counted(&self) -> Counted {
+        Counted {
+            trees_registered: self.trees_registered.get(),
+            kills: (KillReason::ALL.iter())
+                .map(|&reason| count(self.kills.get(&reason.into())))
+                .collect(),
+            kill_failures: self.kill_failures.get(),
+            refused: (ErrorCode::ALL.iter())
+                .map(|&code| count(self.refused.get(&code.into())))
+                .collect(),
+            events_dropped: self.events_dropped.get(),
+        }
+    }
+
+    /// The text of a scrape with nothing read but the counters.
+    fn text(&self) -> String {
+        self.encode(&Readings::default())
+    }
+}
+
+/// A family's counter, 0 if it has none.
+fn count(counter: Option<impl Deref<Target = Counter>>) -> u64 {
+    counter.map_or(0, |counter| counter.get())
+}
 
 /// The sample lines of `text` (not comments), as (series, value).
 fn samples(text: &str) -> Vec<(String, String)> {
@@ -20,12 +60,57 @@ fn value_of(text: &str, series: &str) -> Option<String> {
         .map(|(_, v)| v)
 }
 
-#[test]
-fn error_codes_are_in_their_places() {
-    for (i, &code) in ERROR_CODES.iter().enumerate() {
-        assert_eq!(code_index(code), i, "{code}");
+/// Readings with every part read, so that every family is in their text.
+fn every_reading() -> Readings {
+    Readings {
+        membership: "layered",
+        kernel: Some(KernelCounters {
+            program_skips: vec![("leash_fork", 0)],
+            ..KernelCounters::default()
+        }),
+        process: Some(ProcessFigures::default()),
+        ..Readings::default()
     }
 }
+
+/// The families of a scrape, with their types, in their order: what dashboards and alerts
+/// are written against.
+#[test]
+fn the_families_are_named_and_typed_as_ever() {
+    let text = Metrics::default().encode(&every_reading());
+    let types: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .collect();
+    assert_eq!(types, FAMILIES);
+}
+
+const FAMILIES: [&str; 24] = [
+    "leash_build_info gauge",
+    "leash_membership gauge",
+    "leash_trees gauge",
+    "leash_trees_registered_total counter",
+    "leash_trees_capacity gauge",
+    "leash_members gauge",
+    "leash_members_capacity gauge",
+    "leash_leases gauge",
+    "leash_kills_total counter",
+    "leash_kill_failures_total counter",
+    "leash_kill_duration_seconds histogram",
+    "leash_requests_refused_total counter",
+    "leash_events_dropped_total counter",
+    "leash_kernel_events_dropped_total counter",
+    "leash_member_inserts_failed_total counter",
+    "leash_members_reconciled_total counter",
+    "leash_forks_refused_total counter",
+    "leash_program_skips_total counter",
+    "process_cpu_seconds_total counter",
+    "process_open_fds gauge",
+    "process_max_fds gauge",
+    "process_virtual_memory_bytes gauge",
+    "process_resident_memory_bytes gauge",
+    "process_start_time_seconds gauge",
+];
 
 #[test]
 fn kills_are_counted_by_reason() {
@@ -33,7 +118,7 @@ fn kills_are_counted_by_reason() {
     metrics.kill_started(KillReason::RootExited);
     metrics.kill_started(KillReason::RootExited);
     metrics.kill_started(KillReason::Request);
-    let text = encode(&metrics.counted());
+    let text = metrics.text();
     assert_eq!(
         value_of(&text, r#"leash_kills_total{reason="root_exited"}"#).as_deref(),
         Some("2")
@@ -42,12 +127,18 @@ fn kills_are_counted_by_reason() {
         value_of(&text, r#"leash_kills_total{reason="request"}"#).as_deref(),
         Some("1")
     );
-    // Every reason is there from the start, at 0.
+}
+
+#[test]
+fn every_reason_and_code_is_there_from_the_start_at_0() {
+    let text = Metrics::default().text();
     for reason in KillReason::ALL {
-        assert!(
-            value_of(&text, &format!(r#"leash_kills_total{{reason="{reason}"}}"#)).is_some(),
-            "{reason}"
-        );
+        let series = format!(r#"leash_kills_total{{reason="{reason}"}}"#);
+        assert_eq!(value_of(&text, &series).as_deref(), Some("0"), "{series}");
+    }
+    for code in ErrorCode::ALL {
+        let series = format!(r#"leash_requests_refused_total{{code="{code}"}}"#);
+        assert_eq!(value_of(&text, &series).as_deref(), Some("0"), "{series}");
     }
 }
 
@@ -57,7 +148,7 @@ fn refusals_are_counted_by_code() {
     metrics.refused(ErrorCode::PermissionDenied);
     metrics.refused(ErrorCode::BadRequest);
     metrics.refused(ErrorCode::BadRequest);
-    let text = encode(&metrics.counted());
+    let text = metrics.text();
     let refused = |code: &str| {
         value_of(
             &text,
@@ -76,7 +167,7 @@ fn kill_durations_fall_in_their_buckets() {
     for ms in [0, 1, 2, 700, 2_000, 60_000] {
         metrics.kill_done(Duration::from_millis(ms));
     }
-    let text = encode(&metrics.counted());
+    let text = metrics.text();
     let bucket = |le: &str| {
         value_of(
             &text,
@@ -104,7 +195,7 @@ fn kill_durations_fall_in_their_buckets() {
 
 #[test]
 fn gauges_and_kernel_counters() {
-    let snapshot = Snapshot {
+    let readings = Readings {
         trees: 2,
         trees_capacity: 4096,
         members: 17,
@@ -118,9 +209,9 @@ fn gauges_and_kernel_counters() {
             reconciled: 7,
             forks_refused: 2,
         }),
-        ..Snapshot::default()
+        ..Readings::default()
     };
-    let text = encode(&snapshot);
+    let text = Metrics::default().encode(&readings);
     for (series, value) in [
         ("leash_trees", "2"),
         ("leash_trees_capacity", "4096"),
@@ -140,14 +231,14 @@ fn gauges_and_kernel_counters() {
         assert_eq!(value_of(&text, series).as_deref(), Some(value), "{series}");
     }
     // Unread, the kernel's counters are left out rather than shown as 0.
-    let text = encode(&Snapshot::default());
+    let text = Metrics::default().text();
     assert!(!text.contains("leash_kernel_events_dropped_total"));
     assert!(!text.contains("leash_member_inserts_failed_total"));
 }
 
 #[test]
 fn every_family_has_help_and_type_before_its_samples() {
-    let text = encode(&Snapshot::default());
+    let text = Metrics::default().encode(&every_reading());
     let mut declared: Vec<(String, String)> = Vec::new();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
@@ -177,12 +268,11 @@ fn every_family_has_help_and_type_before_its_samples() {
 
 #[test]
 fn the_text_format_is_prometheus_0_0_4() {
-    let snapshot = Snapshot {
-        kill_duration_counts: [0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
-        kill_duration_sum: Duration::from_millis(60_015),
-        ..Snapshot::default()
-    };
-    let text = encode(&snapshot);
+    let metrics = Metrics::default();
+    for us in [7_500, 7_500, 60_000_000] {
+        metrics.kill_done(Duration::from_micros(us));
+    }
+    let text = metrics.text();
     // A counter is named with its `_total` in its HELP and TYPE lines as in its samples,
     // and the text has no OpenMetrics `# EOF`.
     assert!(text.contains(
@@ -216,14 +306,14 @@ fn the_text_format_is_prometheus_0_0_4() {
 #[test]
 fn registrations_are_counted() {
     let metrics = Metrics::default();
-    let text = encode(&metrics.counted());
+    let text = metrics.text();
     assert_eq!(
         value_of(&text, "leash_trees_registered_total").as_deref(),
         Some("0")
     );
     metrics.tree_registered();
     metrics.tree_registered();
-    let text = encode(&metrics.counted());
+    let text = metrics.text();
     assert_eq!(
         value_of(&text, "leash_trees_registered_total").as_deref(),
         Some("2")
@@ -232,7 +322,7 @@ fn registrations_are_counted() {
 
 #[test]
 fn the_process_families_have_their_standard_names() {
-    let snapshot = Snapshot {
+    let readings = Readings {
         process: Some(ProcessFigures {
             cpu_seconds: 1.25,
             open_fds: 12,
@@ -241,9 +331,9 @@ fn the_process_families_have_their_standard_names() {
             resident_memory_bytes: 50 << 20,
             start_time_seconds: 1_700_000_000.5,
         }),
-        ..Snapshot::default()
+        ..Readings::default()
     };
-    let text = encode(&snapshot);
+    let text = Metrics::default().encode(&readings);
     for (series, kind, value) in [
         ("process_cpu_seconds_total", "counter", "1.25"),
         ("process_open_fds", "gauge", "12"),
@@ -259,7 +349,7 @@ fn the_process_families_have_their_standard_names() {
         );
     }
     // Unread, they are left out rather than shown as 0.
-    assert!(!encode(&Snapshot::default()).contains("process_"));
+    assert!(!Metrics::default().text().contains("process_"));
 }
 
 #[test]
