@@ -346,7 +346,9 @@ export declare class Lease {
   close(options?: { graceMs?: number }): Promise<void>;
   /**
    * close(), for `await using lease = await Lease.connect()`. (No Symbol.dispose: a close
-   * waits until the trees are empty, which a synchronous `using` cannot.)
+   * waits until the trees are empty, which a synchronous `using` cannot.) On a runtime without
+   * Symbol.asyncDispose (Node before 18.18 and 20.4) the method is keyed by
+   * `Symbol.for("nodejs.asyncDispose")`: the library defines no global.
    */
   [Symbol.asyncDispose](): Promise<void>;
   /** `claudeCodeSpawner(lease, options)`. */

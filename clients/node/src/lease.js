@@ -14,16 +14,15 @@ import { adoptThroughShim, spawnArguments, spawnLeashed, validGrace } from "./sp
 const noop = () => {};
 const CONNECT = Symbol("Lease.connect");
 
-// `await using lease = await Lease.connect()` looks the lease's close up by
-// Symbol.asyncDispose. Node 18.18 and 20.4 on define it (as Symbol.for("nodejs.asyncDispose"));
-// an older runtime gets that same symbol, so that a transpiler's `await using` and node's own
-// objects agree on it. Nothing is replaced where the runtime has one.
-if (typeof Symbol.asyncDispose !== "symbol") {
-  Object.defineProperty(Symbol, "asyncDispose", {
-    value: Symbol.for("nodejs.asyncDispose"),
-    configurable: true,
-  });
-}
+// `await using lease = await Lease.connect()` finds close() by Symbol.asyncDispose, which Node
+// has from 18.18 and 20.4 (as Symbol.for("nodejs.asyncDispose")), and Bun has. A library leaves
+// the global Symbol alone: on an older runtime close() is keyed by that registered symbol,
+// node's own, so a host still reaches it (lease[Symbol.for("nodejs.asyncDispose")]()), and a
+// polyfill that defines Symbol.asyncDispose as node does, whenever it runs, makes `await using`
+// find it (a polyfill of another symbol must run before this module is imported). The type
+// says the runtime's symbol, which it is wherever the runtime has one.
+/** @type {typeof Symbol.asyncDispose} */
+const asyncDispose = Symbol.asyncDispose ?? Symbol.for("nodejs.asyncDispose");
 
 const closedError = () =>
   new LeashError("closed", "this lease is closed: connect a new one (Lease.connect())");
@@ -364,7 +363,7 @@ export class Lease {
    * `using` could not wait for.)
    * @returns {Promise<void>}
    */
-  [Symbol.asyncDispose]() {
+  [asyncDispose]() {
     return this.close();
   }
 

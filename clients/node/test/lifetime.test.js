@@ -13,6 +13,7 @@ import { Lease } from "../src/index.js";
 import { alive, exited, jsonLines, stop, tempDir, testEnv, waitFor } from "./helpers.js";
 
 const idleHost = fileURLToPath(new URL("./fixtures/idle-host.js", import.meta.url));
+const noAsyncDispose = fileURLToPath(new URL("./fixtures/no-async-dispose.js", import.meta.url));
 /** A host must be done well within this once its script has ended. */
 const EXIT_DEADLINE_MS = 20_000;
 
@@ -92,6 +93,15 @@ test("`await using` closes the lease at the end of the scope, killing its trees"
   // close() resolved before the scope ended: the tree is empty already.
   assert.ok(!alive(child.pid), `the lease's tree ${tree} was killed when the scope ended`);
   assert.deepEqual(await exited(child), [null, "SIGTERM"]);
+});
+
+test("on a runtime without Symbol.asyncDispose, the library leaves Symbol alone and keys close() by node's symbol", async (t) => {
+  const host = spawn(process.execPath, [noAsyncDispose], { stdio: ["ignore", "pipe", "inherit"] });
+  t.after(() => stop(host));
+  const report = await jsonLines(host.stdout).next("the report", (m) => m.defined);
+  assert.deepEqual(report.defined, [], "nothing defined on the global Symbol");
+  assert.ok(report.closes, 'lease[Symbol.for("nodejs.asyncDispose")]() is close()');
+  assert.deepEqual(await exited(host), [0, null]);
 });
 
 /** Whether this runtime parses `await using` declarations itself. */

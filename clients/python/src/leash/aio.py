@@ -5,7 +5,6 @@ connection is an asyncio stream read by a task of the lease's own."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from asyncio.subprocess import Process
 from types import TracebackType
@@ -15,320 +14,31 @@ from typing import (
     Awaitable,
     Callable,
     Dict,
-    Generator,
     List,
     Optional,
     Tuple,
     Type,
     Union,
-    cast,
 )
 
 from . import _pidfd, _shim
-from ._connection import (
-    EVENT_QUEUE_CAPACITY,
-    LOSS_NOTICE,
-    SEND_FAILED_READ_TIMEOUT,
-    NotSent,
-)
-from ._event_queue import EventQueue
-from ._fallback import tree_or_unleashed
+from ._async_connection import AsyncConnection
+from ._async_events import AsyncEventStream
+from ._async_process import LeashedProcess, leashed, read_to_end, reap, tree_of
+from ._connection import LOSS_NOTICE, NotSent
 from ._lease_core import LeaseCore, log_close_error
-from ._replies import LineRouter, Settable, Stream
-from .errors import LeaseClosed, LeashError, NotFound, Unavailable, cannot_connect
-from .protocol import (
-    MAX_LINE_BYTES,
-    PROTOCOL_VERSION,
-    Event,
-    KillSummary,
-    LeaseInfo,
-    ProtocolError,
-    Tree,
-    encode,
-    grace_ms,
-    parse_hello,
-    parse_killed,
-    parse_registered,
-)
+from .errors import LeashError, NotFound, Unavailable
+from .protocol import KillSummary, Tree, grace_ms, parse_killed, parse_registered
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from ._options import ProcessOptions
 
-log = logging.getLogger("leash")
+__all__ = ["AsyncEventStream", "AsyncLease", "LeashedProcess", "tree_of"]
 
 
-class LeashedProcess(Process):
-    """An asyncio.subprocess.Process started by an AsyncLease: `pid` is the command's own and
-    `tree` its tree. `leash_tree` is the tree or None, for a command started unleashed
-    (`optional=True`, and leash was unavailable)."""
-
-    leash_tree: Optional[int] = None
-
-    @property
-    def tree(self) -> int:
-        """The command's tree; raises leash.Unleashed if it was started unleashed."""
-        return tree_or_unleashed(self.leash_tree, self.pid)
-
-
-def _leashed(proc: Process, tree: Optional[int]) -> LeashedProcess:
-    """`proc`, as the LeashedProcess it is. asyncio makes the Process itself (and its
-    transport and protocol with it), so the class is set on the object it made: a subclass
-    with no state of its own beside `leash_tree`, so nothing else changes."""
-    proc.__class__ = LeashedProcess
-    leashed = cast(LeashedProcess, proc)
-    leashed.leash_tree = tree
-    return leashed
-
-
-class AsyncEventStream:
-    """The events of a lease's trees, as they happen: `async for event in stream`, or `await
-    stream.get(timeout)`. It subscribes when first read, or when awaited (`stream = await
-    lease.events()`: events from then on). It ends when the lease is closed (or the stream
-    is), and raises Unavailable once the events received before the connection was lost are
-    read."""
-
-    def __init__(
-        self,
-        subscribe: Callable[[AsyncEventStream], Awaitable[None]],
-        capacity: int = EVENT_QUEUE_CAPACITY,
-    ) -> None:
-        self._subscribe: Optional[Callable[[AsyncEventStream], Awaitable[None]]] = subscribe
-        self._wanted: Callable[[Event], bool] = lambda event: False
-        self._events = EventQueue(capacity)
-        # Made once a loop runs it (an asyncio.Event of Python 3.9 binds to a loop when made).
-        self._changed: Optional[asyncio.Event] = None
-        self._ended = False
-        self._error: Optional[LeashError] = None
-        self._on_close: Optional[Callable[[AsyncEventStream], None]] = None
-
-    def _push(self, event: Event) -> None:
-        if self._ended or not (event.kind == "dropped" or self._wanted(event)):
-            return
-        if self._events.offer(event) and self._changed is not None:
-            self._changed.set()
-
-    def _end(self, error: Optional[LeashError]) -> None:
-        if not self._ended:
-            self._ended = True
-            self._error = error
-        if self._changed is not None:
-            self._changed.set()
-
-    async def _subscribed(self) -> AsyncEventStream:
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        subscribe, self._subscribe = self._subscribe, None
-        if subscribe is not None:
-            try:
-                await subscribe(self)
-            except LeashError as e:
-                self._end(e)  # every later read says it too
-                raise
-        return self
-
-    def __await__(self) -> Generator[Any, None, AsyncEventStream]:
-        return self._subscribed().__await__()
-
-    async def get(self, timeout: Optional[float] = None) -> Optional[Event]:
-        """The next event; None if `timeout` seconds pass first or the stream has ended (see
-        `ended`). Raises Unavailable when the connection was lost."""
-        await self._subscribed()
-        if not self._events and not self._ended:
-            assert self._changed is not None
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout)
-            except asyncio.TimeoutError:
-                return None
-        if self._events:
-            return self._events.popleft()
-        if self._error is not None:
-            raise self._error
-        return None
-
-    @property
-    def ended(self) -> bool:
-        return self._ended and not self._events
-
-    def __aiter__(self) -> AsyncEventStream:
-        return self
-
-    async def __anext__(self) -> Event:
-        while True:
-            event = await self.get()
-            if event is not None:
-                return event
-            if self._ended:
-                raise StopAsyncIteration
-
-    def close(self) -> None:
-        """Stops receiving; events already queued can still be read."""
-        self._subscribe = None
-        if self._on_close is not None:
-            self._on_close(self)
-        self._end(None)
-
-
-class _Connection(LineRouter):
-    """A connection and its lease, read by a task that hands each reply to its request (out of
-    order: a `kill` is answered when its tree is empty) and each event to the streams."""
-
-    def __init__(
-        self,
-        path: str,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        count_trees: Callable[[], int],
-    ) -> None:
-        super().__init__(path, count_trees)
-        self._reader = reader
-        self._writer = writer
-        self._send_lock = asyncio.Lock()
-        self._pending: Dict[int, asyncio.Future[Any]] = {}
-        self._next_id = 1
-        self._lost: Optional[LeashError] = None
-        self._streams: List[AsyncEventStream] = []
-        self._subscribed: Optional[asyncio.Future[None]] = None
-        self._task = asyncio.get_running_loop().create_task(self._read_loop())
-        self.lease = LeaseInfo(0, "")
-
-    @classmethod
-    async def open(cls, path: str, count_trees: Callable[[], int]) -> _Connection:
-        try:
-            reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE_BYTES)
-        except OSError as e:
-            raise cannot_connect(path, e) from None
-        connection = cls(path, reader, writer, count_trees)
-        try:
-            connection.lease = parse_hello(
-                await connection.request("hello", protocol=PROTOCOL_VERSION)
-            )
-        except NotSent as e:
-            await connection.close()
-            raise e.error from None
-        except BaseException:
-            await connection.close()
-            raise
-        return connection
-
-    @property
-    def lost(self) -> bool:
-        return self._lost is not None
-
-    async def wait_lost(self, timeout: float) -> bool:
-        """Whether the connection is found lost within `timeout` seconds."""
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout)
-        except asyncio.TimeoutError:
-            pass
-        return self._lost is not None
-
-    async def submit(self, op: str, **fields: Any) -> asyncio.Future[Any]:
-        """Sends a request; the future holds its `ok` value, or raises its error. Raises
-        NotSent if the connection was lost before the request could be sent."""
-        if self._lost is not None:
-            raise NotSent(self._lost)
-        request_id = self._next_id
-        self._next_id += 1
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
-        try:
-            async with self._send_lock:
-                self._writer.write(encode(request_id, op, **fields))
-                await self._writer.drain()
-        except (OSError, RuntimeError) as e:
-            # The daemon closed the connection; what it said last, if anything, is still to
-            # be read: the reader tells why.
-            await self.wait_lost(SEND_FAILED_READ_TIMEOUT)
-            self._fail(self._end_error(f"sending: {e}")[0])
-            assert self._lost is not None
-            raise NotSent(self._lost) from None
-        return future
-
-    async def request(self, op: str, **fields: Any) -> Any:
-        return await (await self.submit(op, **fields))
-
-    async def subscribe(self, stream: AsyncEventStream) -> None:
-        stream._on_close = self._remove_stream
-        if self._lost is not None:
-            raise NotSent(self._lost)
-        self._streams.append(stream)
-        try:
-            if self._subscribed is None:
-                self._subscribed = await self.submit("subscribe")
-            await asyncio.shield(self._subscribed)
-        except BaseException:
-            self._remove_stream(stream)
-            raise
-
-    def _remove_stream(self, stream: AsyncEventStream) -> None:
-        if stream in self._streams:
-            self._streams.remove(stream)
-
-    async def close(self) -> None:
-        self._closing = True
-        self._writer.close()
-        try:
-            await self._writer.wait_closed()
-        except (OSError, RuntimeError):
-            pass
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
-
-    async def _read_loop(self) -> None:
-        detail = "the daemon closed the connection"
-        unreadable: Optional[ProtocolError] = None
-        try:
-            while True:
-                try:
-                    line = await self._reader.readuntil(b"\n")
-                except asyncio.IncompleteReadError:
-                    break
-                except asyncio.LimitOverrunError:
-                    raise ProtocolError(f"a line longer than {MAX_LINE_BYTES} bytes") from None
-                self._dispatch(line)
-        except ProtocolError as e:
-            unreadable = e
-        except (OSError, RuntimeError) as e:
-            detail = f"reading: {e}"
-        except asyncio.CancelledError:
-            # The event loop is shutting down with the lease open: the process is ending,
-            # and the daemon ends the lease with it.
-            self._fail(
-                LeaseClosed("the event loop stopped: this lease is closed"), ended_by_us=True
-            )
-            raise
-        self._fail(*self._end_error(detail, unreadable))
-
-    def _streams_now(self) -> List[Stream]:
-        return list(self._streams)
-
-    def _take_pending(self, request_id: int) -> Optional[Settable]:
-        return self._pending.pop(request_id, None)
-
-    def _fail(self, error: LeashError, ended_by_us: bool = False) -> None:
-        if self._lost is None:
-            self._lost = error
-            if not ended_by_us:
-                log.warning("%s", error)
-        pending, self._pending = self._pending, {}
-        streams, self._streams = self._streams, []
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(error)
-                # Retrieved or not, it is said in the log: no "never retrieved" noise.
-                future.exception()
-        for stream in streams:
-            stream._end(None if ended_by_us else error)
-        if not self._writer.is_closing():
-            self._writer.close()
-
-
-class AsyncLease(LeaseCore[_Connection]):
+class AsyncLease(LeaseCore[AsyncConnection]):
     """A connection to the leash daemon, and so a lease, for asyncio: every tree started under
     it is killed when this process dies, or the lease is closed, unless it was released.
 
@@ -381,10 +91,10 @@ class AsyncLease(LeaseCore[_Connection]):
                 raise
             self._unleashed.say(e, "the commands of this lease run")
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> AsyncConnection:
         return (await self._connect_counted())[0]
 
-    async def _connect_counted(self) -> Tuple[_Connection, int]:
+    async def _connect_counted(self) -> Tuple[AsyncConnection, int]:
         """The live connection, made anew if there is none (or it was lost), and how many
         connections the lease has made."""
         if self._lock is None:
@@ -397,12 +107,12 @@ class AsyncLease(LeaseCore[_Connection]):
             if stale is not None:
                 await stale.close()
             counted = self._trees_on_next_connection()
-            return self._connected(await _Connection.open(self.socket, counted))
+            return self._connected(await AsyncConnection.open(self.socket, counted))
 
     async def _request(self, op: str, **fields: Any) -> Any:
         return (await self._call(op, **fields))[0]
 
-    async def _call(self, op: str, **fields: Any) -> Tuple[Any, _Connection, int]:
+    async def _call(self, op: str, **fields: Any) -> Tuple[Any, AsyncConnection, int]:
         """A request's `ok` value, the connection that answered and its generation. A request
         that could not be sent (the connection was found lost) is sent once more, on a new
         connection: the next call connects again."""
@@ -465,8 +175,8 @@ class AsyncLease(LeaseCore[_Connection]):
                 return await self._spawn_unleashed(unleashed, e, plan.command)
             proc, status = await self._spawn_shim(connection, plan)
             if self._hold_spawned(status, proc.pid, generation):
-                return _leashed(proc, status.tree)
-            error = self._refusal(status, await _reap(proc, read_stderr=status.error is None))
+                return leashed(proc, status.tree)
+            error = self._refusal(status, await reap(proc, read_stderr=status.error is None))
             if self._may_retry_on_new_lease(attempt, error) and await connection.wait_lost(
                 LOSS_NOTICE
             ):
@@ -478,7 +188,7 @@ class AsyncLease(LeaseCore[_Connection]):
         raise AssertionError("unreachable")
 
     async def _spawn_shim(
-        self, connection: _Connection, plan: _shim.Spawn
+        self, connection: AsyncConnection, plan: _shim.Spawn
     ) -> Tuple[Process, _shim.Status]:
         """Starts `leash exec ... -- command` and reads what it says, without blocking the
         loop."""
@@ -494,7 +204,7 @@ class AsyncLease(LeaseCore[_Connection]):
                 raise
             pipes.close_child_ends()
             try:
-                status = plan.status(await _read_to_end(pipes.status_read))
+                status = plan.status(await read_to_end(pipes.status_read))
             except OSError as e:
                 status = _shim.Status(error=_shim.status_read_error(e))
             except BaseException:
@@ -511,7 +221,7 @@ class AsyncLease(LeaseCore[_Connection]):
         reason: Unavailable,
         command: List[_shim.StrOrBytesPath],
     ) -> LeashedProcess:
-        proc = _leashed(await unleashed(), None)
+        proc = leashed(await unleashed(), None)
         self._unleashed.say(reason, f"{_shim.describe(command)} (pid {proc.pid}) runs")
         return proc
 
@@ -630,7 +340,7 @@ class AsyncLease(LeaseCore[_Connection]):
         if errors:
             raise errors[0]
 
-    async def _kill_held(self, connection: _Connection, generation: int) -> List[LeashError]:
+    async def _kill_held(self, connection: AsyncConnection, generation: int) -> List[LeashError]:
         """Kills every tree held, all at once; returns the errors (a tree that is gone already
         is none)."""
         listing = None
@@ -666,53 +376,3 @@ class AsyncLease(LeaseCore[_Connection]):
             await self.aclose()
         except LeashError as e:
             log_close_error(e)
-
-
-def tree_of(process: Any) -> Optional[int]:
-    """The leash tree of a process a lease started, or None (it runs unleashed, or no lease
-    started it). `process.tree` is the tree, or raises Unleashed."""
-    tree = getattr(process, "leash_tree", None)
-    return tree if isinstance(tree, int) else None
-
-
-async def _read_to_end(fd: int) -> bytes:
-    """What the shim writes on its status descriptor, up to its end of file, without blocking
-    the event loop."""
-    loop = asyncio.get_running_loop()
-    os.set_blocking(fd, False)
-    done: asyncio.Future[bytes] = loop.create_future()
-    chunks: List[bytes] = []
-
-    def readable() -> None:
-        try:
-            chunk = os.read(fd, 4096)
-        except BlockingIOError:
-            return
-        except OSError as e:
-            if not done.done():
-                done.set_exception(e)
-            return
-        if not chunk:
-            if not done.done():
-                done.set_result(b"".join(chunks))
-            return
-        chunks.append(chunk)
-        if sum(map(len, chunks)) > _shim.MAX_STATUS_BYTES and not done.done():
-            done.set_exception(OSError(f"more than {_shim.MAX_STATUS_BYTES} bytes of status"))
-
-    loop.add_reader(fd, readable)
-    try:
-        return await done
-    finally:
-        loop.remove_reader(fd)
-
-
-async def _reap(proc: Process, read_stderr: bool) -> Tuple[Optional[int], Optional[bytes]]:
-    """Waits for a shim that did not run its command; returns its exit status and, if asked
-    and its stderr is a pipe of ours, what it said there."""
-    stderr = None
-    if proc.stdin is not None:
-        proc.stdin.close()
-    if read_stderr and proc.stderr is not None:
-        stderr = await proc.stderr.read(_shim.MAX_STATUS_BYTES)
-    return await proc.wait(), stderr
