@@ -510,6 +510,7 @@ impl Cgroup {
 
 pub mod container;
 pub mod daemon;
+pub mod script;
 pub mod tmux;
 pub mod victim;
 

@@ -13,19 +13,18 @@
 use std::{
     collections::BTreeSet,
     fs,
-    io::{BufRead, BufReader},
     os::unix::fs::PermissionsExt,
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
-    process::{Child, ExitStatus, Stdio},
-    sync::mpsc,
+    process::{ExitStatus, Stdio},
     time::{Duration, Instant},
 };
 
 use leash_tests::{
     Cgroup, Removed,
-    daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args},
-    python, wait_for,
+    daemon::{Daemon, USER_A, USER_B, path_str},
+    script::Script,
+    wait_for,
 };
 
 /// How long another user's `status` may take while the attack goes on.
@@ -399,45 +398,13 @@ fn attack_on(mode: &str, rounds: u32, flood: u32, args: &[&str], target: Option<
 }
 
 /// The attacker process; killed (with its group) when dropped.
-struct Attacker {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
+struct Attacker(Script);
 
 impl Attacker {
     fn start(target: &Path, group: &Cgroup, mode: &str, rounds: u32, flood: u32) -> Self {
-        let mut argv = setpriv_args(USER_A);
-        argv.extend(
-            [
-                &python(),
-                "-c",
-                ATTACKER,
-                path_str(target),
-                mode,
-                AT_ONCE,
-                &rounds.to_string(),
-                &flood.to_string(),
-            ]
-            .map(String::from),
-        );
-        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        let mut child = group
-            .command("setpriv", &argv)
-            .current_dir("/")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting the attacker");
-        let stdout = child.stdout.take().expect("the attacker's stdout");
-        let (send, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Self { child, lines }
+        let (rounds, flood) = (rounds.to_string(), flood.to_string());
+        let args = [path_str(target), mode, AT_ONCE, &rounds, &flood];
+        Self(Script::start_as(USER_A, group, ATTACKER, &args))
     }
 
     /// The attacker's `sent` line, once it has sent everything, or None at the deadline.
@@ -445,19 +412,12 @@ impl Attacker {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
+            match self.0.lines.recv_timeout(left) {
                 Ok(line) if line.starts_with("sent") => return Some(line),
                 Ok(line) => eprintln!("attacker: {line}"),
                 Err(_) => return None,
             }
         }
-    }
-}
-
-impl Drop for Attacker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

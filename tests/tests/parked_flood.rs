@@ -8,18 +8,12 @@
 //! Now an account parks at most a few connection sockets there; the rest go to a queue in the
 //! kernel that costs the daemon no descriptor, and its new connections are refused at accept.
 
-use std::{
-    fs,
-    io::{BufRead, BufReader},
-    process::{Child, Command, Stdio},
-    sync::mpsc,
-    time::Duration,
-};
+use std::{fs, sync::mpsc, time::Duration};
 
 use leash_tests::{
     Cgroup,
-    daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args},
-    python,
+    daemon::{Daemon, USER_A, USER_B, path_str},
+    script::Script,
     victim::{Victim, run_true},
     wait_for,
 };
@@ -111,7 +105,9 @@ fn connections_parked_behind_a_stuck_close_delay_no_other_users_enforcement() {
     let before = descriptors(daemon.pid());
 
     let attacker_cgroup = Cgroup::new("parked-flood-attacker");
-    let attacker = Attacker::start(&daemon, &attacker_cgroup);
+    let flood = FLOOD.to_string();
+    let args = [path_str(&daemon.socket), flood.as_str()];
+    let attacker = Script::start_as(USER_B, &attacker_cgroup, ATTACKER, &args);
     // The daemon's descriptors, sampled from the attack to the end of the test: it may take
     // the attacker's connections well after the attacker has sent them.
     let most = Sampler::start(daemon.pid());
@@ -189,52 +185,5 @@ impl Sampler {
     fn stop(self) -> u64 {
         let _ = self.stop.send(());
         self.most.join().unwrap_or(0)
-    }
-}
-
-/// The attacker, as uid 61002; killed (with its cgroup) when dropped.
-struct Attacker {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Attacker {
-    fn start(daemon: &Daemon, cgroup: &Cgroup) -> Self {
-        let mut args = setpriv_args(USER_B);
-        args.extend(
-            [
-                &python(),
-                "-c",
-                ATTACKER,
-                path_str(&daemon.socket),
-                &FLOOD.to_string(),
-            ]
-            .map(String::from),
-        );
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut command: Command = cgroup.command("setpriv", &args);
-        let mut child = command
-            .current_dir("/")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting the attacker");
-        let stdout = child.stdout.take().expect("the attacker's stdout");
-        let (send, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Self { child, lines }
-    }
-}
-
-impl Drop for Attacker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
