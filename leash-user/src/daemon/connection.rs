@@ -233,13 +233,10 @@ async fn set_up(
             return Err((who.account, None));
         }
     };
-    let opened = daemon.registry.open_lease(
-        uid,
-        who.account,
-        who.pid_namespaces.clone(),
-        pid,
-        host_start_ticks,
-    );
+    let opened =
+        daemon
+            .registry
+            .open_lease(uid, who.account, who.pid_namespaces.clone(), host_process);
     let lease = match opened {
         Ok(lease) => lease,
         Err(e) => {

@@ -81,8 +81,10 @@ pub(super) fn hold_again(owner: &Rc<Owner>) {
                         holder.owner_uid,
                         who.account,
                         who.pid_namespaces.clone(),
-                        new.key().0,
-                        new.key().1,
+                        proc::ProcessRef {
+                            pid: new.key().0,
+                            start_ticks: new.key().1,
+                        },
                     );
                     match opened {
                         Ok(lease) => {

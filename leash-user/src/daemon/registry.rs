@@ -15,48 +15,18 @@ use leash_common::{Account, Holder};
 use tokio::sync::watch;
 
 use super::{lease_end::LeaseEnd, subscribers::Audience};
-use crate::{proc::ProcessRef, sys};
+use crate::proc::ProcessRef;
 
 mod entry;
+mod lease;
 
 use entry::PendingKill;
 pub(super) use entry::{
     BegunKill, KillOutcome, KillStart, LeaseHolder, NoLease, OverQuota, Ownership, PendingOutcome,
     RootExit, TreeEntry,
 };
-
-#[derive(Debug)]
-struct Lease {
-    token: String,
-    uid: u32,
-    account: Account,
-    /// The host's pid namespaces, its own first.
-    pid_namespaces: Arc<[u32]>,
-    host_pid: u32,
-    /// The host's start time in /proc's clock ticks (with the pid, it names the host).
-    host_start_ticks: u64,
-    /// A tree was registered under it: from then on its end is worth an INFO line.
-    held_trees: bool,
-}
-
-impl Lease {
-    fn host(&self) -> ProcessRef {
-        ProcessRef {
-            pid: self.host_pid,
-            start_ticks: self.host_start_ticks,
-        }
-    }
-}
-
-/// A lease as `list` shows it (see [`Registry::held_leases`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct HeldLease {
-    pub lease: LeaseId,
-    pub uid: u32,
-    pub host_pid: u32,
-    /// Trees it holds now.
-    pub trees: u64,
-}
+pub(super) use lease::{HeldLease, LeaseCounts};
+use lease::{Lease, new_token};
 
 #[derive(Debug)]
 struct State {
@@ -65,13 +35,6 @@ struct State {
     next_lease: LeaseId,
     /// Registrations under way, per account they count against: filed or not, they count.
     reserved: HashMap<Account, usize>,
-}
-
-/// Leases counted: every connection, and hosts' (see [`Registry::count_leases`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct LeaseCounts {
-    pub all: usize,
-    pub hosts: usize,
 }
 
 /// The daemon's leases and trees. Clones share them.
@@ -118,16 +81,14 @@ impl Registry {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Opens a lease for the host `host_pid` (started at `host_start_ticks`) of uid `uid`,
-    /// charged to `account`, running in `pid_namespaces` (its own first), with a new secret
-    /// token.
+    /// Opens a lease for the process `host` of uid `uid`, charged to `account`, running in
+    /// `pid_namespaces` (its own first), with a new secret token.
     pub(super) fn open_lease(
         &self,
         uid: u32,
         account: Account,
         pid_namespaces: Arc<[u32]>,
-        host_pid: u32,
-        host_start_ticks: u64,
+        host: ProcessRef,
     ) -> io::Result<LeaseId> {
         let token = new_token()?;
         let mut state = self.state();
@@ -140,8 +101,7 @@ impl Registry {
                 uid,
                 account,
                 pid_namespaces,
-                host_pid,
-                host_start_ticks,
+                host,
                 held_trees: false,
             },
         );
@@ -159,7 +119,7 @@ impl Registry {
             };
             let first = !entry.held_trees;
             entry.held_trees = true;
-            first.then_some((entry.uid, entry.host_pid))
+            first.then_some((entry.uid, entry.host.pid))
         };
         if let Some((uid, host_pid)) = first {
             // No span: the events an operator queries carry their own fields, and only those.
@@ -197,7 +157,7 @@ impl Registry {
                 parent: None,
                 event = "lease_ended",
                 lease,
-                host_pid = entry.host_pid,
+                host_pid = entry.host.pid,
                 uid = entry.uid,
                 reason = reason.as_str(),
                 "lease ended"
@@ -210,7 +170,7 @@ impl Registry {
 
     /// The host of `lease`, if it is live.
     pub(super) fn host_of(&self, lease: LeaseId) -> Option<ProcessRef> {
-        self.state().leases.get(&lease).map(Lease::host)
+        self.state().leases.get(&lease).map(|lease| lease.host)
     }
 
     /// The live leases whose host is `host`.
@@ -218,7 +178,7 @@ impl Registry {
         let state = self.state();
         let leases = state.leases.iter();
         leases
-            .filter(|(_, lease)| lease.host() == host)
+            .filter(|(_, lease)| lease.host == host)
             .map(|(&id, _)| id)
             .collect()
     }
@@ -230,7 +190,7 @@ impl Registry {
             state
                 .leases
                 .get(&tree.lease)
-                .is_some_and(|lease| lease.host() == host)
+                .is_some_and(|lease| lease.host == host)
         })
     }
 
@@ -262,9 +222,9 @@ impl Registry {
         Ok(LeaseHolder {
             lease,
             holder: Holder {
-                host_pid: found.host_pid,
+                host_pid: found.host.pid,
                 owner_uid: found.uid,
-                host_start_ticks: found.host_start_ticks,
+                host_start_ticks: found.host.start_ticks,
                 account: found.account,
                 ..Holder::default()
             },
@@ -307,7 +267,7 @@ impl Registry {
             .map(|(&id, lease)| HeldLease {
                 lease: id,
                 uid: lease.uid,
-                host_pid: lease.host_pid,
+                host_pid: lease.host.pid,
                 trees: trees.get(&id).copied().unwrap_or(0),
             })
             .collect()
@@ -517,18 +477,11 @@ impl Registry {
             .filter(|(tree, _)| only.is_none_or(|only| only == **tree))
             .filter_map(|(&tree, entry)| {
                 // Its lease's host while the lease lasts, 0 once it has ended.
-                let host_pid = state.leases.get(&entry.lease).map_or(0, |l| l.host_pid);
+                let host_pid = state.leases.get(&entry.lease).map_or(0, |l| l.host.pid);
                 each(tree, entry, host_pid)
             })
             .collect()
     }
-}
-
-/// A lease's secret, which lets the `leash exec` shim join it: 128 random bits, in hex.
-fn new_token() -> io::Result<String> {
-    let mut bytes = [0u8; 16];
-    sys::random_bytes(&mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 #[cfg(test)]

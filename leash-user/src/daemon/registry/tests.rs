@@ -19,7 +19,15 @@ fn entry(lease: LeaseId, account: Account) -> TreeEntry {
 
 fn lease(registry: &Registry) -> LeaseId {
     registry
-        .open_lease(1000, 1000, [1].into(), 10, 100)
+        .open_lease(
+            1000,
+            1000,
+            [1].into(),
+            ProcessRef {
+                pid: 10,
+                start_ticks: 100,
+            },
+        )
         .unwrap()
 }
 
@@ -184,7 +192,15 @@ fn a_host_is_named_by_its_pid_and_start_and_holds_trees_while_a_lease_of_it_does
     let (first, second) = (lease(&registry), lease(&registry));
     // The same pid, started later: another process.
     let later = registry
-        .open_lease(1000, 1000, [1].into(), 10, 200)
+        .open_lease(
+            1000,
+            1000,
+            [1].into(),
+            ProcessRef {
+                pid: 10,
+                start_ticks: 200,
+            },
+        )
         .unwrap();
     let mut leases = registry.leases_of(host);
     leases.sort_unstable();
@@ -209,7 +225,15 @@ fn hosts_leases_are_those_that_registered_a_tree() {
     let registry = Registry::default();
     let (host, viewer) = (lease(&registry), lease(&registry));
     let _other_uid = registry
-        .open_lease(2000, 2000, [1].into(), 11, 100)
+        .open_lease(
+            2000,
+            2000,
+            [1].into(),
+            ProcessRef {
+                pid: 11,
+                start_ticks: 100,
+            },
+        )
         .unwrap();
     registry.lease_holds_a_tree(host);
     let everyone = registry.count_leases(|_, _| true);
