@@ -37,6 +37,7 @@ mod signal;
 mod target;
 #[cfg(test)]
 mod tests;
+mod types;
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -45,60 +46,18 @@ use std::{
 };
 
 use anyhow::Result;
-use leash_common::{Member, Pid, TreeId};
+use leash_common::TreeId;
 use signal::{Signal, signal_member};
 use target::KillTarget;
+use types::{
+    BURST_SIGNALS, EXIT_CHECKS_PER_STEP, Enqueued, FIRST_WALK_AFTER, FULL_ROUND_EVERY, Found, POLL,
+    Phase, Queued, ROUND_WAIT, STALE_CHECKS_PER_WALK, Search, found_all, kernel_kill_pays,
+    rounds_from,
+};
+pub use types::{KILL_ROUNDS_TIMEOUT, KillError, KillReport, KillStep, SIGNALS_PER_STEP};
 
-use super::{tracker::Tracker, types::TreeStatus};
-use crate::proc::{self, ProcessRef};
-
-/// How long SIGKILL rounds may go on before the kill is reported as failed (a process stuck in
-/// uninterruptible sleep can hold out that long).
-pub const KILL_ROUNDS_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a round waits for the signalled members to die before the next round.
-const ROUND_WAIT: Duration = Duration::from_millis(20);
-/// After the first SIGKILL round, another is needed only when a member joined since the last
-/// began (a SIGKILLed process dies; sending again changes nothing), but one that walks the
-/// whole member map runs at least this often all the same.
-const FULL_ROUND_EVERY: Duration = Duration::from_secs(1);
-/// The first of those walks comes sooner: it is the one that finds the entries of members the
-/// kernel saw no exit of (see [`STALE_CHECKS_PER_WALK`]), the cause of a small tree's kill
-/// lasting past its first round.
-const FIRST_WALK_AFTER: Duration = Duration::from_millis(100);
-const POLL: Duration = Duration::from_millis(1);
-/// How many exited members one step takes off the list it waits on, so a step stays short at
-/// any tree size.
-const EXIT_CHECKS_PER_STEP: usize = 1024;
-/// How many members that were sent SIGKILL and are still in the map a walk checks for having
-/// exited all the same (see [`Kill::enqueue`]): a check opens a pidfd, some microseconds.
-const STALE_CHECKS_PER_WALK: usize = 256;
-/// How many queued members one step signals (or finds gone), so a step stays short at any tree
-/// size. A signal costs a pidfd, a read of /proc/PID/stat and the signal, some 20-40 us (see
-/// BENCHMARKS.md, 2b). Sent at normal priority,
-/// the exits a SIGKILL sets off took the CPU from the sender, and with 2 cores a step of
-/// SIGKILLs was measured at 15-60 ms; real-time (see `KillTarget::burst`), 1000 SIGKILLs went
-/// out in about 20 ms.
-pub const SIGNALS_PER_STEP: usize = 256;
-/// How many of a kill's signals go out in bursts (see `KillTarget::burst`). A burst keeps the
-/// sender's CPU from the exits it sets off: that lets a tree of a thousand die together, but
-/// for a tree of 100k it left the exits one CPU for all of its signalling (7 s with 2 cores),
-/// and the tree was gone after 14.4 s; past this count, the signals and the exits share the
-/// CPUs, and the same tree was gone after 11.6 s.
-const BURST_SIGNALS: usize = 2048;
-
-/// What a kill did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KillReport {
-    pub tree: TreeId,
-    /// Members sent SIGTERM.
-    pub terminated: usize,
-    /// SIGKILLs sent, over all rounds.
-    pub killed: usize,
-    /// SIGKILL rounds.
-    pub rounds: u32,
-    /// From the start of the kill to an empty tree whose members have finished exiting.
-    pub elapsed: Duration,
-}
+use super::tracker::Tracker;
+use crate::proc::ProcessRef;
 
 /// A kill in progress, advanced one step at a time by whoever owns the tracker, so a daemon
 /// can drive many kills while holding the tracker only for each short step.
@@ -121,91 +80,6 @@ pub struct Kill {
     burst: Option<Box<dyn std::any::Any>>,
     /// Whether a SIGKILL round may signal from the kernel, where the kernel kill is in place.
     kernel_kill: bool,
-}
-
-/// A member entry as a search found it, and what to send it.
-#[derive(Clone, Copy, Debug)]
-struct Queued {
-    pid: Pid,
-    member: Member,
-    signal: i32,
-}
-
-/// Why a kill could not finish.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum KillError {
-    /// Members were still in the map after [`KILL_ROUNDS_TIMEOUT`] of SIGKILL rounds (a process
-    /// stuck in the kernel, in uninterruptible sleep, can hold out that long). The tree stays
-    /// doomed: none of them can fork.
-    #[error(
-        "tree {tree} still has {remaining} members after {rounds} SIGKILL rounds in {:?}",
-        KILL_ROUNDS_TIMEOUT
-    )]
-    Unkillable {
-        tree: TreeId,
-        remaining: u64,
-        rounds: u32,
-    },
-    /// The maps could not be read or written.
-    #[error("tree {tree}: {message}")]
-    Kernel { tree: TreeId, message: String },
-}
-
-/// Where a search for the tree's members looks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Search {
-    /// The index's pids of the tree, if they can be shown to be every member; else the map.
-    Index,
-    /// The whole member map.
-    Walk,
-}
-
-/// What a search found.
-struct Found {
-    members: Vec<(Pid, Member)>,
-    /// Whether the whole map was walked for them.
-    walked: bool,
-    /// The tree's `joined` counter, read before the search: whoever joins during it moves it.
-    joined: u64,
-}
-
-/// What [`Kill::enqueue`] did.
-struct Enqueued {
-    count: usize,
-    walked: bool,
-    /// See [`Found::joined`].
-    joined: u64,
-}
-
-#[derive(Debug)]
-enum Phase {
-    Start,
-    Grace {
-        until: Instant,
-        /// The tree's `joined` counter when newcomers were last looked for.
-        joined: u64,
-    },
-    Rounds {
-        next_round: Instant,
-        /// When a round that walks the map runs, even if no member joined.
-        next_full_round: Instant,
-        /// The tree's `joined` counter when the last round began.
-        joined: u64,
-        give_up: Instant,
-    },
-    /// The map is empty; these signalled members are still on their way out of the kernel.
-    Exiting {
-        pending: Vec<ProcessRef>,
-        give_up: Instant,
-    },
-}
-
-/// What the driver of a [`Kill`] does next.
-#[derive(Debug)]
-pub enum KillStep {
-    /// Sleep this long, then step again.
-    Wait(Duration),
-    Done(KillReport),
 }
 
 impl Kill {
@@ -639,15 +513,6 @@ impl Kill {
     }
 }
 
-/// Whether `found` members, looked up between the counters' reads `before` and `after`, are
-/// every member: none joined or was put in between, so each one found was counted in `before`,
-/// and it found as many as were counted.
-fn found_all(before: &TreeStatus, after: &TreeStatus, found: usize) -> bool {
-    before.joined == after.joined
-        && before.seeded == after.seeded
-        && u64::try_from(found).is_ok_and(|found| found >= before.members)
-}
-
 /// Whether `tree` has no members left: the counters say so, and still say so once the marked
 /// processes the member map lacked were put in (a doomed tree's members fork nothing where the
 /// marks are, so once every marked process was signalled, a last pass finds what forked before
@@ -658,30 +523,6 @@ fn emptied<T: KillTarget>(tracker: &mut T, tree: TreeId) -> Result<bool> {
     }
     tracker.reconcile()?;
     tracker.counted_empty(tree)
-}
-
-/// Whether one pass of the kernel kill over every task on the machine costs less than
-/// signalling `members` through pidfds: about 0.7 µs a task against 20 µs a member here
-/// (BENCHMARKS.md, 2b), so when the members are at least a thirtieth of the tasks. Beside a
-/// tree of 50,000, a pass took 40 ms: a kill of 10 is faster member by member.
-fn kernel_kill_pays(members: usize) -> bool {
-    members > 0
-        && proc::tasks_on_the_machine().is_none_or(|tasks| {
-            (members as u64).saturating_mul(KERNEL_KILL_TASKS_PER_MEMBER) >= tasks
-        })
-}
-
-/// How many tasks a pass of the kernel kill walks in the time one member takes to signal
-/// through a pidfd (see [`kernel_kill_pays`]).
-const KERNEL_KILL_TASKS_PER_MEMBER: u64 = 30;
-
-fn rounds_from(now: Instant) -> Phase {
-    Phase::Rounds {
-        next_round: now,
-        next_full_round: now,
-        joined: 0,
-        give_up: now + KILL_ROUNDS_TIMEOUT,
-    }
 }
 
 impl Tracker {
