@@ -193,9 +193,18 @@ fn ctrl_z_stops_the_command_and_fg_continues_it() {
         tmux.screen()
     );
     let root = root.unwrap();
-    let state = |wanted: char| {
+    // `leash run` is the command's parent: keys typed before it exits are the command's.
+    let leash_run = fs::read_to_string(format!("/proc/{root}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let (_, rest) = stat.rsplit_once(')')?;
+            rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+        })
+        .expect("the command's parent");
+    // Waits for process `pid` to be in state `wanted`.
+    let state_of = |pid: u32, wanted: char| {
         wait_for(Duration::from_secs(15), || {
-            fs::read_to_string(format!("/proc/{root}/stat")).is_ok_and(|stat| {
+            fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
                 stat.rsplit_once(')')
                     .and_then(|(_, rest)| rest.trim_start().chars().next())
                     == Some(wanted)
@@ -205,29 +214,32 @@ fn ctrl_z_stops_the_command_and_fg_continues_it() {
 
     tmux.0.keys_to("shell", "C-z");
     assert!(
-        state('T'),
+        state_of(root, 'T'),
         "Ctrl-Z did not stop the command ({:?}):\n{}",
         fs::read_to_string(format!("/proc/{root}/stat")),
         tmux.screen()
     );
     // `leash run` stopped too: the shell has the terminal back, and runs what is typed.
+    assert!(
+        state_of(leash_run, 'T'),
+        "`leash run` did not stop with the command:\n{}",
+        tmux.screen()
+    );
     tmux.type_and_wait("true", 1);
 
     tmux.type_line("fg");
     assert!(
-        state('S'),
+        state_of(root, 'S'),
         "fg did not continue the command:\n{}",
         tmux.screen()
     );
     // Ctrl-C ends it (a job the shell continued: its list went on when it stopped, so no
     // status is shown), and the shell has the terminal again.
     tmux.0.keys_to("shell", "C-c");
+    let gone = |pid: u32| !Path::new(&format!("/proc/{pid}")).exists();
     assert!(
-        wait_for(Duration::from_secs(15), || !Path::new(&format!(
-            "/proc/{root}"
-        ))
-        .exists()),
-        "Ctrl-C did not end the command:\n{}",
+        wait_for(Duration::from_secs(15), || gone(root) && gone(leash_run)),
+        "Ctrl-C did not end the command and `leash run`:\n{}",
         tmux.screen()
     );
     tmux.type_and_wait("true", 2);
