@@ -508,6 +508,11 @@ impl Cgroup {
     }
 }
 
+/// How many descriptors process `pid` has open now (0 if it is gone).
+pub fn open_descriptors(pid: u32) -> u64 {
+    fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count() as u64)
+}
+
 pub mod container;
 pub mod daemon;
 pub mod script;

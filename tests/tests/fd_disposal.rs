@@ -23,6 +23,7 @@ use std::{
 use leash_tests::{
     Cgroup, Removed,
     daemon::{Daemon, USER_A, USER_B, path_str},
+    open_descriptors,
     script::Script,
     wait_for,
 };
@@ -35,7 +36,7 @@ const RUN_DEADLINE: Duration = Duration::from_secs(15);
 const AT_ONCE: &str = "3";
 /// The descriptors each uid may have waiting to be closed (the daemon's disposal::PER_UID),
 /// and its connection limit: what the attacker can make the daemon hold, with room to spare.
-const HELD_AT_MOST: usize = 1024 + 128 + 64;
+const HELD_AT_MOST: u64 = 1024 + 128 + 64;
 
 /// The attacker, as a uid of its own: makes lingering sockets, sends them as `mode` says on
 /// `AT_ONCE` connections at a time for `rounds` rounds, then `flood` messages of five pipe
@@ -313,7 +314,7 @@ fn attack_on(mode: &str, rounds: u32, flood: u32, args: &[&str], target: Option<
         status.is_some_and(|s| s.success()),
         "status before the attack: {status:?}"
     );
-    let before = open_fds(daemon.pid());
+    let before = open_descriptors(daemon.pid());
     let attacker_group = Cgroup::new("fd-attacker");
     let mut attacker = Attacker::start(target, &attacker_group, mode, rounds, flood);
     let report = attacker.wait_sent(Duration::from_secs(60));
@@ -360,38 +361,36 @@ fn attack_on(mode: &str, rounds: u32, flood: u32, args: &[&str], target: Option<
             "nothing was left queued on a connection: {report}"
         );
     }
-    let during = open_fds(daemon.pid());
+    let during = open_descriptors(daemon.pid());
     eprintln!("daemon descriptors: {before} before, {during} during the attack");
     assert!(
         during <= before + HELD_AT_MOST,
         "the daemon's descriptors went from {before} to {during}"
     );
 
-    {
-        // Sent directly, a lingering socket is closed abortively; queued in a Unix socket or
-        // on the connection, it is taken out first and closed the same way: nothing waits,
-        // even while its peer is still there.
-        let closed = wait_for(Duration::from_secs(10), || {
-            open_fds(daemon.pid()) <= before + 4
-        });
-        assert!(
-            closed,
-            "the daemon still holds {} descriptors ({before} before): {:?}",
-            open_fds(daemon.pid()),
-            fd_targets(daemon.pid())
-        );
-    }
+    // Sent directly, a lingering socket is closed abortively; queued in a Unix socket or on
+    // the connection, it is taken out first and closed the same way: nothing waits, even while
+    // its peer is still there.
+    let closed = wait_for(Duration::from_secs(10), || {
+        open_descriptors(daemon.pid()) <= before + 4
+    });
+    assert!(
+        closed,
+        "the daemon still holds {} descriptors ({before} before): {:?}",
+        open_descriptors(daemon.pid()),
+        fd_targets(daemon.pid())
+    );
 
     // The attacker goes: its peers reset the lingering sockets, and every stuck close ends.
     drop(attacker);
     drop(attacker_group);
     let back = wait_for(Duration::from_secs(20), || {
-        open_fds(daemon.pid()) <= before + 4
+        open_descriptors(daemon.pid()) <= before + 4
     });
     assert!(
         back,
         "the daemon kept {} descriptors after the attacker left ({before} before): {:?}",
-        open_fds(daemon.pid()),
+        open_descriptors(daemon.pid()),
         fd_targets(daemon.pid())
     );
     eprintln!("test took {:?}", started.elapsed());
@@ -434,11 +433,6 @@ fn run_within(mut command: std::process::Command, deadline: Duration) -> Option<
         let _ = child.wait();
     }
     status
-}
-
-/// How many descriptors process `pid` has open.
-fn open_fds(pid: u32) -> usize {
-    fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count())
 }
 
 /// What process `pid`'s descriptors are (their /proc/PID/fd links), for a failure's message.

@@ -8,11 +8,12 @@
 //! Now an account parks at most a few connection sockets there; the rest go to a queue in the
 //! kernel that costs the daemon no descriptor, and its new connections are refused at accept.
 
-use std::{fs, sync::mpsc, time::Duration};
+use std::{sync::mpsc, time::Duration};
 
 use leash_tests::{
     Cgroup,
     daemon::{Daemon, USER_A, USER_B, path_str},
+    open_descriptors,
     script::Script,
     victim::{Victim, run_true},
     wait_for,
@@ -102,7 +103,7 @@ fn connections_parked_behind_a_stuck_close_delay_no_other_users_enforcement() {
     };
     // uid 61001's host, registered before the attack.
     let mut victim = Victim::start(&daemon, USER_A, "parked-flood");
-    let before = descriptors(daemon.pid());
+    let before = open_descriptors(daemon.pid());
 
     let attacker_cgroup = Cgroup::new("parked-flood-attacker");
     let flood = FLOOD.to_string();
@@ -149,18 +150,13 @@ fn connections_parked_behind_a_stuck_close_delay_no_other_users_enforcement() {
     );
     // Once the attacker is gone, its stuck close returns and what waited behind it is closed.
     let back = wait_for(Duration::from_secs(30), || {
-        descriptors(daemon.pid()) <= before + 8
+        open_descriptors(daemon.pid()) <= before + 8
     });
     assert!(
         back,
         "the daemon kept {} descriptors after the attacker left ({before} before)",
-        descriptors(daemon.pid())
+        open_descriptors(daemon.pid())
     );
-}
-
-/// The daemon's open descriptors now.
-fn descriptors(pid: u32) -> u64 {
-    fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count() as u64)
 }
 
 /// The most descriptors a process had while it was sampled, every 10 ms.
@@ -175,7 +171,7 @@ impl Sampler {
         let most = std::thread::spawn(move || {
             let mut most = 0;
             while stopped.recv_timeout(Duration::from_millis(10)).is_err() {
-                most = most.max(descriptors(pid));
+                most = most.max(open_descriptors(pid));
             }
             most
         });

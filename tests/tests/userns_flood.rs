@@ -7,7 +7,6 @@
 //! with its host.
 
 use std::{
-    fs,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -15,6 +14,7 @@ use std::{
 use leash_tests::{
     Cgroup,
     daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args},
+    open_descriptors,
     victim::{Victim, run_true},
     wait_for,
 };
@@ -58,7 +58,7 @@ fn a_flood_from_a_user_namespace_delays_no_other_users_enforcement() {
     let height = Instant::now();
     let mut most_descriptors = 0;
     wait_for(Duration::from_secs(1), || {
-        most_descriptors = most_descriptors.max(descriptors(daemon.pid()));
+        most_descriptors = most_descriptors.max(open_descriptors(daemon.pid()));
         false
     });
     eprintln!(
@@ -92,11 +92,6 @@ fn a_flood_from_a_user_namespace_delays_no_other_users_enforcement() {
         "the flood took {most_descriptors} of the daemon's {NOFILE} descriptors"
     );
     daemon.client().status().unwrap();
-}
-
-/// The daemon's open descriptors now.
-fn descriptors(pid: u32) -> u64 {
-    fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count() as u64)
 }
 
 /// The flood, as uid 61002 in a user namespace of its own (`unshare -Ur`: root there, 61002
