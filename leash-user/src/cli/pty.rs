@@ -303,21 +303,10 @@ fn dropped_suspend_key(master: &File, root: Pid, keys: &[u8]) -> Option<usize> {
 
 /// Whether process `pid` neither ignores nor catches SIGTSTP, from /proc/PID/status.
 fn tstp_is_default(pid: Pid) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", pid.as_raw_nonzero()))
-    else {
-        return false;
-    };
     let tstp = 1u64 << (libc::SIGTSTP - 1);
-    let mask = |field: &str| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(field))
-            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-    };
-    match (mask("SigIgn:"), mask("SigCgt:")) {
-        (Some(ignored), Some(caught)) => (ignored | caught) & tstp == 0,
-        _ => false,
-    }
+    procfs::process::Process::new(pid.as_raw_nonzero().get())
+        .and_then(|process| process.status())
+        .is_ok_and(|status| (status.sigign | status.sigcgt) & tstp == 0)
 }
 
 /// The output side of the relay, on a thread of its own: the command's output from the pty to
