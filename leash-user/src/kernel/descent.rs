@@ -85,7 +85,7 @@ impl Descent {
         };
         let signal = u32::try_from(signal).context("a negative signal")?;
         let reading = self
-            .read_from(kill, Request::killing(tree, signal))
+            .read_from(kill, Request::killing(tree, signal), For::Enforcement)
             .context("running the kernel kill")?;
         Ok(Some(reading.added))
     }
@@ -95,23 +95,19 @@ impl Descent {
     /// which is not one yet, is put in. Blocks for as long as the kernel walks every task (a
     /// few tens of ms for 100k): call it off the tracker's owner.
     pub fn adopt(&self, tree: TreeId, enclosing: Option<TreeId>) -> Result<Reading> {
-        self.read(Request::adopting(tree, enclosing))
+        self.read_from(&self.link, Request::adopting(tree, enclosing), For::Client)
             .context("running the descent iterator for an adoption")
     }
 
     /// Puts every process no tree holds, whose nearest tracked ancestor is a member, into that
     /// member's tree, reported as forks on the ring buffer.
     pub fn reconcile(&self) -> Result<Reading> {
-        self.read(Request::reconciling())
+        self.read_from(&self.link, Request::reconciling(), For::Enforcement)
             .context("running the descent iterator to reconcile")
     }
 
-    fn read(&self, request: Request) -> Result<Reading> {
-        self.read_from(&self.link, request)
-    }
-
-    /// One reading of the iterator of `link`, for `request`.
-    fn read_from(&self, link: &OwnedFd, request: Request) -> Result<Reading> {
+    /// One reading of the iterator of `link`, for `request`, made `by`.
+    fn read_from(&self, link: &OwnedFd, request: Request, by: For) -> Result<Reading> {
         // The kernel's thread id of this thread (the daemon runs in the initial pid
         // namespace; if not, the program finds no entry, which `seen` tells).
         // SAFETY: gettid takes nothing and cannot fail.
@@ -119,12 +115,15 @@ impl Descent {
         self.requests()
             .insert(reader, request, 0)
             .context("asking the descent program")?;
-        // A kill reconciles and signals through it: it may draw on the reserve of descriptors.
-        let read =
-            sys::with_reserve(|| sys::bpf_iter_create(link.as_fd())).and_then(|mut iterator| {
-                let mut bytes = Vec::new();
-                iterator.read_to_end(&mut bytes).map(|_| bytes)
-            });
+        let create = || sys::bpf_iter_create(link.as_fd());
+        let iterator = match by {
+            For::Enforcement => sys::with_reserve(create),
+            For::Client => create(),
+        };
+        let read = iterator.and_then(|mut iterator| {
+            let mut bytes = Vec::new();
+            iterator.read_to_end(&mut bytes).map(|_| bytes)
+        });
         let mut requests = self.requests();
         let answer = requests.get(&reader, 0);
         let _ = requests.remove(&reader);
@@ -153,6 +152,14 @@ impl Descent {
     fn requests(&self) -> std::sync::MutexGuard<'_, HashMap<MapData, u32, Request>> {
         self.requests.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Who a reading is for: a kill's, which may draw on the reserve of descriptors kept for
+/// enforcement (see `sys::with_reserve`), or a client's adoption, which may not.
+#[derive(Clone, Copy)]
+enum For {
+    Enforcement,
+    Client,
 }
 
 /// The records the program wrote, each a [`Descended`] in the machine's byte order.

@@ -25,14 +25,7 @@ fn held() -> MutexGuard<'static, Vec<OwnedFd>> {
 /// Keeps `size` descriptors in reserve from now on.
 pub fn keep_reserve(size: usize) -> io::Result<()> {
     SIZE.store(size, Ordering::Relaxed);
-    let mut held = held();
-    while held.len() < size {
-        held.push(rustix::event::eventfd(
-            0,
-            rustix::event::EventfdFlags::CLOEXEC,
-        )?);
-    }
-    Ok(())
+    fill()
 }
 
 /// Runs `call`; if it fails for want of a descriptor (EMFILE, ENFILE), gives the reserve back
@@ -53,14 +46,20 @@ pub fn with_reserve<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result<T>
 
 /// Takes the reserve up again, as far as descriptors can be had now (the rest next time).
 pub fn refill_reserve() {
+    let _ = fill();
+}
+
+/// Opens descriptors until the reserve is full, or one cannot be had.
+fn fill() -> io::Result<()> {
     let size = SIZE.load(Ordering::Relaxed);
     let mut held = held();
     while held.len() < size {
-        match rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC) {
-            Ok(fd) => held.push(fd),
-            Err(_) => break,
-        }
+        held.push(rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC,
+        )?);
     }
+    Ok(())
 }
 
 #[cfg(test)]
