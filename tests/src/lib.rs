@@ -104,8 +104,26 @@ pub fn load_tracker(capacity: Capacity) -> Option<Tracker> {
 }
 
 /// [`load_tracker`], pinned under `root` (see `Tracker::load_pinned`).
+///
+/// A test that takes over pins this process held a moment ago may find their lock still held
+/// by this very process: a child another test forked in between holds a copy of the locked
+/// directory until it executes its program (close-on-exec closes it only then), and the flock
+/// lives as long as any copy. That copy goes within moments, so such a refusal is tried again
+/// for a while; a lock another process holds is refused at once.
 pub fn load_pinned_tracker(root: &Path) -> Option<(Tracker, leash::kernel::Origin)> {
-    or_skip(Tracker::load_pinned(Capacity::default(), root))
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let loaded = Tracker::load_pinned(Capacity::default(), root);
+        let held_by_this_process = loaded.as_ref().err().is_some_and(|e| {
+            e.downcast_ref::<leash::kernel::PinsHeld>()
+                .and_then(|held| held.holder.as_ref())
+                .is_some_and(|holder| holder.pid == std::process::id())
+        });
+        if !held_by_this_process || Instant::now() >= deadline {
+            return or_skip(loaded);
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
 }
 
 fn or_skip<T>(loaded: anyhow::Result<T>) -> Option<T> {
