@@ -100,6 +100,13 @@ impl ProcessRef {
         }
     }
 
+    /// Whether `member`, the member map's entry of this process's pid, is this very process's:
+    /// it was made for a process that started when this one did, not for an earlier one the
+    /// pid named (an entry outlives its process until an exit program or a kill takes it out).
+    pub fn is(self, member: &Member) -> bool {
+        ns_to_ticks(member.start_ns) == self.start_ticks
+    }
+
     /// The process `pid` names now, if any.
     pub fn of(pid: Pid) -> Option<Self> {
         process(pid).map(|p| p.reference())
@@ -113,12 +120,12 @@ impl ProcessRef {
 
     /// Whether this process is gone or on its way out: the kernel marks a process exiting
     /// (PF_EXITING) before it closes its files, so a dying host's sockets close while this
-    /// already says so. (A start time of 0, unknown, matches any.) False if /proc cannot say.
+    /// already says so. False if /proc cannot say.
     pub fn is_exiting(self) -> bool {
         const PF_EXITING: u32 = 0x4;
         match procfs::process::Process::new(self.pid as i32).and_then(|p| p.stat()) {
             Ok(stat) => {
-                (self.start_ticks != 0 && stat.starttime != self.start_ticks)
+                stat.starttime != self.start_ticks
                     || matches!(stat.state, 'Z' | 'X')
                     || stat.flags & PF_EXITING != 0
             }

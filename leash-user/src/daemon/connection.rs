@@ -31,7 +31,7 @@ use super::{
     serving,
     shared::Daemon,
 };
-use crate::{proc::ProcessRef, sys};
+use crate::sys;
 
 /// How long a refused connection's one line may wait for room in its socket.
 const REFUSAL_PATIENCE: Duration = Duration::from_millis(500);
@@ -57,8 +57,12 @@ pub(super) async fn serve(daemon: Arc<Daemon>, stream: UnixStream, place: Place)
                 host,
                 for_owner,
             } = lease;
-            let span =
-                tracing::info_span!("lease", lease = peer.lease, uid = peer.uid, host = peer.pid);
+            let span = tracing::info_span!(
+                "lease",
+                lease = peer.lease,
+                uid = peer.uid,
+                host = peer.process.pid
+            );
             // Dropped when the connection ends, which ends the owner's watch.
             let (_serving, served) = oneshot::channel::<()>();
             daemon.jobs.watch_host(peer.lease, for_owner, served);
@@ -177,8 +181,8 @@ async fn set_up(
     let refused = || Err((Account::from(uid), None));
     // Nothing of the host's is opened before it is identified: a connection that waits its
     // turn to be asked about costs its socket alone (and its place in the queue, per uid).
-    let host_start_ticks = match crate::proc::read_process(pid) {
-        Ok(Some(process)) => process.start_ticks,
+    let host_process = match crate::proc::read_process(pid) {
+        Ok(Some(process)) => process.reference(),
         Ok(None) => return refused(),
         Err(e) => {
             setup_failed(daemon, pid, "cannot read the connecting process", &e);
@@ -215,10 +219,6 @@ async fn set_up(
     };
     // Checked with the pidfd open: the process it holds (the peer, or the one the pid names)
     // is the one read first and identified, so that answer and that start time are the host's.
-    let host_process = ProcessRef {
-        pid,
-        start_ticks: host_start_ticks,
-    };
     if !host_process.is_running() {
         return refused();
     }
@@ -248,8 +248,7 @@ async fn set_up(
         uid,
         account: who.account,
         pid_namespace: who.pid_namespace(),
-        pid,
-        start_ticks: host_start_ticks,
+        process: host_process,
         lease,
         may_be_impersonated: !view.is_daemons() && who.in_user_namespace,
         view,

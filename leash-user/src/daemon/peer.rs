@@ -3,10 +3,7 @@
 use leash_common::{Account, TreeId};
 
 use super::{auth::Requester, pid_view::PidView};
-use crate::{
-    kernel::TrackerView,
-    proc::{self, ProcessRef},
-};
+use crate::{kernel::TrackerView, proc::ProcessRef};
 
 /// Who is on the other end, as the kernel says.
 #[derive(Clone, Copy, Debug)]
@@ -16,9 +13,9 @@ pub(super) struct Peer {
     pub account: Account,
     /// Its pid namespace (inode number): it sees the trees registered from it or below.
     pub pid_namespace: u32,
-    pub pid: u32,
-    /// The connected process's start time in clock ticks (0 if it could not be read).
-    pub start_ticks: u64,
+    /// The process that connected, the lease's host (its start time read before it was
+    /// identified, and checked against it once its pidfd was open).
+    pub process: ProcessRef,
     pub lease: u64,
     /// How the client numbers processes: every pid it is sent is its own number.
     pub view: PidView,
@@ -34,26 +31,12 @@ pub(super) struct Peer {
 }
 
 impl Peer {
-    /// The process that connected.
-    pub(super) fn host(&self) -> ProcessRef {
-        ProcessRef {
-            pid: self.pid,
-            start_ticks: self.start_ticks,
-        }
-    }
-
     /// The tree the client's process runs in, then each tree that one is nested in; empty
     /// when it runs in none. The trees it may never release or kill.
     pub(super) fn confinement(&self, view: &TrackerView) -> Vec<TreeId> {
-        match view.member(self.pid) {
-            // The start time tells the client's process from an earlier one by the same pid;
-            // unknown (0), the entry is taken as the client's: fail closed.
-            Some(member)
-                if self.start_ticks == 0
-                    || proc::ns_to_ticks(member.start_ns) == self.start_ticks =>
-            {
-                view.enclosing(member.tree)
-            }
+        match view.member(self.process.pid) {
+            // The start time tells the client's process from an earlier one by the same pid.
+            Some(member) if self.process.is(&member) => view.enclosing(member.tree),
             _ => Vec::new(),
         }
     }

@@ -12,8 +12,13 @@ use crate::proc;
 /// that started at another time is not the member (it exited, and the pid was given again
 /// before the map forgot it): it shows as gone.
 pub(super) fn member_info(pid: Pid, member: &Member, view: PidView) -> MemberInfo {
-    let usage = proc::usage(pid, MAX_CMDLINE_BYTES)
-        .filter(|usage| usage.start_ticks == proc::ns_to_ticks(member.start_ns));
+    let usage = proc::usage(pid, MAX_CMDLINE_BYTES).filter(|usage| {
+        let process = proc::ProcessRef {
+            pid,
+            start_ticks: usage.start_ticks,
+        };
+        process.is(member)
+    });
     let mut info = MemberInfo {
         pid: view.number(pid),
         parent: view.number(member.parent),

@@ -25,7 +25,7 @@ use super::{
     shared::Daemon,
     watch::{end_lease, watch_host},
 };
-use crate::proc;
+use crate::proc::{self, ProcessRef};
 
 /// A recorded host's new lease, and its pid namespaces.
 type HeldHost = (LeaseId, Arc<[u32]>);
@@ -65,15 +65,15 @@ pub(super) fn hold_again(owner: &Rc<Owner>) {
             })
             .collect()
     };
-    // Per recorded host (pid, start time): its lease, and the pid namespaces it is in.
-    let mut hosts: HashMap<(Pid, u64), HeldHost> = HashMap::new();
+    // Per recorded host: its lease, and the pid namespaces it is in.
+    let mut hosts: HashMap<ProcessRef, HeldHost> = HashMap::new();
     let (mut unheld, mut doomed) = (Vec::new(), Vec::new());
     for &(tree, holder, root, is_doomed) in &found {
         let (lease, registered_from) = if holder.host_pid == 0 {
             unheld.push(tree);
             (0, [daemon.pid_namespace].into())
         } else {
-            match hosts.entry((holder.host_pid, holder.host_start_ticks)) {
+            match hosts.entry(recorded_host(&holder)) {
                 Entry::Occupied(known) => known.get().clone(),
                 Entry::Vacant(new) => {
                     let who = host_identity(daemon, &holder);
@@ -81,10 +81,7 @@ pub(super) fn hold_again(owner: &Rc<Owner>) {
                         holder.owner_uid,
                         who.account,
                         who.pid_namespaces.clone(),
-                        proc::ProcessRef {
-                            pid: new.key().0,
-                            start_ticks: new.key().1,
-                        },
+                        *new.key(),
                     );
                     match opened {
                         Ok(lease) => {
@@ -132,24 +129,32 @@ pub(super) fn hold_again(owner: &Rc<Owner>) {
         start_kill(owner, tree, None, KillReason::Resumed);
     }
     watch_host_deaths_again(owner, &hosts);
-    for ((pid, start_ticks), (lease, _)) in hosts {
-        watch_host_again(owner, lease, pid, start_ticks);
+    for (host, (lease, _)) in hosts {
+        watch_host_again(owner, lease, host);
+    }
+}
+
+/// The host `holder` records.
+fn recorded_host(holder: &Holder) -> ProcessRef {
+    ProcessRef {
+        pid: holder.host_pid,
+        start_ticks: holder.host_start_ticks,
     }
 }
 
 /// Has the programs watch the death of every host held again, and of no other: the pinned map
 /// kept the previous daemon's, and a lease that ended while no daemon ran left its host there.
-fn watch_host_deaths_again(owner: &Owner, held: &HashMap<(Pid, u64), HeldHost>) {
+fn watch_host_deaths_again(owner: &Owner, held: &HashMap<ProcessRef, HeldHost>) {
     let mut tracker = owner.tracker();
     for host in tracker.watched_hosts() {
-        if !held.contains_key(&(host.pid, host.start_ticks)) {
+        if !held.contains_key(&host) {
             tracker.unwatch_host_death(host);
         }
     }
-    for &(pid, start_ticks) in held.keys() {
-        if let Err(e) = tracker.watch_host_death(proc::ProcessRef { pid, start_ticks }) {
+    for &host in held.keys() {
+        if let Err(e) = tracker.watch_host_death(host) {
             tracing::debug!(
-                host = pid,
+                host = host.pid,
                 "the kernel does not watch the host's death ({e})"
             );
         }
@@ -162,15 +167,16 @@ const HOST_RETRY: Duration = Duration::from_secs(1);
 /// Ends `lease` when its host exits (at once if it already has). A host that cannot be
 /// opened is not taken for gone: its trees stay held, tracked by the programs, and it is tried
 /// again until it is watched or found gone.
-fn watch_host_again(owner: &Rc<Owner>, lease: LeaseId, pid: Pid, start_ticks: u64) {
+fn watch_host_again(owner: &Rc<Owner>, lease: LeaseId, host: ProcessRef) {
     let owner = owner.clone();
+    let pid = host.pid;
     tokio::task::spawn_local(async move {
         let mut failed = false;
         loop {
-            match host_pidfd(pid, start_ticks) {
-                Ok(Some(host)) => {
+            match host_pidfd(host) {
+                Ok(Some(pidfd)) => {
                     tracing::info!(lease, host = pid, "watching the host again");
-                    return watch_host(&owner, lease, host, None);
+                    return watch_host(&owner, lease, pidfd, None);
                 }
                 Ok(None) => {
                     return end_lease(&owner, lease, LeaseEnd::HostExitedWhileAway);
@@ -191,11 +197,10 @@ fn watch_host_again(owner: &Rc<Owner>, lease: LeaseId, pid: Pid, start_ticks: u6
     });
 }
 
-/// A pidfd of the host, if the process `pid` is still the one that started at `start_ticks`
-/// and has not exited (every thread of it: a host whose main thread exited runs on); None if
-/// it is gone.
-fn host_pidfd(pid: Pid, start_ticks: u64) -> std::io::Result<Option<OwnedFd>> {
-    let Some(pidfd) = proc::ProcessRef { pid, start_ticks }.open()? else {
+/// A pidfd of `host`, if it runs still and has not exited (every thread of it: a host whose
+/// main thread exited runs on); None if it is gone.
+fn host_pidfd(host: ProcessRef) -> std::io::Result<Option<OwnedFd>> {
+    let Some(pidfd) = host.open()? else {
         return Ok(None);
     };
     if pidfd.has_exited() {

@@ -21,7 +21,6 @@ use super::{
 };
 use crate::{
     kernel::{identify, identify_pidfd},
-    proc,
     sys::Pidfd,
 };
 
@@ -177,7 +176,7 @@ pub(super) async fn register(
     // and done to it, whatever its pid comes to name later.
     let (process, pidfd) = match named {
         Named::Pid(pid) => identify(pid),
-        Named::Client => identify(peer.pid),
+        Named::Client => identify(peer.process.pid),
         Named::Pidfd(pidfd) => identify_pidfd(pidfd),
     }?;
     let pid = process.pid;
@@ -202,7 +201,7 @@ pub(super) async fn register(
     if on_root_exit == RootExitPolicy::Keep {
         holder.flags |= holder_flags::KEEP_ON_ROOT_EXIT;
     }
-    if pid == peer.pid && peer.start_ticks != 0 && process.start_ticks != peer.start_ticks {
+    if pid == peer.process.pid && process != peer.process {
         return Err(Refusal::new(
             ErrorCode::NotFound,
             format!("the client's process {pid} has exited"),
@@ -211,14 +210,14 @@ pub(super) async fn register(
     let target = ProcessUids::of(pid)
         .filter(|_| !pidfd.has_exited())
         .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no process {pid}")))?;
-    let requester = ProcessUids::of(peer.pid).unwrap_or(ProcessUids::all(peer.uid));
+    let requester = ProcessUids::of(peer.process.pid).unwrap_or(ProcessUids::all(peer.uid));
     // What a process in a tree registers is nested in that tree (and a process that is in a
     // tree already stays in it: see Tracker::start_adoption).
     let nest_in = peer.confinement(&daemon.view).first().copied();
     let target_trees = daemon
         .view
         .member(pid)
-        .filter(|member| proc::ns_to_ticks(member.start_ns) == process.start_ticks)
+        .filter(|member| process.is(member))
         .map(|member| daemon.view.enclosing(member.tree))
         .unwrap_or_default();
     let facts = RegisterFacts {

@@ -41,7 +41,7 @@ pub(super) async fn serve_lease(
     let (pidfds, strangers) = (Pidfds::default(), Strangers::default());
     let mut reader = BufReader::new(RequestStream::new(
         reader,
-        peer.pid,
+        peer.process.pid,
         pidfds.clone(),
         strangers.clone(),
         peer.account,
@@ -195,7 +195,7 @@ fn end(daemon: &Daemon, peer: Peer, ended: Ended) -> Option<ClosingReason> {
         }
         // A dying host's sockets close before its pidfd says it exited: its end is its exit.
         Ended::By(LeaseEnd::ConnectionClosed | LeaseEnd::ConnectionError)
-            if peer.host().is_exiting() =>
+            if peer.process.is_exiting() =>
         {
             LeaseEnd::HostExited
         }
