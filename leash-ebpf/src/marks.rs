@@ -30,7 +30,7 @@ use leash_common::{ALL_ACCOUNTS, EventKind, Mark, Member, TreeControl, flags, st
 use crate::programs::{
     BPF_NOEXIST, Counter, MEMBERS, SIGKILL, TASK_START_OFFSET, TASK_TGID_OFFSET, TREE_CONTROL,
     add_to_account, add_to_tree, count, current_tgid, emit, group_dead, is_member, iter_task,
-    lsm_refusal, parent_tgid, read_task, same_start, take_out_stale,
+    lsm_denial, parent_tgid, read_task, same_start, take_out_stale,
 };
 use crate::whois::task_pid;
 
@@ -106,14 +106,14 @@ pub(crate) fn leash_task_alloc(ctx: *mut c_void) -> i64 {
             let _ = unsafe { bpf_send_signal(SIGKILL) };
             emit(EventKind::ForkKilled, mark.tree, current_tgid(), 0);
             count(stat::FORKS_REFUSED);
-            lsm_refusal::<EPERM>()
+            lsm_denial::<EPERM>()
         }
         Some((mut mark, _)) => {
             // SAFETY: `child` is the hook's BTF-typed argument.
             let marked = unsafe { MARKS.get(child, Some(&mut mark)) };
             if marked.is_null() {
                 count(stat::FORKS_REFUSED);
-                lsm_refusal::<ENOMEM>()
+                lsm_denial::<ENOMEM>()
             } else {
                 0
             }

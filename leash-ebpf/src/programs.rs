@@ -339,12 +339,12 @@ pub(crate) fn leash_exec(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// An LSM program's refusal, `-ERRNO`, as every verifier can bound it: a constant, through the
+/// An LSM program's denial, `-ERRNO`, as every verifier can bound it: a constant, through the
 /// stack, 64 bits wide. Left to itself the compiler computes `-errno` from a bool or a variable
 /// (BPF_NEG), which verifiers before 6.13 cannot bound, and they check all 64 bits of an LSM
 /// program's answer against its range. Each branch of a program returns this or 0.
 #[inline(always)]
-pub(crate) fn lsm_refusal<const ERRNO: i64>() -> i64 {
+pub(crate) fn lsm_denial<const ERRNO: i64>() -> i64 {
     let mut value: i64 = 0;
     // SAFETY: a write to a local.
     unsafe { core::ptr::write_volatile(&mut value, -ERRNO) };

@@ -29,7 +29,7 @@ use aya_ebpf::{
 use leash_common::{MAX_TREE_NESTING, Member, TreeId};
 
 use crate::programs::{
-    MEMBERS, SIGKILL, TASK_TGID_OFFSET, TREE_CONTROL, current_tgid, is_member, lsm_refusal,
+    MEMBERS, SIGKILL, TASK_TGID_OFFSET, TREE_CONTROL, current_tgid, is_member, lsm_denial,
     read_task,
 };
 
@@ -73,7 +73,7 @@ pub(crate) fn leash_ptrace_guard(ctx: *mut c_void) -> i32 {
 pub(crate) fn leash_ptrace_lsm(ctx: *mut c_void) -> i64 {
     let ctx = FEntryContext::new(ctx);
     let refused = refuses(ctx.arg(0), ctx.arg(1));
-    if refused { lsm_refusal::<EPERM>() } else { 0 }
+    if refused { lsm_denial::<EPERM>() } else { 0 }
 }
 
 /// A kprobe on `cap_ptrace_access_check(child, mode)`, which `security_ptrace_access_check`

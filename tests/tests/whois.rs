@@ -67,7 +67,7 @@ fn whois_names_the_namespaces_of_a_process() {
     let inside = inside.unwrap();
     let identity = whois.ask(inside).unwrap().expect("the container's process");
     let user_ns = identity.user_ns.expect("a user namespace of its own");
-    assert_eq!(user_ns.owner, USER_A, "the namespace is uid 61001's");
+    assert_eq!(user_ns.creator_uid, USER_A, "the namespace is uid 61001's");
     assert_eq!(user_ns.inum, namespace(inside, "user"));
     assert_eq!(
         &*identity.pid_namespaces,

@@ -117,9 +117,9 @@ pub(super) fn may_register(facts: RegisterFacts<'_>) -> Result<(), RegisterDenie
     Ok(())
 }
 
-/// Whether a client of `uid` may see, kill or release a tree owned by `owner`.
-pub(super) fn may_manage(uid: u32, owner: u32) -> bool {
-    uid == 0 || uid == owner
+/// Whether a client of `uid` may see, kill or release a tree whose owner_uid is `owner_uid`.
+pub(super) fn may_manage(uid: u32, owner_uid: u32) -> bool {
+    uid == 0 || uid == owner_uid
 }
 
 /// Who is asking.
@@ -141,7 +141,7 @@ pub(super) struct Requester<'a> {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct TreeFacts<'a> {
     pub lease: u64,
-    pub owner: u32,
+    pub owner_uid: u32,
     /// The tree, then each tree it is nested in.
     pub chain: &'a [TreeId],
     /// The pid namespaces of the host that registered it, its own first.
@@ -166,7 +166,7 @@ pub(super) fn may_see(who: Requester<'_>, tree: TreeFacts<'_>) -> bool {
     }
     match who.confined.first() {
         Some(own) => tree.chain.contains(own),
-        None => may_manage(who.uid, tree.owner),
+        None => may_manage(who.uid, tree.owner_uid),
     }
 }
 
@@ -204,7 +204,7 @@ pub(super) fn may_kill(who: Requester<'_>, tree: TreeFacts<'_>) -> Verdict {
         Verdict::Denied("a process may not kill the tree it runs in, nor one that holds it")
     } else if who.lease == tree.lease
         || who.uid == 0
-        || (who.confined.is_empty() && who.uid == tree.owner)
+        || (who.confined.is_empty() && who.uid == tree.owner_uid)
     {
         Verdict::Allowed
     } else {

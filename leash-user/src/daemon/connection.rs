@@ -27,7 +27,7 @@ use super::{
     limits::ConnectionSlot,
     outbox::encode,
     peer::Peer,
-    pid_view::PidView,
+    pid_numbering::PidNumbering,
     serving,
     shared::Daemon,
 };
@@ -190,10 +190,10 @@ async fn set_up(
         }
     };
     // Its pid namespace, from its numbers in each (None: it has exited).
-    let Some(view) = PidView::of_client(pid) else {
+    let Some(numbering) = PidNumbering::of_client(pid) else {
         return refused();
     };
-    let who = match identity::identify(daemon, pid, uid, view).await {
+    let who = match identity::identify(daemon, pid, uid, numbering).await {
         Ok(Some(who)) => who,
         Ok(None) => return refused(),
         Err(e) => {
@@ -250,8 +250,8 @@ async fn set_up(
         pid_namespace: who.pid_namespace(),
         process: host_process,
         lease,
-        may_be_impersonated: !view.is_daemons() && who.in_user_namespace,
-        view,
+        may_be_impersonated: !numbering.is_daemons() && who.in_user_namespace,
+        numbering,
     };
     Ok(Lease {
         slot,

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use leash_common::{Account, Pid};
 
-use super::{pid_view::PidView, shared::Daemon};
+use super::{pid_numbering::PidNumbering, shared::Daemon};
 use crate::{kernel::UserNamespace, proc};
 
 /// A client, as the kernel knows it.
@@ -43,20 +43,20 @@ impl ClientIdentity {
 pub(super) fn account_of(uid: u32, user_ns: Option<UserNamespace>) -> Account {
     match user_ns {
         None => uid.into(),
-        Some(ns) if ns.owner != 0 => ns.owner.into(),
+        Some(ns) if ns.creator_uid != 0 => ns.creator_uid.into(),
         Some(ns) => 1 << 32 | Account::from(ns.inum),
     }
 }
 
-/// Who the client process `pid` is (`uid` as it connected, its pids numbered as `view` says).
+/// Who the client process `pid` is (`uid` as it connected, its pids as `numbering` gives them).
 /// None: it has exited.
 pub(super) async fn identify(
     daemon: &Daemon,
     pid: Pid,
     uid: u32,
-    view: PidView,
+    numbering: PidNumbering,
 ) -> Result<Option<ClientIdentity>> {
-    if view.is_daemons() && proc::in_initial_user_namespace(pid) == Some(true) {
+    if numbering.is_daemons() && proc::in_initial_user_namespace(pid) == Some(true) {
         return Ok(Some(ClientIdentity {
             account: uid.into(),
             in_user_namespace: false,
@@ -84,7 +84,7 @@ mod tests {
     fn a_user_is_charged_for_the_namespaces_they_own() {
         assert_eq!(account_of(1000, None), 1000);
         let alices = UserNamespace {
-            owner: 1000,
+            creator_uid: 1000,
             inum: 4026532500,
         };
         assert_eq!(account_of(100_005, Some(alices)), 1000, "a subordinate uid");
@@ -94,7 +94,7 @@ mod tests {
             "root inside her container"
         );
         let roots = UserNamespace {
-            owner: 0,
+            creator_uid: 0,
             inum: 4026532600,
         };
         let pod = account_of(0, Some(roots));

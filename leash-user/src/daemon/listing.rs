@@ -15,7 +15,7 @@ use leash_common::{Member, Pid};
 use super::{
     auth::{may_manage, may_see},
     peer::Peer,
-    pid_view::PidView,
+    pid_numbering::PidNumbering,
     process_figures,
     refusal::Refusal,
     registry::TreeEntry,
@@ -37,7 +37,7 @@ pub(super) async fn list(
     let mut trees = daemon.registry.map_trees(only, |tree, entry, host_pid| {
         let chain = daemon.view.enclosing(tree);
         may_see(who, entry.ownership().facts(&chain)).then(|| {
-            let mut info = tree_info(tree, entry, chain.get(1).copied(), peer.view);
+            let mut info = tree_info(tree, entry, chain.get(1).copied(), peer.numbering);
             info.host_pid = host_pid;
             info
         })
@@ -59,15 +59,15 @@ pub(super) async fn list(
         return Ok(reply(trees, leases));
     }
     let _turn = daemon.limits.heavy(peer.account).await;
-    let (daemon, view) = (daemon.clone(), peer.view);
+    let (daemon, numbering) = (daemon.clone(), peer.numbering);
     tokio::task::spawn_blocking(move || {
         if !trees.is_empty() {
             let entries = daemon.view.member_entries()?;
-            fill_members(&mut trees, entries, view);
+            fill_members(&mut trees, entries, numbering);
         }
         for lease in &mut leases {
             lease.host_comm = proc::process(lease.host_pid).map(|p| p.comm);
-            lease.host_pid = view.number(lease.host_pid);
+            lease.host_pid = numbering.number(lease.host_pid);
         }
         Ok(reply(trees, leases))
     })
@@ -155,13 +155,13 @@ fn tree_info(
     tree: TreeId,
     entry: &TreeEntry,
     nested_in: Option<TreeId>,
-    view: PidView,
+    numbering: PidNumbering,
 ) -> TreeInfo {
     TreeInfo {
         tree,
         lease: entry.lease,
         owner_uid: entry.owner_uid,
-        root: view.pick(&entry.root),
+        root: numbering.pick(&entry.root),
         on_root_exit: entry.on_root_exit,
         grace_ms: u64::try_from(entry.grace.as_millis()).unwrap_or(u64::MAX),
         host_pid: 0,
@@ -180,8 +180,8 @@ fn tree_info(
 /// Fills each tree's members from one read of the member map, the oldest first, at most
 /// `MAX_LISTED_PER_TREE` each and `MAX_LISTED` in all, with what each runs and uses now from
 /// /proc, and the tree's sums of those; and gives every pid (host, members, their parents) as
-/// `view` numbers it.
-fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, view: PidView) {
+/// `numbering` gives it.
+fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, numbering: PidNumbering) {
     let mut by_tree: HashMap<TreeId, Vec<(Pid, Member)>> = HashMap::new();
     for (pid, member) in entries {
         by_tree.entry(member.tree).or_default().push((pid, member));
@@ -189,7 +189,7 @@ fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, view: PidVi
     let mut room = MAX_LISTED;
     for info in trees {
         info.host_comm = proc::process(info.host_pid).map(|p| p.comm);
-        info.host_pid = view.number(info.host_pid);
+        info.host_pid = numbering.number(info.host_pid);
         let mut members = by_tree.remove(&info.tree).unwrap_or_default();
         info.member_count = members.len() as u64;
         members.sort_by_key(|(_, m)| m.start_ns);
@@ -198,7 +198,7 @@ fn fill_members(trees: &mut [TreeInfo], entries: Vec<(Pid, Member)>, view: PidVi
         info.members_truncated = listed < members.len();
         info.members = members[..listed]
             .iter()
-            .map(|(pid, m)| process_figures::member_info(*pid, m, view))
+            .map(|(pid, m)| process_figures::of_member(*pid, m, numbering))
             .collect();
         process_figures::add_up(info);
     }

@@ -5,7 +5,7 @@
 //! Each file imports only from files below it (a test of the import graph keeps it so), from
 //! the bottom:
 //!
-//! - [`config`], [`peer`], [`pid_view`], [`auth`], [`limits`], [`admission`]: what the daemon
+//! - [`config`], [`peer`], [`pid_numbering`], [`auth`], [`limits`], [`admission`]: what the daemon
 //!   is told, who a client is to the rules, and the rules: the kill(2) rule and tree ownership,
 //!   per-account caps on connections, request rate and heavy work, and per-uid places for
 //!   connections being set up.
@@ -49,7 +49,7 @@ mod outbox;
 mod owner;
 mod owner_thread;
 mod peer;
-mod pid_view;
+mod pid_numbering;
 mod process_figures;
 mod recover;
 mod refusal;

@@ -14,7 +14,7 @@ use tokio::{
     sync::Notify,
 };
 
-use super::{metrics::Metrics, pid_view::PidView};
+use super::{metrics::Metrics, pid_numbering::PidNumbering};
 
 /// Reply bytes queued before the connection reads no further request until some are written
 /// (a client that pipelines requests and reads its replies is slowed to its own pace).
@@ -64,7 +64,7 @@ enum Queued {
     /// for in the queue (its line as the daemon numbers it).
     ToNumber {
         event: Box<Event>,
-        view: PidView,
+        numbering: PidNumbering,
         bytes: usize,
     },
     Dropped(u64),
@@ -111,12 +111,17 @@ impl Outbox {
         self.queue_event(line.len(), || Queued::Line(line.clone()))
     }
 
-    /// Queues `event` to be sent with its pids as `view` numbers them, counting `bytes` for it;
+    /// Queues `event` to be sent with its pids as `numbering` gives them, counting `bytes` for it;
     /// as [`Outbox::event`] otherwise.
-    pub(super) fn event_to_number(&self, event: &Event, view: PidView, bytes: usize) -> bool {
+    pub(super) fn event_to_number(
+        &self,
+        event: &Event,
+        numbering: PidNumbering,
+        bytes: usize,
+    ) -> bool {
         self.queue_event(bytes, || Queued::ToNumber {
             event: Box::new(event.clone()),
-            view,
+            numbering,
             bytes,
         })
     }
@@ -232,10 +237,14 @@ impl Outbox {
                         queues.event_bytes -= line.len();
                         return Some(line.to_vec());
                     }
-                    Some(Queued::ToNumber { event, view, bytes }) => {
+                    Some(Queued::ToNumber {
+                        event,
+                        numbering,
+                        bytes,
+                    }) => {
                         queues.event_bytes -= bytes;
                         drop(queues);
-                        return Some(encode(&ServerLine::event(view.number_event(&event))));
+                        return Some(encode(&ServerLine::event(numbering.number_event(&event))));
                     }
                     Some(Queued::Dropped(count)) => {
                         let mut dropped = Event::new(EventKind::Dropped, 0, 0, None);

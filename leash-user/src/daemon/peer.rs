@@ -2,7 +2,7 @@
 
 use leash_common::{Account, TreeId};
 
-use super::{auth::Requester, pid_view::PidView};
+use super::{auth::Requester, pid_numbering::PidNumbering};
 use crate::{kernel::TrackerView, proc::ProcessRef};
 
 /// Who is on the other end, as the kernel says.
@@ -18,7 +18,7 @@ pub(super) struct Peer {
     pub process: ProcessRef,
     pub lease: u64,
     /// How the client numbers processes: every pid it is sent is its own number.
-    pub view: PidView,
+    pub numbering: PidNumbering,
     /// Another process could have sent a line in the client's name. The kernel names each
     /// line's sender (SCM_CREDENTIALS), but lets a sender name any pid of its pid namespace
     /// there if it holds CAP_SYS_ADMIN over the user namespace that owns that pid namespace:

@@ -5,13 +5,13 @@
 use leash_client::protocol::{MAX_CMDLINE_BYTES, MemberInfo, TreeInfo};
 use leash_common::{Member, Pid};
 
-use super::pid_view::PidView;
+use super::pid_numbering::PidNumbering;
 use crate::proc;
 
 /// A listed member: its entry in the map, with what /proc says of it now. A process by that pid
 /// that started at another time is not the member (it exited, and the pid was given again
 /// before the map forgot it): it shows as gone.
-pub(super) fn member_info(pid: Pid, member: &Member, view: PidView) -> MemberInfo {
+pub(super) fn of_member(pid: Pid, member: &Member, numbering: PidNumbering) -> MemberInfo {
     let usage = proc::usage(pid, MAX_CMDLINE_BYTES).filter(|usage| {
         let process = proc::ProcessRef {
             pid,
@@ -20,8 +20,8 @@ pub(super) fn member_info(pid: Pid, member: &Member, view: PidView) -> MemberInf
         process.is(member)
     });
     let mut info = MemberInfo {
-        pid: view.number(pid),
-        parent: view.number(member.parent),
+        pid: numbering.number(pid),
+        parent: numbering.number(member.parent),
         start_ns: member.start_ns,
         comm: None,
         uid: None,
@@ -64,7 +64,7 @@ mod tests {
             parent: 1,
             start_ns,
         };
-        let info = member_info(me, &member, PidView::default());
+        let info = of_member(me, &member, PidNumbering::default());
         assert_eq!(info.pid, me);
         assert!(info.comm.is_some() && info.cmdline.is_some());
         assert!(info.rss_bytes.is_some_and(|rss| rss > 0));
@@ -73,7 +73,7 @@ mod tests {
             start_ns: start_ns + 10_000_000_000,
             ..member
         };
-        let stranger = member_info(me, &later, PidView::default());
+        let stranger = of_member(me, &later, PidNumbering::default());
         assert_eq!((stranger.comm, stranger.cpu_ms), (None, None));
     }
 }

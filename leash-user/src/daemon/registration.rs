@@ -113,7 +113,7 @@ pub(super) fn named(
 /// container's), it would name some other process of the daemon's. Such a client registers
 /// itself (no pid) or names the process by a pidfd, which the kernel names right.
 fn check_same_pid_namespace(peer: &Peer, pid: u32) -> Result<(), Refusal> {
-    if peer.view.is_daemons() {
+    if peer.numbering.is_daemons() {
         return Ok(());
     }
     Err(Refusal::new(
@@ -122,7 +122,7 @@ fn check_same_pid_namespace(peer: &Peer, pid: u32) -> Result<(), Refusal> {
             "pid {pid} is a number of the client's pid namespace, not the daemon's (the \
              client's is nested {} deep in it): a client in a container names the process by \
              a pidfd, or registers itself (as `leash exec` does)",
-            peer.view.depth()
+            peer.numbering.depth()
         ),
     ))
 }
@@ -249,7 +249,7 @@ pub(super) async fn register(
         })?;
     let numbers = root_numbers(pid);
     let audience = Audience {
-        owner: owner_uid,
+        owner_uid,
         registered_from: found.pid_namespaces.clone(),
     };
     let host_pid = holder.host_pid;
@@ -288,7 +288,7 @@ pub(super) async fn register(
     daemon.emit_about_root(&audience, registered, &numbers);
     Ok(Reply::Registered {
         tree,
-        root: peer.view.pick(&numbers),
+        root: peer.numbering.pick(&numbers),
         members,
     })
 }

@@ -317,7 +317,7 @@ impl Session {
     /// map numbers processes in the daemon's pid namespace: a client in another one is not
     /// told (its number names another process there).
     fn visible_tree_of(&self, daemon: &Daemon, pid: u32) -> Option<TreeId> {
-        if !self.peer.view.is_daemons() {
+        if !self.peer.numbering.is_daemons() {
             return None;
         }
         let tree = daemon.view.member(pid)?.tree;

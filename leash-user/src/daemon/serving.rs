@@ -113,7 +113,7 @@ async fn serve_requests(
                 match session.refuse_stranger(line_number, ErrorCode::TooLong, &start) {
                     // Another process sent it: the host is told by an event, not a reply.
                     Some(event) => {
-                        outbox.event_to_number(&event, peer.view, event_bytes(&event));
+                        outbox.event_to_number(&event, peer.numbering, event_bytes(&event));
                     }
                     None => outbox.reply(&ServerLine::error(None, ErrorCode::TooLong, message)),
                 }
@@ -166,7 +166,7 @@ fn dispatch(daemon: &Daemon, outbox: &Outbox, peer: Peer, response: Response) ->
                 hears,
                 peer.lease,
                 outbox.clone(),
-                peer.view,
+                peer.numbering,
                 peer.pid_namespace,
             );
             outbox.reply(&line);
@@ -177,7 +177,7 @@ fn dispatch(daemon: &Daemon, outbox: &Outbox, peer: Peer, response: Response) ->
             Some(pause)
         }
         Response::Event(event, pause) => {
-            outbox.event_to_number(&event, peer.view, event_bytes(&event));
+            outbox.event_to_number(&event, peer.numbering, event_bytes(&event));
             pause
         }
     }

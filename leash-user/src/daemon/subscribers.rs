@@ -11,7 +11,7 @@ use leash_client::protocol::{Event, LeaseId, ServerLine};
 
 use super::{
     outbox::{Outbox, encode},
-    pid_view::PidView,
+    pid_numbering::PidNumbering,
 };
 
 /// What one subscriber may hear.
@@ -29,7 +29,7 @@ pub(super) enum Hears {
 /// namespaces it was registered from (a subscriber in none of them hears nothing of it).
 #[derive(Clone, Debug)]
 pub(super) struct Audience {
-    pub owner: u32,
+    pub owner_uid: u32,
     pub registered_from: Arc<[u32]>,
 }
 
@@ -38,7 +38,7 @@ pub(super) struct Audience {
 struct Subscriber {
     lease: LeaseId,
     outbox: Outbox,
-    view: PidView,
+    numbering: PidNumbering,
     pid_namespace: u32,
 }
 
@@ -53,19 +53,19 @@ impl Subscribers {
     }
 
     /// Files the connection of `lease`, a client in pid namespace `pid_namespace`; it hears
-    /// until [`Subscribers::remove`]. Its events carry pids as `view` numbers them.
+    /// until [`Subscribers::remove`]. Its events carry pids as `numbering` gives them.
     pub(super) fn add(
         &self,
         hears: Hears,
         lease: LeaseId,
         outbox: Outbox,
-        view: PidView,
+        numbering: PidNumbering,
         pid_namespace: u32,
     ) {
         let subscriber = Subscriber {
             lease,
             outbox,
-            view,
+            numbering,
             pid_namespace,
         };
         self.filed().entry(hears).or_default().push(subscriber);
@@ -78,12 +78,16 @@ impl Subscribers {
         });
     }
 
-    /// Whether anyone would hear of an event of `owner`'s tree held by `lease`.
-    pub(super) fn any_for(&self, owner: u32, lease: LeaseId) -> bool {
+    /// Whether anyone would hear of an event of `owner_uid`'s tree held by `lease`.
+    pub(super) fn any_for(&self, owner_uid: u32, lease: LeaseId) -> bool {
         let filed = self.filed();
-        [Hears::Everything, Hears::Uid(owner), Hears::Lease(lease)]
-            .iter()
-            .any(|hears| filed.contains_key(hears))
+        [
+            Hears::Everything,
+            Hears::Uid(owner_uid),
+            Hears::Lease(lease),
+        ]
+        .iter()
+        .any(|hears| filed.contains_key(hears))
     }
 
     /// Sends `event`, of a tree heard of by `audience`, to those who may hear it: encoded once
@@ -96,7 +100,7 @@ impl Subscribers {
         let mut line: Option<Arc<[u8]>> = None;
         for hears in [
             Hears::Everything,
-            Hears::Uid(audience.owner),
+            Hears::Uid(audience.owner_uid),
             Hears::Lease(lease),
         ] {
             let Some(subscribers) = filed.get_mut(&hears) else {
@@ -106,17 +110,17 @@ impl Subscribers {
             // A closed outbox is a subscriber that left: forget it.
             subscribers.retain(|subscriber| match root_numbers {
                 _ if !audience.registered_from.contains(&subscriber.pid_namespace) => true,
-                _ if subscriber.view.is_daemons() => subscriber.outbox.event(line),
+                _ if subscriber.numbering.is_daemons() => subscriber.outbox.event(line),
                 Some(numbers) => {
                     let mut numbered = event.clone();
-                    numbered.pid = Some(subscriber.view.pick(numbers));
+                    numbered.pid = Some(subscriber.numbering.pick(numbers));
                     subscriber
                         .outbox
                         .event(&encode(&ServerLine::event(numbered)).into())
                 }
                 None => subscriber
                     .outbox
-                    .event_to_number(&event, subscriber.view, line.len()),
+                    .event_to_number(&event, subscriber.numbering, line.len()),
             });
         }
         filed.retain(|_, subscribers| !subscribers.is_empty());
@@ -141,10 +145,10 @@ mod tests {
     const HOST_NS: u32 = 4026531836;
     const CONTAINER_NS: u32 = 4026532500;
 
-    /// A tree of `owner`'s registered from the daemon's namespace.
-    fn from_host(owner: u32) -> Audience {
+    /// A tree of `owner_uid`'s registered from the daemon's namespace.
+    fn from_host(owner_uid: u32) -> Audience {
         Audience {
-            owner,
+            owner_uid,
             registered_from: [HOST_NS].into(),
         }
     }
@@ -161,35 +165,35 @@ mod tests {
             Hears::Everything,
             1,
             Outbox::clone(&root),
-            PidView::default(),
+            PidNumbering::default(),
             HOST_NS,
         );
         subscribers.add(
             Hears::Uid(1000),
             2,
             Outbox::clone(&own),
-            PidView::default(),
+            PidNumbering::default(),
             HOST_NS,
         );
         subscribers.add(
             Hears::Uid(1001),
             3,
             Outbox::clone(&other),
-            PidView::default(),
+            PidNumbering::default(),
             HOST_NS,
         );
         subscribers.add(
             Hears::Lease(7),
             4,
             Outbox::clone(&confined),
-            PidView::default(),
+            PidNumbering::default(),
             HOST_NS,
         );
         subscribers.add(
             Hears::Lease(8),
             5,
             Outbox::clone(&elsewhere),
-            PidView::default(),
+            PidNumbering::default(),
             HOST_NS,
         );
         subscribers.deliver(
@@ -204,18 +208,18 @@ mod tests {
     #[test]
     fn a_container_hears_only_of_trees_registered_from_it_or_below() {
         let from_container = Audience {
-            owner: 1000,
+            owner_uid: 1000,
             registered_from: [CONTAINER_NS, HOST_NS].into(),
         };
         for (audience, heard_in_container) in [(from_host(1000), false), (from_container, true)] {
             let subscribers = Subscribers::default();
             let (host, container, sibling) = Default::default();
-            let nested = PidView::nested(1);
+            let nested = PidNumbering::nested(1);
             subscribers.add(
                 Hears::Uid(1000),
                 1,
                 Outbox::clone(&host),
-                PidView::default(),
+                PidNumbering::default(),
                 HOST_NS,
             );
             subscribers.add(
@@ -251,7 +255,7 @@ mod tests {
             Hears::Uid(1000),
             2,
             gone.clone(),
-            PidView::default(),
+            PidNumbering::default(),
             HOST_NS,
         );
         gone.close();
@@ -265,7 +269,7 @@ mod tests {
             Hears::Uid(1000),
             3,
             Outbox::default(),
-            PidView::default(),
+            PidNumbering::default(),
             HOST_NS,
         );
         subscribers.remove(3);
@@ -280,20 +284,20 @@ mod tests {
             Hears::Uid(1000),
             1,
             host.clone(),
-            PidView::default(),
+            PidNumbering::default(),
             HOST_NS,
         );
         subscribers.add(
             Hears::Uid(1000),
             2,
             container.clone(),
-            PidView::nested(1),
+            PidNumbering::nested(1),
             CONTAINER_NS,
         );
         // This process runs in the daemon's namespace: a container nested in it cannot see it.
         let me = std::process::id();
         let from_container = Audience {
-            owner: 1000,
+            owner_uid: 1000,
             registered_from: [CONTAINER_NS, HOST_NS].into(),
         };
         subscribers.deliver(

@@ -206,7 +206,7 @@ fn forward(daemon: &Daemon, kernel: TreeEvent) {
     let Some((audience, lease)) = daemon.registry.audience(kernel.tree) else {
         return;
     };
-    if !daemon.subscribers.any_for(audience.owner, lease) {
+    if !daemon.subscribers.any_for(audience.owner_uid, lease) {
         return;
     }
     let mut forwarded = Event::new(kind, kernel.tree, lease, Some(kernel.pid));

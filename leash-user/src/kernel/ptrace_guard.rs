@@ -138,7 +138,7 @@ pub(super) fn attach(
     kernel_btf: &aya::Btf,
     choice: GuardChoice,
 ) -> (Guard, Vec<Attachment>) {
-    let mut refused = Refusals::default();
+    let mut refused = Unusable::default();
     let (guard, links) = attach_best(ebpf, kernel_btf, choice, &mut refused);
     match guard {
         Guard::Absent if choice == GuardChoice::Off => {
@@ -166,9 +166,9 @@ pub(super) fn attach(
 
 /// The guards tried before the one in place, and why each is not.
 #[derive(Debug, Default)]
-struct Refusals(Vec<(Guard, String)>);
+struct Unusable(Vec<(Guard, String)>);
 
-impl Refusals {
+impl Unusable {
     fn note(&mut self, guard: Guard, why: String) {
         self.0.push((guard, why));
     }
@@ -205,7 +205,7 @@ fn attach_best(
     ebpf: &mut Ebpf,
     kernel_btf: &aya::Btf,
     choice: GuardChoice,
-    refused: &mut Refusals,
+    refused: &mut Unusable,
 ) -> (Guard, Vec<Attachment>) {
     if choice == GuardChoice::Off {
         return (Guard::Absent, Vec::new());
@@ -252,7 +252,7 @@ fn try_guard(
     ebpf: &mut Ebpf,
     kernel_btf: &aya::Btf,
     guard: Guard,
-    refused: &mut Refusals,
+    refused: &mut Unusable,
 ) -> Option<Vec<Attachment>> {
     attach_guard(ebpf, kernel_btf, guard)
         .map_err(|e| {
@@ -336,7 +336,7 @@ mod tests {
 
     #[test]
     fn the_guards_refused_are_said_on_one_line_with_why() {
-        let mut refused = Refusals::default();
+        let mut refused = Unusable::default();
         assert_eq!(refused.words(), "", "nothing refused, nothing said");
         let error = anyhow::anyhow!("No such file or directory (os error 2)")
             .context("`/sys/bus/event_source/devices/kprobe/type`")

@@ -30,7 +30,7 @@ pub struct Identity {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UserNamespace {
-    pub owner: u32,
+    pub creator_uid: u32,
     pub inum: u32,
 }
 
@@ -79,7 +79,7 @@ impl From<&Record> for Identity {
         let levels = (answer.pid_ns_levels as usize).min(answer.pid_ns.len());
         Self {
             user_ns: (answer.user_ns_inum != 0).then_some(UserNamespace {
-                owner: answer.user_ns_owner,
+                creator_uid: answer.user_ns_owner,
                 inum: answer.user_ns_inum,
             }),
             pid_namespaces: answer.pid_ns[..levels].iter().rev().copied().collect(),
@@ -105,7 +105,7 @@ mod tests {
         assert_eq!(
             identity.user_ns,
             Some(UserNamespace {
-                owner: 1000,
+                creator_uid: 1000,
                 inum: 4026532399
             })
         );

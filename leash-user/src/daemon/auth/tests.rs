@@ -119,7 +119,7 @@ fn a_container_sees_only_what_was_registered_from_it_or_below() {
     };
     let from_host = TreeFacts {
         lease: 1,
-        owner: 1000,
+        owner_uid: 1000,
         chain: &[4],
         registered_from: &[HOST_NS],
     };
@@ -152,13 +152,13 @@ fn a_member_cannot_loosen_its_tree_or_any_above_it() {
     };
     let own = TreeFacts {
         lease: 1,
-        owner: 1000,
+        owner_uid: 1000,
         chain: &[5, 2],
         registered_from: &[HOST_NS],
     };
     let outer = TreeFacts {
         lease: 1,
-        owner: 1000,
+        owner_uid: 1000,
         chain: &[2],
         registered_from: &[HOST_NS],
     };
@@ -187,7 +187,7 @@ fn a_member_cannot_loosen_its_tree_or_any_above_it() {
     // What it registered itself, nested below, is its own to release or kill.
     let its_own = TreeFacts {
         lease: 9,
-        owner: 1000,
+        owner_uid: 1000,
         chain: &[7, 5, 2],
         registered_from: &[HOST_NS],
     };
@@ -196,7 +196,7 @@ fn a_member_cannot_loosen_its_tree_or_any_above_it() {
     // Another host's tree of the same uid is not even visible to it.
     let other = TreeFacts {
         lease: 3,
-        owner: 1000,
+        owner_uid: 1000,
         chain: &[8],
         registered_from: &[HOST_NS],
     };
@@ -208,7 +208,7 @@ fn a_member_cannot_loosen_its_tree_or_any_above_it() {
 fn rights_belong_to_the_lease() {
     let tree = TreeFacts {
         lease: 1,
-        owner: 1000,
+        owner_uid: 1000,
         chain: &[4],
         registered_from: &[HOST_NS],
     };
@@ -246,7 +246,7 @@ fn rights_belong_to_the_lease() {
 fn a_client_another_may_speak_for_cannot_release() {
     let tree = TreeFacts {
         lease: 1,
-        owner: 61001,
+        owner_uid: 61001,
         chain: &[4],
         registered_from: &[CONTAINER_NS, HOST_NS],
     };

@@ -91,7 +91,7 @@ impl TreeEntry {
     /// Who may hear of the tree's events.
     pub(crate) fn audience(&self) -> Audience {
         Audience {
-            owner: self.owner_uid,
+            owner_uid: self.owner_uid,
             registered_from: self.registered_from.clone(),
         }
     }
@@ -153,7 +153,7 @@ impl Ownership {
     pub(crate) fn facts<'a>(&'a self, chain: &'a [TreeId]) -> TreeFacts<'a> {
         TreeFacts {
             lease: self.lease,
-            owner: self.owner_uid,
+            owner_uid: self.owner_uid,
             chain,
             registered_from: &self.registered_from,
         }

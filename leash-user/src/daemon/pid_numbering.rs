@@ -18,13 +18,13 @@ use crate::proc;
 
 /// How one client numbers processes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct PidView {
+pub(super) struct PidNumbering {
     /// How deep the client's pid namespace is nested in the daemon's: 0 for the daemon's own.
     depth: usize,
 }
 
-impl PidView {
-    /// The view of the client process `pid` (a number of the daemon's namespace): one number
+impl PidNumbering {
+    /// The numbering of the client process `pid` (a number of the daemon's namespace): one number
     /// in its `NSpid` for the daemon's namespace, one more for each nested in it. None if they
     /// cannot be read (it has exited).
     pub(super) fn of_client(pid: Pid) -> Option<Self> {
@@ -39,7 +39,7 @@ impl PidView {
         self.depth
     }
 
-    /// The view of a client whose namespace is nested `depth` deep in the daemon's.
+    /// The numbering of a client whose namespace is nested `depth` deep in the daemon's.
     #[cfg(test)]
     pub(super) fn nested(depth: usize) -> Self {
         Self { depth }
@@ -58,7 +58,7 @@ impl PidView {
         proc::namespace_pids(pid).map_or(0, |numbers| self.pick(&numbers))
     }
 
-    /// `event` with its pids as this view numbers them.
+    /// `event` with its pids as this numbering gives them.
     pub(super) fn number_event(self, event: &Event) -> Event {
         let mut event = event.clone();
         if !self.is_daemons() {
@@ -81,7 +81,7 @@ mod tests {
 
     #[test]
     fn a_client_sees_its_own_namespace_and_those_nested_in_it() {
-        let container = PidView::nested(1);
+        let container = PidNumbering::nested(1);
         assert_eq!(container.pick(&[4242, 7]), 7, "in the client's namespace");
         assert_eq!(
             container.pick(&[4242, 7, 1]),
@@ -90,7 +90,7 @@ mod tests {
         );
         assert_eq!(container.pick(&[4242]), 0, "outside it: not visible");
         assert_eq!(
-            PidView::default().pick(&[4242, 7]),
+            PidNumbering::default().pick(&[4242, 7]),
             4242,
             "the daemon's own"
         );
@@ -98,8 +98,8 @@ mod tests {
 
     #[test]
     fn this_process_is_in_the_daemons_namespace_of_its_proc() {
-        let view = PidView::of_client(std::process::id()).unwrap();
-        assert!(view.is_daemons());
-        assert_eq!(view.number(std::process::id()), std::process::id());
+        let numbering = PidNumbering::of_client(std::process::id()).unwrap();
+        assert!(numbering.is_daemons());
+        assert_eq!(numbering.number(std::process::id()), std::process::id());
     }
 }
