@@ -303,7 +303,8 @@ fn import_cycles() -> Result<()> {
         for cycle in &cycles {
             found += 1;
             eprintln!(
-                "{name}: a cycle of {} files, each reaching every other through `use` and paths:",
+                "{name}: a cycle of {} modules, each reaching every other through `use` and paths \
+                 (a folder is named by the file that defines it, and stands for all below it):",
                 cycle.files.len()
             );
             for file in &cycle.files {

@@ -11,6 +11,11 @@
 //! that graph (Tarjan) with more than one file are the cycles: each is reported with its files
 //! and, for every arrow inside it, the names used.
 //!
+//! Folders are held to the same rule: every arrow between two files is also one between the
+//! sibling modules that hold them (`daemon::io` and `daemon::state` for `daemon/io/outbox.rs`
+//! and `daemon/state/registry.rs`), and siblings that reach each other that way are a cycle
+//! even where no file reaches back, so a folder's floors stay one-way as its files' do.
+//!
 //! A child naming what its parent's `mod.rs` (or the crate root) defines, and a parent naming
 //! its child's items, are arrows too, but they close no cycle: a parent that holds the types
 //! its children share and calls into them is the module tree doing its job (main.rs's helpers
@@ -32,14 +37,22 @@ pub(super) use graph::Cycle;
 use graph::{Edges, cycles};
 use modules::ModuleTree;
 
-/// The cycles of the crate whose roots are `roots` (files under one `src/`).
+/// The cycles of the crate whose roots are `roots` (files under one `src/`): of files, then of
+/// folders (sibling modules with all below them, each named by the file that defines it) that
+/// are not one of those already.
 pub(super) fn crate_cycles(roots: &[PathBuf]) -> Result<Vec<Cycle>> {
-    let (mut edges, mut family) = (Edges::new(), Edges::new());
+    let (mut edges, mut family, mut rooms) = (Edges::new(), Edges::new(), Edges::new());
     for root in roots {
         let tree = ModuleTree::discover(root)?;
-        tree.add_edges(&mut edges, &mut family)?;
+        tree.add_edges(&mut edges, &mut family, &mut rooms)?;
     }
-    Ok(cycles(&edges))
+    let mut found = cycles(&edges);
+    let of_folders: Vec<Cycle> = cycles(&rooms)
+        .into_iter()
+        .filter(|room| found.iter().all(|file| file.files != room.files))
+        .collect();
+    found.extend(of_folders);
+    Ok(found)
 }
 
 #[cfg(test)]
@@ -153,6 +166,31 @@ mod tests {
         let cycles = crate_cycles(&[dir.join("main.rs")]).unwrap();
         assert_eq!(names(&cycles, &dir), [["p/mod.rs", "q.rs"]]);
         assert_eq!(cycles[0].example.first(), cycles[0].example.last());
+    }
+
+    #[test]
+    fn folders_that_reach_each_other_are_a_cycle_though_their_files_do_not() {
+        let dir = fixture(
+            "folders",
+            &[
+                ("lib.rs", "mod io; mod state;"),
+                ("io.rs", "mod outbox; mod socket;"),
+                ("io/outbox.rs", "pub struct Outbox;"),
+                (
+                    "io/socket.rs",
+                    "pub fn bind(_: crate::state::registry::Registry) {}",
+                ),
+                ("state.rs", "mod registry;"),
+                (
+                    "state/registry.rs",
+                    "pub struct Registry(super::super::io::outbox::Outbox);",
+                ),
+            ],
+        );
+        let cycles = crate_cycles(&[dir.join("lib.rs")]).unwrap();
+        assert_eq!(names(&cycles, &dir), [["io.rs", "state.rs"]]);
+        let names: Vec<_> = cycles[0].edges.iter().map(|(_, _, n)| n.clone()).collect();
+        assert_eq!(names, [vec!["Registry"], vec!["Outbox"]]);
     }
 
     #[test]

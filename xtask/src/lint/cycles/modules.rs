@@ -95,13 +95,24 @@ impl ModuleTree {
         self.modules.contains_key(path)
     }
 
-    /// Adds the arrows out of every file of this tree to `edges`.
+    /// Adds the arrows out of every file of this tree to `edges`, and what they make of the
+    /// folders to `rooms`.
     ///
     /// Arrows between a module and its own ancestors (a child naming what its parent's mod.rs
     /// defines, a parent naming or re-exporting its child's items) are the module tree itself,
     /// not a tangle: they go to `family` and close no cycle. Without that, every mod.rs that
     /// both holds its children's shared types and calls into them would be one.
-    pub(super) fn add_edges(&self, edges: &mut Edges, family: &mut Edges) -> Result<()> {
+    ///
+    /// Every other arrow is also one between two sibling modules, each with all below it: the
+    /// children of the deepest module both files are in. Those go to `rooms`, keyed by the
+    /// files that define the two siblings (`daemon/io.rs → daemon/rules.rs`), so that folders
+    /// that reach each other are a cycle even where their files never do.
+    pub(super) fn add_edges(
+        &self,
+        edges: &mut Edges,
+        family: &mut Edges,
+        rooms: &mut Edges,
+    ) -> Result<()> {
         let module_of: HashMap<&Path, &[String]> = self
             .files
             .iter()
@@ -116,11 +127,32 @@ impl ModuleTree {
                 }
                 let other = module_of.get(target.as_path()).copied().unwrap_or_default();
                 let related = path.starts_with(other) || other.starts_with(path);
-                let into = if related { &mut *family } else { &mut *edges };
-                into.entry((file.clone(), target)).or_default().insert(name);
+                if related {
+                    family
+                        .entry((file.clone(), target))
+                        .or_default()
+                        .insert(name);
+                    continue;
+                }
+                if let Some(siblings) = self.siblings(path, other) {
+                    rooms.entry(siblings).or_default().insert(name.clone());
+                }
+                edges
+                    .entry((file.clone(), target))
+                    .or_default()
+                    .insert(name);
             }
         }
         Ok(())
+    }
+
+    /// The files of the two sibling modules that hold modules `a` and `b` (neither an ancestor
+    /// of the other): the children, on each side, of the deepest module both are in.
+    fn siblings(&self, a: &[String], b: &[String]) -> Option<(PathBuf, PathBuf)> {
+        let common = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        let a = self.modules.get(a.get(..=common)?)?;
+        let b = self.modules.get(b.get(..=common)?)?;
+        Some((a.clone(), b.clone()))
     }
 
     /// The (file, name) of every item of this crate that the file of module `path` names.
