@@ -13,7 +13,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-pub use event::{ClosingReason, Event, EventKind, MAX_QUOTED_BYTES, quote_line};
+pub use event::{ClosingReason, Event, EventKind, EventReason, MAX_QUOTED_BYTES, quote_line};
 pub use listing::{
     LeaseSummary, Listing, MAX_CMDLINE_BYTES, MAX_LISTED, MAX_LISTED_PER_TREE, MemberInfo,
     TreeInfo, TreeState,

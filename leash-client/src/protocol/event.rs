@@ -1,14 +1,20 @@
 //! The `event` lines the daemon sends: what happened to a tree, and the connection's own news
 //! (`closing`, `refused`).
 
+mod reason;
+
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ErrorCode, KillSummary, LeaseId, TreeId};
+pub use reason::EventReason;
+
+use super::{ErrorCode, KillReason, KillSummary, LeaseId, TreeId};
 
 /// Something that happened to a tree.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+// Read through `WireEvent`: its `reason` is typed by its `kind`.
+#[serde(from = "WireEvent")]
 pub struct Event {
     pub kind: EventKind,
     pub tree: TreeId,
@@ -28,11 +34,14 @@ pub struct Event {
     /// For `tree_empty`: the kill's figures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kill: Option<KillSummary>,
-    /// For `kill_started`: why, a [`KillReason`](super::KillReason) word. For `kill_failed`:
-    /// what failed, in words. For `closing`: why the daemon closes the connection, a
-    /// [`ClosingReason`] word.
+    /// For `kill_started`: why ([`EventReason::Kill`]). For `kill_failed`: what failed, in
+    /// words ([`EventReason::Failure`]). For `closing`: why the daemon closes the connection
+    /// ([`EventReason::Closing`]). A plain string on the wire, read by the event's kind; a word
+    /// this leash does not know for the kind is [`EventReason::Unknown`]. Set it with the
+    /// variant its kind reads back (as the constructors below do), or the event read is not the
+    /// one sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub reason: Option<EventReason>,
     /// For `refused`: the error code that refused the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<ErrorCode>,
@@ -64,7 +73,21 @@ impl Event {
     /// The last line the daemon sends before it closes the connection of `lease` itself.
     pub fn closing(lease: LeaseId, reason: ClosingReason) -> Self {
         let mut event = Self::new(EventKind::Closing, 0, lease, None);
-        event.reason = Some(reason.as_str().to_owned());
+        event.reason = Some(EventReason::Closing(reason));
+        event
+    }
+
+    /// A kill of `tree` of `lease` started, for `reason`.
+    pub fn kill_started(tree: TreeId, lease: LeaseId, reason: KillReason) -> Self {
+        let mut event = Self::new(EventKind::KillStarted, tree, lease, None);
+        event.reason = Some(EventReason::Kill(reason));
+        event
+    }
+
+    /// A kill of `tree` of `lease` gave up; `failure` says what failed.
+    pub fn kill_failed(tree: TreeId, lease: LeaseId, failure: String) -> Self {
+        let mut event = Self::new(EventKind::KillFailed, tree, lease, None);
+        event.reason = Some(EventReason::Failure(failure));
         event
     }
 
@@ -81,13 +104,56 @@ impl Event {
     /// Why the daemon closed this connection, if this is a `closing` event with a reason it
     /// knows.
     pub fn closing_reason(&self) -> Option<ClosingReason> {
-        if self.kind != EventKind::Closing {
-            return None;
+        match self.reason {
+            Some(EventReason::Closing(reason)) if self.kind == EventKind::Closing => Some(reason),
+            _ => None,
         }
-        let reason = self.reason.as_deref()?;
-        ClosingReason::ALL
-            .into_iter()
-            .find(|known| known.as_str() == reason)
+    }
+}
+
+/// An event as the wire has it, `reason` a plain string: which [`EventReason`] it is depends
+/// on `kind`, which a field's own deserializer cannot see. The conversion names every field of
+/// [`Event`], so the two cannot drift apart unseen.
+#[derive(Deserialize)]
+struct WireEvent {
+    kind: EventKind,
+    tree: TreeId,
+    lease: LeaseId,
+    #[serde(default)]
+    pid: Option<u32>,
+    #[serde(default)]
+    parent: Option<u32>,
+    #[serde(default)]
+    comm: Option<String>,
+    #[serde(default)]
+    count: Option<u64>,
+    #[serde(default)]
+    kill: Option<KillSummary>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    code: Option<ErrorCode>,
+    #[serde(default)]
+    line: Option<String>,
+}
+
+impl From<WireEvent> for Event {
+    fn from(wire: WireEvent) -> Self {
+        Self {
+            kind: wire.kind,
+            tree: wire.tree,
+            lease: wire.lease,
+            pid: wire.pid,
+            parent: wire.parent,
+            comm: wire.comm,
+            count: wire.count,
+            kill: wire.kill,
+            reason: wire
+                .reason
+                .map(|word| EventReason::from_word(wire.kind, word)),
+            code: wire.code,
+            line: wire.line,
+        }
     }
 }
 

@@ -172,11 +172,76 @@ fn a_closing_event_says_its_reason() {
         };
         assert_eq!(event.closing_reason(), Some(reason));
     }
-    let mut unknown = Event::closing(7, ClosingReason::Shutdown);
-    unknown.reason = Some("moon_phase".into());
+    let unknown = read_event(r#"{"kind":"closing","tree":0,"lease":7,"reason":"moon_phase"}"#);
+    assert_eq!(unknown.kind, EventKind::Closing);
     assert_eq!(unknown.closing_reason(), None);
     assert_eq!(
         Event::new(EventKind::Exit, 1, 7, Some(3)).closing_reason(),
+        None
+    );
+}
+
+/// The event of a daemon's `event` line whose event is `event`, checking that it is written
+/// back byte for byte.
+fn read_event(event: &str) -> Event {
+    let line = format!(r#"{{"event":{event}}}"#);
+    let read: ServerLine = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
+    assert_eq!(serde_json::to_string(&read).unwrap(), line);
+    let ServerLine::Event { event } = read else {
+        panic!("{line}")
+    };
+    event
+}
+
+/// One string on the wire, three vocabularies: the event's kind says which a word is of, so
+/// `shutdown` is a kill reason in `kill_started` and a closing reason in `closing`, and a word
+/// a newer daemon may send is kept rather than failing the line.
+#[test]
+fn a_reason_is_read_by_its_events_kind() {
+    let reason = |kind: &str, word: &str| {
+        read_event(&format!(
+            r#"{{"kind":"{kind}","tree":3,"lease":7,"reason":"{word}"}}"#
+        ))
+        .reason
+    };
+    for killed in KillReason::ALL {
+        assert_eq!(
+            reason("kill_started", killed.as_str()),
+            Some(EventReason::Kill(killed))
+        );
+        assert_eq!(
+            Event::kill_started(3, 7, killed),
+            read_event(&format!(
+                r#"{{"kind":"kill_started","tree":3,"lease":7,"reason":"{killed}"}}"#
+            ))
+        );
+    }
+    assert_eq!(
+        reason("closing", "shutdown"),
+        Some(EventReason::Closing(ClosingReason::Shutdown))
+    );
+    assert_eq!(
+        reason("kill_failed", "shutdown"),
+        Some(EventReason::Failure("shutdown".into()))
+    );
+    assert_eq!(
+        Event::kill_failed(3, 7, "stuck".into()),
+        read_event(r#"{"kind":"kill_failed","tree":3,"lease":7,"reason":"stuck"}"#)
+    );
+    assert_eq!(
+        reason("kill_started", "moon_phase"),
+        Some(EventReason::Unknown("moon_phase".into()))
+    );
+    assert_eq!(
+        reason("closing", "request"),
+        Some(EventReason::Unknown("request".into()))
+    );
+    assert_eq!(
+        reason("released", "shutdown"),
+        Some(EventReason::Unknown("shutdown".into()))
+    );
+    assert_eq!(
+        read_event(r#"{"kind":"exit","tree":3,"lease":7}"#).reason,
         None
     );
 }
@@ -190,8 +255,6 @@ fn server_lines_say_only_what_they_carry() {
     assert_eq!(ErrorCode::PermissionDenied.to_string(), "permission_denied");
 }
 
-/// Every example in docs/PROTOCOL.md is a message of this module, written exactly as the
-/// daemon writes it: the document cannot drift from the code.
 /// The words of the enums that have an `as_str` are their wire words: logs, metrics labels
 /// and `leash ls` say what the protocol says.
 #[test]
@@ -211,6 +274,8 @@ fn enum_words_are_their_wire_words() {
     }
 }
 
+/// Every example in docs/PROTOCOL.md is a message of this module, written exactly as the
+/// daemon writes it: the document cannot drift from the code.
 #[test]
 fn the_documented_examples_are_exact() {
     let doc = include_str!("../../../docs/PROTOCOL.md");
