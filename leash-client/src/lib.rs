@@ -33,8 +33,8 @@ use std::{
 };
 
 pub use protocol::{
-    ClosingReason, ErrorCode, Event, EventKind, KillSummary, LeaseInfo, LeaseSummary, Listing,
-    MemberInfo, RootExitPolicy, StatusInfo, TreeId, TreeInfo,
+    ClosingReason, ErrorCode, Event, EventKind, EventReason, KillSummary, LeaseInfo, LeaseSummary,
+    Listing, MemberInfo, RootExitPolicy, StatusInfo, TreeId, TreeInfo,
 };
 use protocol::{MAX_REPLY_BYTES, Op, PROTOCOL_VERSION, Reply, Request, ServerLine};
 

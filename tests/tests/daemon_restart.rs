@@ -186,7 +186,11 @@ fn a_host_is_told_of_the_hand_over_and_its_tree_stays_enforced() {
         .expect("the closing event, before the connection's end")
         .expect("an event, not a timeout");
     assert_eq!(closing.kind, EventKind::Closing, "{closing:?}");
-    assert_eq!(closing.reason.as_deref(), Some("hand_over"), "{closing:?}");
+    assert_eq!(
+        closing.closing_reason(),
+        Some(ClosingReason::HandOver),
+        "{closing:?}"
+    );
     let error = host.list().expect_err("the connection is closed");
     assert!(
         matches!(error, Error::Closed(Some(ClosingReason::HandOver))),

@@ -35,7 +35,11 @@ fn shutdown_kills_live_trees_and_removes_the_socket() {
         .expect("the closing event, before the connection's end")
         .expect("an event, not a timeout");
     assert_eq!(closing.kind, EventKind::Closing, "{closing:?}");
-    assert_eq!(closing.reason.as_deref(), Some("shutdown"), "{closing:?}");
+    assert_eq!(
+        closing.closing_reason(),
+        Some(ClosingReason::Shutdown),
+        "{closing:?}"
+    );
     assert_eq!(closing.lease, host.lease().id);
     let error = host.status().expect_err("the connection is closed");
     assert!(

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use leash_client::{EventKind, TreeOptions};
+use leash_client::{EventKind, EventReason, TreeOptions, protocol::KillReason};
 use leash_tests::daemon::{Daemon, LeashedTree};
 
 /// Kills `tree`'s members as soon as it is found untrackable.
@@ -39,7 +39,7 @@ fn a_tree_the_map_cannot_hold_is_killed() {
         }
     }
     assert!(
-        reason.as_deref() == Some("untrackable"),
+        reason == Some(EventReason::Kill(KillReason::Untrackable)),
         "the daemon must kill the tree as untrackable: {reason:?}"
     );
     assert!(

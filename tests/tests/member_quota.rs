@@ -5,7 +5,7 @@
 
 use std::{process::Child, time::Duration};
 
-use leash_client::EventKind;
+use leash_client::{EventKind, EventReason, protocol::KillReason};
 use leash_tests::{
     Cgroup,
     daemon::{Daemon, USER_A, USER_B},
@@ -55,8 +55,8 @@ fn one_users_fork_storm_kills_only_its_own_tree() {
         daemon.client().status().unwrap()
     );
     assert_eq!(
-        reasons.first().and_then(|(_, r)| r.as_deref()),
-        Some("member_quota"),
+        reasons.first().and_then(|(_, reason)| reason.as_ref()),
+        Some(&EventReason::Kill(KillReason::MemberQuota)),
         "the storm's tree is killed for its quota"
     );
     assert!(

@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use leash_client::EventKind;
+use leash_client::{EventKind, EventReason, protocol::KillReason};
 use leash_tests::{
     Cgroup,
     daemon::{Daemon, USER_A, USER_B, path_str, setpriv_args},
@@ -84,7 +84,7 @@ fn subordinate_uids_share_their_users_member_quota() {
             .unwrap()
         {
             over_quota = event.kind == EventKind::KillStarted
-                && event.reason.as_deref() == Some("member_quota");
+                && event.reason == Some(EventReason::Kill(KillReason::MemberQuota));
         }
     }
     assert!(

@@ -39,7 +39,7 @@ mod tests {
     fn a_kind_is_said_by_its_wire_word() {
         assert_eq!(kind_word(EventKind::KillStarted), "kill_started");
         let mut event = Event::new(EventKind::Released, 3, 7, Some(4242));
-        event.reason = Some("why".into());
+        event.reason = Some(leash_client::EventReason::Unknown("why".into()));
         assert_eq!(generic(&event), "tree 3: released pid 4242 (why)");
         assert_eq!(
             generic(&Event::new(EventKind::Dropped, 0, 0, None)),

@@ -13,8 +13,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 use leash::sys::{Pidfd, SignalFd, wait_readable};
 use leash_client::{
-    Client, ClosingReason, ErrorCode, EventKind, LEASE_ENV, RootExitPolicy, TreeOptions,
-    protocol::{ExecReport, PROTOCOL_VERSION},
+    Client, ClosingReason, ErrorCode, EventKind, EventReason, LEASE_ENV, RootExitPolicy,
+    TreeOptions,
+    protocol::{ExecReport, KillReason, PROTOCOL_VERSION},
     read_lease_token, sys,
 };
 
@@ -230,9 +231,9 @@ pub(super) fn run(socket: &Path, args: RunArgs) -> Result<ExitCode> {
 /// What `leash run` learned of a kill of its tree from the events.
 #[derive(Debug, Default)]
 struct KillSeen {
-    /// The kill's reason word (`request`, `shutdown`, ...); `shutdown` too when the daemon
-    /// said it is closing the connection to stop.
-    reason: Option<String>,
+    /// The kill's reason (`request`, `shutdown`, ...), or a word this leash does not know;
+    /// `shutdown` too when the daemon said it is closing the connection to stop.
+    reason: Option<EventReason>,
 }
 
 impl KillSeen {
@@ -243,13 +244,14 @@ impl KillSeen {
             }
             EventKind::TreeEmpty if event.tree == tree => {
                 if let Some(kill) = &event.kill {
-                    self.reason = Some(kill.reason.as_str().to_owned());
+                    self.reason = Some(EventReason::Kill(kill.reason));
                 }
             }
             // The daemon's last line before it closes the connection to stop (docs/PROTOCOL.md,
             // `closing`): the tree dies with it unless it was handed over.
             EventKind::Closing if event.closing_reason() == Some(ClosingReason::Shutdown) => {
-                self.reason.get_or_insert_with(|| "shutdown".to_owned());
+                self.reason
+                    .get_or_insert(EventReason::Kill(KillReason::Shutdown));
             }
             _ => {}
         }
@@ -258,17 +260,21 @@ impl KillSeen {
     /// Why the tree was killed, in words, if not because its root exited (the end of every
     /// `leash run` whose command exits, not news).
     fn outside_reason(&self) -> Option<String> {
-        let reason = self.reason.as_deref()?;
-        let why = match reason {
-            "root_exited" => return None,
-            "request" => "a kill was requested: leash kill, K in leash watch, or a host's kill",
-            "shutdown" => "the daemon shut down",
-            "enclosing_killed" => "the tree it is nested in was killed",
-            "member_quota" => "it forked past its owner's member quota",
-            "untrackable" => "a child could not be tracked: the member map was full",
-            "resumed" => "a kill the previous daemon had begun",
-            "lease_ended" => "its lease ended",
-            other => other,
+        let why = match self.reason.as_ref()? {
+            EventReason::Kill(KillReason::RootExited) => return None,
+            EventReason::Kill(KillReason::Request) => {
+                "a kill was requested: leash kill, K in leash watch, or a host's kill"
+            }
+            EventReason::Kill(KillReason::Shutdown) => "the daemon shut down",
+            EventReason::Kill(KillReason::EnclosingKilled) => "the tree it is nested in was killed",
+            EventReason::Kill(KillReason::MemberQuota) => "it forked past its owner's member quota",
+            EventReason::Kill(KillReason::Untrackable) => {
+                "a child could not be tracked: the member map was full"
+            }
+            EventReason::Kill(KillReason::Resumed) => "a kill the previous daemon had begun",
+            EventReason::Kill(KillReason::LeaseEnded) => "its lease ended",
+            // A newer daemon's word, said as it is.
+            other => other.as_str(),
         };
         Some(why.to_owned())
     }

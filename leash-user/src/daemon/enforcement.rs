@@ -53,9 +53,10 @@ pub(super) fn start_kill(
             start_kill(owner, inner, Some(begun.grace), KillReason::EnclosingKilled)
         })
         .collect();
-    let mut started = Event::new(EventKind::KillStarted, tree, begun.lease, None);
-    started.reason = Some(reason.as_str().to_owned());
-    daemon.emit(&begun.audience, started);
+    daemon.emit(
+        &begun.audience,
+        Event::kill_started(tree, begun.lease, reason),
+    );
     let outcome = begun.outcome.clone();
     let span = tracing::info_span!(
         "kill",
@@ -130,9 +131,10 @@ fn kill_failed(daemon: &Daemon, tree: TreeId, error: &KillError) {
     let Some((audience, lease)) = daemon.registry.kill_failed(tree) else {
         return;
     };
-    let mut failed = Event::new(EventKind::KillFailed, tree, lease, None);
-    failed.reason = Some(error.to_string());
-    daemon.emit(&audience, failed);
+    daemon.emit(
+        &audience,
+        Event::kill_failed(tree, lease, error.to_string()),
+    );
 }
 
 /// Steps the kill engine, holding the tracker only for each step; between steps, the owner's

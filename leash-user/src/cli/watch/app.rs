@@ -6,7 +6,9 @@ use std::{
     time::Instant,
 };
 
-use leash_client::{Event, EventKind, LeaseSummary, Listing, StatusInfo, TreeId, TreeInfo};
+use leash_client::{
+    Event, EventKind, EventReason, LeaseSummary, Listing, StatusInfo, TreeId, TreeInfo,
+};
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 use crate::cli::{
@@ -371,6 +373,7 @@ pub(super) fn describe(event: &Event, during_kill: bool) -> String {
     let comm = event.comm.as_deref().unwrap_or("");
     let tree = event.tree;
     let during = if during_kill { " during the kill" } else { "" };
+    let reason = event.reason.as_ref().map_or("?", EventReason::as_str);
     match event.kind {
         EventKind::Registered => format!("tree {tree}: registered, root {pid}"),
         EventKind::Fork => format!(
@@ -380,26 +383,17 @@ pub(super) fn describe(event: &Event, during_kill: bool) -> String {
         EventKind::Exec => format!("tree {tree}: {pid} runs {comm}{during}"),
         EventKind::Exit => format!("tree {tree}: {pid} ({comm}) exited{during}"),
         EventKind::RootExited => format!("tree {tree}: root {pid} exited"),
-        EventKind::KillStarted => format!(
-            "tree {tree}: kill started ({})",
-            event.reason.as_deref().unwrap_or("?")
-        ),
+        EventKind::KillStarted => format!("tree {tree}: kill started ({reason})"),
         EventKind::TreeEmpty => match &event.kill {
             Some(kill) => format!("tree {tree}: empty, {}", counts::kill(kill)),
             None => format!("tree {tree}: empty"),
         },
-        EventKind::KillFailed => format!(
-            "tree {tree}: kill failed ({})",
-            event.reason.as_deref().unwrap_or("?")
-        ),
+        EventKind::KillFailed => format!("tree {tree}: kill failed ({reason})"),
         EventKind::Dropped => format!(
             "{} events dropped: this view fell behind",
             event.count.unwrap_or(0)
         ),
-        EventKind::Closing => format!(
-            "the daemon closes this view's connection ({})",
-            event.reason.as_deref().unwrap_or("?")
-        ),
+        EventKind::Closing => format!("the daemon closes this view's connection ({reason})"),
         EventKind::Refused => format!(
             "process {pid} sent a request on this view's connection: refused ({})",
             event.code.map(|code| code.to_string()).unwrap_or_default()

@@ -22,9 +22,7 @@ fn what_a_tree_does_while_it_is_killed_is_part_of_the_kill() {
     app.on_event(&event(EventKind::Exit, Some(4250), "sleep"), at());
     assert_eq!(last(&app), ("tree 3: 4250 (sleep) exited", About::Activity));
 
-    let mut started = event(EventKind::KillStarted, None, "");
-    started.reason = Some("request".into());
-    app.on_event(&started, at());
+    app.on_event(&Event::kill_started(3, 7, KillReason::Request), at());
     assert_eq!(last(&app), ("tree 3: kill started (request)", About::Kill));
     app.on_event(&event(EventKind::Fork, Some(4260), "bash"), at());
     assert_eq!(last(&app).1, About::Kill);
