@@ -49,7 +49,7 @@ const MAX_SEED_PASSES: usize = 64;
 impl Tracker {
     /// Registers the running process `pid` as the root of a new tree, with all of its
     /// descendants (see [`Tracker::adopt_process`]).
-    pub fn adopt(&mut self, pid: Pid) -> Result<TreeId> {
+    pub fn adopt(&mut self, pid: Pid) -> Result<TreeId, Error> {
         let root = identify(pid)?;
         self.adopt_process(root.0, None, Holder::default())
     }
@@ -67,7 +67,7 @@ impl Tracker {
         root: ProcessRef,
         nest_in: Option<TreeId>,
         holder: Holder,
-    ) -> Result<TreeId> {
+    ) -> Result<TreeId, Error> {
         let mut adoption = self.start_adoption(root, nest_in, holder)?;
         let descent = self.descent();
         while adoption.wants_pass() {
@@ -81,7 +81,7 @@ impl Tracker {
                     });
                 if let Err(e) = pass {
                     self.abandon_adoption(adoption);
-                    return Err(e.into());
+                    return Err(e);
                 }
                 continue;
             }
@@ -98,10 +98,10 @@ impl Tracker {
                 });
             if let Err(e) = pass {
                 self.abandon_adoption(adoption);
-                return Err(e.into());
+                return Err(e);
             }
         }
-        Ok(self.finish_adoption(adoption)?)
+        self.finish_adoption(adoption)
     }
 
     /// Begins registering the running process `root` as the root of a new tree (see
@@ -254,7 +254,7 @@ impl Tracker {
         if new > 0 && self.marks.is_some() {
             // Marks where they are in place: an adopted process's threads and children are
             // marked in the kernel from its entry until then, so this only speeds the kill.
-            self.reconcile_now().map_err(Error::Maps)?;
+            self.reconcile_now()?;
         }
         Ok(new as usize)
     }
@@ -298,7 +298,8 @@ impl Tracker {
         if let Err(e) = self.release(adoption.tree) {
             tracing::warn!(
                 tree = adoption.tree,
-                "releasing an abandoned adoption: {e:#}"
+                "releasing an abandoned adoption: {}",
+                e.with_causes()
             );
         }
     }
