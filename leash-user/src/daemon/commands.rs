@@ -55,7 +55,7 @@ pub(super) enum Command {
     /// Take `tree` out of the maps (its entry is already out of the registry).
     Release {
         tree: TreeId,
-        reply: oneshot::Sender<anyhow::Result<()>>,
+        reply: oneshot::Sender<Result<(), kernel::Error>>,
     },
     /// Begin registering `process` (see `adoption`).
     StartAdoption {
@@ -210,7 +210,7 @@ impl Jobs {
         self.ask(|done| Command::Shutdown { done }).await
     }
 
-    pub(super) async fn release(&self, tree: TreeId) -> Result<anyhow::Result<()>, Stopped> {
+    pub(super) async fn release(&self, tree: TreeId) -> Result<Result<(), kernel::Error>, Stopped> {
         self.ask(|reply| Command::Release { tree, reply }).await
     }
 

@@ -42,7 +42,7 @@ pub(super) fn start_kill(
     let nested = {
         let mut tracker = owner.tracker();
         if let Err(e) = tracker.doom(tree) {
-            tracing::warn!(tree, "dooming the tree: {e:#}");
+            tracing::warn!(tree, "dooming the tree: {}", e.with_causes());
         }
         tracker.nested(tree)
     };
@@ -189,7 +189,7 @@ pub(super) fn end_tree(owner: &Rc<Owner>, tree: TreeId, kill: Option<KillSummary
     };
     let released = owner.tracker().release(tree);
     if let Err(e) = released {
-        tracing::warn!(tree, "releasing an empty tree: {e:#}");
+        tracing::warn!(tree, "releasing an empty tree: {}", e.with_causes());
     }
     let mut empty = Event::new(EventKind::TreeEmpty, tree, entry.lease, None);
     empty.kill = kill;

@@ -52,7 +52,8 @@ fn code_of(error: &kernel::Error) -> ErrorCode {
         )
         | E::Exited(_)
         | E::Exiting(_)
-        | E::Doomed(_) => ErrorCode::NotFound,
+        | E::Doomed(_)
+        | E::NoTree(_) => ErrorCode::NotFound,
         E::Identify(
             IdentifyError::Thread { .. } | IdentifyError::NotPidfd | IdentifyError::Invisible,
         ) => ErrorCode::BadRequest,
@@ -60,6 +61,10 @@ fn code_of(error: &kernel::Error) -> ErrorCode {
         E::Identify(IdentifyError::Io { .. })
         | E::StaleMember { .. }
         | E::Unfinished(_)
+        | E::TreeIdsRanOut
+        | E::HandBackRunaway { .. }
+        | E::Reconcile(_)
+        | E::TakeMember(_)
         | E::Maps(_)
         | E::Map(_) => ErrorCode::Internal,
     }

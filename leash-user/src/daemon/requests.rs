@@ -258,7 +258,7 @@ impl Session {
             .jobs
             .release(tree)
             .await?
-            .map_err(|e| Refusal::new(ErrorCode::Internal, format!("{e:#}")))?;
+            .map_err(|e| Refusal::new(ErrorCode::Internal, e.with_causes()))?;
         tracing::info!(tree, "tree released");
         let released = Event::new(EventKind::Released, tree, entry.lease, None);
         daemon.emit(&entry.audience(), released);

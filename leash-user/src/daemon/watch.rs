@@ -75,7 +75,7 @@ pub(super) async fn sweep(owner: Rc<Owner>) {
         every.tick().await;
         let check_roots = sweep.is_multiple_of(ROOT_CHECK_EVERY_SWEEPS);
         if check_roots && let Err(e) = owner.tracker().reconcile_after_skips() {
-            tracing::warn!("{e:#}");
+            tracing::warn!("{}", e.with_causes());
         }
         for tree in owner.daemon.registry.live_trees() {
             let Ok(status) = owner.tracker().tree_status(tree) else {

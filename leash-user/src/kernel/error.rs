@@ -28,11 +28,45 @@ pub enum Error {
     Runaway(Pid),
     #[error("tree {0} was finished before its descendants were all found")]
     Unfinished(TreeId),
-    /// The maps could not be read or written.
+    /// The tree to change is not in the maps.
+    #[error("no tree {0}")]
+    NoTree(TreeId),
+    /// Every tree id has been given out.
+    #[error("tree ids ran out")]
+    TreeIdsRanOut,
+    /// A release could not hand the members of `tree` back to the tree it is nested in: they
+    /// forked faster than they were moved.
+    #[error("the members of tree {tree} kept forking while they were handed back to {enclosing}")]
+    HandBackRunaway { tree: TreeId, enclosing: TreeId },
+    /// The marks' reconciling iterator failed. Its cause is part of the message, not a source,
+    /// so the text reads the same whether the causes are written out or not.
+    #[error("running the reconciling iterator: {0}")]
+    Reconcile(std::io::Error),
+    /// A member's entry could not be taken out of the map.
+    #[error(transparent)]
+    TakeMember(std::io::Error),
+    /// The maps could not be read (the views' reads and the descent iterator's passes say
+    /// what they read in their own words).
     #[error(transparent)]
     Maps(#[from] anyhow::Error),
+    /// A map operation failed.
     #[error(transparent)]
     Map(#[from] aya::maps::MapError),
+}
+
+impl Error {
+    /// This error and each of its causes, joined by ": " as anyhow's `{:#}` writes them: the
+    /// text the daemon logs, and replies with where an internal failure is told in full.
+    pub fn with_causes(&self) -> String {
+        let mut text = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(error) = cause {
+            text.push_str(": ");
+            text.push_str(&error.to_string());
+            cause = error.source();
+        }
+        text
+    }
 }
 
 /// Why a pid cannot be registered.
@@ -56,4 +90,23 @@ pub enum IdentifyError {
     Gone,
     #[error("the process of the pidfd sent is in no pid namespace the daemon sees")]
     Invisible,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_causes_reads_as_anyhow_writes_a_chain() {
+        let read = || {
+            anyhow::Error::new(std::io::Error::other("out of memory"))
+                .context("reading the member map")
+        };
+        assert_eq!(Error::Maps(read()).with_causes(), format!("{:#}", read()));
+        assert_eq!(
+            Error::Maps(read()).with_causes(),
+            "reading the member map: out of memory"
+        );
+        assert_eq!(Error::NoTree(3).with_causes(), "no tree 3");
+    }
 }

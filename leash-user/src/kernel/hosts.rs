@@ -4,16 +4,15 @@
 //! pidfd and socket still end its lease when the kernel has no room here, or the report is
 //! lost.
 
-use anyhow::Result;
 use leash_common::Pid;
 
-use super::tracker::Tracker;
+use super::{error::Error, tracker::Tracker};
 use crate::proc::{self, ProcessRef};
 
 impl Tracker {
     /// Has the programs report `host`'s death as it begins. A host already there is named
     /// anew: its pid now names this process.
-    pub fn watch_host_death(&mut self, host: ProcessRef) -> Result<()> {
+    pub fn watch_host_death(&mut self, host: ProcessRef) -> Result<(), Error> {
         let start_ns = proc::ticks_to_ns(host.start_ticks);
         self.hosts.insert(host.pid, start_ns, 0)?;
         Ok(())

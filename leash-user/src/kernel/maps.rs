@@ -2,7 +2,6 @@
 
 use std::collections::HashMap as StdHashMap;
 
-use anyhow::{Context, Result, anyhow, bail};
 use aya::maps::{HashMap, MapData};
 use leash_common::{ALL_ACCOUNTS, Account, Holder, Member, Pid, TreeControl, TreeCounters, TreeId};
 
@@ -20,11 +19,11 @@ impl Tracker {
     /// Marks `tree` doomed: from now on any member that forks is killed in the kernel, and its
     /// child is killed as soon as user space sees it. Returns when it was first doomed
     /// (boot-time ns): members that started after that were born into a doomed tree.
-    pub fn doom(&mut self, tree: TreeId) -> Result<u64> {
+    pub fn doom(&mut self, tree: TreeId) -> Result<u64, Error> {
         let mut control = self
             .control
             .get(&tree, 0)
-            .map_err(|_| anyhow!("no tree {tree}"))?;
+            .map_err(|_| Error::NoTree(tree))?;
         if control.flags & leash_common::flags::DOOMED == 0 {
             control.flags |= leash_common::flags::DOOMED;
             control.doomed_ns = sys::boottime_ns();
@@ -36,7 +35,7 @@ impl Tracker {
     /// Stops tracking `tree`. A tree nested in another hands its members back to it (they
     /// never go free by a release); a tree that stands alone lets them go. Trees nested in
     /// `tree` move up to where it was.
-    pub fn release(&mut self, tree: TreeId) -> Result<()> {
+    pub fn release(&mut self, tree: TreeId) -> Result<(), Error> {
         let enclosing = self
             .tree_status(tree)
             .ok()
@@ -84,7 +83,7 @@ impl Tracker {
     /// child in `tree` after the walk passed: walk again until none is left. Each walk comes
     /// after a reconciling pass, where the marks are in place: a member the fork programs
     /// missed is marked with `tree` alone, a mark that counts for nothing once `tree` is gone.
-    fn hand_back(&mut self, tree: TreeId, enclosing: TreeId) -> Result<()> {
+    fn hand_back(&mut self, tree: TreeId, enclosing: TreeId) -> Result<(), Error> {
         for _ in 0..64 {
             self.reconcile()?;
             let members: Vec<(Pid, Member)> = self
@@ -109,7 +108,7 @@ impl Tracker {
                 }
             }
         }
-        bail!("the members of tree {tree} kept forking while they were handed back to {enclosing}")
+        Err(Error::HandBackRunaway { tree, enclosing })
     }
 
     pub(super) fn new_tree(
@@ -123,7 +122,7 @@ impl Tracker {
             return Err(Error::TreesFull(limit));
         }
         let tree = self.next_tree;
-        self.next_tree = self.next_tree.checked_add(1).context("tree ids ran out")?;
+        self.next_tree = self.next_tree.checked_add(1).ok_or(Error::TreeIdsRanOut)?;
         // Counters first: the programs only ever add to an existing entry.
         let account = holder.account;
         if self.account_joined.get(&account, 0).is_err() {
@@ -153,7 +152,7 @@ impl Tracker {
     /// member's child, and put the child's in: the entry taken out here is checked to be the
     /// stale one as it is taken (in one step, from 5.14), and another is put back. Before 5.14
     /// the kernel never skips the exit programs, and no fork program takes an entry out.
-    pub(super) fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()> {
+    pub(super) fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<(), Error> {
         if self.member(pid) != Some(stale) {
             return Ok(());
         }
@@ -162,7 +161,7 @@ impl Tracker {
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
                 self.view.members.remove(&pid).is_ok().then_some(stale)
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(Error::TakeMember(e)),
         };
         match removed {
             Some(removed) if removed == stale => {
@@ -186,7 +185,7 @@ impl Tracker {
     /// Whether `tree`'s root `root` has exited unseen: its entry is still in the map although
     /// the process has finished exiting, so the kernel skipped the exit programs for it (see
     /// `program::FORK_AGAIN`) and no root exit was recorded. The entry is taken out.
-    pub fn root_exited_unseen(&mut self, tree: TreeId, root: Pid) -> Result<bool> {
+    pub fn root_exited_unseen(&mut self, tree: TreeId, root: Pid) -> Result<bool, Error> {
         let Some(entry) = self.member(root).filter(|entry| entry.tree == tree) else {
             return Ok(false);
         };
@@ -202,7 +201,7 @@ impl Tracker {
 
     /// Counts `count` members put into `tree` by user space (negative: taken out), for the
     /// tree and for its account's quota.
-    pub(super) fn add_seeded(&mut self, tree: TreeId, count: i64) -> Result<()> {
+    pub(super) fn add_seeded(&mut self, tree: TreeId, count: i64) -> Result<(), Error> {
         let mut control = self.control.get(&tree, 0)?;
         control.seeded += count;
         self.view.control.insert(tree, control, 0)?;
@@ -215,7 +214,7 @@ impl Tracker {
 
     /// Counts `count` members put into `tree` (negative: taken out) as seeded in the tree's
     /// count alone: the descent program counted them in the accounts as it put them in.
-    pub(super) fn add_seeded_to_tree(&mut self, tree: TreeId, count: i64) -> Result<()> {
+    pub(super) fn add_seeded_to_tree(&mut self, tree: TreeId, count: i64) -> Result<(), Error> {
         let mut control = self.control.get(&tree, 0)?;
         control.seeded += count;
         self.view.control.insert(tree, control, 0)?;
@@ -238,7 +237,7 @@ impl Tracker {
         counts: &mut SeedCounts,
         tree: TreeId,
         count: i64,
-    ) -> Result<()> {
+    ) -> Result<(), Error> {
         let account = match counts.trees.get_mut(&tree) {
             Some((account, seeded)) => {
                 *seeded += count;
@@ -262,7 +261,7 @@ impl Tracker {
     }
 
     /// Writes the trees' counts that `counts` holds.
-    pub(super) fn write_seed_counts(&mut self, counts: SeedCounts) -> Result<()> {
+    pub(super) fn write_seed_counts(&mut self, counts: SeedCounts) -> Result<(), Error> {
         for (tree, (_, seeded)) in counts.trees {
             let mut control = self.control.get(&tree, 0)?;
             control.seeded += seeded;

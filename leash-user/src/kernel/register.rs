@@ -23,23 +23,26 @@
 //!
 //! [`find_descendants`]: super::TrackerView::find_descendants
 
+mod seed;
+#[cfg(test)]
+mod tests;
+
 use std::{
     os::fd::AsFd,
     process::{Child, Command},
-    time::Instant,
 };
 
 use anyhow::{Context, Result, bail};
-use leash_common::{Holder, Member, Pid, TreeId};
+use leash_common::{Holder, Pid, TreeId};
+pub use seed::SeedStep;
 
 use super::{
     descent::{Reading, Stopped},
     error::{Error, IdentifyError},
-    maps::{BPF_EXIST, BPF_NOEXIST, SeedCounts},
     tracker::Tracker,
 };
 use crate::{
-    proc::{self, ProcessInfo, ProcessRef, WalkCounts},
+    proc::{self, ProcessRef, WalkCounts},
     sys::{self, Pidfd, SpawnHeldError},
 };
 
@@ -49,7 +52,7 @@ const MAX_SEED_PASSES: usize = 64;
 impl Tracker {
     /// Registers the running process `pid` as the root of a new tree, with all of its
     /// descendants (see [`Tracker::adopt_process`]).
-    pub fn adopt(&mut self, pid: Pid) -> Result<TreeId> {
+    pub fn adopt(&mut self, pid: Pid) -> Result<TreeId, Error> {
         let root = identify(pid)?;
         self.adopt_process(root.0, None, Holder::default())
     }
@@ -67,7 +70,7 @@ impl Tracker {
         root: ProcessRef,
         nest_in: Option<TreeId>,
         holder: Holder,
-    ) -> Result<TreeId> {
+    ) -> Result<TreeId, Error> {
         let mut adoption = self.start_adoption(root, nest_in, holder)?;
         let descent = self.descent();
         while adoption.wants_pass() {
@@ -81,7 +84,7 @@ impl Tracker {
                     });
                 if let Err(e) = pass {
                     self.abandon_adoption(adoption);
-                    return Err(e.into());
+                    return Err(e);
                 }
                 continue;
             }
@@ -98,10 +101,10 @@ impl Tracker {
                 });
             if let Err(e) = pass {
                 self.abandon_adoption(adoption);
-                return Err(e.into());
+                return Err(e);
             }
         }
-        Ok(self.finish_adoption(adoption)?)
+        self.finish_adoption(adoption)
     }
 
     /// Begins registering the running process `root` as the root of a new tree (see
@@ -160,70 +163,6 @@ impl Tracker {
         })
     }
 
-    /// Seeds into `tree` the processes a pass found (see [`find_descendants`]) that are not
-    /// members of it yet, each checked again now (see `seed`). Returns how many are new
-    /// members. One call seeds them all: a driver that must stay responsive calls
-    /// [`Tracker::seed_until`].
-    ///
-    /// [`find_descendants`]: super::TrackerView::find_descendants
-    pub fn seed_found(&mut self, tree: TreeId, found: &[ProcessInfo]) -> Result<usize, Error> {
-        Ok(self.seed_until(tree, found, None)?.new)
-    }
-
-    /// Seeds into `tree`, from the first, the processes a pass found (see [`find_descendants`])
-    /// that are not members of it yet, each checked again now (see `seed`), until `deadline`
-    /// has passed: it is checked after each process, so at least one is taken. Each costs a few
-    /// map operations and a read of its /proc stat (tens of µs): a driver that must stay
-    /// responsive sets a deadline a short time ahead, and calls again with the rest. Refuses a
-    /// tree that is gone or doomed: a kill that saw its tree empty must not have members put in
-    /// behind it.
-    ///
-    /// [`find_descendants`]: super::TrackerView::find_descendants
-    pub fn seed_until(
-        &mut self,
-        tree: TreeId,
-        found: &[ProcessInfo],
-        deadline: Option<Instant>,
-    ) -> Result<SeedStep, Error> {
-        let status = self.tree_status(tree)?;
-        if status.doomed_ns.is_some() {
-            return Err(Error::Doomed(tree));
-        }
-        let mut counts = SeedCounts::default();
-        let mut step = SeedStep::default();
-        let seeded = self.seed_each(tree, status.parent, found, deadline, &mut counts, &mut step);
-        // Whatever happened: what was put in is counted.
-        self.write_seed_counts(counts)?;
-        seeded?;
-        Ok(step)
-    }
-
-    /// Seeds `found` from the first until `deadline` (see [`Tracker::seed_until`]), telling
-    /// `step` what it did.
-    fn seed_each(
-        &mut self,
-        tree: TreeId,
-        enclosing: Option<TreeId>,
-        found: &[ProcessInfo],
-        deadline: Option<Instant>,
-        counts: &mut SeedCounts,
-        step: &mut SeedStep,
-    ) -> Result<(), Error> {
-        for process in found {
-            step.taken += 1;
-            // The stat read that checks it, whatever came of it (see `seed_counted`).
-            step.proc_reads += 1;
-            if self.seed_counted(tree, enclosing, process, counts)? {
-                step.new += 1;
-            }
-            // A vDSO call, not a system call: no cost beside the process's own.
-            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-                break;
-            }
-        }
-        Ok(())
-    }
-
     /// Takes in what a pass of the descent iterator did for the adoption of `tree` (see
     /// `kernel::descent`): the processes it put in go into the index, and the marks follow the
     /// member map. Returns how many it put in or moved: the pass's new members. Fails if it
@@ -254,7 +193,7 @@ impl Tracker {
         if new > 0 && self.marks.is_some() {
             // Marks where they are in place: an adopted process's threads and children are
             // marked in the kernel from its entry until then, so this only speeds the kill.
-            self.reconcile_now().map_err(Error::Maps)?;
+            self.reconcile_now()?;
         }
         Ok(new as usize)
     }
@@ -298,7 +237,8 @@ impl Tracker {
         if let Err(e) = self.release(adoption.tree) {
             tracing::warn!(
                 tree = adoption.tree,
-                "releasing an abandoned adoption: {e:#}"
+                "releasing an abandoned adoption: {}",
+                e.with_causes()
             );
         }
     }
@@ -335,117 +275,6 @@ impl Tracker {
             }
         }
     }
-
-    /// Puts one process found in /proc into `tree`: a process no tree holds, or a member of
-    /// the tree `tree` is nested in, which comes down into it. Returns whether it is now a
-    /// member counted in `seeded`.
-    fn seed(&mut self, tree: TreeId, process: &ProcessInfo) -> Result<bool, Error> {
-        let enclosing = self.tree_status(tree)?.parent;
-        let mut counts = SeedCounts::default();
-        let seeded = self.seed_counted(tree, enclosing, process, &mut counts);
-        self.write_seed_counts(counts)?;
-        seeded
-    }
-
-    /// [`Tracker::seed`] into `tree`, nested in `enclosing`, counted in `counts`.
-    ///
-    /// A new entry races with the process's exit, which is settled here: the kernel removes
-    /// only what is in the map when the thread group dies, so the entry stays only if, after
-    /// it was made, the pid still names the same process (start time) and some thread of it
-    /// has not begun exiting. Otherwise the entry is taken out again: left in, it would name
-    /// whatever process gets the pid next.
-    fn seed_counted(
-        &mut self,
-        tree: TreeId,
-        enclosing: Option<TreeId>,
-        process: &ProcessInfo,
-        counts: &mut SeedCounts,
-    ) -> Result<bool, Error> {
-        let room = !self.at_capacity_counting(counts);
-        // Inserted first and looked up only if that fails: one map operation fewer for the
-        // usual process, which no tree holds.
-        if !room || !self.insert_new(tree, process) {
-            return match self.member(process.pid) {
-                Some(current) => self.move_down(tree, enclosing, process, current, counts),
-                // Already a member, and gone since; or no room for it.
-                None if room => Ok(false),
-                None => Err(Error::MembersFull(self.capacity().members)),
-            };
-        }
-        // The same process, alive after the insert: its group's death, whenever it comes, finds
-        // the entry (see proc::group_alive).
-        let still_there = proc::alive_start(process.pid) == Some(process.start_ticks);
-        if still_there {
-            self.count_seeded(counts, tree, 1)?;
-            self.view.index.admit(tree, process.pid);
-            self.mark_pid(process.pid, process.start_ticks, tree)?;
-            return Ok(true);
-        }
-        if self.view.members.remove(&process.pid).is_err() {
-            // The program removed it: it died after the insert and was counted as left.
-            // Count it as seeded too, so seeded + joined - left stays true.
-            self.count_seeded(counts, tree, 1)?;
-        }
-        Ok(false)
-    }
-
-    /// Makes an entry for `process` in `tree`, if the member map has none for its pid.
-    fn insert_new(&mut self, tree: TreeId, process: &ProcessInfo) -> bool {
-        let member = Member {
-            tree,
-            parent: process.ppid,
-            start_ns: proc::ticks_to_ns(process.start_ticks),
-        };
-        self.view
-            .members
-            .insert(process.pid, member, BPF_NOEXIST)
-            .is_ok()
-    }
-
-    /// Moves a member of the enclosing tree into `tree`, nested in it. Any other member stays
-    /// where it is: one of `tree` already (the kernel saw it forked from one), or of another
-    /// tree.
-    fn move_down(
-        &mut self,
-        tree: TreeId,
-        enclosing: Option<TreeId>,
-        process: &ProcessInfo,
-        current: Member,
-        counts: &mut SeedCounts,
-    ) -> Result<bool, Error> {
-        let same = proc::ns_to_ticks(current.start_ns) == process.start_ticks;
-        if Some(current.tree) != enclosing || !same {
-            return Ok(false);
-        }
-        // Only if the entry is still there: one gone with its process stays gone.
-        let moved = Member { tree, ..current };
-        if self
-            .view
-            .members
-            .insert(process.pid, moved, BPF_EXIST)
-            .is_err()
-        {
-            return Ok(false);
-        }
-        self.count_seeded(counts, current.tree, -1)?;
-        self.count_seeded(counts, tree, 1)?;
-        self.view.index.remove(current.tree, process.pid);
-        self.view.index.admit(tree, process.pid);
-        self.mark_pid(process.pid, process.start_ticks, tree)?;
-        Ok(true)
-    }
-}
-
-/// What one call of [`Tracker::seed_until`] did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SeedStep {
-    /// How many of the processes it was given it went through, from the first: at least one,
-    /// unless it was given none.
-    pub taken: usize,
-    /// How many of them are new members.
-    pub new: usize,
-    /// The files of /proc it read to check them.
-    pub proc_reads: u64,
 }
 
 /// A registration of a running process under way (see [`Tracker::start_adoption`]). Its tree
@@ -573,62 +402,5 @@ pub fn identify_pidfd(pidfd: Pidfd) -> Result<(ProcessRef, Pidfd), IdentifyError
     match proc::alive_start(pid) {
         Some(start_ticks) if !pidfd.has_exited() => Ok((ProcessRef { pid, start_ticks }, pidfd)),
         _ => Err(IdentifyError::Exiting(pid)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn searching() -> Adoption {
-        Adoption {
-            tree: 1,
-            root: 100,
-            enclosing: None,
-            seeded: 1,
-            passes: 0,
-            searching: true,
-            unsettled: false,
-            found: 0,
-            proc_reads: 0,
-        }
-    }
-
-    #[test]
-    fn a_pass_that_finds_nothing_new_ends_the_search() {
-        let mut adoption = searching();
-        adoption.end_pass(20).unwrap();
-        assert!(adoption.wants_pass());
-        adoption.end_pass(0).unwrap();
-        assert!(!adoption.wants_pass());
-        assert_eq!(adoption.seeded(), 21);
-    }
-
-    #[test]
-    fn a_pass_that_read_a_member_unsteadily_proves_nothing() {
-        let mut adoption = searching();
-        let unsettled = WalkCounts {
-            unsettled: 1,
-            ..WalkCounts::default()
-        };
-        adoption.searched(&unsettled);
-        adoption.end_pass(0).unwrap();
-        assert!(
-            adoption.wants_pass(),
-            "another pass, though nothing was new"
-        );
-        adoption.searched(&WalkCounts::default());
-        adoption.end_pass(0).unwrap();
-        assert!(!adoption.wants_pass());
-    }
-
-    #[test]
-    fn a_tree_that_keeps_growing_fails_after_the_last_pass() {
-        let mut adoption = searching();
-        for _ in 1..MAX_SEED_PASSES {
-            adoption.end_pass(1).unwrap();
-        }
-        assert!(adoption.end_pass(1).is_err());
-        assert!(adoption.wants_pass(), "not finished: to be abandoned");
     }
 }

@@ -12,6 +12,7 @@ use leash_common::{Account, Member, Pid, TreeId};
 
 use super::{
     descent::Descent,
+    error::Error,
     link::HeldLink,
     marks::{Marks, Membership},
     pin_lock::PinLock,
@@ -108,7 +109,7 @@ impl Tracker {
     /// tracker's programs were loaded: only then can a fork have gone unseen. The kernel counts
     /// every skip, so a kernel that runs them with preemption off (before 7.0) never pays for
     /// the pass. Returns whether it ran.
-    pub fn reconcile(&self) -> Result<bool> {
+    pub fn reconcile(&self) -> Result<bool, Error> {
         if self.view.fork_misses() == 0 {
             return Ok(false);
         }
@@ -120,11 +121,9 @@ impl Tracker {
     /// its process's mark); elsewhere, every process whose nearest tracked ancestor is a member
     /// (see `kernel::descent`), which finds a missed child while its parent lives. One pass
     /// over the machine's tasks (about 0.3 µs each). Returns whether it ran.
-    pub fn reconcile_now(&self) -> Result<bool> {
+    pub fn reconcile_now(&self) -> Result<bool, Error> {
         if let Some(marks) = &self.marks {
-            marks
-                .reconcile()
-                .map_err(|e| anyhow::anyhow!("running the reconciling iterator: {e}"))?;
+            marks.reconcile().map_err(Error::Reconcile)?;
             return Ok(true);
         }
         let Some(descent) = &self.descent else {
@@ -143,7 +142,7 @@ impl Tracker {
     /// Reconciles (see [`Tracker::reconcile`]) if the kernel skipped a fork program since the
     /// last time this looked: a fork may have gone unseen, and its child is put in the map now,
     /// where the events and `list` see it, not only when its tree is killed.
-    pub fn reconcile_after_skips(&mut self) -> Result<bool> {
+    pub fn reconcile_after_skips(&mut self) -> Result<bool, Error> {
         if self.marks.is_none() && self.descent.is_none() {
             return Ok(false);
         }
@@ -161,7 +160,7 @@ impl Tracker {
     /// never marked. Best effort: a process user space put in and could not mark is still in
     /// the member map, whence `task_alloc` takes its children's mark, and a kill checks it
     /// against /proc instead; a process gone meanwhile is settled where its entry was made.
-    pub(super) fn mark_pid(&self, pid: Pid, start_ticks: u64, tree: TreeId) -> Result<()> {
+    pub(super) fn mark_pid(&self, pid: Pid, start_ticks: u64, tree: TreeId) -> Result<(), Error> {
         let Some(marks) = &self.marks else {
             return Ok(());
         };

@@ -101,7 +101,7 @@ impl KillTarget for Tracker {
     }
 
     fn doom(&mut self, tree: TreeId) -> Result<u64> {
-        Tracker::doom(self, tree)
+        Ok(Tracker::doom(self, tree)?)
     }
 
     fn tree_status(&self, tree: TreeId) -> Result<TreeStatus> {
@@ -125,7 +125,7 @@ impl KillTarget for Tracker {
     }
 
     fn drop_stale(&mut self, pid: Pid, stale: Member) -> Result<()> {
-        Tracker::drop_stale(self, pid, stale)
+        Ok(Tracker::drop_stale(self, pid, stale)?)
     }
 
     fn member(&self, pid: Pid) -> Option<Member> {
@@ -133,7 +133,8 @@ impl KillTarget for Tracker {
     }
 
     fn reconcile(&mut self) -> Result<()> {
-        Tracker::reconcile(self).map(drop)
+        Tracker::reconcile(self)?;
+        Ok(())
     }
 
     fn kernel_kill(&mut self, tree: TreeId, signal: i32) -> Result<Option<u32>> {

@@ -15,7 +15,7 @@ use leash_common::{Member, Pid, TreeId};
 
 use super::{
     BURST_SIGNALS, FIRST_WALK_AFTER, FULL_ROUND_EVERY, KILL_ROUNDS_TIMEOUT, Kill, KillError,
-    KillReport, KillStep, KillTarget, SIGNALS_PER_STEP, found_all,
+    KillReport, KillStep, KillTarget, SIGNALS_PER_STEP, types::found_all,
 };
 use crate::{
     kernel::TreeStatus,
