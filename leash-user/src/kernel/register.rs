@@ -122,9 +122,7 @@ impl Tracker {
         holder: Holder,
     ) -> Result<Adoption, Error> {
         let enclosing = match self.member(root.pid) {
-            Some(member) if proc::ns_to_ticks(member.start_ns) == root.start_ticks => {
-                Some(member.tree)
-            }
+            Some(member) if root.is(&member) => Some(member.tree),
             // An entry for an earlier process by that pid: refuse rather than guess.
             Some(member) => {
                 return Err(Error::StaleMember {

@@ -168,7 +168,7 @@ impl Tracker {
         current: Member,
         counts: &mut SeedCounts,
     ) -> Result<bool, Error> {
-        let same = proc::ns_to_ticks(current.start_ns) == process.start_ticks;
+        let same = process.reference().is(&current);
         if Some(current.tree) != enclosing || !same {
             return Ok(false);
         }
