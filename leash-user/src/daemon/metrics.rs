@@ -1,4 +1,4 @@
-//! The daemon's figures, as `leash daemon --metrics` serves them (see [`super::metrics_http`]).
+//! The daemon's figures, as `leash daemon --metrics` serves them (see [`crate::daemon::serve::metrics_http`]).
 //!
 //! What happens (kills, refusals, dropped events) is counted in prometheus-client's counters,
 //! families and histogram, bumped where it happens by whichever thread does it. The counters

@@ -2,71 +2,36 @@
 //! socket, holds one lease per connection, and kills trees when their root exits, their host
 //! dies, or someone with the right asks.
 //!
-//! Each file imports only from files below it (a test of the import graph keeps it so), from
-//! the bottom:
+//! Its files are in folders, one per floor. Each folder imports only from the folders below it,
+//! and each file only from files below it (`cargo xtask lint` checks both), from the bottom:
 //!
-//! - [`config`], [`peer`], [`pid_numbering`], [`auth`], [`limits`], [`admission`]: what the daemon
-//!   is told, who a client is to the rules, and the rules: the kill(2) rule and tree ownership,
-//!   per-account caps on connections, request rate and heavy work, and per-uid places for
-//!   connections being set up.
-//! - [`outbox`], [`subscribers`], [`stopping`]: a connection's replies and events, bounded in
-//!   bytes; who hears of which events; the word to every connection that the daemon stops.
-//! - [`registry`]: the leases and trees, behind methods that keep their rules.
-//! - [`commands`], [`owner`]: what the rest of the daemon asks of the owner thread, and what
-//!   that thread holds.
-//! - [`shared`]: what every task shares.
-//! - [`tree_events`], [`enforcement`], [`watch`]: the ring buffer's records; the kill of a
-//!   tree; when trees are killed (root exits, lease ends, the sweep).
-//! - [`adoption`], [`recover`]: registering a running process in short steps; holding a
-//!   previous daemon's trees again.
-//! - [`owner_thread`]: the thread that owns the tracker and runs enforcement, ahead of clients.
-//! - [`identity`], [`registration`], [`listing`], [`requests`]: who a client is beyond its
-//!   uid; what each request does, as a value.
-//! - [`request_stream`], [`emptying`], [`close_queue`], [`disposal`], [`accept`],
-//!   [`connection`], [`serving`]: bounded lines in (with the descriptors clients send, emptied
-//!   and closed on threads of their own), accepting and setting up connections, serving each
-//!   one's lease, one task per client writing its own outbox.
-//! - [`metrics`], [`metrics_http`]: the figures for Prometheus (`--metrics`).
+//! - [`rules`] and [`metrics`]: what the daemon is told and who a client is to the rules; the
+//!   rules themselves (the kill(2) rule, tree ownership, per-account caps, why leases end, the
+//!   error reply); the figures for Prometheus.
+//! - [`io`]: bytes and descriptors in and out. Accepting connections and their per-uid places
+//!   while they are set up; bounded lines in, with the descriptors clients send, emptied and
+//!   closed on threads of their own; a connection's replies and events out, bounded in bytes;
+//!   the word to every connection that the daemon stops.
+//! - [`state`]: the leases and trees, who hears of which events, who a client is beyond its
+//!   uid, what every task shares, and what the rest of the daemon asks of the owner thread.
+//! - [`enforce`]: what runs on the owner thread: the ring buffer's records, the kill of a tree,
+//!   when trees are killed, adoptions in short steps, the take-over of a previous daemon's
+//!   trees, and the thread itself.
+//! - [`requests`]: what each request does, as a value (registering and listing among them).
+//! - [`serve`]: setting up each connection, serving its lease, and the metrics endpoint.
 
-mod accept;
-mod admission;
-mod adoption;
-mod auth;
-mod close_queue;
-mod commands;
-mod config;
-mod connection;
-mod disposal;
-mod emptying;
-mod enforcement;
-mod identity;
-mod lease_end;
-mod limits;
-mod listing;
+mod enforce;
+mod io;
 mod metrics;
-mod metrics_http;
-mod outbox;
-mod owner;
-mod owner_thread;
-mod peer;
-mod pid_numbering;
-mod process_figures;
-mod recover;
-mod refusal;
-mod registration;
-mod registry;
-mod request_stream;
 mod requests;
-mod serving;
-mod shared;
-mod socket;
-mod stopping;
-mod subscribers;
-mod tree_events;
-mod watch;
+mod rules;
+mod serve;
+mod state;
 
-pub use config::{Config, MetricsAddr};
-pub use limits::UidLimits;
+pub use rules::{
+    config::{Config, MetricsAddr},
+    limits::UidLimits,
+};
 
 use std::{fs, os::fd::AsFd, path::Path, sync::Arc, time::Duration};
 
@@ -79,8 +44,8 @@ use tokio::{
 };
 
 use self::{
-    shared::Daemon,
-    socket::{SocketAccess, bind, remove_sockets},
+    io::socket::{SocketAccess, bind, remove_sockets},
+    state::shared::Daemon,
 };
 use crate::{
     kernel::{Origin, Tracker},
@@ -107,7 +72,7 @@ pub async fn run(config: Config) -> Result<()> {
     // Before the programs load too: an endpoint that is taken is refused at once.
     let metrics_listener = match &config.metrics {
         Some(addr) => Some(
-            metrics_http::bind(addr, config.metrics_group)
+            serve::metrics_http::bind(addr, config.metrics_group)
                 .await
                 .inspect_err(|_| {
                     let _ = fs::remove_file(&config.socket);
@@ -144,7 +109,7 @@ pub async fn run(config: Config) -> Result<()> {
     let pid_namespace = crate::proc::own_pid_namespace()
         .context("reading the daemon's pid namespace")
         .inspect_err(|_| remove_sockets(&config))?;
-    let (jobs, queues) = commands::queues();
+    let (jobs, queues) = state::commands::queues();
     let daemon = Arc::new(Daemon::new(
         config,
         view,
@@ -154,19 +119,19 @@ pub async fn run(config: Config) -> Result<()> {
         (tracker.whois(), tracker.descent()),
         pid_namespace,
     ));
-    owner_thread::start(daemon.clone(), tracker, queues, origin == Origin::TakenOver)
+    enforce::owner_thread::start(daemon.clone(), tracker, queues, origin == Origin::TakenOver)
         .context("starting the enforcement thread")?;
     tokio::spawn(release_free_memory(daemon.clone()));
     if let Some(listener) = metrics_listener {
         tracing::info!("metrics served on {listener}");
-        tokio::spawn(metrics_http::serve(listener, daemon.clone()));
+        tokio::spawn(serve::metrics_http::serve(listener, daemon.clone()));
     }
 
-    let mut accept_failures = accept::AcceptFailures::default();
+    let mut accept_failures = io::accept::AcceptFailures::default();
     loop {
         tokio::select! {
-            (stream, place) = connection::next_admitted(&daemon, &listener, &mut accept_failures) => {
-                tokio::spawn(connection::serve(daemon.clone(), stream, place));
+            (stream, place) = serve::connection::next_admitted(&daemon, &listener, &mut accept_failures) => {
+                tokio::spawn(serve::connection::serve(daemon.clone(), stream, place));
             }
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,

@@ -3,6 +3,10 @@
 //! gets an error reply and changes nothing; one that another process than the lease's host
 //! sent gets no reply (its id is not the host's), and the host is told by a `refused` event.
 
+pub(super) mod listing;
+pub(super) mod process_figures;
+pub(super) mod registration;
+
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use leash_client::protocol::{
@@ -10,19 +14,22 @@ use leash_client::protocol::{
     Request, ServerLine, TreeId, decode_request,
 };
 
-use super::{
-    auth::{Requester, TreeFacts, Verdict, may_kill, may_release, may_see},
-    enforcement,
-    limits::describe,
-    listing,
-    peer::Peer,
-    refusal::Refusal,
-    registration::{self, Asked, Naming},
-    request_stream::{Pidfds, Strangers},
-    shared::Daemon,
-    subscribers::Hears,
+use registration::{Asked, Naming};
+
+use crate::{
+    daemon::{
+        enforce::enforcement,
+        io::request_stream::{Pidfds, Strangers},
+        rules::{
+            auth::{Requester, TreeFacts, Verdict, may_kill, may_release, may_see},
+            limits::describe,
+            peer::Peer,
+            refusal::Refusal,
+        },
+        state::{shared::Daemon, subscribers::Hears},
+    },
+    kernel::KillError,
 };
-use crate::kernel::KillError;
 
 /// What a request costs of its uid's budget (see `limits`): most are map lookups; these read
 /// /proc or walk the member map.

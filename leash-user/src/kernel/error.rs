@@ -1,5 +1,5 @@
 //! What the kernel layer could not do, by kind: the daemon gives each its code on the wire
-//! (see `daemon::refusal`).
+//! (see `daemon::rules::refusal`).
 
 use leash_common::{Pid, TreeId};
 
