@@ -16,6 +16,8 @@
 //!
 //! It depends on serde only: no async runtime, no eBPF. Calls block.
 
+mod error;
+mod lease_token;
 pub mod protocol;
 pub mod sys;
 
@@ -32,92 +34,13 @@ use std::{
     time::Duration,
 };
 
+pub use error::{Error, Result};
+pub use lease_token::{LEASE_ENV, MAX_TOKEN_BYTES, read_lease_token};
 pub use protocol::{
     ClosingReason, ErrorCode, Event, EventKind, EventReason, KillSummary, LeaseInfo, LeaseSummary,
     Listing, MemberInfo, RootExitPolicy, StatusInfo, TreeId, TreeInfo,
 };
 use protocol::{MAX_REPLY_BYTES, Op, PROTOCOL_VERSION, Reply, Request, ServerLine};
-
-/// What can go wrong talking to the daemon.
-#[derive(Debug, thiserror::Error)]
-// The io errors are part of the message and not `source`s: a report that prints the chain
-// (anyhow's `{:#}`) would say them twice.
-pub enum Error {
-    #[error(
-        "cannot connect to the leash daemon at {path}: {error} (is `leash daemon` running? \
-         LEASH_SOCKET names another socket)"
-    )]
-    Connect { path: PathBuf, error: io::Error },
-    #[error("talking to the leash daemon: {0}")]
-    Io(io::Error),
-    #[error("the leash daemon sent something unexpected: {0}")]
-    Protocol(String),
-    #[error("the leash daemon refused: {message} ({code})")]
-    Daemon { code: ErrorCode, message: String },
-    #[error("starting the command: {0}")]
-    Spawn(io::Error),
-    /// The daemon closed the connection, and so ended the lease: why, if it said (its
-    /// `closing` event), and so what became of the lease's trees.
-    #[error("{}", closed_message(*.0))]
-    Closed(Option<ClosingReason>),
-}
-
-/// What [`Error::Closed`] says.
-fn closed_message(reason: Option<ClosingReason>) -> &'static str {
-    match reason {
-        Some(reason) => reason.outcome(),
-        None => {
-            "the connection to the leash daemon closed without a reason: the daemon kills a \
-             lease's trees when its connection ends, unless it handed them over"
-        }
-    }
-}
-
-impl From<io::Error> for Error {
-    fn from(error: io::Error) -> Self {
-        Self::Io(error)
-    }
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// The environment variable `leash exec` takes a lease token from when it is not given a
-/// descriptor (`--lease-fd`). The shim removes it from the environment of the command it
-/// runs, so the agent and the tools it starts do not inherit it.
-pub const LEASE_ENV: &str = "LEASH_LEASE";
-
-/// The most bytes [`read_lease_token`] reads (a token is 32).
-pub const MAX_TOKEN_BYTES: usize = 256;
-
-/// Reads a lease token as `leash exec --lease-fd` takes it: up to the first newline or the end
-/// of the stream, at most [`MAX_TOKEN_BYTES`], without surrounding white space. Empty is an
-/// error.
-pub fn read_lease_token(mut reader: impl Read) -> io::Result<String> {
-    let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_owned());
-    let mut buffer = [0u8; MAX_TOKEN_BYTES + 1];
-    let mut filled = 0;
-    let end = loop {
-        if let Some(newline) = buffer[..filled].iter().position(|&b| b == b'\n') {
-            break newline;
-        }
-        if filled > MAX_TOKEN_BYTES {
-            return Err(invalid("the lease token is too long"));
-        }
-        match reader.read(&mut buffer[filled..]) {
-            Ok(0) => break filled,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    };
-    let token = std::str::from_utf8(&buffer[..end])
-        .map_err(|_| invalid("the lease token is not UTF-8"))?
-        .trim();
-    if token.is_empty() {
-        return Err(invalid("no lease token (empty)"));
-    }
-    Ok(token.to_owned())
-}
 
 /// How a new tree is enforced.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -560,141 +483,4 @@ fn unexpected(reply: &Reply) -> Error {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A client on one end of a socket pair, as if past its hello, and the daemon's end.
-    fn client_and_daemon() -> (Client, UnixStream) {
-        let (client, daemon) = UnixStream::pair().unwrap();
-        let client = Client {
-            reader: BufReader::new(client.try_clone().unwrap()),
-            writer: client,
-            next_id: 1,
-            events: VecDeque::new(),
-            lease: LeaseInfo {
-                id: 7,
-                token: String::new(),
-            },
-            socket: PathBuf::new(),
-            closing: None,
-        };
-        (client, daemon)
-    }
-
-    #[test]
-    fn a_closed_connection_says_what_the_daemon_said_of_the_trees() {
-        let (mut client, mut daemon) = client_and_daemon();
-        daemon
-            .write_all(b"{\"event\":{\"kind\":\"closing\",\"tree\":0,\"lease\":7,\"reason\":\"shutdown\"}}\n")
-            .unwrap();
-        drop(daemon);
-        // The request cannot be sent: the lines before the close say why.
-        let error = client.status().unwrap_err();
-        assert!(
-            matches!(error, Error::Closed(Some(ClosingReason::Shutdown))),
-            "{error:?}"
-        );
-        assert!(
-            error.to_string().contains("killed this lease's trees"),
-            "{error}"
-        );
-        let event = client.next_event(None).unwrap().unwrap();
-        assert_eq!(event.kind, EventKind::Closing);
-
-        let (mut client, mut daemon) = client_and_daemon();
-        let closing = Event::closing(7, ClosingReason::HandOver);
-        let mut line = serde_json::to_vec(&ServerLine::event(closing)).unwrap();
-        line.push(b'\n');
-        daemon.write_all(&line).unwrap();
-        drop(daemon);
-        assert_eq!(
-            client.next_event(None).unwrap().unwrap().kind,
-            EventKind::Closing
-        );
-        let error = client.next_event(None).unwrap_err();
-        assert!(error.to_string().contains("stay enforced"), "{error}");
-
-        // No word: it cannot tell.
-        let (mut client, daemon) = client_and_daemon();
-        drop(daemon);
-        let error = client.list().unwrap_err();
-        assert!(matches!(error, Error::Closed(None)), "{error:?}");
-        assert!(error.to_string().contains("without a reason"), "{error}");
-    }
-
-    #[test]
-    fn a_refused_stranger_is_an_event_and_the_request_still_gets_its_reply() {
-        let (mut client, daemon) = client_and_daemon();
-        let serving = std::thread::spawn(move || {
-            let mut reader = BufReader::new(daemon.try_clone().unwrap());
-            let mut request = String::new();
-            reader.read_line(&mut request).unwrap();
-            let mut daemon = daemon;
-            let refused = Event::refused(7, 4300, ErrorCode::PermissionDenied, b"{\"id\":1}");
-            for line in [
-                ServerLine::event(refused),
-                ServerLine::ok(1, Reply::Released { tree: 3 }),
-            ] {
-                let mut bytes = serde_json::to_vec(&line).unwrap();
-                bytes.push(b'\n');
-                daemon.write_all(&bytes).unwrap();
-            }
-            request
-        });
-        client.release(3).unwrap();
-        assert!(serving.join().unwrap().contains("\"release\""));
-        let event = client.next_event(None).unwrap().unwrap();
-        assert_eq!(event.kind, EventKind::Refused);
-        assert_eq!(event.pid, Some(4300));
-        assert_eq!(event.code, Some(ErrorCode::PermissionDenied));
-        assert_eq!(event.line.as_deref(), Some("{\"id\":1}"));
-    }
-
-    #[test]
-    fn bounded_lines() {
-        let mut input = io::Cursor::new(b"one\ntwo\n\nlast".to_vec());
-        assert_eq!(read_bounded_line(&mut input, 10).unwrap().unwrap(), b"one");
-        assert_eq!(read_bounded_line(&mut input, 10).unwrap().unwrap(), b"two");
-        assert_eq!(read_bounded_line(&mut input, 10).unwrap().unwrap(), b"");
-        assert_eq!(read_bounded_line(&mut input, 10).unwrap().unwrap(), b"last");
-        assert_eq!(read_bounded_line(&mut input, 10).unwrap(), None);
-        let mut long = io::Cursor::new(vec![b'x'; 100]);
-        assert!(read_bounded_line(&mut long, 10).is_err());
-    }
-
-    #[test]
-    fn lease_tokens() {
-        let read = |input: &[u8]| read_lease_token(input).map_err(|e| e.to_string());
-        assert_eq!(read(b"abc\n").unwrap(), "abc");
-        assert_eq!(read(b"  abc \r\nignored").unwrap(), "abc");
-        assert_eq!(
-            read(b"abc").unwrap(),
-            "abc",
-            "the end of the stream ends it too"
-        );
-        assert!(read(b"").unwrap_err().contains("empty"));
-        assert!(read(b" \n").unwrap_err().contains("empty"));
-        assert!(read(b"\xff\n").unwrap_err().contains("UTF-8"));
-        let longest = vec![b'x'; MAX_TOKEN_BYTES];
-        assert_eq!(read(&longest).unwrap().len(), MAX_TOKEN_BYTES);
-        let mut newline_after = longest.clone();
-        newline_after.push(b'\n');
-        assert_eq!(read(&newline_after).unwrap().len(), MAX_TOKEN_BYTES);
-        assert!(
-            read(&[b'x'; MAX_TOKEN_BYTES + 1])
-                .unwrap_err()
-                .contains("too long")
-        );
-        // A writer that keeps its end open: the newline ends the token, no end of file needed.
-        struct Trickle(&'static [u8]);
-        impl Read for Trickle {
-            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-                let (first, rest) = self.0.split_first().expect("read past the newline");
-                buf[0] = *first;
-                self.0 = rest;
-                Ok(1)
-            }
-        }
-        assert_eq!(read_lease_token(Trickle(b"abc\n")).unwrap(), "abc");
-    }
-}
+mod tests;
