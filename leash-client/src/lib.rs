@@ -24,7 +24,7 @@ pub mod sys;
 use std::{
     collections::VecDeque,
     ffi::{OsStr, OsString},
-    io::{self, BufRead, BufReader, Read, Write},
+    io::{self, BufRead, BufReader, Write},
     os::{
         fd::{AsFd, BorrowedFd, RawFd},
         unix::net::UnixStream,

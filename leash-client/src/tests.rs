@@ -1,6 +1,8 @@
 //! The client against a daemon played by the test: replies, events, closings, lines and
 //! tokens.
 
+use std::io::Read;
+
 use super::*;
 
 /// A client on one end of a socket pair, as if past its hello, and the daemon's end.
