@@ -27,7 +27,7 @@ use aya::maps::{HashMap, Map, MapData};
 use leash::kernel::{Membership, Origin};
 use leash_client::TreeOptions;
 use leash_common::{ABI_VERSION, Member, Pid, TreeCounters, TreeId, map};
-use leash_tests::{Cgroup, Removed, daemon::Daemon, load_pinned_tracker};
+use leash_tests::{Cgroup, Removed, daemon::Daemon, load_pinned_tracker, wait_for};
 
 /// Whether the marks must be in place here: the vmtest guests' kernels with the BPF LSM active.
 fn marks_required() -> bool {
@@ -131,14 +131,22 @@ fn a_child_the_fork_programs_missed_is_found_by_its_mark_or_its_ancestry() {
     }
 }
 
-/// The process of `cgroup` that runs `sleep SECONDS`.
+/// The process of `cgroup` that runs `sleep SECONDS`. Awaited: an exec sets the command name
+/// before the new program's arguments can be read (/proc/PID/cmdline is empty in between), so
+/// a group settled by names may not show the arguments yet.
 fn sleeping(cgroup: &Cgroup, seconds: &str) -> Pid {
     let wanted = format!("sleep\0{seconds}\0");
-    *cgroup
-        .procs()
-        .iter()
-        .find(|pid| fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted.as_bytes()))
-        .unwrap_or_else(|| panic!("no sleep {seconds} in {:?}", cgroup.procs()))
+    let find = || {
+        cgroup.procs().into_iter().find(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted.as_bytes())
+        })
+    };
+    let mut found = None;
+    wait_for(Duration::from_secs(10), || {
+        found = find();
+        found.is_some()
+    });
+    found.unwrap_or_else(|| panic!("no sleep {seconds} in {:?}", cgroup.procs()))
 }
 
 /// What an exit both exit programs missed leaves (7.x skips them on a CPU where a preempted
