@@ -15,7 +15,7 @@ use leash::{
     kernel::{Kill, KillReport, KillStep, SIGNALS_PER_STEP},
 };
 use leash_common::TreeId;
-use leash_tests::{Scenario, tracker, wait_for};
+use leash_tests::{Scenario, tracked, tracker, wait_for};
 
 /// 20 shells that fan out 99 sleeps each, under a root that becomes a sleep: 2001 processes,
 /// all ignoring SIGTERM (an ignored disposition survives fork and exec).
@@ -28,10 +28,19 @@ static ONE_FAN: Mutex<()> = Mutex::new(());
 fn fan(tracker: &mut Tracker, label: &str) -> Scenario {
     let scenario = Scenario::spawn(tracker, label, "sh", &["-c", FAN]);
     scenario.cgroup.settle(MEMBERS, &["sleep"]);
-    assert_eq!(
-        tracker.tree_status(scenario.tree).unwrap().members,
-        MEMBERS as u64
-    );
+    // Every process of the fan is a member. A 7.x kernel may skip a fork or an exit program
+    // for one of these thousands of processes (KERNEL-7X.md): a missed child is put in by the
+    // reconciling pass that a kill also runs first, and a missed exit (of a `seq`, say) leaves
+    // an entry the kill checks against /proc and does not signal. So the map may hold more
+    // entries than the fan has processes, never fewer.
+    tracker.reconcile_after_skips().unwrap();
+    let truth = scenario.cgroup.processes();
+    let untracked: Vec<_> = truth
+        .difference(&tracked(tracker, scenario.tree))
+        .copied()
+        .collect();
+    assert_eq!(truth.len(), MEMBERS);
+    assert!(untracked.is_empty(), "not members: {untracked:?}");
     scenario
 }
 
