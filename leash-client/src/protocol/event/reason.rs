@@ -53,18 +53,6 @@ impl EventReason {
     }
 }
 
-impl From<KillReason> for EventReason {
-    fn from(reason: KillReason) -> Self {
-        Self::Kill(reason)
-    }
-}
-
-impl From<ClosingReason> for EventReason {
-    fn from(reason: ClosingReason) -> Self {
-        Self::Closing(reason)
-    }
-}
-
 impl fmt::Display for EventReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
